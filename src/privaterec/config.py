@@ -1,0 +1,199 @@
+"""Frozen, validated configuration dataclasses, loadable from and savable to YAML.
+
+A run is described by one :class:`RunConfig` made of a :class:`ModelConfig` (what is trained)
+and a :class:`TrainConfig` (how). Every value is checked on construction; an invalid value
+raises :class:`privaterec.errors.ConfigError` naming the parameter and the accepted range.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from privaterec.errors import ConfigError
+
+NEWS_ENCODERS = ("nrms", "naml", "fednewsrec", "plm", "id")
+USER_ENCODERS = ("nrms", "naml", "lstur", "fednewsrec")
+EMBEDDINGS = ("random", "glove50", "minilm")
+METHODS = ("centralized", "popularity")
+
+# The user encoder each news model pairs with when --user-encoder is not given.
+DEFAULT_USER_ENCODER = {"nrms": "nrms", "naml": "naml", "fednewsrec": "fednewsrec",
+                        "plm": "nrms", "id": "nrms"}
+
+
+def _check(condition: bool, name: str, message: str) -> None:
+    if not condition:
+        raise ConfigError(f"invalid configuration value '{name}': {message}")
+
+
+def _check_choice(value: str, name: str, choices: tuple[str, ...]) -> None:
+    _check(value in choices, name, f"got {value!r}, expected one of {', '.join(choices)}")
+
+
+def _check_positive(value: float, name: str) -> None:
+    _check(value > 0, name, f"got {value!r}, expected a positive number")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Architecture of the news recommender (DESIGN §3).
+
+    ``news_dim`` = ``num_heads * head_dim`` is the size d of news and user vectors for the
+    attention-based encoders; CNN-based encoders project to the same d.
+    """
+
+    news_encoder: str = "nrms"
+    user_encoder: str | None = None
+    embeddings: str = "random"
+    word_dim: int = 64
+    freeze_embeddings: bool = True
+    num_heads: int = 8
+    head_dim: int = 16
+    attention_dim: int = 64
+    cnn_filters: int = 128
+    cnn_window: int = 3
+    gru_dim: int = 128
+    short_term_len: int = 20
+    category_dim: int = 32
+    title_len: int = 16
+    abstract_len: int = 32
+    history_len: int = 50
+    dropout: float = 0.2
+    plm_trainable_layers: int = 1
+    min_word_count: int = 1
+
+    def __post_init__(self) -> None:
+        _check_choice(self.news_encoder, "news_encoder", NEWS_ENCODERS)
+        if self.user_encoder is not None:
+            _check_choice(self.user_encoder, "user_encoder", USER_ENCODERS)
+        _check_choice(self.embeddings, "embeddings", EMBEDDINGS)
+        for name in ("word_dim", "num_heads", "head_dim", "attention_dim", "cnn_filters",
+                     "cnn_window", "gru_dim", "short_term_len", "category_dim", "title_len",
+                     "abstract_len", "history_len", "min_word_count"):
+            value = getattr(self, name)
+            _check(isinstance(value, int) and value > 0, name,
+                   f"got {value!r}, expected a positive integer")
+        _check(0.0 <= self.dropout < 1.0, "dropout", f"got {self.dropout!r}, expected 0 <= p < 1")
+        _check(self.plm_trainable_layers >= 0, "plm_trainable_layers",
+               f"got {self.plm_trainable_layers!r}, expected >= 0")
+
+    @property
+    def news_dim(self) -> int:
+        """Size d of news and user vectors."""
+        return self.num_heads * self.head_dim
+
+    @property
+    def resolved_user_encoder(self) -> str:
+        """The user encoder, defaulting to the one paired with the news encoder."""
+        return self.user_encoder or DEFAULT_USER_ENCODER[self.news_encoder]
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """How a model is trained: method, optimisation and sampling."""
+
+    method: str = "centralized"
+    epochs: int = 3
+    lr: float = 1e-3
+    batch_size: int = 64
+    negatives: int = 4
+    seed: int = 0
+    eval_batch_size: int = 256
+    max_grad_norm: float | None = None
+
+    def __post_init__(self) -> None:
+        _check_choice(self.method, "method", METHODS)
+        _check(isinstance(self.epochs, int) and self.epochs >= 0, "epochs",
+               f"got {self.epochs!r}, expected an integer >= 0")
+        _check_positive(self.lr, "lr")
+        for name in ("batch_size", "negatives", "eval_batch_size"):
+            value = getattr(self, name)
+            _check(isinstance(value, int) and value > 0, name,
+                   f"got {value!r}, expected a positive integer")
+        _check(isinstance(self.seed, int), "seed", f"got {self.seed!r}, expected an integer")
+        if self.max_grad_norm is not None:
+            _check_positive(self.max_grad_norm, "max_grad_norm")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything needed to reproduce a run: data location, model and training."""
+
+    data: str = ""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_yaml(self, path: str | Path) -> None:
+        Path(path).write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> "RunConfig":
+        path = Path(path)
+        try:
+            raw = yaml.safe_load(path.read_text()) or {}
+        except FileNotFoundError:
+            raise ConfigError(f"{path}: configuration file not found") from None
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+        if not isinstance(raw, Mapping):
+            raise ConfigError(f"{path}: expected a mapping at the top level")
+        try:
+            return from_mapping(cls, raw)
+        except ConfigError as exc:
+            raise ConfigError(f"{path}: {exc}") from None
+
+
+def from_mapping(cls: type, raw: Mapping[str, Any], prefix: str = "") -> Any:
+    """Build the frozen dataclass ``cls`` from a mapping, rejecting unknown keys.
+
+    Nested dataclass fields are built recursively; ``prefix`` names the enclosing section in
+    error messages (e.g. ``model.num_heads``).
+    """
+    known = {f.name: f for f in fields(cls)}
+    unknown = sorted(set(raw) - set(known))
+    if unknown:
+        raise ConfigError(
+            f"unknown configuration key(s) {', '.join(prefix + k for k in unknown)}; "
+            f"known keys are {', '.join(prefix + k for k in known)}")
+    hints = typing.get_type_hints(cls)
+    kwargs: dict[str, Any] = {}
+    for name, value in raw.items():
+        hint = hints[name]
+        if dataclasses.is_dataclass(hint):
+            if not isinstance(value, Mapping):
+                raise ConfigError(f"'{prefix}{name}' must be a mapping")
+            kwargs[name] = from_mapping(hint, value, prefix=f"{prefix}{name}.")
+        else:
+            kwargs[name] = _coerce(value, hint, prefix + name)
+    return cls(**kwargs)
+
+
+def _coerce(value: Any, hint: Any, name: str) -> Any:
+    """Check a YAML scalar against a type hint (ints are accepted for floats)."""
+    allowed = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+    if value is None and type(None) in allowed:
+        return None
+    for typ in allowed:
+        if typ is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if typ is int and isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if typ in (str, bool) and isinstance(value, typ):
+            return value
+    expected = " or ".join(getattr(t, "__name__", str(t)) for t in allowed)
+    raise ConfigError(f"'{name}' must be {expected}, got {value!r}")
+
+
+def replace(config: Any, **changes: Any) -> Any:
+    """Return a copy of a frozen config with ``changes`` applied and validated."""
+    return dataclasses.replace(config, **changes)

@@ -1,0 +1,103 @@
+"""The one generic recommender: news encoder Θ_N, user encoder Θ_U, dot-product click score.
+
+FedNewsRec §3.1 / PrivateRec §3.1: ŷ = uᵀr. Histories are right-aligned row indices into a
+:class:`~privaterec.data.features.NewsFeatures` table, left-padded with row 0 (the anonymous
+news r₀); ``history_mask`` is ``True`` for real clicks.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+from torch import nn
+
+from privaterec.data.features import NewsFeatures
+
+
+class NewsEncoder(Protocol):
+    """Θ_N: ``forward(features)`` with each feature of leading shape ``[n]`` → ``Tensor[n, d]``."""
+
+    dim: int
+
+    def __call__(self, features: dict[str, torch.Tensor]) -> torch.Tensor: ...
+
+
+class UserEncoder(Protocol):
+    """Θ_U: ``forward(news_vectors[b, H, d], mask[b, H])`` → ``Tensor[b, d]``.
+
+    A row whose mask is all ``False`` must still produce a finite vector (encoders then attend
+    over all positions, which hold the anonymous news).
+    """
+
+    def __call__(self, news_vectors: torch.Tensor, mask: torch.Tensor) -> torch.Tensor: ...
+
+
+class Recommender(nn.Module):
+    """Θ_N + Θ_U + dot product, reading news features from an attached table.
+
+    Parameters
+    ----------
+    news_encoder, user_encoder:
+        ``nn.Module`` instances following :class:`NewsEncoder` / :class:`UserEncoder`.
+    features:
+        The news table to read rows from; replace it with :meth:`attach` (e.g. to evaluate
+        on another data directory). It is not part of the ``state_dict``.
+    """
+
+    def __init__(self, news_encoder: nn.Module, user_encoder: nn.Module,
+                 features: NewsFeatures | None = None) -> None:
+        super().__init__()
+        self.news_encoder = news_encoder
+        self.user_encoder = user_encoder
+        self.features: NewsFeatures | None = None
+        if features is not None:
+            self.attach(features)
+
+    @property
+    def dim(self) -> int:
+        return int(self.news_encoder.dim)
+
+    def attach(self, features: NewsFeatures) -> None:
+        """Use ``features`` as the news table for row indices."""
+        self.features = features
+
+    def encode_features(self, features: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Θ_N on raw features with leading shape ``[n]`` → ``Tensor[n, d]``."""
+        return self.news_encoder(features)
+
+    def encode_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        """Θ_N on table rows of any shape ``S`` → ``Tensor[S, d]``; each distinct row encoded once."""
+        if self.features is None:
+            raise RuntimeError("no news table attached: call Recommender.attach(features)")
+        unique, inverse = torch.unique(rows.reshape(-1), return_inverse=True)
+        vectors = self.news_encoder(self.features.select(unique))
+        return vectors[inverse].reshape(*rows.shape, -1)
+
+    def encode_user(self, history_vectors: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Θ_U: ``[b, H, d]``, ``[b, H]`` → ``[b, d]``."""
+        return self.user_encoder(history_vectors, mask)
+
+    @staticmethod
+    def score(user: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
+        """Click scores ``uᵀr``: ``[b, d]`` × ``[b, C, d]`` → ``[b, C]``."""
+        return torch.einsum("bd,bcd->bc", user, candidates)
+
+    def forward(self, history: torch.Tensor, history_mask: torch.Tensor,
+                candidates: torch.Tensor) -> torch.Tensor:
+        """Click logits for ``candidates``.
+
+        Parameters
+        ----------
+        history: ``LongTensor[b, H]`` table rows. history_mask: ``BoolTensor[b, H]``.
+        candidates: ``LongTensor[b, C]`` table rows.
+
+        Returns
+        -------
+        ``Tensor[b, C]`` logits.
+        """
+        rows = torch.cat([history, candidates], dim=1)
+        vectors = self.encode_rows(rows)
+        h = history.shape[1]
+        user = self.encode_user(vectors[:, :h], history_mask)
+        return self.score(user, vectors[:, h:])
