@@ -1,0 +1,156 @@
+"""Per-user client datasets: each user's history and training samples, packed as tensors.
+
+A *client* is one user (FedNewsRec §3.2). Its data are the last H clicks of its history and
+its training samples: each clicked candidate of each impression, paired with k non-clicked
+candidates of the same impression (k = 4; drawn with replacement when the impression has
+fewer than k, DESIGN §3). Samples are stored sorted by user so a client's samples are one
+contiguous slice, which the federated simulator relies on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from privaterec.data.features import NewsFeatures
+from privaterec.data.history import history_rows
+from privaterec.data.records import MindSplit
+
+
+@dataclass
+class ClientDataset:
+    """All clients of a split.
+
+    Attributes
+    ----------
+    user_ids: ``U`` user ids; user ``u`` is row ``u`` of the tensors below.
+    history: ``LongTensor[U, H]`` feature rows of the last H clicks, right-aligned, left-padded
+        with row 0 (the anonymous news). history_mask: ``BoolTensor[U, H]``.
+    sample_user: ``LongTensor[S]`` owner of each sample, non-decreasing.
+    positives: ``LongTensor[S]`` feature row of the clicked candidate.
+    negatives: ``LongTensor[S, M]`` feature rows of the impression's non-clicked candidates
+        (M = largest count; padded with 0). negative_counts: ``LongTensor[S]`` (≥ 1).
+    impression_size: ``LongTensor[S]`` number of candidates C of the sample's impression.
+    offsets: ``LongTensor[U + 1]``: samples of user ``u`` are ``offsets[u]:offsets[u+1]``.
+    skipped: counts of what could not become a sample (e.g. impressions without a
+        non-clicked candidate), reported, never silent.
+    """
+
+    user_ids: list[str]
+    history: torch.Tensor
+    history_mask: torch.Tensor
+    sample_user: torch.Tensor
+    positives: torch.Tensor
+    negatives: torch.Tensor
+    negative_counts: torch.Tensor
+    impression_size: torch.Tensor
+    offsets: torch.Tensor
+    skipped: dict[str, int]
+
+    @property
+    def num_users(self) -> int:
+        return len(self.user_ids)
+
+    @property
+    def num_samples(self) -> int:
+        return int(self.positives.shape[0])
+
+    def samples_per_user(self) -> torch.Tensor:
+        """``LongTensor[U]``: number of training samples |B_u| of each client."""
+        return self.offsets[1:] - self.offsets[:-1]
+
+    def draw_candidates(self, *, negatives: int, generator: torch.Generator,
+                        samples: torch.Tensor | None = None) -> torch.Tensor:
+        """Candidates ``LongTensor[s, 1 + k]`` with the clicked news in column 0.
+
+        The k non-clicked news are drawn from the sample's impression without replacement
+        when it has at least k, with replacement otherwise.
+
+        Parameters
+        ----------
+        negatives: k. generator: the only source of randomness.
+        samples: ``LongTensor[s]`` sample indices (default: all samples).
+        """
+        idx = torch.arange(self.num_samples) if samples is None else samples
+        pool, counts = self.negatives[idx], self.negative_counts[idx]
+        m = pool.shape[1]
+        keys = torch.rand(idx.shape[0], m, generator=generator)
+        keys = keys.masked_fill(torch.arange(m) >= counts[:, None], 2.0)
+        without = keys.argsort(dim=1)[:, :negatives] if negatives <= m else None
+        with_repl = (torch.rand(idx.shape[0], negatives, generator=generator)
+                     * counts[:, None]).long().clamp(max=m - 1)
+        if without is None:
+            choice = with_repl
+        else:
+            choice = torch.where((counts >= negatives)[:, None], without, with_repl)
+        return torch.cat([self.positives[idx, None], pool.gather(1, choice)], dim=1)
+
+
+def build_client_dataset(split: MindSplit, features: NewsFeatures, *,
+                         history_len: int) -> ClientDataset:
+    """Pack a labelled split into per-user client data.
+
+    A user's history is the history field of the user's latest impression in the split
+    (MIND histories are the clicks before the logged period), truncated to its last
+    ``history_len`` clicks.
+
+    Raises
+    ------
+    KeyError
+        If a referenced news id is not in ``features`` (load data with ``drop_missing`` to
+        remove dangling references first).
+    """
+    by_user: dict[str, list] = {}
+    for imp in split.behaviors:
+        by_user.setdefault(imp.user_id, []).append(imp)
+    user_ids = sorted(by_user)
+    histories, masks = [], []
+    sample_user, positives, negs, sizes = [], [], [], []
+    skipped = {"unlabelled_impressions": 0, "impressions_without_click": 0,
+               "impressions_without_non_click": 0}
+    for u, user in enumerate(user_ids):
+        impressions = sorted(by_user[user], key=lambda imp: imp.time)
+        rows, mask = history_rows(impressions[-1].history, features, history_len)
+        histories.append(rows)
+        masks.append(mask)
+        for imp in impressions:
+            if imp.labels is None:
+                skipped["unlabelled_impressions"] += 1
+                continue
+            clicked = [c for c, y in zip(imp.candidates, imp.labels) if y == 1]
+            others = [c for c, y in zip(imp.candidates, imp.labels) if y == 0]
+            if not clicked:
+                skipped["impressions_without_click"] += 1
+                continue
+            if not others:
+                skipped["impressions_without_non_click"] += 1
+                continue
+            other_rows = features.rows_of(others)
+            for row in features.rows_of(clicked):
+                sample_user.append(u)
+                positives.append(row)
+                negs.append(other_rows)
+                sizes.append(len(imp.candidates))
+    width = max((len(n) for n in negs), default=1)
+    negatives = torch.zeros(len(negs), width, dtype=torch.long)
+    for i, n in enumerate(negs):
+        negatives[i, : len(n)] = torch.tensor(n, dtype=torch.long)
+    sample_user_t = torch.tensor(sample_user, dtype=torch.long)
+    counts = torch.bincount(sample_user_t, minlength=len(user_ids))
+    offsets = torch.zeros(len(user_ids) + 1, dtype=torch.long)
+    offsets[1:] = counts.cumsum(0)
+    return ClientDataset(
+        user_ids=user_ids,
+        history=torch.stack(histories) if histories else torch.zeros(0, history_len,
+                                                                     dtype=torch.long),
+        history_mask=torch.stack(masks) if masks else torch.zeros(0, history_len,
+                                                                  dtype=torch.bool),
+        sample_user=sample_user_t,
+        positives=torch.tensor(positives, dtype=torch.long),
+        negatives=negatives,
+        negative_counts=torch.tensor([len(n) for n in negs], dtype=torch.long),
+        impression_size=torch.tensor(sizes, dtype=torch.long),
+        offsets=offsets,
+        skipped=skipped,
+    )

@@ -1,0 +1,51 @@
+import pytest
+
+from privaterec.config import ModelConfig, RunConfig, TrainConfig
+from privaterec.errors import ConfigError
+
+
+def test_defaults_are_valid_and_news_dim_is_heads_times_head_dim():
+    config = ModelConfig()
+    assert config.news_dim == config.num_heads * config.head_dim
+    assert config.resolved_user_encoder == "nrms"
+    assert ModelConfig(news_encoder="fednewsrec").resolved_user_encoder == "fednewsrec"
+    assert ModelConfig(news_encoder="naml", user_encoder="lstur").resolved_user_encoder == "lstur"
+
+
+@pytest.mark.parametrize("kwargs, name", [
+    ({"news_encoder": "bert"}, "news_encoder"),
+    ({"num_heads": 0}, "num_heads"),
+    ({"dropout": 1.0}, "dropout"),
+    ({"embeddings": "word2vec"}, "embeddings"),
+])
+def test_invalid_model_values_name_the_parameter(kwargs, name):
+    with pytest.raises(ConfigError, match=name):
+        ModelConfig(**kwargs)
+
+
+@pytest.mark.parametrize("kwargs, name", [
+    ({"method": "magic"}, "method"), ({"lr": -1.0}, "lr"), ({"batch_size": 0}, "batch_size"),
+])
+def test_invalid_train_values_name_the_parameter(kwargs, name):
+    with pytest.raises(ConfigError, match=name):
+        TrainConfig(**kwargs)
+
+
+def test_yaml_round_trip(tmp_path):
+    config = RunConfig(data="/x", model=ModelConfig(news_encoder="naml", dropout=0.1),
+                       train=TrainConfig(epochs=7, lr=0.01))
+    path = tmp_path / "c.yaml"
+    config.to_yaml(path)
+    assert RunConfig.from_yaml(path) == config
+
+
+def test_yaml_unknown_key_and_wrong_type_are_reported_with_the_file(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("model:\n  news_encoder: nrms\n  heads: 4\n")
+    with pytest.raises(ConfigError, match=r"c\.yaml.*model\.heads"):
+        RunConfig.from_yaml(path)
+    path.write_text("train:\n  epochs: three\n")
+    with pytest.raises(ConfigError, match=r"train\.epochs"):
+        RunConfig.from_yaml(path)
+    path.write_text("train:\n  lr: 1\n")  # an int is accepted for a float
+    assert RunConfig.from_yaml(path).train.lr == 1.0
