@@ -1,0 +1,144 @@
+"""Build a :class:`~privaterec.models.recommender.Recommender` from a :class:`ModelConfig`.
+
+Construction draws from the global torch RNG only, so it is deterministic under
+``torch.manual_seed`` (the caller seeds).
+
+Word embeddings (``ModelConfig.embeddings``), for the text encoders ``nrms``, ``naml`` and
+``fednewsrec``:
+
+* ``"random"`` — N(0, 0.1²) vectors of size ``word_dim``;
+* ``"glove50"`` — GloVe 6B 50-d; the embedding size is **50 whatever ``word_dim`` says**
+  (``word_dim`` is overridden by the pre-trained size);
+* ``"minilm"`` — MiniLM-L6 input word-piece embeddings, size **384** (``word_dim``
+  overridden); needs a ``"wordpiece"`` vocabulary (see :func:`vocabulary_kind`).
+
+The table is frozen when ``freeze_embeddings`` (the padding embedding e₀ is always
+trainable). ``plm`` uses MiniLM's own embeddings and ``id`` uses none, so ``embeddings`` is
+ignored for them.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from privaterec.config import ModelConfig
+from privaterec.data.features import NewsFeatures
+from privaterec.data.text import TextVocabularies
+from privaterec.errors import ConfigError
+from privaterec.models.layers import WordEmbedding
+from privaterec.models.news_encoders import (FedNewsRecNewsEncoder, IDNewsEncoder,
+                                             NAMLNewsEncoder, NRMSNewsEncoder, PLMNewsEncoder)
+from privaterec.models.recommender import Recommender
+from privaterec.models.user_encoders import (FedNewsRecUserEncoder, LSTURUserEncoder,
+                                             NAMLUserEncoder, NRMSUserEncoder)
+
+
+def vocabulary_kind(model_config: ModelConfig) -> str:
+    """Vocabulary kind a model needs: ``"wordpiece"`` for ``plm`` or ``minilm`` embeddings,
+    else ``"word"``."""
+    if model_config.news_encoder == "plm" or model_config.embeddings == "minilm":
+        return "wordpiece"
+    return "word"
+
+
+def build_word_embedding(model_config: ModelConfig, vocabs: TextVocabularies) -> WordEmbedding:
+    """The :class:`WordEmbedding` selected by ``model_config.embeddings`` (see module doc).
+
+    Raises
+    ------
+    ConfigError
+        When ``vocabs.kind`` is not the kind the configuration needs.
+    """
+    _check_vocabulary(model_config, vocabs)
+    num_tokens = len(vocabs.words)
+    freeze = model_config.freeze_embeddings
+    if model_config.embeddings == "random":
+        return WordEmbedding(num_tokens, model_config.word_dim, freeze=freeze)
+    from privaterec.data.embeddings import load_pretrained
+
+    table, _ = load_pretrained(model_config.embeddings, vocabs.words)
+    return WordEmbedding(num_tokens, table.shape[1], pretrained=table, freeze=freeze)
+
+
+def build_news_encoder(model_config: ModelConfig, vocabs: TextVocabularies) -> nn.Module:
+    """The news encoder Θ_N named by ``model_config.news_encoder``, output size
+    ``model_config.news_dim``."""
+    c = model_config
+    _check_vocabulary(c, vocabs)
+    if c.news_encoder == "id":
+        return IDNewsEncoder(len(vocabs.news_ids), c.news_dim)
+    if c.news_encoder == "plm":
+        return PLMNewsEncoder(vocabs.words, dim=c.news_dim,
+                              trainable_layers=c.plm_trainable_layers, dropout=c.dropout)
+    embedding = build_word_embedding(c, vocabs)
+    if c.news_encoder == "nrms":
+        return NRMSNewsEncoder(embedding, num_heads=c.num_heads, head_dim=c.head_dim,
+                               attention_dim=c.attention_dim, dropout=c.dropout)
+    if c.news_encoder == "fednewsrec":
+        return FedNewsRecNewsEncoder(embedding, cnn_filters=c.cnn_filters,
+                                     cnn_window=c.cnn_window, num_heads=c.num_heads,
+                                     head_dim=c.head_dim, attention_dim=c.attention_dim,
+                                     dropout=c.dropout)
+    if c.news_encoder == "naml":
+        return NAMLNewsEncoder(embedding, num_categories=len(vocabs.categories),
+                               num_subcategories=len(vocabs.subcategories), dim=c.news_dim,
+                               cnn_filters=c.cnn_filters, cnn_window=c.cnn_window,
+                               attention_dim=c.attention_dim, category_dim=c.category_dim,
+                               dropout=c.dropout)
+    raise ConfigError(f"invalid configuration value 'news_encoder': {c.news_encoder!r}")
+
+
+def build_user_encoder(model_config: ModelConfig) -> nn.Module:
+    """The user encoder Θ_U named by ``model_config.resolved_user_encoder``."""
+    c = model_config
+    name = c.resolved_user_encoder
+    if name == "nrms":
+        return NRMSUserEncoder(c.news_dim, num_heads=c.num_heads, head_dim=c.head_dim,
+                               attention_dim=c.attention_dim, dropout=c.dropout)
+    if name == "naml":
+        return NAMLUserEncoder(c.news_dim, attention_dim=c.attention_dim)
+    if name == "lstur":
+        return LSTURUserEncoder(c.news_dim, gru_dim=c.gru_dim)
+    if name == "fednewsrec":
+        return FedNewsRecUserEncoder(c.news_dim, num_heads=c.num_heads, head_dim=c.head_dim,
+                                     attention_dim=c.attention_dim, gru_dim=c.gru_dim,
+                                     short_term_len=c.short_term_len, dropout=c.dropout)
+    raise ConfigError(f"invalid configuration value 'user_encoder': {name!r}")
+
+
+def build_recommender(model_config: ModelConfig, vocabs: TextVocabularies,
+                      features: NewsFeatures | None = None) -> Recommender:
+    """Θ_N + Θ_U as a :class:`Recommender` (DESIGN §3).
+
+    Parameters
+    ----------
+    model_config:
+        Architecture; vocabulary sizes come from ``vocabs``.
+    vocabs:
+        Vocabularies built with ``kind=vocabulary_kind(model_config)``.
+    features:
+        Optional news table to attach.
+
+    Raises
+    ------
+    ConfigError
+        When ``vocabs.kind`` does not match the configuration, or ``plm_trainable_layers``
+        exceeds MiniLM's depth.
+    ImportError
+        When pre-trained embeddings or MiniLM are requested but their package is missing.
+    """
+    news_encoder = build_news_encoder(model_config, vocabs)
+    user_encoder = build_user_encoder(model_config)
+    return Recommender(news_encoder, user_encoder, features)
+
+
+def _check_vocabulary(model_config: ModelConfig, vocabs: TextVocabularies) -> None:
+    if model_config.news_encoder == "id":
+        return
+    needed = vocabulary_kind(model_config)
+    if vocabs.kind != needed:
+        raise ConfigError(
+            f"news_encoder={model_config.news_encoder!r} with "
+            f"embeddings={model_config.embeddings!r} needs a {needed!r} vocabulary, but the "
+            f"vocabulary is of kind {vocabs.kind!r}; rebuild it with "
+            f"build_vocabularies(..., kind={needed!r})")

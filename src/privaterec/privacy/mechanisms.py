@@ -1,0 +1,274 @@
+"""Noise, clipping and the basic DP mechanisms on tensors (DESIGN §2, §4).
+
+Every random draw goes through an explicit ``torch.Generator``; the global torch RNG is
+never used. Noise is drawn in float64 and then cast to the requested dtype (a float32
+inverse-CDF would truncate the Laplace tail at about 17 scales). As for any floating-point
+implementation, the textbook guarantee ignores rounding effects (Mironov, CCS 2012).
+
+Shapes are free: functions work elementwise or over the dimensions named by ``dim``, so a
+batch of clients ``x[n_clients, D]`` is clipped and noised in one call (one row = one
+client's release). The mechanisms do not clip: clip first so that the sensitivity you pass
+holds, then add noise.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+from torch import Tensor
+
+from privaterec.errors import ConfigError
+from privaterec.privacy.calibration import amplified_budget, gaussian_sigma, laplace_scale
+from privaterec.privacy.ledger import Phase, PrivacyEvent
+
+Dims = int | Sequence[int] | None
+
+
+def _check_scale(value: float | Tensor, name: str) -> None:
+    if isinstance(value, Tensor):
+        if bool((value < 0).any()) or not bool(torch.isfinite(value).all()):
+            raise ConfigError(f"invalid noise parameter '{name}': expected finite values >= 0")
+    elif not (0 <= value < math.inf):
+        raise ConfigError(f"invalid noise parameter '{name}': got {value!r}, expected a finite "
+                          f"number >= 0")
+
+
+def _as_scale(value: float | Tensor, device: torch.device | None) -> float | Tensor:
+    return value.to(device=device, dtype=torch.float64) if isinstance(value, Tensor) else value
+
+
+def laplace_noise(shape: Sequence[int], *, scale: float | Tensor, generator: torch.Generator,
+                  dtype: torch.dtype = torch.float32,
+                  device: torch.device | str | None = None) -> Tensor:
+    """I.i.d. Laplace(0, b) noise, density exp(−|x|/b)/(2b).
+
+    Drawn as b·(E₁ − E₂) with E = −log(1 − U), U ~ Uniform[0, 1) from ``torch.rand`` with
+    ``generator`` (the difference of two Exp(1) variables is Laplace(0, 1)).
+
+    Parameters
+    ----------
+    shape:
+        Output shape.
+    scale:
+        b ≥ 0, a float or a tensor broadcastable to ``shape`` (e.g. per-client ``[n, 1]``).
+    generator:
+        Source of randomness.
+    dtype, device:
+        Output dtype and device.
+
+    Returns
+    -------
+    Tensor
+        Shape ``shape``.
+    """
+    _check_scale(scale, "scale")
+    device = torch.device(device) if device is not None else generator.device
+    if not isinstance(scale, Tensor) and scale == 0:
+        return torch.zeros(shape, dtype=dtype, device=device)
+    u1 = torch.rand(shape, generator=generator, dtype=torch.float64, device=device)
+    u2 = torch.rand(shape, generator=generator, dtype=torch.float64, device=device)
+    noise = torch.log1p(-u2) - torch.log1p(-u1)  # E1 - E2 with E = -log1p(-U)
+    return (noise * _as_scale(scale, device)).to(dtype)
+
+
+def gaussian_noise(shape: Sequence[int], *, sigma: float | Tensor, generator: torch.Generator,
+                   dtype: torch.dtype = torch.float32,
+                   device: torch.device | str | None = None) -> Tensor:
+    """I.i.d. N(0, σ²) noise drawn with ``generator`` (float64, then cast to ``dtype``).
+
+    Parameters
+    ----------
+    shape:
+        Output shape.
+    sigma:
+        σ ≥ 0, a float or a tensor broadcastable to ``shape``.
+    generator, dtype, device:
+        As in :func:`laplace_noise`.
+    """
+    _check_scale(sigma, "sigma")
+    device = torch.device(device) if device is not None else generator.device
+    if not isinstance(sigma, Tensor) and sigma == 0:
+        return torch.zeros(shape, dtype=dtype, device=device)
+    z = torch.randn(shape, generator=generator, dtype=torch.float64, device=device)
+    return (z * _as_scale(sigma, device)).to(dtype)
+
+
+def _dims(x: Tensor, dim: Dims) -> tuple[int, ...]:
+    if dim is None:
+        if x.ndim < 2:
+            raise ConfigError("dim=None clips each x[i] over all its dimensions and needs a "
+                              f"tensor with >= 2 dimensions, got shape {tuple(x.shape)}; "
+                              "use dim=-1 for a single vector")
+        return tuple(range(1, x.ndim))
+    return (dim,) if isinstance(dim, int) else tuple(dim)
+
+
+def _check_bound(bound: float | Tensor) -> None:
+    if isinstance(bound, Tensor):
+        if bool((bound < 0).any()):
+            raise ConfigError("invalid clipping 'bound': expected values >= 0")
+    elif not (bound >= 0):
+        raise ConfigError(f"invalid clipping 'bound': got {bound!r}, expected a number >= 0")
+
+
+def _clip_norm(x: Tensor, bound: float | Tensor, dim: Dims, ord: float) -> Tensor:
+    _check_bound(bound)
+    norms = torch.linalg.vector_norm(x, ord=ord, dim=_dims(x, dim), keepdim=True)
+    tiny = torch.finfo(norms.dtype).tiny
+    factor = torch.clamp(bound / norms.clamp_min(tiny), max=1.0)
+    return x * factor
+
+
+def clip_l2(x: Tensor, bound: float | Tensor, *, dim: Dims = -1) -> Tensor:
+    """Scale each slice to L2 norm ≤ ``bound``: x · min(1, bound/‖x‖₂); unchanged if inside.
+
+    Parameters
+    ----------
+    x:
+        Tensor, e.g. per-client updates ``[n_clients, D]``.
+    bound:
+        Clipping norm C ≥ 0 (float, or a tensor broadcastable to the kept-dim norms).
+    dim:
+        Dimension(s) that make up one vector (default: the last); ``None`` = every dimension
+        except the first (each ``x[i]`` is one vector, e.g. ``[n_clients, *param_shape]``).
+
+    Returns
+    -------
+    Tensor
+        Same shape as ``x``; norms ≤ C up to floating-point rounding.
+    """
+    return _clip_norm(x, bound, dim, 2.0)
+
+
+def clip_l1(x: Tensor, bound: float | Tensor, *, dim: Dims = -1) -> Tensor:
+    """Scale each slice to L1 norm ≤ ``bound`` (see :func:`clip_l2` for ``dim``)."""
+    return _clip_norm(x, bound, dim, 1.0)
+
+
+def clip_elementwise(x: Tensor, bound: float | Tensor) -> Tensor:
+    """Clamp every coordinate to [−bound, bound] (FedNewsRec Eq. 4's clip(g, δ))."""
+    _check_bound(bound)
+    if isinstance(bound, Tensor):
+        return torch.maximum(torch.minimum(x, bound), -bound)
+    return torch.clamp(x, -bound, bound)
+
+
+def _release_dimension(x: Tensor, batched: bool) -> int:
+    if batched:
+        if x.ndim < 1 or x.shape[0] == 0:
+            raise ConfigError(f"batched=True needs a non-empty leading dimension, got shape "
+                              f"{tuple(x.shape)}")
+        return max(1, x[0].numel())
+    return max(1, x.numel())
+
+
+def laplace_mechanism(x: Tensor, *, epsilon: float, sensitivity_l1: float,
+                      generator: torch.Generator, phase: Phase = "train",
+                      batched: bool = False, padding_p: float = 0.0, valid: bool = True,
+                      note: str = "") -> tuple[Tensor, PrivacyEvent]:
+    """Laplace mechanism: x + Lap(Δ₁/ε′) noise per coordinate (Dwork & Roth Thm 3.6).
+
+    Parameters
+    ----------
+    x:
+        Values whose L1 sensitivity is ``sensitivity_l1`` (clip first). With ``batched``,
+        ``x[i]`` is the release of client i (e.g. ``[n_clients, D]``).
+    epsilon:
+        Target ε > 0 of one release (``math.inf``: no noise, event marked not private).
+    sensitivity_l1:
+        Δ₁ of one release.
+    generator:
+        Randomness.
+    phase:
+        ``"train"`` or ``"serve"`` (recorded in the event).
+    batched:
+        Whether the leading dimension indexes independent releases.
+    padding_p:
+        Random behaviour padding probability applied by the caller (PrivateRec Alg. 2 lines
+        1-5): the noise is calibrated to the base ε′ of :func:`amplified_budget`.
+    valid, note:
+        Copied into the event (``valid=False`` for paper-mode sensitivities).
+
+    Returns
+    -------
+    tuple[Tensor, PrivacyEvent]
+        Noised tensor (shape and dtype of ``x``) and the event of ONE release.
+    """
+    eps_base, _ = amplified_budget(epsilon=epsilon, delta=0.0, padding_p=padding_p)
+    scale = laplace_scale(epsilon=eps_base, sensitivity_l1=sensitivity_l1)
+    noise = laplace_noise(x.shape, scale=scale, generator=generator, dtype=x.dtype,
+                          device=x.device)
+    event = PrivacyEvent(mechanism="laplace", epsilon=epsilon, delta=0.0, noise_scale=scale,
+                         sensitivity=sensitivity_l1, dimension=_release_dimension(x, batched),
+                         phase=phase, padding_p=padding_p, valid=valid, note=note)
+    return x + noise, event
+
+
+def gaussian_mechanism(x: Tensor, *, epsilon: float, delta: float, sensitivity_l2: float,
+                       generator: torch.Generator, phase: Phase = "train",
+                       batched: bool = False, padding_p: float = 0.0, valid: bool = True,
+                       note: str = "") -> tuple[Tensor, PrivacyEvent]:
+    """Analytic Gaussian mechanism: x + N(0, σ²I), σ from :func:`gaussian_sigma`.
+
+    Parameters are as in :func:`laplace_mechanism`, plus ``delta`` in (0, 1) and the L2
+    sensitivity. With ``padding_p`` > 0 the noise is calibrated to the base
+    (ε′, δ′) of :func:`amplified_budget` (DESIGN §4 errata 2-3).
+
+    Returns
+    -------
+    tuple[Tensor, PrivacyEvent]
+        Noised tensor and the event of ONE release (``epsilon``/``delta`` are the target).
+    """
+    eps_base, delta_base = amplified_budget(epsilon=epsilon, delta=delta, padding_p=padding_p)
+    sigma = gaussian_sigma(epsilon=eps_base, delta=delta_base, sensitivity_l2=sensitivity_l2)
+    noise = gaussian_noise(x.shape, sigma=sigma, generator=generator, dtype=x.dtype,
+                           device=x.device)
+    event = PrivacyEvent(mechanism="gaussian", epsilon=epsilon, delta=delta, noise_scale=sigma,
+                         sensitivity=sensitivity_l2, dimension=_release_dimension(x, batched),
+                         phase=phase, padding_p=padding_p, valid=valid, note=note)
+    return x + noise, event
+
+
+def randomized_response(labels: Tensor, *, epsilon: float, num_classes: int,
+                        generator: torch.Generator,
+                        phase: Phase = "train") -> tuple[Tensor, PrivacyEvent]:
+    """k-ary randomized response on integer labels (Warner 1965; Kairouz et al. 2016).
+
+    Each label is kept with probability e^ε/(e^ε + k − 1) and otherwise replaced by one of
+    the k − 1 other classes uniformly, which is ε-DP for a change of that label.
+
+    Parameters
+    ----------
+    labels:
+        Integer tensor with values in [0, k), any shape.
+    epsilon:
+        ε > 0 per label (``math.inf``: labels returned unchanged).
+    num_classes:
+        k ≥ 2.
+    generator:
+        Randomness.
+
+    Returns
+    -------
+    tuple[Tensor, PrivacyEvent]
+        Perturbed labels (same shape/dtype) and the event of one label's release.
+    """
+    if not (isinstance(num_classes, int) and num_classes >= 2):
+        raise ConfigError(f"invalid 'num_classes': got {num_classes!r}, expected an int >= 2")
+    if labels.numel() and (bool((labels < 0).any()) or bool((labels >= num_classes).any())):
+        raise ConfigError(f"labels must lie in [0, num_classes={num_classes})")
+    if not (epsilon > 0):
+        raise ConfigError(f"invalid privacy parameter 'epsilon': got {epsilon!r}, expected > 0")
+    event = PrivacyEvent(mechanism="randomized_response", epsilon=epsilon, phase=phase,
+                         note=f"{num_classes}-ary, epsilon per label")
+    if math.isinf(epsilon):
+        return labels.clone(), event
+    # P(keep) = e^ε/(e^ε + k − 1) = 1/(1 + (k − 1)e^{−ε}).
+    keep_prob = 1.0 / (1.0 + (num_classes - 1) * math.exp(-epsilon))
+    u = torch.rand(labels.shape, generator=generator, dtype=torch.float64, device=labels.device)
+    shift = torch.randint(1, num_classes, labels.shape, generator=generator,
+                          device=labels.device, dtype=labels.dtype)
+    other = (labels + shift) % num_classes
+    return torch.where(u < keep_prob, labels, other), event

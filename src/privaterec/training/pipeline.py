@@ -1,0 +1,157 @@
+"""From a data directory and a run configuration to a trained, evaluated run directory.
+
+This is the library entry point behind ``privaterec train`` and ``privaterec evaluate``:
+load data → vocabularies from training news only → news feature table → client datasets →
+train (centralized or popularity) → evaluate on the test split → write the run directory.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from privaterec.config import RunConfig
+from privaterec.data.clients import ClientDataset, build_client_dataset
+from privaterec.data.features import NewsFeatures, build_news_features, build_vocabularies
+from privaterec.data.mind import load_dataset
+from privaterec.data.records import MindDataset, MindSplit
+from privaterec.data.text import TextVocabularies
+from privaterec.errors import CheckpointError, ConfigError
+from privaterec.eval.evaluate import evaluate_model
+from privaterec.models.factory import build_recommender, vocabulary_kind
+from privaterec.models.recommender import Recommender
+from privaterec.training.centralized import train_centralized
+from privaterec.training.checkpoint import load_checkpoint
+from privaterec.training.popularity import PopularityModel, evaluate_popularity
+from privaterec.training.run import RunDirectory
+
+
+@dataclass
+class PreparedData:
+    """A loaded dataset with its vocabularies, news table and training clients."""
+
+    dataset: MindDataset
+    vocabs: TextVocabularies
+    features: NewsFeatures
+    train_clients: ClientDataset
+
+
+def prepare_data(config: RunConfig, *, drop_missing: bool = False,
+                 vocabs: TextVocabularies | None = None) -> PreparedData:
+    """Load ``config.data`` and build everything a trainer needs.
+
+    Vocabularies come from the training split's news only (DESIGN §4 erratum 9) unless
+    ``vocabs`` (e.g. those of a trained run) are given.
+    """
+    dataset = load_dataset(config.data, drop_missing=drop_missing)
+    model = config.model
+    if vocabs is None:
+        vocabs = build_vocabularies(dataset.train.news.values(), kind=vocabulary_kind(model),
+                                    min_count=model.min_word_count)
+    features = build_news_features(dataset.all_news(), vocabs, title_len=model.title_len,
+                                   abstract_len=model.abstract_len)
+    clients = build_client_dataset(dataset.train, features, history_len=model.history_len)
+    return PreparedData(dataset, vocabs, features, clients)
+
+
+def evaluation_split(dataset: MindDataset, split: str) -> MindSplit:
+    """The ``train`` or ``test`` split of a dataset, with a clear error when absent."""
+    if split == "train":
+        return dataset.train
+    if split == "test":
+        if dataset.test is None:
+            raise ConfigError(f"{dataset.path}: has no test/ split; evaluate with "
+                              f"--split train or give a directory with train/ and test/")
+        return dataset.test
+    raise ConfigError(f"invalid split {split!r}; expected 'train' or 'test'")
+
+
+def train_run(config: RunConfig, out: str | Path, *, drop_missing: bool = False,
+              progress: bool = True, evaluate_each_epoch: bool = False) -> dict[str, Any]:
+    """Train ``config`` into the run directory ``out`` (resuming if it holds this run).
+
+    Returns the metrics written to ``metrics.json`` (test metrics when a test split exists).
+    """
+    run = RunDirectory(Path(out))
+    run.start(config)
+    torch.manual_seed(config.train.seed)
+    prepared = prepare_data(config, drop_missing=drop_missing)
+    prepared.vocabs.save(run.vocab_path)
+    test = prepared.dataset.test
+    started = time.perf_counter()
+    if config.train.method == "popularity":
+        popularity = PopularityModel.fit(prepared.dataset.train)
+        popularity.save(run.popularity_path)
+        metrics = run.update_metrics(method="popularity",
+                                     train_seconds=time.perf_counter() - started)
+        if test is not None:
+            metrics = run.update_metrics(test=evaluate_popularity(popularity, test))
+        return metrics
+
+    torch.manual_seed(config.train.seed)
+    model = build_recommender(config.model, prepared.vocabs, prepared.features)
+
+    def validate(epoch: int, entry: dict[str, float]) -> dict[str, Any] | None:
+        if not evaluate_each_epoch or test is None:
+            return None
+        result = evaluate_model(model, test, prepared.features,
+                                history_len=config.model.history_len,
+                                batch_size=config.train.eval_batch_size)
+        return {"test_auc": result["auc"]}
+
+    log = train_centralized(model, prepared.train_clients, config.train,
+                            checkpoint_path=run.checkpoint_path, progress=progress,
+                            on_epoch_end=validate)
+    metrics = run.update_metrics(method=config.train.method, epochs=log,
+                                 train_samples=prepared.train_clients.num_samples,
+                                 train_users=prepared.train_clients.num_users,
+                                 skipped=prepared.train_clients.skipped,
+                                 train_seconds=time.perf_counter() - started)
+    if test is not None:
+        result = evaluate_model(model, test, prepared.features,
+                                history_len=config.model.history_len,
+                                batch_size=config.train.eval_batch_size, progress=progress)
+        metrics = run.update_metrics(test=result)
+    return metrics
+
+
+def load_run_model(run_dir: str | Path) -> tuple[RunConfig, TextVocabularies, Recommender]:
+    """Rebuild a trained model from its run directory (no news table attached)."""
+    run = RunDirectory(Path(run_dir))
+    config = run.config()
+    if config.train.method == "popularity":
+        raise CheckpointError(f"{run.path}: a popularity run has no neural model")
+    vocabs = TextVocabularies.load(run.vocab_path)
+    model = build_recommender(config.model, vocabs)
+    state = load_checkpoint(run.checkpoint_path)
+    try:
+        model.load_state_dict(state["model"])
+    except RuntimeError as exc:
+        raise CheckpointError(f"{run.checkpoint_path}: does not match the model in "
+                              f"{run.config_path} ({exc})") from None
+    model.eval()
+    return config, vocabs, model
+
+
+def evaluate_run(run_dir: str | Path, data_dir: str | Path | None = None, *,
+                 split: str = "test", drop_missing: bool = False,
+                 progress: bool = True) -> dict[str, Any]:
+    """Evaluate a run directory on ``split`` of ``data_dir`` (default: the training data)."""
+    run = RunDirectory(Path(run_dir))
+    config = run.config()
+    dataset = load_dataset(data_dir or config.data, drop_missing=drop_missing)
+    target = evaluation_split(dataset, split)
+    if config.train.method == "popularity":
+        if not run.popularity_path.exists():
+            raise CheckpointError(f"{run.popularity_path}: missing; train the run first")
+        return evaluate_popularity(PopularityModel.load(run.popularity_path), target)
+    config, vocabs, model = load_run_model(run_dir)
+    features = build_news_features(dataset.all_news(), vocabs,
+                                   title_len=config.model.title_len,
+                                   abstract_len=config.model.abstract_len)
+    return evaluate_model(model, target, features, history_len=config.model.history_len,
+                          batch_size=config.train.eval_batch_size, progress=progress)

@@ -1,0 +1,243 @@
+"""Tests of privaterec.privacy.mechanisms: noise distributions, clipping, mechanisms."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from dp_accounting import dp_event
+from scipy import stats
+
+from privaterec.errors import ConfigError
+from privaterec.privacy.mechanisms import (
+    clip_elementwise,
+    clip_l1,
+    clip_l2,
+    gaussian_mechanism,
+    gaussian_noise,
+    laplace_mechanism,
+    laplace_noise,
+    randomized_response,
+)
+
+N = 200_000
+
+
+def gen(seed: int = 0) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+# --- noise distributions -----------------------------------------------------------------------
+
+def test_laplace_noise_moments_and_ks():
+    b = 2.0
+    x = laplace_noise((N,), scale=b, generator=gen(1), dtype=torch.float64).numpy()
+    # |X| ~ Exp(b): mean b, sd b -> standard error b/sqrt(N); 5 standard errors.
+    assert abs(np.abs(x).mean() - b) < 5 * b / math.sqrt(N)
+    # Var X = 2b²; Var(X²) = E X⁴ − (E X²)² = 24b⁴ − 4b⁴ = 20b⁴.
+    assert abs(x.var() - 2 * b**2) < 5 * math.sqrt(20) * b**2 / math.sqrt(N)
+    assert abs(x.mean()) < 5 * math.sqrt(2) * b / math.sqrt(N)
+    assert stats.kstest(x, stats.laplace(scale=b).cdf).pvalue > 1e-3
+    # A wrong scale is detected by the same test (the KS check has power).
+    assert stats.kstest(x, stats.laplace(scale=1.1 * b).cdf).pvalue < 1e-6
+
+
+def test_gaussian_noise_std_and_ks():
+    sigma = 0.7
+    x = gaussian_noise((N,), sigma=sigma, generator=gen(2), dtype=torch.float64).numpy()
+    assert abs(x.std() - sigma) < 5 * sigma / math.sqrt(2 * N)
+    assert abs(x.mean()) < 5 * sigma / math.sqrt(N)
+    assert stats.kstest(x, stats.norm(scale=sigma).cdf).pvalue > 1e-3
+    assert stats.kstest(x, stats.norm(scale=1.05 * sigma).cdf).pvalue < 1e-6
+
+
+def test_noise_dtype_shape_zero_scale_and_per_row_scale():
+    x = laplace_noise((3, 4), scale=1.0, generator=gen(), dtype=torch.float32)
+    assert x.shape == (3, 4) and x.dtype == torch.float32
+    assert torch.equal(laplace_noise((5,), scale=0.0, generator=gen()), torch.zeros(5))
+    assert torch.equal(gaussian_noise((5,), sigma=0.0, generator=gen()), torch.zeros(5))
+    # Per-client scales broadcast along rows.
+    scales = torch.tensor([[0.5], [4.0]])
+    y = laplace_noise((2, 100_000), scale=scales, generator=gen(3), dtype=torch.float64)
+    assert y[0].abs().mean().item() == pytest.approx(0.5, rel=0.02)
+    assert y[1].abs().mean().item() == pytest.approx(4.0, rel=0.02)
+    z = gaussian_noise((2, 100_000), sigma=scales, generator=gen(4), dtype=torch.float64)
+    assert z[1].std().item() == pytest.approx(4.0, rel=0.02)
+    with pytest.raises(ConfigError, match="'scale'"):
+        laplace_noise((2,), scale=-1.0, generator=gen())
+    with pytest.raises(ConfigError, match="'sigma'"):
+        gaussian_noise((2,), sigma=math.inf, generator=gen())
+
+
+def test_laplace_noise_is_finite_and_has_the_right_tail():
+    x = laplace_noise((1_000_000,), scale=1.0, generator=gen(5), dtype=torch.float32)
+    assert torch.isfinite(x).all()
+    # P(|X| > 10) = e^-10: the count is Binomial(1e6, e^-10) (mean 45.4); 5 standard deviations.
+    p = math.exp(-10)
+    count = (x.abs() > 10).sum().item()
+    assert abs(count - 1e6 * p) < 5 * math.sqrt(1e6 * p * (1 - p))
+
+
+def test_generator_determinism_and_global_rng_untouched():
+    state = torch.get_rng_state()
+    a = laplace_noise((1000,), scale=1.0, generator=gen(42))
+    b = laplace_noise((1000,), scale=1.0, generator=gen(42))
+    c = laplace_noise((1000,), scale=1.0, generator=gen(43))
+    g1 = gaussian_noise((1000,), sigma=1.0, generator=gen(42))
+    g2 = gaussian_noise((1000,), sigma=1.0, generator=gen(42))
+    out1, _ = laplace_mechanism(torch.zeros(10), epsilon=1.0, sensitivity_l1=1.0, generator=gen(7))
+    out2, _ = laplace_mechanism(torch.zeros(10), epsilon=1.0, sensitivity_l1=1.0, generator=gen(7))
+    r1, _ = randomized_response(torch.zeros(50, dtype=torch.long), epsilon=0.5, num_classes=3,
+                                generator=gen(8))
+    r2, _ = randomized_response(torch.zeros(50, dtype=torch.long), epsilon=0.5, num_classes=3,
+                                generator=gen(8))
+    assert torch.equal(a, b) and torch.equal(g1, g2) and torch.equal(out1, out2)
+    assert torch.equal(r1, r2)
+    assert not torch.equal(a, c)
+    assert torch.equal(torch.get_rng_state(), state)
+
+
+# --- clipping -------------------------------------------------------------------------------
+
+def _rows():
+    x = torch.randn(64, 10, dtype=torch.float64, generator=gen(100)) * torch.logspace(-2, 2, 64,
+                                                                   dtype=torch.float64)[:, None]
+    x[5] = 0.0
+    return x
+
+
+@pytest.mark.parametrize("clip,ord", [(clip_l2, 2), (clip_l1, 1)])
+def test_clip_norm_bounds_and_preserves_inside_rows(clip, ord):
+    x = _rows()
+    bound = 1.5
+    y = clip(x, bound)
+    norms_in = np.linalg.norm(x.numpy(), ord=ord, axis=1)
+    norms_out = np.linalg.norm(y.numpy(), ord=ord, axis=1)
+    assert (norms_out <= bound * (1 + 1e-12)).all()
+    inside = norms_in <= bound
+    assert inside.any() and (~inside).any()
+    assert torch.equal(y[torch.from_numpy(inside)], x[torch.from_numpy(inside)])
+    # Rows outside keep their direction and land exactly on the sphere.
+    expected = x.numpy()[~inside] * (bound / norms_in[~inside])[:, None]
+    np.testing.assert_allclose(y.numpy()[~inside], expected, rtol=1e-12)
+    assert torch.equal(y[5], torch.zeros(10))
+
+
+def test_clip_float32_tolerance_and_zero_bound():
+    x = _rows().float()
+    y = clip_l2(x, 0.3)
+    assert (torch.linalg.vector_norm(y, dim=-1) <= 0.3 * (1 + 1e-6)).all()
+    assert torch.equal(clip_l2(x, 0.0), torch.zeros_like(x))
+    with pytest.raises(ConfigError, match="'bound'"):
+        clip_l1(x, -1.0)
+
+
+def test_clip_dim_none_clips_each_leading_item_over_all_dims():
+    x = torch.randn(6, 3, 4, dtype=torch.float64, generator=gen(101)) * 5
+    y = clip_l2(x, 2.0, dim=None)
+    flat = y.reshape(6, -1)
+    np.testing.assert_allclose(torch.linalg.vector_norm(flat, dim=-1).numpy(),
+                               np.minimum(torch.linalg.vector_norm(x.reshape(6, -1),
+                                                                   dim=-1).numpy(), 2.0),
+                               rtol=1e-12)
+    # Per-row (dim=-1) clipping differs from per-item clipping.
+    assert not torch.allclose(clip_l2(x, 2.0, dim=-1), y)
+    with pytest.raises(ConfigError, match="dim=None"):
+        clip_l2(torch.ones(3), 1.0, dim=None)
+
+
+def test_clip_per_client_tensor_bound_and_vmap():
+    x = torch.randn(4, 8, generator=gen(102)) * 10
+    bounds = torch.tensor([[1.0], [2.0], [3.0], [4.0]])
+    y = clip_l2(x, bounds)
+    np.testing.assert_allclose(torch.linalg.vector_norm(y, dim=-1).numpy(), [1, 2, 3, 4],
+                               rtol=1e-5)
+    v = torch.func.vmap(lambda row: clip_l2(row, 1.0))(x)
+    torch.testing.assert_close(v, clip_l2(x, 1.0))
+    v1 = torch.func.vmap(lambda row: clip_l1(row, 1.0))(x)
+    torch.testing.assert_close(v1, clip_l1(x, 1.0))
+
+
+def test_clip_elementwise():
+    x = torch.tensor([[-3.0, -0.5, 0.0, 0.2, 9.0]])
+    assert torch.equal(clip_elementwise(x, 1.0), torch.tensor([[-1.0, -0.5, 0.0, 0.2, 1.0]]))
+    b = torch.tensor([[0.1, 1.0, 1.0, 0.1, 5.0]])
+    assert torch.equal(clip_elementwise(x, b), torch.tensor([[-0.1, -0.5, 0.0, 0.1, 5.0]]))
+
+
+# --- mechanisms -------------------------------------------------------------------------------
+
+def test_laplace_mechanism_noise_and_event_batched():
+    x = torch.full((4, 50_000), 3.0, dtype=torch.float64)
+    out, event = laplace_mechanism(x, epsilon=0.5, sensitivity_l1=2.0, generator=gen(9),
+                                   batched=True, phase="serve")
+    noise = (out - x).numpy().ravel()
+    assert stats.kstest(noise, stats.laplace(scale=4.0).cdf).pvalue > 1e-3
+    assert out.dtype == torch.float64
+    assert event.mechanism == "laplace" and event.phase == "serve"
+    assert event.epsilon == 0.5 and event.delta == 0.0
+    assert event.noise_scale == 4.0 and event.sensitivity == 2.0
+    assert event.dimension == 50_000  # one client's release (row), not the batch
+    assert event.to_dp_event() == dp_event.LaplaceDpEvent(noise_multiplier=2.0)
+    _, unbatched = laplace_mechanism(torch.zeros(3, 5), epsilon=1.0, sensitivity_l1=1.0,
+                                     generator=gen())
+    assert unbatched.dimension == 15
+
+
+def test_laplace_mechanism_with_padding_uses_base_budget():
+    eps, p = 1.0, 0.5
+    eps_base = math.log((math.exp(eps) - p) / (1 - p))  # PrivateRec Alg. 2 line 9
+    out, event = laplace_mechanism(torch.zeros(100_000, dtype=torch.float64), epsilon=eps,
+                                   sensitivity_l1=2.0, generator=gen(10), padding_p=p)
+    assert event.noise_scale == pytest.approx(2.0 / eps_base, rel=1e-12)
+    assert event.epsilon == eps and event.padding_p == p
+    assert out.abs().mean().item() == pytest.approx(2.0 / eps_base, rel=0.02)
+    # The amplified guarantee is pure ε: accounted as binary randomized response with ε.
+    dp = event.to_dp_event()
+    assert isinstance(dp, dp_event.RandomizedResponseDpEvent)
+    assert dp.noise_parameter == pytest.approx(2 / (1 + math.e))
+
+
+def test_mechanisms_with_infinite_epsilon_add_no_noise():
+    x = torch.randn(3, 4, generator=gen(11))
+    out, event = laplace_mechanism(x, epsilon=math.inf, sensitivity_l1=1.0, generator=gen())
+    assert torch.equal(out, x) and not event.is_private
+    assert isinstance(event.to_dp_event(), dp_event.NonPrivateDpEvent)
+    out, event = gaussian_mechanism(x, epsilon=math.inf, delta=1e-5, sensitivity_l2=1.0,
+                                    generator=gen())
+    assert torch.equal(out, x) and not event.is_private
+
+
+def test_gaussian_mechanism_noise_and_event():
+    x = torch.zeros(8, 25_000, dtype=torch.float64)
+    out, event = gaussian_mechanism(x, epsilon=1.0, delta=1e-5, sensitivity_l2=math.sqrt(2),
+                                    generator=gen(12), batched=True)
+    sigma = math.sqrt(2) * 3.7306316348  # analytic σ(1, 1e-5), see test_calibration
+    assert event.noise_scale == pytest.approx(sigma, rel=1e-9)
+    assert stats.kstest(out.numpy().ravel(), stats.norm(scale=sigma).cdf).pvalue > 1e-3
+    assert event.dimension == 25_000 and event.delta == 1e-5
+    assert event.to_dp_event() == dp_event.GaussianDpEvent(
+        noise_multiplier=pytest.approx(3.7306316348, rel=1e-9))
+    _, padded = gaussian_mechanism(x, epsilon=1.0, delta=1e-5, sensitivity_l2=1.0,
+                                   generator=gen(), padding_p=0.2)
+    assert padded.noise_scale < 3.7306316348  # amplification allows less noise
+    assert type(padded.to_dp_event()).__name__ == "EpsilonDeltaDpEvent"
+
+
+def test_randomized_response_keep_rate_and_uniform_flips():
+    k, eps = 4, 1.0
+    labels = torch.arange(N, dtype=torch.long) % k
+    out, event = randomized_response(labels, epsilon=eps, num_classes=k, generator=gen(13))
+    keep = (out == labels).double().mean().item()
+    p_keep = math.exp(eps) / (math.exp(eps) + k - 1)
+    assert abs(keep - p_keep) < 5 * math.sqrt(p_keep * (1 - p_keep) / N)
+    flipped = out[(out != labels) & (labels == 0)]
+    counts = torch.bincount(flipped, minlength=k)[1:].numpy()
+    assert stats.chisquare(counts).pvalue > 1e-3  # uniform over the k − 1 other labels
+    assert event.epsilon == eps and event.mechanism == "randomized_response"
+    same, _ = randomized_response(labels[:10], epsilon=math.inf, num_classes=k, generator=gen())
+    assert torch.equal(same, labels[:10])
+    with pytest.raises(ConfigError, match="num_classes"):
+        randomized_response(labels, epsilon=1.0, num_classes=3, generator=gen())
