@@ -101,8 +101,8 @@ class TrainConfig:
 
     method: str = "centralized"
     epochs: int = 3
-    lr: float = 1e-3
-    batch_size: int = 64
+    lr: float = 5e-3
+    batch_size: int = 32
     negatives: int = 4
     seed: int = 0
     eval_batch_size: int = 256

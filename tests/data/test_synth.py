@@ -244,7 +244,7 @@ def test_popularity_is_skewed():
     clicks = Counter(n for b in data.train.behaviors for n in b.clicked)
     counts = np.sort(np.array(list(clicks.values())))[::-1]
     top_decile_share = counts[: len(counts) // 10].sum() / counts.sum()
-    assert top_decile_share > 0.3  # uniform clicks would give ≈ 0.1
+    assert top_decile_share > 0.25  # uniform clicks would give ≈ 0.1 (MIND-like skew)
 
 
 def test_clicks_follow_the_softmax_choice_model():

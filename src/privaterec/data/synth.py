@@ -138,11 +138,11 @@ class SynthConfig:
     max_lifetime: int = 3
     title_length: float = 10.0
     abstract_length: float = 25.0
-    topic_vocab: int = 300
-    subtopic_vocab: int = 60
+    topic_vocab: int = 40
+    subtopic_vocab: int = 12
     filler_vocab: int = 500
-    affinity_weight: float = 1.25
-    popularity_weight: float = 1.0
+    affinity_weight: float = 1.5
+    popularity_weight: float = 0.8
     noise_scale: float = 1.0
     topic_concentration: float = 0.2
     subtopic_concentration: float = 0.5
