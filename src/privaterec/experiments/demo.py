@@ -35,8 +35,6 @@ def demo_entries(quick: bool) -> list[DemoEntry]:
         DemoEntry("popularity", ModelConfig(), TrainConfig(method="popularity")),
         DemoEntry("centralized / nrms", ModelConfig(news_encoder="nrms"),
                   TrainConfig(method="centralized", epochs=epochs)),
-        DemoEntry("centralized / naml", ModelConfig(news_encoder="naml"),
-                  TrainConfig(method="centralized", epochs=epochs)),
     ]
 
 
