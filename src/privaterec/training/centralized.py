@@ -19,6 +19,7 @@ from privaterec.config import TrainConfig
 from privaterec.data.clients import ClientDataset
 from privaterec.models.recommender import Recommender
 from privaterec.training.checkpoint import load_checkpoint, save_checkpoint
+from privaterec.training.determinism import deterministic_algorithms
 
 EpochCallback = Callable[[int, dict[str, float]], dict[str, Any] | None]
 
@@ -60,7 +61,20 @@ def train_centralized(model: Recommender, clients: ClientDataset, config: TrainC
     Returns
     -------
     One log entry per completed epoch: ``{"epoch", "loss", ...}``.
+
+    Training runs with deterministic algorithms (see :mod:`privaterec.training.determinism`),
+    so the same seed gives bitwise the same parameters in any process.
     """
+    with deterministic_algorithms():
+        return _train(model, clients, config, checkpoint_path=checkpoint_path,
+                      checkpoint_every=checkpoint_every, progress=progress,
+                      stop_after_steps=stop_after_steps, on_epoch_end=on_epoch_end)
+
+
+def _train(model: Recommender, clients: ClientDataset, config: TrainConfig, *,
+           checkpoint_path: str | Path | None, checkpoint_every: int, progress: bool,
+           stop_after_steps: int | None,
+           on_epoch_end: EpochCallback | None) -> list[dict[str, Any]]:
     optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad],
                                  lr=config.lr)
     epoch, step_in_epoch, log = 0, 0, []
