@@ -23,6 +23,17 @@ def test_invalid_model_values_name_the_parameter(kwargs, name):
         ModelConfig(**kwargs)
 
 
+def test_word_dim_follows_pretrained_embeddings_and_conflicts_are_errors():
+    assert ModelConfig().resolved_word_dim == 64
+    assert ModelConfig(word_dim=32).resolved_word_dim == 32
+    assert ModelConfig(embeddings="glove50").resolved_word_dim == 50
+    assert ModelConfig(embeddings="minilm", word_dim=384).resolved_word_dim == 384
+    with pytest.raises(ConfigError, match="word_dim.*glove50.*50-d"):
+        ModelConfig(embeddings="glove50", word_dim=64)
+    with pytest.raises(ConfigError, match="word_dim"):
+        ModelConfig(word_dim=0)
+
+
 @pytest.mark.parametrize("kwargs, name", [
     ({"method": "magic"}, "method"), ({"lr": -1.0}, "lr"), ({"batch_size": 0}, "batch_size"),
 ])

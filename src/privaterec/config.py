@@ -21,6 +21,9 @@ from privaterec.errors import ConfigError
 NEWS_ENCODERS = ("nrms", "naml", "fednewsrec", "plm", "id")
 USER_ENCODERS = ("nrms", "naml", "lstur", "fednewsrec")
 EMBEDDINGS = ("random", "glove50", "minilm")
+# Size of the word vectors each embedding kind brings (random vectors: ``word_dim``).
+PRETRAINED_WORD_DIM = {"glove50": 50, "minilm": 384}
+DEFAULT_RANDOM_WORD_DIM = 64
 METHODS = ("centralized", "popularity")
 
 # The user encoder each news model pairs with when --user-encoder is not given.
@@ -46,13 +49,16 @@ class ModelConfig:
     """Architecture of the news recommender (DESIGN §3).
 
     ``news_dim`` = ``num_heads * head_dim`` is the size d of news and user vectors for the
-    attention-based encoders; CNN-based encoders project to the same d.
+    attention-based encoders; CNN-based encoders project to the same d. ``word_dim`` is only
+    set for ``random`` embeddings (default 64); pre-trained embeddings bring their own size
+    (``glove50``: 50, ``minilm``: 384) and a conflicting ``word_dim`` is an error, so a saved
+    configuration always states the size the model really has.
     """
 
     news_encoder: str = "nrms"
     user_encoder: str | None = None
     embeddings: str = "random"
-    word_dim: int = 64
+    word_dim: int | None = None
     freeze_embeddings: bool = True
     num_heads: int = 8
     head_dim: int = 16
@@ -74,7 +80,14 @@ class ModelConfig:
         if self.user_encoder is not None:
             _check_choice(self.user_encoder, "user_encoder", USER_ENCODERS)
         _check_choice(self.embeddings, "embeddings", EMBEDDINGS)
-        for name in ("word_dim", "num_heads", "head_dim", "attention_dim", "cnn_filters",
+        if self.word_dim is not None:
+            _check(isinstance(self.word_dim, int) and self.word_dim > 0, "word_dim",
+                   f"got {self.word_dim!r}, expected a positive integer")
+        if self.word_dim is not None and self.embeddings in PRETRAINED_WORD_DIM:
+            _check(self.word_dim == PRETRAINED_WORD_DIM[self.embeddings], "word_dim",
+                   f"got {self.word_dim!r}, but embeddings={self.embeddings!r} has "
+                   f"{PRETRAINED_WORD_DIM[self.embeddings]}-d vectors; omit word_dim")
+        for name in ("num_heads", "head_dim", "attention_dim", "cnn_filters",
                      "cnn_window", "gru_dim", "short_term_len", "category_dim", "title_len",
                      "abstract_len", "history_len", "min_word_count"):
             value = getattr(self, name)
@@ -83,6 +96,13 @@ class ModelConfig:
         _check(0.0 <= self.dropout < 1.0, "dropout", f"got {self.dropout!r}, expected 0 <= p < 1")
         _check(self.plm_trainable_layers >= 0, "plm_trainable_layers",
                f"got {self.plm_trainable_layers!r}, expected >= 0")
+
+    @property
+    def resolved_word_dim(self) -> int:
+        """Size of the word vectors the model uses."""
+        if self.embeddings in PRETRAINED_WORD_DIM:
+            return PRETRAINED_WORD_DIM[self.embeddings]
+        return DEFAULT_RANDOM_WORD_DIM if self.word_dim is None else self.word_dim
 
     @property
     def news_dim(self) -> int:

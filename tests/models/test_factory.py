@@ -89,10 +89,11 @@ def test_frozen_embeddings_and_trainable_e0() -> None:
     assert build_recommender(config, vocabs).news_encoder.embedding.weight.requires_grad
 
 
-def test_glove_embeddings_override_word_dim() -> None:
+def test_glove_embeddings_bring_their_own_size() -> None:
     from privaterec.data.embeddings import load_pretrained
 
-    config, vocabs, features = _setup(embeddings="glove50", word_dim=64)
+    config, vocabs, features = _setup(embeddings="glove50", word_dim=None)
+    assert config.resolved_word_dim == 50
     torch.manual_seed(0)
     model = build_recommender(config, vocabs, features)
     emb = model.news_encoder.embedding
@@ -106,7 +107,7 @@ def test_glove_embeddings_override_word_dim() -> None:
 
 
 def test_minilm_embeddings_need_wordpiece_vocabulary() -> None:
-    config = ModelConfig(**TINY, embeddings="minilm")
+    config = ModelConfig(**{**TINY, "word_dim": None}, embeddings="minilm")
     word_vocabs = build_vocabularies(NEWS, kind="word")
     with pytest.raises(ConfigError, match="needs a 'wordpiece' vocabulary"):
         build_recommender(config, word_vocabs)

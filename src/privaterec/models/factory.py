@@ -7,10 +7,10 @@ Word embeddings (``ModelConfig.embeddings``), for the text encoders ``nrms``, ``
 ``fednewsrec``:
 
 * ``"random"`` — N(0, 0.1²) vectors of size ``word_dim``;
-* ``"glove50"`` — GloVe 6B 50-d; the embedding size is **50 whatever ``word_dim`` says**
-  (``word_dim`` is overridden by the pre-trained size);
-* ``"minilm"`` — MiniLM-L6 input word-piece embeddings, size **384** (``word_dim``
-  overridden); needs a ``"wordpiece"`` vocabulary (see :func:`vocabulary_kind`).
+* ``"glove50"`` — GloVe 6B 50-d; the embedding size is 50 (``ModelConfig`` rejects a
+  conflicting ``word_dim``);
+* ``"minilm"`` — MiniLM-L6 input word-piece embeddings, size 384 (``ModelConfig``
+  rejects a conflicting ``word_dim``); needs a ``"wordpiece"`` vocabulary (see :func:`vocabulary_kind`).
 
 The table is frozen when ``freeze_embeddings`` (the padding embedding e₀ is always
 trainable). ``plm`` uses MiniLM's own embeddings and ``id`` uses none, so ``embeddings`` is
@@ -53,7 +53,7 @@ def build_word_embedding(model_config: ModelConfig, vocabs: TextVocabularies) ->
     num_tokens = len(vocabs.words)
     freeze = model_config.freeze_embeddings
     if model_config.embeddings == "random":
-        return WordEmbedding(num_tokens, model_config.word_dim, freeze=freeze)
+        return WordEmbedding(num_tokens, model_config.resolved_word_dim, freeze=freeze)
     from privaterec.data.embeddings import load_pretrained
 
     table, _ = load_pretrained(model_config.embeddings, vocabs.words)
