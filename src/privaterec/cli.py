@@ -58,8 +58,10 @@ def cmd_data_synth(args: argparse.Namespace) -> int:
         from privaterec.data.mind import read_news
         pool = read_news(args.news_from)
     summary = write_synthetic(args.out, config, news_pool=pool)
-    _print_json(summary) if args.json else print(
-        "\n".join(f"{k}: {v}" for k, v in summary.items()))
+    if args.json:
+        _print_json(summary)
+    else:
+        print("\n".join(f"{k}: {v}" for k, v in summary.items()))
     return EXIT_OK
 
 

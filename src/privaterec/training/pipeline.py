@@ -78,7 +78,6 @@ def train_run(config: RunConfig, out: str | Path, *, drop_missing: bool = False,
     """
     run = RunDirectory(Path(out))
     run.start(config)
-    torch.manual_seed(config.train.seed)
     prepared = prepare_data(config, drop_missing=drop_missing)
     prepared.vocabs.save(run.vocab_path)
     test = prepared.dataset.test
