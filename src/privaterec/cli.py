@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from privaterec import __version__
-from privaterec.config import (EMBEDDINGS, METHODS, NEWS_ENCODERS, USER_ENCODERS, ModelConfig,
-                               RunConfig, TrainConfig, replace)
+from privaterec.config import (EMBEDDINGS, ENGINES, FEDERATED_METHODS, METHODS, NEWS_ENCODERS,
+                               NOISE_KINDS, STRATEGIES, USER_ENCODERS, ModelConfig, RunConfig,
+                               TrainConfig, replace)
 from privaterec.errors import PrivateRecError
 
 EXIT_OK, EXIT_CHECK_FAILED, EXIT_USAGE = 0, 1, 2
@@ -87,11 +88,26 @@ def run_config_from_args(args: argparse.Namespace) -> RunConfig:
         "method": args.method, "epochs": args.epochs, "lr": args.lr,
         "batch_size": args.batch_size, "seed": args.seed,
     }.items() if v is not None}
+    fed_changes = {k: v for k, v in {
+        "rounds": args.rounds, "client_fraction": args.client_fraction,
+        "clients_per_round": args.clients_per_round, "strategy": args.strategy,
+        "server_lr": args.server_lr, "local_steps": args.local_steps,
+        "local_lr": args.local_lr, "clip": args.clip, "noise_scale": args.noise_scale,
+        "epsilon_train": args.epsilon_train, "delta_train": args.delta_train,
+        "noise": args.noise, "max_client_samples": args.max_client_samples,
+        "eval_every": args.eval_every, "engine": args.engine,
+    }.items() if v is not None}
     data = str(Path(args.data).resolve()) if args.data else config.data
     if not data:
         raise PrivateRecError("no training data: pass --data DIR (or 'data:' in --config)")
+    method = train_changes.get("method", config.train.method)
+    if fed_changes and method not in FEDERATED_METHODS:
+        flags = ", ".join("--" + k.replace("_", "-") for k in sorted(fed_changes))
+        raise PrivateRecError(f"{flags} only apply to federated methods "
+                              f"({', '.join(FEDERATED_METHODS)}), not --method {method}")
     return replace(config, data=data, model=replace(config.model, **model_changes),
-                   train=replace(config.train, **train_changes))
+                   train=replace(config.train, **train_changes),
+                   fed=replace(config.fed, **fed_changes))
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -125,6 +141,62 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from privaterec.experiments.demo import run_demo
 
     return run_demo(out=args.out, quick=args.quick, progress=not args.no_progress)
+
+
+# --- privacy ----------------------------------------------------------------------------
+def cmd_privacy_report(args: argparse.Namespace) -> int:
+    from privaterec.privacy.report import (format_privacy_report, read_privacy_json,
+                                           recompose_privacy_summary, to_json_safe)
+
+    summary = read_privacy_json(Path(args.run))
+    summary = recompose_privacy_summary(summary, delta=args.delta, composition=args.composition)
+    if args.json:
+        payload = to_json_safe({k: v for k, v in summary.items() if k != "ledger"})
+        print(json.dumps(payload, indent=2, sort_keys=True, ensure_ascii=False))
+    else:
+        print(format_privacy_report(summary))
+    return EXIT_OK
+
+
+def cmd_privacy_calibrate(args: argparse.Namespace) -> int:
+    from privaterec.privacy.report import calibrate_noise, format_calibration, to_json_safe
+
+    result = calibrate_noise(args.mechanism, epsilon=args.epsilon, delta=args.delta,
+                             sensitivity=args.sensitivity)
+    if args.json:
+        print(json.dumps(to_json_safe(result), indent=2, sort_keys=True, ensure_ascii=False))
+    else:
+        print(format_calibration(result))
+    return EXIT_OK
+
+
+def _add_privacy_parser(sub: Any) -> None:
+    """``privaterec privacy report|calibrate``."""
+    from privaterec.privacy.report import CALIBRATORS, COMPOSITIONS
+
+    privacy = sub.add_parser("privacy", help="privacy reports of runs, noise calibration")
+    privacy_sub = privacy.add_subparsers(dest="privacy_command", required=True)
+    report = privacy_sub.add_parser(
+        "report", help="the privacy report of a federated run (RUN/privacy.json)")
+    report.add_argument("--run", required=True, help="run directory of a federated training")
+    report.add_argument("--delta", type=float, default=None,
+                        help="target delta of the per-user totals (default: the run's)")
+    report.add_argument("--composition", choices=COMPOSITIONS, default=None,
+                        help="composition of each user's releases (default: the run's)")
+    report.add_argument("--json", action="store_true",
+                        help="print the summary as JSON (the raw ledger stays in privacy.json)")
+    report.set_defaults(func=cmd_privacy_report)
+
+    calibrate = privacy_sub.add_parser(
+        "calibrate", help="noise scale of a mechanism for a target epsilon (and delta)")
+    calibrate.add_argument("--mechanism", required=True, choices=sorted(CALIBRATORS))
+    calibrate.add_argument("--epsilon", type=float, required=True, help="target epsilon > 0")
+    calibrate.add_argument("--delta", type=float, default=None,
+                           help="target delta (required by gaussian)")
+    calibrate.add_argument("--sensitivity", type=float, default=None,
+                           help="L1 (laplace) or L2 (gaussian) sensitivity of one release")
+    calibrate.add_argument("--json", action="store_true")
+    calibrate.set_defaults(func=cmd_privacy_calibrate)
 
 
 # ----------------------------------------------------------------------------- main
@@ -178,6 +250,37 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--lr", type=float, default=None)
     train.add_argument("--batch-size", type=int, default=None)
     train.add_argument("--seed", type=int, default=None)
+    fed = train.add_argument_group(
+        "federated training (fedrec, fednewsrec, dp-fedrec; unset = the method's default)")
+    fed.add_argument("--rounds", type=int, default=None, help="T communication rounds")
+    fed.add_argument("--client-fraction", type=float, default=None,
+                     help="r, fraction of users sampled per round (default 0.02)")
+    fed.add_argument("--clients-per-round", type=int, default=None,
+                     help="sample exactly this many users per round (overrides r)")
+    fed.add_argument("--strategy", choices=STRATEGIES, default=None,
+                     help="server optimiser (fednewsrec: sgd; fedrec, dp-fedrec: fedadam)")
+    fed.add_argument("--server-lr", type=float, default=None,
+                     help="server learning rate (sgd 0.5, fedavg 1.0, fedadam 1e-2)")
+    fed.add_argument("--local-steps", type=int, default=None,
+                     help="E local SGD steps per client (FedAvg; default 1 = FedSGD)")
+    fed.add_argument("--local-lr", type=float, default=None, help="clients' local SGD rate")
+    fed.add_argument("--clip", type=float, default=None,
+                     help="fednewsrec: element-wise bound delta (0.005); dp-fedrec: norm "
+                          "bound theta (0.005)")
+    fed.add_argument("--noise-scale", type=float, default=None,
+                     help="fednewsrec: Laplace scale lambda (0.015)")
+    fed.add_argument("--epsilon-train", type=float, default=None,
+                     help="dp-fedrec: per-round epsilon of a client update (inf: no noise)")
+    fed.add_argument("--delta-train", "--delta", dest="delta_train", type=float, default=None,
+                     help="dp-fedrec with gaussian noise: per-round delta (1e-5)")
+    fed.add_argument("--noise", choices=NOISE_KINDS, default=None,
+                     help="dp-fedrec: laplace (L1 clipping) or gaussian (L2, analytic)")
+    fed.add_argument("--max-client-samples", type=int, default=None,
+                     help="samples a client uses per round at most (64)")
+    fed.add_argument("--eval-every", type=int, default=None,
+                     help="evaluate on the test split every N rounds (0: at the end)")
+    fed.add_argument("--engine", choices=ENGINES, default=None,
+                     help="simulator (vectorized, default) or flower")
     train.add_argument("--config", default=None, help="YAML run configuration; flags override it")
     train.add_argument("--out", required=True, help="run directory (resumed if it exists)")
     train.add_argument("--drop-missing", action="store_true")
@@ -200,6 +303,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--quick", action="store_true", help="smaller, for a smoke test")
     demo.add_argument("--no-progress", action="store_true")
     demo.set_defaults(func=cmd_demo)
+
+    _add_privacy_parser(sub)
     return parser
 
 

@@ -24,7 +24,11 @@ EMBEDDINGS = ("random", "glove50", "minilm")
 # Size of the word vectors each embedding kind brings (random vectors: ``word_dim``).
 PRETRAINED_WORD_DIM = {"glove50": 50, "minilm": 384}
 DEFAULT_RANDOM_WORD_DIM = 64
-METHODS = ("centralized", "popularity")
+FEDERATED_METHODS = ("fedrec", "fednewsrec", "dp-fedrec")
+METHODS = ("centralized", "popularity") + FEDERATED_METHODS
+STRATEGIES = ("sgd", "fedavg", "fedadam")
+NOISE_KINDS = ("laplace", "gaussian")
+ENGINES = ("simulator", "flower")
 
 # The user encoder each news model pairs with when --user-encoder is not given.
 DEFAULT_USER_ENCODER = {"nrms": "nrms", "naml": "naml", "fednewsrec": "fednewsrec",
@@ -143,12 +147,96 @@ class TrainConfig:
 
 
 @dataclass(frozen=True)
+class FedConfig:
+    """Federated training (DESIGN §3; FedNewsRec §3.2, PrivateRec Alg. 3).
+
+    ``None`` means "the method's default" (:func:`privaterec.fed.methods.resolve_fed_config`
+    fills them in before a run starts, so a saved ``config.yaml`` states every value used).
+
+    Attributes
+    ----------
+    rounds: T communication rounds.
+    client_fraction: r, the fraction of training users sampled per round (without
+        replacement); ``clients_per_round`` overrides it with an absolute number.
+    strategy: ``sgd`` (FedNewsRec Eq. 6-7), ``fedavg`` (E = ``local_steps`` local SGD steps at
+        ``local_lr``) or ``fedadam`` (Reddi et al. 2020, Alg. 2). server_lr: η of the server.
+    adam_beta1, adam_beta2, adam_tau: FedAdam's β₁, β₂ and adaptivity τ.
+    clip: δ of FedNewsRec's element-wise clipping or θ of DP-FedRec's norm clipping.
+    noise_scale: λ of FedNewsRec's Laplace noise.
+    epsilon_train, delta_train: DP-FedRec's per-round budget of one client's update (ε = inf:
+        no noise). noise: ``laplace`` (L1 clipping) or ``gaussian`` (L2, analytic calibration).
+    max_client_samples: a client uses at most this many of its samples per round (drawn
+        with its own generator).
+    chunk_clients: clients per vectorized chunk when per-client gradients are needed.
+    eval_every: evaluate on the test split every N rounds (0: only at the end).
+    checkpoint_every: checkpoint every N rounds.
+    report_delta: target δ of the privacy report's composed ε.
+    engine: ``simulator`` (vectorized, in process) or ``flower``.
+    """
+
+    rounds: int = 100
+    client_fraction: float | None = None
+    clients_per_round: int | None = None
+    strategy: str | None = None
+    server_lr: float | None = None
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.99
+    adam_tau: float = 1e-6
+    local_steps: int = 1
+    local_lr: float = 0.05
+    clip: float | None = None
+    noise_scale: float | None = None
+    epsilon_train: float = float("inf")
+    delta_train: float = 1e-5
+    noise: str = "laplace"
+    max_client_samples: int = 64
+    chunk_clients: int = 32
+    eval_every: int = 0
+    checkpoint_every: int = 10
+    report_delta: float = 1e-5
+    engine: str = "simulator"
+
+    def __post_init__(self) -> None:
+        for name in ("rounds", "local_steps", "max_client_samples", "chunk_clients",
+                     "checkpoint_every"):
+            value = getattr(self, name)
+            _check(isinstance(value, int) and value > 0, name,
+                   f"got {value!r}, expected a positive integer")
+        _check(isinstance(self.eval_every, int) and self.eval_every >= 0, "eval_every",
+               f"got {self.eval_every!r}, expected an integer >= 0")
+        if self.client_fraction is not None:
+            _check(0 < self.client_fraction <= 1, "client_fraction",
+                   f"got {self.client_fraction!r}, expected 0 < r <= 1")
+        if self.clients_per_round is not None:
+            _check(isinstance(self.clients_per_round, int) and self.clients_per_round > 0,
+                   "clients_per_round",
+                   f"got {self.clients_per_round!r}, expected a positive integer")
+        if self.strategy is not None:
+            _check_choice(self.strategy, "strategy", STRATEGIES)
+        _check_choice(self.noise, "noise", NOISE_KINDS)
+        _check_choice(self.engine, "engine", ENGINES)
+        for name in ("server_lr", "clip", "noise_scale"):
+            if getattr(self, name) is not None:
+                _check_positive(getattr(self, name), name)
+        _check_positive(self.local_lr, "local_lr")
+        _check_positive(self.epsilon_train, "epsilon_train")
+        _check(0 < self.delta_train < 1, "delta_train",
+               f"got {self.delta_train!r}, expected 0 < delta < 1")
+        _check(0 < self.report_delta < 1, "report_delta",
+               f"got {self.report_delta!r}, expected 0 < delta < 1")
+        _check(0 <= self.adam_beta1 < 1, "adam_beta1", f"got {self.adam_beta1!r}, expected [0, 1)")
+        _check(0 <= self.adam_beta2 < 1, "adam_beta2", f"got {self.adam_beta2!r}, expected [0, 1)")
+        _check_positive(self.adam_tau, "adam_tau")
+
+
+@dataclass(frozen=True)
 class RunConfig:
     """Everything needed to reproduce a run: data location, model and training."""
 
     data: str = ""
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    fed: FedConfig = field(default_factory=FedConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -65,7 +65,7 @@ class ClientDataset:
         """Candidates ``LongTensor[s, 1 + k]`` with the clicked news in column 0.
 
         The k non-clicked news are drawn from the sample's impression without replacement
-        when it has at least k, with replacement otherwise.
+        when it has at least k, with replacement otherwise (see :func:`draw_candidates`).
 
         Parameters
         ----------
@@ -73,18 +73,69 @@ class ClientDataset:
         samples: ``LongTensor[s]`` sample indices (default: all samples).
         """
         idx = torch.arange(self.num_samples) if samples is None else samples
-        pool, counts = self.negatives[idx], self.negative_counts[idx]
-        m = pool.shape[1]
-        keys = torch.rand(idx.shape[0], m, generator=generator)
-        keys = keys.masked_fill(torch.arange(m) >= counts[:, None], 2.0)
-        without = keys.argsort(dim=1)[:, :negatives] if negatives <= m else None
-        with_repl = (torch.rand(idx.shape[0], negatives, generator=generator)
-                     * counts[:, None]).long().clamp(max=m - 1)
-        if without is None:
-            choice = with_repl
-        else:
-            choice = torch.where((counts >= negatives)[:, None], without, with_repl)
-        return torch.cat([self.positives[idx, None], pool.gather(1, choice)], dim=1)
+        return draw_candidates(self.positives[idx], self.negatives[idx],
+                               self.negative_counts[idx], negatives=negatives,
+                               generator=generator)
+
+    def client(self, user: int) -> "ClientData":
+        """The data that client (user index) ``user`` holds on its device."""
+        lo, hi = int(self.offsets[user]), int(self.offsets[user + 1])
+        return ClientData(index=user, user_id=self.user_ids[user],
+                          history=self.history[user], history_mask=self.history_mask[user],
+                          positives=self.positives[lo:hi], negatives=self.negatives[lo:hi],
+                          negative_counts=self.negative_counts[lo:hi],
+                          impression_size=self.impression_size[lo:hi])
+
+
+@dataclass(frozen=True)
+class ClientData:
+    """What one client (user) holds: its history and its training samples.
+
+    Attributes
+    ----------
+    index: the user's row in its :class:`ClientDataset`. user_id: the user id.
+    history: ``LongTensor[H]``; history_mask: ``BoolTensor[H]``.
+    positives: ``LongTensor[n]``; negatives: ``LongTensor[n, M]``; negative_counts:
+        ``LongTensor[n]``; impression_size: ``LongTensor[n]`` (as in :class:`ClientDataset`).
+    """
+
+    index: int
+    user_id: str
+    history: torch.Tensor
+    history_mask: torch.Tensor
+    positives: torch.Tensor
+    negatives: torch.Tensor
+    negative_counts: torch.Tensor
+    impression_size: torch.Tensor
+
+    @property
+    def num_samples(self) -> int:
+        return int(self.positives.shape[0])
+
+
+def draw_candidates(positives: torch.Tensor, pool: torch.Tensor, counts: torch.Tensor, *,
+                    negatives: int, generator: torch.Generator) -> torch.Tensor:
+    """Candidates ``LongTensor[s, 1 + k]``: each clicked news followed by k non-clicked ones.
+
+    Parameters
+    ----------
+    positives: ``LongTensor[s]`` clicked rows. pool: ``LongTensor[s, M]`` the impressions'
+        non-clicked rows (padded). counts: ``LongTensor[s]`` valid entries of ``pool`` (≥ 1).
+    negatives: k, drawn without replacement when an impression has at least k, with
+        replacement otherwise (DESIGN §3).
+    generator: the only source of randomness.
+    """
+    s, m = pool.shape
+    keys = torch.rand(s, m, generator=generator)
+    keys = keys.masked_fill(torch.arange(m) >= counts[:, None], 2.0)
+    without = keys.argsort(dim=1)[:, :negatives] if negatives <= m else None
+    with_repl = (torch.rand(s, negatives, generator=generator)
+                 * counts[:, None]).long().clamp(max=m - 1)
+    if without is None:
+        choice = with_repl
+    else:
+        choice = torch.where((counts >= negatives)[:, None], without, with_repl)
+    return torch.cat([positives[:, None], pool.gather(1, choice)], dim=1)
 
 
 def build_client_dataset(split: MindSplit, features: NewsFeatures, *,

@@ -283,6 +283,9 @@ class PLMNewsEncoder(nn.Module):
         ``(title_len + 2) · 384 · 4`` bytes per distinct title (≈ 28 KB at title_len 16).
     """
 
+    # MiniLM's attention masking depends on the data: it cannot run under torch.func.vmap.
+    supports_vmap = False
+
     def __init__(self, words: Vocabulary, *, dim: int, trainable_layers: int,
                  dropout: float, cache_frozen: bool = True,
                  cache_bytes: int | None = DEFAULT_CACHE_BYTES) -> None:

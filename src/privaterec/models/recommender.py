@@ -66,10 +66,17 @@ class Recommender(nn.Module):
         """Θ_N on raw features with leading shape ``[n]`` → ``Tensor[n, d]``."""
         return self.news_encoder(features)
 
-    def encode_rows(self, rows: torch.Tensor) -> torch.Tensor:
-        """Θ_N on table rows of any shape ``S`` → ``Tensor[S, d]``; each distinct row encoded once."""
+    def encode_rows(self, rows: torch.Tensor, *, deduplicate: bool = True) -> torch.Tensor:
+        """Θ_N on table rows of any shape ``S`` → ``Tensor[S, d]``.
+
+        With ``deduplicate`` each distinct row is encoded once (``torch.unique``); without,
+        every row is encoded, which works under ``torch.func.vmap`` (per-client gradients).
+        """
         if self.features is None:
             raise RuntimeError("no news table attached: call Recommender.attach(features)")
+        if not deduplicate:
+            return self.news_encoder(self.features.select(rows.reshape(-1))).reshape(
+                *rows.shape, -1)
         unique, inverse = torch.unique(rows.reshape(-1), return_inverse=True)
         vectors = self.news_encoder(self.features.select(unique))
         return vectors[inverse].reshape(*rows.shape, -1)

@@ -25,6 +25,15 @@ What an event means to the accountants (:meth:`PrivacyEvent.to_dp_event`):
 
 Users whose event multisets coincide are composed once (results are cached), so ε for
 10^4 users costs one composition per distinct multiset.
+
+Very large per-release ε (e.g. a whole FedNewsRec update, ε = 2δD/λ ≈ 10^5): a release with
+ε > :data:`PLD_MAX_EPSILON` is composed by basic composition under ``"pld"`` and ``"rdp"``
+too (its (ε, δ) is added to the PLD/RDP ε of the other releases, which are composed at the
+remaining δ). There PLD/RDP are no tighter than Σε (k·ε − O(1)) and ``dp_accounting``
+overflows or returns ∞; :meth:`PrivacyLedger.report` lists such releases under ``notes``.
+The PLD grid is also coarsened to ``1e-4·max ε`` when that exceeds the configured interval,
+so its size (and time) does not grow with ε; the result stays a pessimistic upper bound and
+is never above basic composition (the smaller of the two valid bounds is returned).
 """
 
 from __future__ import annotations
@@ -57,6 +66,10 @@ UserId = str | int
 _FORMAT = "privaterec.privacy_ledger"
 _VERSION = 1
 _REL_TOL = 1e-9
+
+PLD_MAX_EPSILON = 50.0
+"""Releases with a larger ε are composed by basic composition under every composition."""
+_PLD_RELATIVE_INTERVAL = 1e-4
 
 
 @attr.s(frozen=True, slots=True, auto_attribs=True)
@@ -324,6 +337,17 @@ def compose_events(events: EventCounts, *, delta: float, composition: Compositio
             return math.inf
         eps, total_delta = basic_composition(events)
         return eps if total_delta <= delta * (1 + _REL_TOL) else math.inf
+    large = [(e, c) for e, c in events if e.epsilon > PLD_MAX_EPSILON]
+    if large:
+        # Basic composition of the large releases with the PLD/RDP composition of the rest,
+        # which gets the δ the large ones leave (module docstring).
+        large_eps, large_delta = basic_composition(large)
+        if large_delta > delta * (1 + _REL_TOL):
+            return math.inf
+        rest = [(e, c) for e, c in events if e.epsilon <= PLD_MAX_EPSILON]
+        return large_eps + compose_events(
+            rest, delta=max(0.0, delta - large_delta), composition=composition,
+            value_discretization_interval=value_discretization_interval, rdp_orders=rdp_orders)
     if composition == "pld":
         dps = [e.to_dp_event() for e, _ in events]
         if all(isinstance(d, dp_event.GaussianDpEvent) for d in dps):
@@ -331,12 +355,16 @@ def compose_events(events: EventCounts, *, delta: float, composition: Compositio
             # (Σ count/s²)^{-1/2}; its ε is exact (Balle & Wang 2018), no discretisation.
             mu2 = math.fsum(c / d.noise_multiplier**2 for (_, c), d in zip(events, dps))
             return float(get_epsilon_gaussian(1.0 / math.sqrt(mu2), delta))
+        interval = max(value_discretization_interval,
+                       _PLD_RELATIVE_INTERVAL * max(e.epsilon for e, _ in events))
         total = None
         for event, count in events:
-            pld = _pld_of(event, count, value_discretization_interval)
+            pld = _pld_of(event, count, interval)
             if pld is not None:
                 total = pld if total is None else total.compose(pld)
-        return 0.0 if total is None else float(total.get_epsilon_for_delta(delta))
+        eps = 0.0 if total is None else float(total.get_epsilon_for_delta(delta))
+        basic_eps, basic_delta = basic_composition(events)
+        return basic_eps if basic_delta <= delta * (1 + _REL_TOL) and basic_eps < eps else eps
     orders = np.asarray(rdp_orders if rdp_orders is not None else rdp_lib.DEFAULT_RDP_ORDERS,
                         dtype=float)
     return float(rdp_lib.compute_epsilon(orders, _rdp_curve(events, orders), delta)[0])
@@ -529,7 +557,9 @@ class PrivacyLedger:
             ``num_users``, ``epsilon_max``, ``epsilon_median``, ``epsilon_mean`` (``composition``),
             ``basic_epsilon_max`` and ``basic_delta_max`` (basic composition, an upper bound)
             and ``releases_max``; ``mechanisms``: each distinct event with its number of users
-            and releases; ``warnings``: guarantees that do not hold or are partial.
+            and releases; ``warnings``: guarantees that do not hold or are partial;
+            ``notes``: releases composed by basic composition because their ε exceeds
+            :data:`PLD_MAX_EPSILON` (module docstring).
         """
         phases: dict[str, Any] = {}
         for name, phase in (("train", "train"), ("serve", "serve"), ("total", None)):
@@ -574,8 +604,15 @@ class PrivacyLedger:
             if not e.is_private and users_per_event[i]:
                 warnings.append(f"{releases_per_event[i]} {e.phase} '{e.mechanism}' releases "
                                 f"are not private (epsilon = inf)")
+        notes = [f"{releases_per_event[i]} {e.phase} '{e.mechanism}' releases with epsilon = "
+                 f"{e.epsilon:.6g} > {PLD_MAX_EPSILON:g} per release are composed by basic "
+                 f"composition ({composition} is no tighter at such epsilon)"
+                 for i, e in enumerate(self._events)
+                 if composition != "basic" and users_per_event[i] and e.is_private
+                 and e.epsilon > PLD_MAX_EPSILON]
         return {"composition": composition, "delta": delta, "num_users": len(self._users),
-                "phases": phases, "mechanisms": mechanisms, "warnings": warnings}
+                "phases": phases, "mechanisms": mechanisms, "warnings": warnings,
+                "notes": notes}
 
     # -- serialisation --------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

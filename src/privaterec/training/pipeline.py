@@ -10,11 +10,12 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
-from privaterec.config import RunConfig
+from privaterec.config import FEDERATED_METHODS, RunConfig
+from privaterec.fed.methods import resolve_run_config
 from privaterec.data.clients import ClientDataset, build_client_dataset
 from privaterec.data.features import NewsFeatures, build_news_features, build_vocabularies
 from privaterec.data.mind import load_dataset
@@ -76,6 +77,7 @@ def train_run(config: RunConfig, out: str | Path, *, drop_missing: bool = False,
 
     Returns the metrics written to ``metrics.json`` (test metrics when a test split exists).
     """
+    config = resolve_run_config(config)
     run = RunDirectory(Path(out))
     run.start(config)
     prepared = prepare_data(config, drop_missing=drop_missing)
@@ -94,18 +96,27 @@ def train_run(config: RunConfig, out: str | Path, *, drop_missing: bool = False,
     torch.manual_seed(config.train.seed)
     model = build_recommender(config.model, prepared.vocabs, prepared.features)
 
-    def validate(epoch: int, entry: dict[str, float]) -> dict[str, Any] | None:
-        if not evaluate_each_epoch or test is None:
+    def test_auc() -> dict[str, Any] | None:
+        if test is None:
             return None
         result = evaluate_model(model, test, prepared.features,
                                 history_len=config.model.history_len,
                                 batch_size=config.train.eval_batch_size)
         return {"test_auc": result["auc"]}
 
-    log = train_centralized(model, prepared.train_clients, config.train,
-                            checkpoint_path=run.checkpoint_path, progress=progress,
-                            on_epoch_end=validate)
-    metrics = run.update_metrics(method=config.train.method, epochs=log,
+    def validate(epoch: int, entry: dict[str, float]) -> dict[str, Any] | None:
+        return test_auc() if evaluate_each_epoch else None
+
+    if config.train.method in FEDERATED_METHODS:
+        log = _train_federated(config, run, model, prepared, progress=progress,
+                               evaluate=test_auc)
+        log_key = "rounds"
+    else:
+        log = train_centralized(model, prepared.train_clients, config.train,
+                                checkpoint_path=run.checkpoint_path, progress=progress,
+                                on_epoch_end=validate)
+        log_key = "epochs"
+    metrics = run.update_metrics(method=config.train.method, **{log_key: log},
                                  train_samples=prepared.train_clients.num_samples,
                                  train_users=prepared.train_clients.num_users,
                                  skipped=prepared.train_clients.skipped,
@@ -116,6 +127,24 @@ def train_run(config: RunConfig, out: str | Path, *, drop_missing: bool = False,
                                 batch_size=config.train.eval_batch_size, progress=progress)
         metrics = run.update_metrics(test=result)
     return metrics
+
+
+def _train_federated(config: RunConfig, run: RunDirectory, model: Recommender,
+                     prepared: PreparedData, *, progress: bool,
+                     evaluate: Callable[[], dict[str, Any] | None]) -> list[dict[str, Any]]:
+    """Federated training (fedrec, fednewsrec, dp-fedrec) with ``privacy.json`` kept current."""
+    from privaterec.fed.engine import train_federated_run
+    from privaterec.privacy.report import write_privacy_json
+
+    def write_privacy(state: Any, release: dict[str, Any]) -> None:
+        write_privacy_json(run.privacy_path, state.ledger, release=release,
+                           delta=config.fed.report_delta, rounds=state.round_index)
+
+    state = train_federated_run(config, model, prepared.train_clients,
+                                checkpoint_path=run.checkpoint_path, progress=progress,
+                                on_evaluate=lambda t, _: evaluate(),
+                                on_checkpoint=write_privacy)
+    return list(state.log)
 
 
 def load_run_model(run_dir: str | Path) -> tuple[RunConfig, TextVocabularies, Recommender]:

@@ -3,7 +3,8 @@
 A run directory holds ``config.yaml`` (the :class:`~privaterec.config.RunConfig`),
 ``vocab.json`` (vocabularies built from the training news), ``checkpoint.pt`` (the model
 ``state_dict`` under key ``model`` plus optimizer/RNG state for resuming) and
-``metrics.json``. The popularity baseline writes ``popularity.json`` instead of a checkpoint.
+``metrics.json``; federated runs also ``privacy.json`` (the privacy ledger and its
+report). The popularity baseline writes ``popularity.json`` instead of a checkpoint.
 """
 
 from __future__ import annotations
@@ -38,6 +39,10 @@ class RunDirectory:
     @property
     def metrics_path(self) -> Path:
         return self.path / "metrics.json"
+
+    @property
+    def privacy_path(self) -> Path:
+        return self.path / "privacy.json"
 
     @property
     def popularity_path(self) -> Path:

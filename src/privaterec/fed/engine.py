@@ -1,0 +1,64 @@
+"""One entry point for federated training, whatever the engine (DESIGN §2).
+
+Builds the pieces every engine shares — the model as a function of θ
+(:class:`~privaterec.fed.objective.LocalObjective`), the client method and the server
+strategy — and runs them on the vectorized simulator or on Flower.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+from privaterec.config import RunConfig
+from privaterec.data.clients import ClientDataset
+from privaterec.fed.methods import ClientMethod, resolve_run_config
+from privaterec.fed.objective import LocalObjective
+from privaterec.fed.simulator import (FederatedState, RoundCallback, clients_per_round,
+                                      eligible_clients, train_federated)
+from privaterec.fed.strategies import build_strategy
+from privaterec.models.recommender import Recommender
+
+CheckpointCallback = Callable[[FederatedState, dict[str, Any]], None]
+
+
+def train_federated_run(config: RunConfig, model: Recommender, clients: ClientDataset, *,
+                        checkpoint_path: str | Path | None = None, progress: bool = True,
+                        on_evaluate: RoundCallback | None = None,
+                        on_checkpoint: CheckpointCallback | None = None,
+                        stop_after_rounds: int | None = None) -> FederatedState:
+    """Train ``model`` federatedly as ``config`` says; the final θ is loaded into ``model``.
+
+    Parameters
+    ----------
+    config: a run configuration of a federated method (resolved here if needed).
+    model: the global model with the training news table attached; its parameters are θ₀.
+    clients: the training users.
+    on_checkpoint: called with the state and the release description (for ``privacy.json``).
+    Other parameters: see :func:`privaterec.fed.simulator.train_federated`.
+    """
+    config = resolve_run_config(config)
+    fed = config.fed
+    objective = LocalObjective(model)
+    method = ClientMethod.from_config(config)
+    strategy = build_strategy(fed)
+    m = clients_per_round(fed, len(eligible_clients(clients)))
+    release = method.release(dimension=objective.dimension,
+                             noised_parameters=objective.parameter_names(),
+                             clients_per_round=m,
+                             client_fraction=m / max(1, clients.num_users))
+
+    def checkpointed(state: FederatedState) -> None:
+        if on_checkpoint is not None:
+            on_checkpoint(state, release)
+
+    if fed.engine == "flower":
+        from privaterec.fed.flower import train_with_flower
+        return train_with_flower(config, objective, clients, method, strategy,
+                                 checkpoint_path=checkpoint_path, on_evaluate=on_evaluate,
+                                 on_checkpoint=checkpointed, progress=progress,
+                                 stop_after_rounds=stop_after_rounds)
+    return train_federated(objective, clients, fed, method, strategy, seed=config.train.seed,
+                           checkpoint_path=checkpoint_path, on_evaluate=on_evaluate,
+                           on_checkpoint=checkpointed, progress=progress,
+                           stop_after_rounds=stop_after_rounds)

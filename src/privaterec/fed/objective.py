@@ -1,0 +1,274 @@
+"""The public model as a function of one flat parameter vector: losses and gradients.
+
+A federated client trains the trainable parameters of the global
+:class:`~privaterec.models.recommender.Recommender` (frozen pre-trained word vectors are
+public and never uploaded). This module views those parameters as one flat vector
+``θ ∈ R^D`` (:class:`ParamSpec`) and computes, with ``torch.func``:
+
+* :meth:`LocalObjective.client_gradient`: one client's gradient ∇θ of its mean InfoNCE loss
+  (FedNewsRec Eq. 3) — the reference every engine must reproduce;
+* :meth:`LocalObjective.client_gradients`: the same for many clients at once,
+  ``vmap(grad)`` over memory-bounded chunks of clients (DESIGN §6);
+* :meth:`LocalObjective.round_gradient`: Σ_u (n_u/N) g_u, the weighted sum of the round's
+  client gradients, with ONE backward pass (the gradient of the weighted sum of losses);
+* :meth:`LocalObjective.local_deltas`: FedAvg's E local SGD steps per client, batched.
+
+Client computations run the model in eval mode (no dropout), so a client update is a pure
+function of (θ, data, generator): dropout would draw from torch's global generator.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.func import functional_call, grad_and_value, vmap
+
+from privaterec.models.recommender import Recommender
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    """Names and shapes of the trainable parameters, in a fixed order (θ's layout)."""
+
+    names: tuple[str, ...]
+    shapes: tuple[tuple[int, ...], ...]
+
+    @classmethod
+    def of(cls, module: nn.Module) -> "ParamSpec":
+        """The parameters of ``module`` with ``requires_grad``, in registration order."""
+        items = [(n, tuple(p.shape)) for n, p in module.named_parameters() if p.requires_grad]
+        return cls(tuple(n for n, _ in items), tuple(s for _, s in items))
+
+    @property
+    def numels(self) -> tuple[int, ...]:
+        return tuple(int(torch.Size(s).numel()) for s in self.shapes)
+
+    @property
+    def dimension(self) -> int:
+        """D, the number of trainable (uploaded) coordinates."""
+        return sum(self.numels)
+
+    def flatten(self, tensors: dict[str, torch.Tensor]) -> torch.Tensor:
+        """``{name: Tensor[shape]}`` → ``Tensor[D]`` (float32)."""
+        return torch.cat([tensors[n].reshape(-1).float() for n in self.names])
+
+    def unflatten(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
+        """``Tensor[D]`` → ``{name: view of shape}`` (differentiable, vmap-compatible)."""
+        parts = torch.split(flat, list(self.numels))
+        return {n: part.reshape(shape) for n, part, shape in zip(self.names, parts, self.shapes)}
+
+
+class _RoundLoss(nn.Module):
+    """Mean weighted InfoNCE of users ``[m, H]`` over samples ``[S, 1 + k]`` (column 0 clicked)."""
+
+    def __init__(self, recommender: Recommender) -> None:
+        super().__init__()
+        self.recommender = recommender
+
+    def forward(self, history: torch.Tensor, history_mask: torch.Tensor,
+                candidates: torch.Tensor, sample_client: torch.Tensor, weights: torch.Tensor,
+                deduplicate: bool) -> torch.Tensor:
+        m, h = history.shape
+        s, c = candidates.shape
+        rows = torch.cat([history.reshape(-1), candidates.reshape(-1)])
+        vectors = self.recommender.encode_rows(rows, deduplicate=deduplicate)
+        users = self.recommender.encode_user(vectors[: m * h].reshape(m, h, -1), history_mask)
+        news = vectors[m * h:].reshape(s, c, -1)
+        logits = torch.einsum("sd,scd->sc", users[sample_client], news)
+        losses = F.cross_entropy(logits, torch.zeros(s, dtype=torch.long), reduction="none")
+        return (losses * weights).sum() / weights.sum()
+
+
+@dataclass(frozen=True)
+class ClientBatch:
+    """Samples of m clients, padded to the largest client (padding has weight 0).
+
+    history: ``LongTensor[m, H]``; history_mask: ``BoolTensor[m, H]``;
+    candidates: ``LongTensor[m, n, 1 + k]`` (column 0 clicked); weights: ``Tensor[m, n]``
+    (1 for a real sample, 0 for padding).
+    """
+
+    history: torch.Tensor
+    history_mask: torch.Tensor
+    candidates: torch.Tensor
+    weights: torch.Tensor
+
+    @property
+    def num_clients(self) -> int:
+        return int(self.history.shape[0])
+
+    def chunks(self, size: int) -> Iterator[tuple[slice, "ClientBatch"]]:
+        """Consecutive chunks of at most ``size`` clients, each trimmed to its own padding."""
+        for lo in range(0, self.num_clients, size):
+            part = slice(lo, min(lo + size, self.num_clients))
+            weights = self.weights[part]
+            width = max(1, int((weights > 0).sum(1).max()))
+            yield part, ClientBatch(self.history[part], self.history_mask[part],
+                                    self.candidates[part, :width], weights[:, :width])
+
+    @classmethod
+    def stack(cls, history: list[torch.Tensor], history_mask: list[torch.Tensor],
+              candidates: list[torch.Tensor]) -> "ClientBatch":
+        """Pad the per-client candidate tensors ``[n_u, 1 + k]`` to one batch."""
+        width = max(c.shape[0] for c in candidates)
+        cols = candidates[0].shape[1]
+        padded = torch.zeros(len(candidates), width, cols, dtype=torch.long)
+        weights = torch.zeros(len(candidates), width)
+        for i, c in enumerate(candidates):
+            padded[i, : c.shape[0]] = c
+            weights[i, : c.shape[0]] = 1.0
+        return cls(torch.stack(history), torch.stack(history_mask), padded, weights)
+
+
+class LocalObjective:
+    """Losses and gradients of the global model's trainable parameters θ ∈ R^D.
+
+    Parameters
+    ----------
+    model:
+        The global recommender with its news table attached. It is put in eval mode (no
+        dropout, see the module docstring); its own parameters are the initial θ.
+    """
+
+    def __init__(self, model: Recommender) -> None:
+        model.eval()
+        self.model = model
+        self._loss_module = _RoundLoss(model)
+        self.spec = ParamSpec.of(self._loss_module)
+        trainable = set(self.spec.names)
+        self._frozen = {n: t.detach() for n, t in
+                        list(self._loss_module.named_parameters())
+                        + list(self._loss_module.named_buffers()) if n not in trainable}
+        self.supports_vmap = bool(getattr(model.news_encoder, "supports_vmap", True))
+
+    # -- parameters ------------------------------------------------------------------------
+    @property
+    def dimension(self) -> int:
+        return self.spec.dimension
+
+    def parameters(self) -> torch.Tensor:
+        """The model's current θ, ``Tensor[D]``."""
+        params = dict(self._loss_module.named_parameters())
+        return self.spec.flatten({n: params[n].detach() for n in self.spec.names})
+
+    def load(self, flat: torch.Tensor) -> None:
+        """Copy θ ``Tensor[D]`` into the model (e.g. before evaluation or saving)."""
+        params = dict(self._loss_module.named_parameters())
+        with torch.no_grad():
+            for name, value in self.spec.unflatten(flat).items():
+                params[name].copy_(value)
+
+    def parameter_names(self) -> list[str]:
+        """Names of θ's parameters, as the model's ``state_dict`` calls them."""
+        return [n.removeprefix("recommender.") for n in self.spec.names]
+
+    # -- losses ----------------------------------------------------------------------------
+    def _call(self, flat: torch.Tensor, *args: object) -> torch.Tensor:
+        return functional_call(self._loss_module, {**self._frozen, **self.spec.unflatten(flat)},
+                               args)
+
+    def _client_loss(self, flat: torch.Tensor, history: torch.Tensor, mask: torch.Tensor,
+                     candidates: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """One client's mean loss: history ``[H]``, mask ``[H]``, candidates ``[n, 1+k]``."""
+        owner = torch.zeros(candidates.shape[0], dtype=torch.long)
+        return self._call(flat, history[None], mask[None], candidates, owner, weights, False)
+
+    # -- gradients -------------------------------------------------------------------------
+    def client_gradient(self, flat: torch.Tensor, history: torch.Tensor, mask: torch.Tensor,
+                        candidates: torch.Tensor) -> tuple[torch.Tensor, float]:
+        """∇θ of one client's mean InfoNCE loss (FedNewsRec Eq. 3) and the loss.
+
+        Parameters
+        ----------
+        flat: θ ``[D]``. history: ``LongTensor[H]``. mask: ``BoolTensor[H]``.
+        candidates: ``LongTensor[n, 1 + k]``, clicked news in column 0.
+
+        Returns
+        -------
+        (``Tensor[D]``, loss)
+        """
+        weights = torch.ones(candidates.shape[0])
+        g, loss = grad_and_value(self._client_loss)(flat, history, mask, candidates, weights)
+        return g, float(loss)
+
+    def client_gradients(self, flat: torch.Tensor, batch: ClientBatch, *,
+                         chunk_clients: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-client gradients ``[m, D]`` and losses ``[m]`` of a padded batch of clients.
+
+        Batched with ``vmap(grad)`` over chunks of ``chunk_clients`` clients (memory bound:
+        one chunk's activations); encoders that cannot run under vmap (``plm``) fall back to
+        one :meth:`client_gradient` per client.
+        """
+        grads = torch.empty(batch.num_clients, self.dimension)
+        losses = torch.empty(batch.num_clients)
+        batched = vmap(grad_and_value(self._client_loss), in_dims=(None, 0, 0, 0, 0))
+        for part, chunk in batch.chunks(chunk_clients):
+            if self.supports_vmap:
+                g, loss = batched(flat, chunk.history, chunk.history_mask, chunk.candidates,
+                                  chunk.weights)
+            else:
+                g, loss = self._loop(grad_and_value(self._client_loss), flat, chunk)
+            grads[part], losses[part] = g, loss
+        return grads, losses
+
+    def _loop(self, fn: Callable, flat: torch.Tensor,
+              chunk: ClientBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        outs = [fn(flat, chunk.history[i], chunk.history_mask[i], chunk.candidates[i],
+                   chunk.weights[i]) for i in range(chunk.num_clients)]
+        return torch.stack([o[0] for o in outs]), torch.stack([o[1] for o in outs])
+
+    def round_gradient(self, flat: torch.Tensor, batch: ClientBatch) -> tuple[torch.Tensor, float]:
+        """Σ_u (n_u/N) g_u and the mean loss, with one backward pass (DESIGN §6).
+
+        The weighted sum of client gradients, weights n_u/N (FedNewsRec Eq. 6), is the
+        gradient of the mean loss over all the round's samples, so the round costs one
+        forward and one backward over its samples; the news of the round are encoded once.
+        """
+        real = batch.weights > 0
+        sample_client = torch.arange(batch.num_clients)[:, None].expand_as(real)[real]
+        candidates = batch.candidates[real]
+        flat = flat.detach().requires_grad_(True)
+        loss = self._call(flat, batch.history, batch.history_mask, candidates, sample_client,
+                          torch.ones(candidates.shape[0]), True)
+        (g,) = torch.autograd.grad(loss, flat)
+        return g, float(loss.detach())
+
+    def local_deltas(self, flat: torch.Tensor, batch: ClientBatch, *, steps: int, lr: float,
+                     chunk_clients: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
+        """FedAvg's client work: E = ``steps`` full-batch SGD steps at ``lr`` per client.
+
+        Returns the pseudo-gradients θ − θ_u^(E) ``[m, D]`` (so a server step subtracts them,
+        McMahan et al. 2017; Reddi et al. 2020 Alg. 2) and the clients' losses before the
+        first step ``[m]``.
+        """
+        def local(theta: torch.Tensor, history: torch.Tensor, mask: torch.Tensor,
+                  candidates: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor,
+                                                                            torch.Tensor]:
+            start = theta
+            first_loss = torch.zeros(())
+            for step in range(steps):
+                g, loss = grad_and_value(self._client_loss)(theta, history, mask, candidates,
+                                                            weights)
+                if step == 0:
+                    first_loss = loss
+                theta = theta - lr * g
+            return start - theta, first_loss
+
+        deltas = torch.empty(batch.num_clients, self.dimension)
+        losses = torch.empty(batch.num_clients)
+        batched = vmap(local, in_dims=(None, 0, 0, 0, 0))
+        for part, chunk in batch.chunks(chunk_clients):
+            if self.supports_vmap:
+                d, loss = batched(flat, chunk.history, chunk.history_mask, chunk.candidates,
+                                  chunk.weights)
+            else:
+                d, loss = self._loop(local, flat, chunk)
+            deltas[part], losses[part] = d, loss
+        return deltas, losses
+
+
+__all__ = ["ClientBatch", "LocalObjective", "ParamSpec"]

@@ -1,0 +1,39 @@
+"""Where every random number of a federated run comes from.
+
+Randomness is a pure function of (seed, round, client): the server's draws of round t use
+:func:`round_generator`, client u's draws in round t use :func:`client_generator`. A run
+resumed from a checkpoint at round t therefore continues with exactly the streams of an
+uninterrupted run, and the in-process simulator and the Flower engine draw the same numbers.
+In a real deployment each device seeds its generator from the operating system instead
+(:func:`device_generator`): the server must not know a client's noise.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+_SERVER, _CLIENT = 0, 1
+
+
+def _derived_seed(*words: int) -> int:
+    """A 63-bit seed mixing ``words`` (numpy SeedSequence hashing; no correlations)."""
+    state = np.random.SeedSequence([int(w) for w in words]).generate_state(2, dtype=np.uint32)
+    return int((int(state[0]) << 31) ^ int(state[1]))
+
+
+def round_generator(seed: int, round_index: int) -> torch.Generator:
+    """The server's generator of round ``round_index`` (client sampling)."""
+    return torch.Generator().manual_seed(_derived_seed(seed, _SERVER, round_index))
+
+
+def client_generator(seed: int, round_index: int, client: int) -> torch.Generator:
+    """Client ``client``'s generator in round ``round_index`` (samples, negatives, noise)."""
+    return torch.Generator().manual_seed(_derived_seed(seed, _CLIENT, round_index, client))
+
+
+def device_generator() -> torch.Generator:
+    """A generator seeded from the operating system's entropy, for real devices."""
+    generator = torch.Generator()
+    generator.seed()
+    return generator

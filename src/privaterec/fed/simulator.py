@@ -1,0 +1,240 @@
+"""Federated training loop and the vectorized in-process simulator (the default engine).
+
+Per round t (FedNewsRec §3.2; PrivateRec Alg. 3): the server samples a fraction r of the
+training users without replacement (:func:`sample_round`, seeded by (seed, t)), each
+sampled client computes its update (:func:`privaterec.fed.client.client_update`), the server
+aggregates them weighted by their numbers of samples and steps its strategy; every release
+goes into the privacy ledger; the test split is evaluated every N rounds.
+
+:func:`simulate_round` computes the round's updates in process without a Python loop over
+clients in the compute: with no per-client clipping/noise one backward pass gives the
+weighted gradient; otherwise per-client gradients come from ``vmap(grad)`` in chunks, are
+clipped in one batched call, and each client's noise is drawn from its own generator.
+:func:`sequential_round` is the reference it must equal (one ``client_update`` per client).
+:func:`train_federated` runs the loop for any engine given its round function (the Flower
+ServerApp passes one that messages the devices).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+from tqdm.auto import tqdm
+
+from privaterec.config import FedConfig
+from privaterec.data.clients import ClientDataset
+from privaterec.fed.client import client_candidates, client_update
+from privaterec.fed.methods import ClientMethod, privatize
+from privaterec.fed.objective import ClientBatch, LocalObjective
+from privaterec.fed.rng import client_generator, round_generator
+from privaterec.fed.strategies import State, Strategy, aggregate, weighted_mean
+from privaterec.privacy.ledger import PrivacyEvent, PrivacyLedger
+from privaterec.training.checkpoint import load_checkpoint, save_checkpoint
+from privaterec.training.determinism import deterministic_algorithms
+
+
+@dataclass
+class RoundResult:
+    """A round's aggregate: direction ḡ ``[D]``, and per client its samples, loss, event."""
+
+    direction: torch.Tensor
+    num_examples: list[int]
+    losses: list[float]
+    events: list[PrivacyEvent]
+
+
+RoundFn = Callable[[torch.Tensor, list[int], int], RoundResult]
+
+
+# ----------------------------------------------------------------------------- sampling
+def eligible_clients(clients: ClientDataset) -> torch.Tensor:
+    """Indices of the users with at least one training sample."""
+    return torch.nonzero(clients.samples_per_user() > 0).flatten()
+
+
+def clients_per_round(fed: FedConfig, num_eligible: int) -> int:
+    """m = ``clients_per_round`` or max(1, round(r · users)), at most the number of users."""
+    if fed.clients_per_round is not None:
+        return min(fed.clients_per_round, num_eligible)
+    assert fed.client_fraction is not None, "resolve the FedConfig first"
+    return max(1, min(num_eligible, round(fed.client_fraction * num_eligible)))
+
+
+def sample_round(eligible: torch.Tensor, m: int, *, seed: int, round_index: int) -> list[int]:
+    """m distinct clients for round ``round_index`` (seeded, without replacement), sorted."""
+    order = torch.randperm(len(eligible), generator=round_generator(seed, round_index))
+    return sorted(int(u) for u in eligible[order[:m]])
+
+
+# ------------------------------------------------------------------------------- rounds
+def simulate_round(objective: LocalObjective, params: torch.Tensor, clients: ClientDataset,
+                   selected: Sequence[int], method: ClientMethod, *, seed: int,
+                   round_index: int, chunk_clients: int = 32) -> RoundResult:
+    """All updates of one round, vectorized; equal to :func:`sequential_round` up to rounding.
+
+    Parameters
+    ----------
+    objective, params: the model and the global θ ``[D]``.
+    clients: all clients; ``selected`` the user indices of this round.
+    method: what clients do. seed, round_index: select the clients' generators.
+    chunk_clients: clients per ``vmap`` chunk (memory bound).
+    """
+    generators = [client_generator(seed, round_index, u) for u in selected]
+    # Each client's own random draws (steps 1-2 of client_update), then batched compute.
+    candidates = [client_candidates(clients.client(u), method, generator=g)
+                  for u, g in zip(selected, generators)]
+    batch = ClientBatch.stack([clients.history[u] for u in selected],
+                              [clients.history_mask[u] for u in selected], candidates)
+    counts = torch.tensor([c.shape[0] for c in candidates])
+    if not method.per_client_release and method.local_steps == 1:
+        direction, loss = objective.round_gradient(params, batch)
+        event = method.event(objective.dimension)
+        losses = [loss] * len(selected)  # per-client losses are not computed on this path
+    else:
+        if method.local_steps == 1:
+            updates, loss_t = objective.client_gradients(params, batch,
+                                                         chunk_clients=chunk_clients)
+        else:
+            updates, loss_t = objective.local_deltas(params, batch, steps=method.local_steps,
+                                                     lr=method.local_lr,
+                                                     chunk_clients=chunk_clients)
+        released, event = privatize(updates, method, generators)
+        direction = weighted_mean(released, counts)
+        losses = [float(x) for x in loss_t]
+    return RoundResult(direction, counts.tolist(), losses, [event] * len(selected))
+
+
+def sequential_round(objective: LocalObjective, params: torch.Tensor, clients: ClientDataset,
+                     selected: Sequence[int], method: ClientMethod, *, seed: int,
+                     round_index: int) -> RoundResult:
+    """The reference: one :func:`client_update` per client, then :func:`aggregate`."""
+    updates = [client_update(objective, params, clients.client(u), method,
+                             generator=client_generator(seed, round_index, u))
+               for u in selected]
+    return RoundResult(aggregate(updates), [u.num_examples for u in updates],
+                       [float(u.metrics["loss"]) for u in updates],
+                       [u.privacy_events[0] for u in updates])
+
+
+# ------------------------------------------------------------------------------ training
+@dataclass
+class FederatedState:
+    """Everything a checkpoint holds: θ, strategy state, next round, ledger, log."""
+
+    params: torch.Tensor
+    strategy_state: State
+    round_index: int = 0
+    ledger: PrivacyLedger = field(default_factory=PrivacyLedger)
+    log: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_checkpoint(self, objective: LocalObjective, method: str) -> dict[str, Any]:
+        objective.load(self.params)
+        return {"model": objective.model.state_dict(), "params": self.params,
+                "strategy_state": self.strategy_state, "round": self.round_index,
+                "ledger": self.ledger.to_dict(), "log": self.log, "method": method,
+                "rng": {"derived_from": "(seed, round, client)",
+                        "next_round": self.round_index}}
+
+    @classmethod
+    def from_checkpoint(cls, state: dict[str, Any]) -> "FederatedState":
+        return cls(params=state["params"], strategy_state=state["strategy_state"],
+                   round_index=int(state["round"]),
+                   ledger=PrivacyLedger.from_dict(state["ledger"]), log=list(state["log"]))
+
+
+RoundCallback = Callable[[int, "FederatedState"], dict[str, Any] | None]
+
+
+def train_federated(objective: LocalObjective, clients: ClientDataset, fed: FedConfig,
+                    method: ClientMethod, strategy: Strategy, *, seed: int,
+                    round_fn: RoundFn | None = None,
+                    checkpoint_path: str | Path | None = None,
+                    on_evaluate: RoundCallback | None = None,
+                    on_checkpoint: Callable[[FederatedState], None] | None = None,
+                    progress: bool = True,
+                    stop_after_rounds: int | None = None) -> FederatedState:
+    """Run ``fed.rounds`` rounds from θ = the model's parameters; resume from a checkpoint.
+
+    Parameters
+    ----------
+    objective: the model (its parameters are the initial θ; the final θ is loaded into it).
+    clients: the training users. fed: rounds, sampling, evaluation/checkpoint periods.
+    method, strategy: client and server behaviour. seed: the run's seed.
+    round_fn: computes one round (default :func:`simulate_round`); another engine (Flower)
+        passes its own.
+    checkpoint_path: saved every ``fed.checkpoint_every`` rounds and at the end; a run
+        resumed from it ends with exactly the parameters of an uninterrupted run.
+    on_evaluate: called every ``fed.eval_every`` rounds with θ loaded in the model; its dict
+        is logged. on_checkpoint: called after each checkpoint (e.g. to
+        write ``privacy.json``).
+    stop_after_rounds: stop after this many rounds of this call (tests of resumption).
+    """
+    if round_fn is None:
+        def round_fn(params: torch.Tensor, selected: list[int], t: int) -> RoundResult:
+            return simulate_round(objective, params, clients, selected, method, seed=seed,
+                                  round_index=t, chunk_clients=fed.chunk_clients)
+    with deterministic_algorithms():
+        return _train(objective, clients, fed, method, strategy, seed=seed, round_fn=round_fn,
+                      checkpoint_path=checkpoint_path, on_evaluate=on_evaluate,
+                      on_checkpoint=on_checkpoint, progress=progress,
+                      stop_after_rounds=stop_after_rounds)
+
+
+def _train(objective: LocalObjective, clients: ClientDataset, fed: FedConfig,
+           method: ClientMethod, strategy: Strategy, *, seed: int, round_fn: RoundFn,
+           checkpoint_path: str | Path | None, on_evaluate: RoundCallback | None,
+           on_checkpoint: Callable[[FederatedState], None] | None, progress: bool,
+           stop_after_rounds: int | None) -> FederatedState:
+    if checkpoint_path is not None and Path(checkpoint_path).exists():
+        state = FederatedState.from_checkpoint(load_checkpoint(checkpoint_path))
+    else:
+        params = objective.parameters()
+        state = FederatedState(params=params, strategy_state=strategy.init_state(params))
+    eligible = eligible_clients(clients)
+    m = clients_per_round(fed, len(eligible))
+
+    def checkpoint() -> None:
+        if checkpoint_path is not None:
+            save_checkpoint(checkpoint_path, state.to_checkpoint(objective, method.name))
+        if on_checkpoint is not None:
+            on_checkpoint(state)
+
+    rounds_run = 0
+    bar = tqdm(total=fed.rounds, initial=state.round_index, disable=not progress,
+               desc=f"{method.name} rounds", unit="round", leave=False)
+    while state.round_index < fed.rounds:
+        t = state.round_index
+        selected = sample_round(eligible, m, seed=seed, round_index=t)
+        result = round_fn(state.params, selected, t)
+        state.params, state.strategy_state = strategy.step(state.params, state.strategy_state,
+                                                           result.direction)
+        by_event: dict[PrivacyEvent, list[str]] = {}
+        for u, event in zip(selected, result.events):
+            by_event.setdefault(event, []).append(clients.user_ids[u])
+        for event, users in by_event.items():
+            state.ledger.record_many(users, event)
+        n = sum(result.num_examples)
+        entry: dict[str, Any] = {
+            "round": t + 1, "clients": len(selected), "samples": n,
+            "loss": sum(l * k for l, k in zip(result.losses, result.num_examples)) / n}
+        state.round_index = t + 1
+        rounds_run += 1
+        last = state.round_index == fed.rounds
+        if (on_evaluate is not None and fed.eval_every
+                and state.round_index % fed.eval_every == 0):
+            objective.load(state.params)
+            entry.update(on_evaluate(state.round_index, state) or {})
+        state.log.append(entry)
+        bar.update(1)
+        bar.set_postfix(loss=f"{entry['loss']:.4f}")
+        stopping = stop_after_rounds is not None and rounds_run >= stop_after_rounds
+        if last or stopping or state.round_index % fed.checkpoint_every == 0:
+            checkpoint()
+        if stopping:
+            break
+    bar.close()
+    objective.load(state.params)
+    return state

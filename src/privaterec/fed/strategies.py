@@ -1,0 +1,109 @@
+"""Server strategies: pure math from (θ, state, the round's updates) to the next θ.
+
+Every client uploads a *descent direction* g_u (a gradient, or FedAvg's pseudo-gradient
+θ − θ_u). The server aggregates them weighted by the clients' numbers of samples,
+ḡ = Σ_u n_u g_u / Σ_u n_u (FedNewsRec Eq. 6), and steps:
+
+* :class:`WeightedSGD` — θ ← θ − η ḡ (FedNewsRec Eq. 7);
+* :class:`FedAvg` — θ ← θ − η_s ḡ with clients running E local steps (McMahan et al.
+  2017; η_s = 1 is plain model averaging);
+* :class:`FedAdam` — Reddi et al. 2020 (Adaptive Federated Optimization), Alg. 2 with
+  Δ = −ḡ: m ← β₁m + (1−β₁)Δ, v ← β₂v + (1−β₂)Δ², θ ← θ + η m/(√v + τ) (no bias
+  correction, as in the paper); PrivateRec Alg. 3 line 9 aggregates with it.
+
+The simulator and the Flower ServerApp both call these functions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+import torch
+
+from privaterec.config import FedConfig
+from privaterec.errors import ConfigError
+from privaterec.fed.client import ClientUpdate
+
+State = dict[str, torch.Tensor]
+
+
+def weighted_mean(payloads: torch.Tensor, num_examples: torch.Tensor) -> torch.Tensor:
+    """ḡ = Σ n_u g_u / Σ n_u: payloads ``[m, D]``, num_examples ``[m]`` → ``[D]``."""
+    if payloads.shape[0] == 0:
+        raise ValueError("cannot aggregate an empty round")
+    weights = num_examples.to(payloads.dtype)
+    if bool((weights <= 0).any()):
+        raise ValueError("every client update needs num_examples > 0")
+    return (weights / weights.sum()) @ payloads
+
+
+def aggregate(updates: Sequence[ClientUpdate]) -> torch.Tensor:
+    """Weighted mean of the updates' payloads (weights: their ``num_examples``)."""
+    if not updates:
+        raise ValueError("cannot aggregate an empty round")
+    return weighted_mean(torch.stack([u.payload for u in updates]),
+                         torch.tensor([u.num_examples for u in updates]))
+
+
+class Strategy(Protocol):
+    """Server optimiser on the flat parameter vector θ ``[D]``."""
+
+    def init_state(self, params: torch.Tensor) -> State: ...
+
+    def step(self, params: torch.Tensor, state: State,
+             direction: torch.Tensor) -> tuple[torch.Tensor, State]: ...
+
+
+@dataclass(frozen=True)
+class WeightedSGD:
+    """θ ← θ − η ḡ (FedNewsRec Eq. 7)."""
+
+    lr: float
+
+    def init_state(self, params: torch.Tensor) -> State:
+        return {}
+
+    def step(self, params: torch.Tensor, state: State,
+             direction: torch.Tensor) -> tuple[torch.Tensor, State]:
+        return params - self.lr * direction, state
+
+
+@dataclass(frozen=True)
+class FedAvg(WeightedSGD):
+    """FedAvg's server step θ ← θ − η_s ḡ on the clients' pseudo-gradients θ − θ_u."""
+
+    lr: float = 1.0
+
+
+@dataclass(frozen=True)
+class FedAdam:
+    """FedAdam (Reddi et al. 2020, Alg. 2), with Δ = −ḡ."""
+
+    lr: float
+    beta1: float = 0.9
+    beta2: float = 0.99
+    tau: float = 1e-6
+
+    def init_state(self, params: torch.Tensor) -> State:
+        return {"m": torch.zeros_like(params), "v": torch.zeros_like(params)}
+
+    def step(self, params: torch.Tensor, state: State,
+             direction: torch.Tensor) -> tuple[torch.Tensor, State]:
+        delta = -direction
+        m = self.beta1 * state["m"] + (1 - self.beta1) * delta
+        v = self.beta2 * state["v"] + (1 - self.beta2) * delta * delta
+        return params + self.lr * m / (v.sqrt() + self.tau), {"m": m, "v": v}
+
+
+def build_strategy(fed: FedConfig) -> Strategy:
+    """The strategy of a resolved :class:`FedConfig`."""
+    if fed.strategy is None or fed.server_lr is None:
+        raise ConfigError("fed.strategy and fed.server_lr must be resolved first "
+                          "(privaterec.fed.methods.resolve_run_config)")
+    if fed.strategy == "sgd":
+        return WeightedSGD(lr=fed.server_lr)
+    if fed.strategy == "fedavg":
+        return FedAvg(lr=fed.server_lr)
+    return FedAdam(lr=fed.server_lr, beta1=fed.adam_beta1, beta2=fed.adam_beta2,
+                   tau=fed.adam_tau)
