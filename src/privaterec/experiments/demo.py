@@ -6,6 +6,7 @@ evaluates it on the test split and prints a results table.
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import sys
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from privaterec.config import ModelConfig, RunConfig, TrainConfig
+from privaterec.config import FedConfig, ModelConfig, RunConfig, TrainConfig
 from privaterec.data.synth import SynthConfig, write_synthetic
 from privaterec.training.pipeline import train_run
 
@@ -26,16 +27,29 @@ class DemoEntry:
     name: str
     model: ModelConfig
     train: TrainConfig
+    fed: FedConfig = FedConfig()
+
+
+DEMO_ROUNDS = 300  # FedAdam/SGD rounds at r = 2% (about 6 passes over the samples)
 
 
 def demo_entries(quick: bool) -> list[DemoEntry]:
-    """The methods the demo trains (later issues add federated and private ones)."""
+    """The methods the demo trains: baselines, then federated and private ones (nrms)."""
     epochs = 1 if quick else 3
-    return [
+    rounds = 20 if quick else DEMO_ROUNDS
+    nrms = ModelConfig(news_encoder="nrms")
+    entries = [
         DemoEntry("popularity", ModelConfig(), TrainConfig(method="popularity")),
-        DemoEntry("centralized / nrms", ModelConfig(news_encoder="nrms"),
-                  TrainConfig(method="centralized", epochs=epochs)),
+        DemoEntry("centralized / nrms", nrms, TrainConfig(method="centralized", epochs=epochs)),
+        DemoEntry("fedrec / nrms", nrms, TrainConfig(method="fedrec"), FedConfig(rounds=rounds)),
+        DemoEntry("fednewsrec / nrms", nrms, TrainConfig(method="fednewsrec"),
+                  FedConfig(rounds=rounds)),
     ]
+    for eps in (1.0, 10.0, float("inf")):
+        entries.append(DemoEntry(f"dp-fedrec eps_t={eps:g} / nrms", nrms,
+                                 TrainConfig(method="dp-fedrec"),
+                                 FedConfig(rounds=rounds, epsilon_train=eps)))
+    return entries
 
 
 def demo_synth_config(quick: bool) -> SynthConfig:
@@ -63,21 +77,46 @@ def run_demo(*, out: str | Path | None = None, quick: bool = False,
     for entry in demo_entries(quick):
         run_dir = root / "runs" / entry.name.replace(" / ", "-").replace(" ", "_")
         shutil.rmtree(run_dir, ignore_errors=True)  # the demo always trains afresh
-        config = RunConfig(data=str(data_dir.resolve()), model=entry.model, train=entry.train)
+        config = RunConfig(data=str(data_dir.resolve()), model=entry.model, train=entry.train,
+                           fed=entry.fed)
         print(f"training {entry.name} ...", file=sys.stderr)
         started = time.perf_counter()
         metrics = train_run(config, run_dir, progress=progress)
-        rows.append((entry.name, metrics["test"], time.perf_counter() - started))
+        rows.append((entry.name, {**metrics["test"], **_privacy_columns(run_dir)},
+                     time.perf_counter() - started))
     print(format_demo_table(rows))
     return 0
 
 
+def _privacy_columns(run_dir: Path) -> dict[str, Any]:
+    """Per-round ε and the ledger's per-user total ε of a federated run (if any)."""
+    path = run_dir / "privacy.json"
+    if not path.exists():
+        return {}
+    from privaterec.privacy.report import read_privacy_json
+    summary = read_privacy_json(path)
+    total = summary["report"]["phases"]["total"]
+    return {"epsilon_round": summary["release"]["epsilon_per_round"],
+            "epsilon_user_max": total["epsilon_max"], "privacy_delta": summary["delta"]}
+
+
+def _eps(value: float | None) -> str:
+    if value is None:
+        return "∞"
+    return "∞" if math.isinf(value) else f"{value:.3g}"
+
+
 def format_demo_table(rows: list[tuple[str, dict[str, Any], float]]) -> str:
-    lines = ["| method | test AUC | MRR | nDCG@5 | nDCG@10 | seconds |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| method | test AUC | MRR | nDCG@5 | nDCG@10 | ε per round | ε per user (max) "
+             "| seconds |", "|---|---|---|---|---|---|---|---|"]
     for name, m, seconds in rows:
         lines.append(f"| {name} | {m['auc']:.4f} | {m['mrr']:.4f} | {m['ndcg@5']:.4f} | "
-                     f"{m['ndcg@10']:.4f} | {seconds:.0f} |")
+                     f"{m['ndcg@10']:.4f} | {_eps(m.get('epsilon_round'))} | "
+                     f"{_eps(m.get('epsilon_user_max'))} | {seconds:.0f} |")
     impressions = rows[0][1]["impressions"] if rows else 0
-    lines.append(f"\n{impressions} test impressions; ε = ∞ for all rows (no privacy yet).")
+    delta = next((m["privacy_delta"] for _, m, _ in rows if "privacy_delta" in m), None)
+    lines.append(f"\n{impressions} test impressions. ε per user: the privacy ledger's total "
+                 f"over all rounds (PLD composition{f' at δ = {delta:g}' if delta else ''}); "
+                 f"fednewsrec's ε is for the whole update (2δD/λ), not per coordinate — see "
+                 f"'privaterec privacy report --run RUN'. ∞: no formal guarantee.")
     return "\n".join(lines)

@@ -19,17 +19,19 @@ that holds the client's data:
 
 Users and SuperNodes: a SuperNode holds one user (node option ``user-id``, a real device)
 or, in a simulation, the contiguous block of users ``[p·U/P, (p+1)·U/P)`` where ``p`` is its
-``partition-id`` and ``P`` its ``num-partitions`` (one user per node when ``P = U``). Before
-the first round the server asks every node which users it holds (a ``query`` message).
+``partition-id`` and ``P`` its ``num-partitions`` (one user per node when ``P = U``).
 
-A ClientApp rebuilds what it needs itself (Ray workers are separate processes): the run's
-``config.yaml`` and ``vocab.json`` (its *run directory*, public), its data directory, and
-the public model, initialised like :mod:`privaterec.training.pipeline` does
-(``torch.manual_seed(train.seed)`` then ``build_recommender``) so that frozen parameters
-(e.g. random frozen word vectors, which are not part of θ) agree with the server's. The
-server sends a fingerprint of the public model and of the client method with θ; a device
-whose rebuilt model or method differs refuses the round with a message saying so. The
-rebuilt objective is cached per worker process.
+Before the first round the server sends every node a ``query`` message with the run's
+public configuration (``config.yaml`` and ``vocab.json`` as text, kept in the node's
+``Context.state``) and asks which users it holds. A ClientApp rebuilds what it needs
+itself (Ray workers are separate processes, nothing is pickled through globals): its data
+(the run's ``data``, or the node option ``data-dir``) and the public model, initialised
+like :mod:`privaterec.training.pipeline` does (``torch.manual_seed(train.seed)`` then
+``build_recommender``) so that frozen parameters (e.g. random frozen word vectors, which
+are not part of θ) agree with the server's. A device can pin its own configuration with
+the node option ``run-dir`` instead. The server sends a fingerprint of the public model and
+of the client method with θ; a device whose rebuilt model or method differs refuses the
+round with a message saying so. The rebuilt objective is cached per worker process.
 
 Entry points:
 
@@ -52,6 +54,7 @@ import os
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 os.environ.setdefault("FLWR_DISABLE_UPDATE_CHECK", "1")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")  # silences a FutureWarning
 
 import contextvars  # noqa: E402
 import hashlib  # noqa: E402
@@ -65,6 +68,7 @@ from typing import Any, Callable, Mapping, Sequence  # noqa: E402
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+import yaml  # noqa: E402
 from flwr.app import (Array, ArrayRecord, ConfigRecord, Context, Message,  # noqa: E402
                       MessageType, MetricRecord, RecordDict)
 from flwr.clientapp import ClientApp  # noqa: E402
@@ -81,7 +85,8 @@ from privaterec.fed.simulator import (FederatedState, RoundCallback,  # noqa: E4
                                       RoundResult, eligible_clients, train_federated)
 from privaterec.fed.strategies import Strategy, aggregate  # noqa: E402
 from privaterec.privacy.ledger import PrivacyEvent  # noqa: E402
-from privaterec.training.determinism import deterministic_algorithms  # noqa: E402
+from privaterec.training.determinism import (deterministic_algorithms,  # noqa: E402
+                                             flush_denormals)
 
 MAX_SIMULATED_SUPERNODES = 100
 """Default number of simulated SuperNodes: one per user up to this many, else user blocks."""
@@ -97,9 +102,13 @@ _ACTIVE_GRID: contextvars.ContextVar[Grid | None] = contextvars.ContextVar(
 
 
 # ============================================================================ client side
+_RUN_RECORD = "privaterec-run"
+"""Key of the node state (``Context.state``) holding the run's public configuration."""
+
+
 @dataclass(frozen=True)
 class ClientSpec:
-    """Where a ClientApp finds the public pieces of a run (all paths local to the device).
+    """Where a ClientApp finds the public pieces of a run (paths local to the device).
 
     Attributes
     ----------
@@ -113,20 +122,43 @@ class ClientSpec:
     data_dir: str = ""
 
     @classmethod
-    def resolve(cls, context: Context, default: "ClientSpec | None") -> "ClientSpec":
-        """Node options (``run-dir``, ``data-dir``) over ``default`` over the run config.
+    def resolve(cls, context: Context) -> "ClientSpec":
+        """Node options ``run-dir`` and ``data-dir``, else what the server sent.
 
-        The run config of ``flwr run flower/`` names the run directory ``out-dir``.
+        A device that does not take the run's configuration (clipping and noise included)
+        from the server pins its own with the node option ``run-dir``.
         """
-        node, run = context.node_config, context.run_config
-        run_dir = str(node.get("run-dir", "") or (default.run_dir if default else "")
-                      or run.get("out-dir", ""))
-        if not run_dir:
-            raise ConfigError("this SuperNode does not know the run directory: start it with "
-                              "--node-config \"run-dir='/path/to/run'\" (a directory holding "
-                              "the run's config.yaml and vocab.json)")
-        data_dir = str(node.get("data-dir", "") or (default.data_dir if default else ""))
-        return cls(run_dir=run_dir, data_dir=data_dir)
+        node = context.node_config
+        data_dir = str(node.get("data-dir", ""))
+        if node.get("run-dir", ""):
+            return cls(run_dir=str(node["run-dir"]), data_dir=data_dir)
+        if _RUN_RECORD not in context.state:
+            raise ConfigError("this SuperNode has not received the run's configuration (the "
+                              "server's query message); start it with --node-config "
+                              "\"run-dir='/path/to/run'\" (a directory holding the run's "
+                              "config.yaml and vocab.json) or restart the run")
+        record = context.state[_RUN_RECORD]
+        return cls(run_dir=str(_materialize(str(record["config-yaml"]),
+                                            str(record["vocab-json"]))), data_dir=data_dir)
+
+
+_SCRATCH: list[tempfile.TemporaryDirectory] = []
+
+
+def _materialize(config_yaml: str, vocab_json: str) -> Path:
+    """Write the run's config.yaml (and vocab.json) to this process's scratch directory."""
+    if not _SCRATCH:
+        _SCRATCH.append(tempfile.TemporaryDirectory(prefix="privaterec-device-"))
+    digest = hashlib.sha256(f"{config_yaml}\0{vocab_json}".encode()).hexdigest()[:16]
+    run_dir = Path(_SCRATCH[0].name) / digest
+    if not run_dir.exists():
+        tmp = run_dir.with_suffix(".tmp")
+        tmp.mkdir(parents=True, exist_ok=True)
+        (tmp / "config.yaml").write_text(config_yaml)
+        if vocab_json:
+            (tmp / "vocab.json").write_text(vocab_json)
+        tmp.rename(run_dir)
+    return run_dir
 
 
 @dataclass
@@ -202,16 +234,19 @@ def _held_users(device: _Device, node_config: Mapping[str, Any]) -> list[str]:
     return list(users[lo:hi])
 
 
-def _client_query(message: Message, context: Context, default: ClientSpec | None) -> Message:
-    """Reply with the ids of the users this SuperNode holds."""
-    device = _load_device(ClientSpec.resolve(context, default))
+def _client_query(message: Message, context: Context) -> Message:
+    """Keep the run's public configuration; reply with the ids of the users held here."""
+    run = message.content["run"]
+    context.state[_RUN_RECORD] = ConfigRecord({"config-yaml": str(run["config-yaml"]),
+                                               "vocab-json": str(run["vocab-json"])})
+    device = _load_device(ClientSpec.resolve(context))
     users = _held_users(device, context.node_config)
     return Message(RecordDict({"users": ConfigRecord({"ids": users})}), reply_to=message)
 
 
-def _client_train(message: Message, context: Context, default: ClientSpec | None) -> Message:
+def _client_train(message: Message, context: Context) -> Message:
     """Compute the requested users' updates with :func:`client_update`."""
-    device = _load_device(ClientSpec.resolve(context, default))
+    device = _load_device(ClientSpec.resolve(context))
     config = message.content["config"]
     if str(config["fingerprint"]) != device.fingerprint:
         raise ConfigError(
@@ -228,7 +263,7 @@ def _client_train(message: Message, context: Context, default: ClientSpec | None
     held = set(_held_users(device, context.node_config))
     os_entropy = bool(context.node_config.get("os-entropy", False))
     payloads, counts, losses, events = [], [], [], []
-    with deterministic_algorithms():
+    with deterministic_algorithms(), flush_denormals():  # as the simulator computes
         for user_id, user in zip(config["users"], config["user-indices"]):
             if user_id not in held:
                 raise PrivateRecError(f"the server asked this SuperNode for user "
@@ -243,7 +278,7 @@ def _client_train(message: Message, context: Context, default: ClientSpec | None
             losses.append(float(update.metrics["loss"]))
             events.append(json.dumps([e.to_dict() for e in update.privacy_events]))
     content = RecordDict({
-        "updates": ArrayRecord({"payloads": Array(torch.stack(payloads).numpy())}),
+        "updates": ArrayRecord({"payloads": Array(torch.stack(payloads).detach().numpy())}),
         "result": ConfigRecord({"users": list(config["users"]), "num-examples": counts,
                                 "events": events}),
         "metrics": MetricRecord({"loss": losses}),
@@ -251,21 +286,17 @@ def _client_train(message: Message, context: Context, default: ClientSpec | None
     return Message(content, reply_to=message)
 
 
-def make_client_app(spec: ClientSpec | None = None) -> ClientApp:
-    """A ClientApp whose devices find the run through ``spec`` (node options win).
-
-    ``spec=None``: the run directory comes from the node option ``run-dir`` or the run
-    config's ``out-dir`` (``flwr run flower/``).
-    """
+def make_client_app() -> ClientApp:
+    """The ClientApp: ``query`` (which users a node holds) and ``train`` (their updates)."""
     app = ClientApp()
 
     @app.query()
     def query(message: Message, context: Context) -> Message:
-        return _client_query(message, context, spec)
+        return _client_query(message, context)
 
     @app.train()
     def train(message: Message, context: Context) -> Message:
-        return _client_train(message, context, spec)
+        return _client_train(message, context)
 
     return app
 
@@ -292,12 +323,22 @@ def _reply_error(reply: Message) -> str:
     return f"SuperNode {reply.metadata.src_node_id}: {reply.error.reason}"
 
 
-def discover_nodes(grid: Grid, clients: ClientDataset, *,
+def run_record(config: RunConfig, vocab_path: str | Path | None = None) -> ConfigRecord:
+    """The run's public configuration sent to every SuperNode: ``config.yaml`` and
+    ``vocab.json`` as text (``""``: devices rebuild the vocabularies from their data)."""
+    vocab = Path(vocab_path) if vocab_path is not None else None
+    return ConfigRecord({
+        "config-yaml": yaml.safe_dump(config.to_dict(), sort_keys=False),
+        "vocab-json": vocab.read_text() if vocab is not None and vocab.exists() else ""})
+
+
+def discover_nodes(grid: Grid, clients: ClientDataset, run: ConfigRecord, *,
                    timeout: float = DISCOVERY_TIMEOUT) -> dict[int, int]:
     """Map every eligible user index to the SuperNode holding it (``query`` messages).
 
-    Asks each newly connected node for its users until every user with a training sample
-    is held by a node.
+    Sends each newly connected node the run's public configuration ``run``
+    (:func:`run_record`) and asks which users it holds, until every user with a training
+    sample is held by a node.
 
     Raises
     ------
@@ -314,8 +355,8 @@ def discover_nodes(grid: Grid, clients: ClientDataset, *,
         new = [n for n in grid.get_node_ids() if n not in asked]
         if new:
             asked.update(new)
-            messages = [Message(RecordDict({"query": ConfigRecord({"what": "users"})}),
-                                dst_node_id=n, message_type=MessageType.QUERY) for n in new]
+            messages = [Message(RecordDict({"run": run}), dst_node_id=n,
+                                message_type=MessageType.QUERY) for n in new]
             replies = grid.send_and_receive(messages,
                                             timeout=max(1.0, deadline - time.monotonic()))
             for reply in replies:
@@ -421,9 +462,12 @@ def serve(grid: Grid, config: RunConfig, objective: LocalObjective, clients: Cli
     """The ServerApp's work on a connected ``grid``: discover nodes, then train.
 
     Parameters: see :func:`train_with_flower`; ``discovery_timeout`` and ``round_timeout``
-    bound the waits for SuperNodes (:func:`discover_nodes`) and for a round's replies.
+    bound the waits for SuperNodes (:func:`discover_nodes`) and for a round's replies. The
+    devices receive ``config`` and, when ``checkpoint_path`` lies in a run directory, its
+    ``vocab.json``.
     """
-    owner = discover_nodes(grid, clients, timeout=discovery_timeout)
+    vocab = Path(checkpoint_path).parent / "vocab.json" if checkpoint_path else None
+    owner = discover_nodes(grid, clients, run_record(config, vocab), timeout=discovery_timeout)
     fingerprint = public_fingerprint(objective, method)
     round_fn = _round_fn(grid, clients, owner, method, fingerprint, seed=config.train.seed,
                          timeout=round_timeout)
@@ -446,9 +490,9 @@ def train_with_flower(config: RunConfig, objective: LocalObjective, clients: Cli
     Inside a ``flwr run`` ServerApp (see ``server_app``) the rounds go through that run's
     Grid. Otherwise the ServerApp and ClientApp run in Flower's simulation runtime
     (``run_simulation``, Ray backend, :data:`SIMULATION_CPUS` CPUs, one ClientApp worker
-    per CPU). Its ClientApps rebuild the model and data from ``config`` (written to a
-    temporary ``config.yaml``) and, when ``checkpoint_path`` lies in a run directory, its
-    ``vocab.json``; the public model must be initialised as
+    per CPU). The ClientApps rebuild the model and their data from ``config`` and, when
+    ``checkpoint_path`` lies in a run directory, its ``vocab.json`` (sent to each node
+    once); the server's public model must be initialised as
     :func:`privaterec.training.pipeline.train_run` does (checked by fingerprint).
 
     Parameters
@@ -477,34 +521,24 @@ def train_with_flower(config: RunConfig, objective: LocalObjective, clients: Cli
 
     nodes = num_supernodes or max(1, min(clients.num_users, MAX_SIMULATED_SUPERNODES))
     results: list[FederatedState] = []
-    with tempfile.TemporaryDirectory(prefix="privaterec-flower-") as tmp:
-        run_dir = Path(tmp)
-        config.to_yaml(run_dir / "config.yaml")
-        if checkpoint_path is not None:
-            vocab = Path(checkpoint_path).parent / "vocab.json"
-            if vocab.exists():
-                (run_dir / "vocab.json").write_bytes(vocab.read_bytes())
-        server = ServerApp()
+    server = ServerApp()
 
-        @server.main()
-        def main(grid: Grid, context: Context) -> None:
-            results.append(serve(grid, config, objective, clients, method, strategy,
-                                 **kwargs))
+    @server.main()
+    def main(grid: Grid, context: Context) -> None:
+        results.append(serve(grid, config, objective, clients, method, strategy, **kwargs))
 
-        flwr_logger = logging.getLogger("flwr")
-        level = flwr_logger.level
-        if not progress:
-            flwr_logger.setLevel(logging.WARNING)
-        try:
-            run_simulation(
-                server_app=server, client_app=make_client_app(ClientSpec(str(run_dir))),
-                num_supernodes=nodes,
-                backend_config={
-                    "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
-                    "init_args": {"num_cpus": SIMULATION_CPUS, "num_gpus": 0,
-                                  "logging_level": "ERROR", "log_to_driver": False}})
-        finally:
-            flwr_logger.setLevel(level)
+    flwr_logger = logging.getLogger("flwr")
+    level = flwr_logger.level
+    if not progress:  # e.g. run_simulation's deprecation notice
+        flwr_logger.setLevel(logging.ERROR)
+    try:
+        run_simulation(server_app=server, client_app=client_app, num_supernodes=nodes,
+                       backend_config={
+                           "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+                           "init_args": {"num_cpus": SIMULATION_CPUS, "num_gpus": 0,
+                                         "logging_level": "ERROR", "log_to_driver": False}})
+    finally:
+        flwr_logger.setLevel(level)
     if not results:
         raise PrivateRecError("the Flower simulation ended without a trained model; see "
                               "the Flower log above")
@@ -535,13 +569,18 @@ def run_config_from_flower(run_config: Mapping[str, Any]) -> tuple[RunConfig, Pa
         paths[key] = value
     yaml_path = str(run_config.get("config", ""))
     config = RunConfig.from_yaml(yaml_path) if yaml_path else RunConfig()
-    train = {k: v for k, v in {"method": str(run_config.get("method", "")),
-                               "seed": int(run_config.get("seed", -1))}.items()
-             if v not in ("", -1)}
-    fed = {k: v for k, v in {"rounds": int(run_config.get("rounds", 0)),
-                             "clients_per_round": int(run_config.get("clients-per-round", 0)),
-                             "eval_every": int(run_config.get("eval-every", -1))}.items()
-           if v not in (0, -1) or (k == "eval_every" and v == 0)}
+    train: dict[str, Any] = {}
+    fed: dict[str, Any] = {}
+    if str(run_config.get("method", "")):
+        train["method"] = str(run_config["method"])
+    if int(run_config.get("seed", -1)) != -1:
+        train["seed"] = int(run_config["seed"])
+    if int(run_config.get("rounds", 0)) != 0:
+        fed["rounds"] = int(run_config["rounds"])
+    if int(run_config.get("clients-per-round", 0)) != 0:
+        fed["clients_per_round"] = int(run_config["clients-per-round"])
+    if int(run_config.get("eval-every", -1)) != -1:
+        fed["eval_every"] = int(run_config["eval-every"])
     config = replace(config, data=paths["data-dir"], train=replace(config.train, **train),
                      fed=replace(config.fed, engine="flower", **fed))
     if config.train.method not in FEDERATED_METHODS:
@@ -574,5 +613,5 @@ def _flwr_run_main(grid: Grid, context: Context) -> None:
 client_app = make_client_app()
 
 __all__ = ["ClientSpec", "client_app", "discover_nodes", "make_client_app",
-           "public_fingerprint", "run_config_from_flower", "serve", "server_app",
-           "train_with_flower"]
+           "public_fingerprint", "run_config_from_flower", "run_record", "serve",
+           "server_app", "train_with_flower"]

@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -101,14 +102,24 @@ class ClientBatch:
     def num_clients(self) -> int:
         return int(self.history.shape[0])
 
-    def chunks(self, size: int) -> Iterator[tuple[slice, "ClientBatch"]]:
-        """Consecutive chunks of at most ``size`` clients, each trimmed to its own padding."""
+    def chunks(self, size: int) -> Iterator[tuple[torch.Tensor, "ClientBatch"]]:
+        """Chunks of at most ``size`` clients, each trimmed to its own padding.
+
+        Clients are grouped by their numbers of samples and history lengths (so little
+        padding is computed) and every chunk drops the sample columns and the left history
+        columns that none of its clients uses. Masked positions carry no weight in any user
+        encoder, so trimming them does not change the result (beyond float rounding).
+        Yields (``LongTensor`` indices of the chunk's clients in this batch, the chunk).
+        """
+        samples = (self.weights > 0).sum(1)
+        lengths = self.history_mask.sum(1)
+        order = torch.from_numpy(np.lexsort((lengths.numpy(), samples.numpy())))
         for lo in range(0, self.num_clients, size):
-            part = slice(lo, min(lo + size, self.num_clients))
-            weights = self.weights[part]
-            width = max(1, int((weights > 0).sum(1).max()))
-            yield part, ClientBatch(self.history[part], self.history_mask[part],
-                                    self.candidates[part, :width], weights[:, :width])
+            idx = order[lo: lo + size]
+            width = max(1, int(samples[idx].max()))
+            hist = max(1, int(lengths[idx].max()))
+            yield idx, ClientBatch(self.history[idx, -hist:], self.history_mask[idx, -hist:],
+                                   self.candidates[idx, :width], self.weights[idx, :width])
 
     @classmethod
     def stack(cls, history: list[torch.Tensor], history_mask: list[torch.Tensor],
@@ -192,7 +203,9 @@ class LocalObjective:
         (``Tensor[D]``, loss)
         """
         weights = torch.ones(candidates.shape[0])
-        g, loss = grad_and_value(self._client_loss)(flat, history, mask, candidates, weights)
+        keep = max(1, int(mask.sum()))  # left padding carries no weight (see ClientBatch.chunks)
+        g, loss = grad_and_value(self._client_loss)(flat, history[-keep:], mask[-keep:],
+                                                    candidates, weights)
         return g, float(loss)
 
     def client_gradients(self, flat: torch.Tensor, batch: ClientBatch, *,

@@ -33,7 +33,7 @@ from privaterec.fed.rng import client_generator, round_generator
 from privaterec.fed.strategies import State, Strategy, aggregate, weighted_mean
 from privaterec.privacy.ledger import PrivacyEvent, PrivacyLedger
 from privaterec.training.checkpoint import load_checkpoint, save_checkpoint
-from privaterec.training.determinism import deterministic_algorithms
+from privaterec.training.determinism import deterministic_algorithms, flush_denormals
 
 
 @dataclass
@@ -148,6 +148,7 @@ class FederatedState:
 RoundCallback = Callable[[int, "FederatedState"], dict[str, Any] | None]
 
 
+
 def train_federated(objective: LocalObjective, clients: ClientDataset, fed: FedConfig,
                     method: ClientMethod, strategy: Strategy, *, seed: int,
                     round_fn: RoundFn | None = None,
@@ -176,7 +177,7 @@ def train_federated(objective: LocalObjective, clients: ClientDataset, fed: FedC
         def round_fn(params: torch.Tensor, selected: list[int], t: int) -> RoundResult:
             return simulate_round(objective, params, clients, selected, method, seed=seed,
                                   round_index=t, chunk_clients=fed.chunk_clients)
-    with deterministic_algorithms():
+    with deterministic_algorithms(), flush_denormals():
         return _train(objective, clients, fed, method, strategy, seed=seed, round_fn=round_fn,
                       checkpoint_path=checkpoint_path, on_evaluate=on_evaluate,
                       on_checkpoint=on_checkpoint, progress=progress,

@@ -27,6 +27,7 @@ from privaterec.models.factory import build_recommender, vocabulary_kind
 from privaterec.models.recommender import Recommender
 from privaterec.training.centralized import train_centralized
 from privaterec.training.checkpoint import load_checkpoint
+from privaterec.training.determinism import flush_denormals
 from privaterec.training.popularity import PopularityModel, evaluate_popularity
 from privaterec.training.run import RunDirectory
 
@@ -77,7 +78,13 @@ def train_run(config: RunConfig, out: str | Path, *, drop_missing: bool = False,
 
     Returns the metrics written to ``metrics.json`` (test metrics when a test split exists).
     """
-    config = resolve_run_config(config)
+    with flush_denormals():
+        return _train_run(resolve_run_config(config), out, drop_missing=drop_missing,
+                          progress=progress, evaluate_each_epoch=evaluate_each_epoch)
+
+
+def _train_run(config: RunConfig, out: str | Path, *, drop_missing: bool, progress: bool,
+               evaluate_each_epoch: bool) -> dict[str, Any]:
     run = RunDirectory(Path(out))
     run.start(config)
     prepared = prepare_data(config, drop_missing=drop_missing)
@@ -178,6 +185,13 @@ def evaluate_run(run_dir: str | Path, data_dir: str | Path | None = None, *,
             raise CheckpointError(f"{run.popularity_path}: missing; train the run first")
         return evaluate_popularity(PopularityModel.load(run.popularity_path), target)
     config, vocabs, model = load_run_model(run_dir)
+    with flush_denormals():
+        return _evaluate_model_run(config, vocabs, model, dataset, target, progress=progress)
+
+
+def _evaluate_model_run(config: RunConfig, vocabs: TextVocabularies, model: Recommender,
+                        dataset: MindDataset, target: MindSplit, *,
+                        progress: bool) -> dict[str, Any]:
     features = build_news_features(dataset.all_news(), vocabs,
                                    title_len=config.model.title_len,
                                    abstract_len=config.model.abstract_len)

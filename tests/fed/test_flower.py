@@ -1,0 +1,135 @@
+"""The Flower engine trains exactly what the in-process simulator trains.
+
+``fed.engine = "flower"`` runs the ServerApp and the ClientApps in Flower's simulation
+runtime (Ray, 2 CPUs, one SuperNode per user); every client update is computed in a Ray
+worker from data the ClientApp rebuilt itself. With the same seed, the parameters after
+two rounds and the privacy ledgers must equal those of ``engine = "simulator"`` — with
+per-client Laplace noise (fednewsrec), and with FedAdam on raw gradients (fedrec).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("flwr", reason="the Flower engine needs flwr[simulation] (test extra)")
+
+from privaterec.config import (FedConfig, ModelConfig, RunConfig, TrainConfig,  # noqa: E402
+                               replace)
+from privaterec.data.synth import SynthConfig, write_synthetic  # noqa: E402
+from privaterec.errors import ConfigError  # noqa: E402
+from privaterec.fed import flower  # noqa: E402
+from privaterec.fed.methods import ClientMethod, resolve_run_config  # noqa: E402
+from privaterec.fed.objective import LocalObjective  # noqa: E402
+from privaterec.fed.simulator import eligible_clients, sample_round  # noqa: E402
+from privaterec.models.factory import build_recommender  # noqa: E402
+from privaterec.privacy.ledger import PrivacyLedger  # noqa: E402
+from privaterec.training.checkpoint import load_checkpoint  # noqa: E402
+from privaterec.training.pipeline import prepare_data, train_run  # noqa: E402
+
+TINY = ModelConfig(word_dim=8, num_heads=2, head_dim=4, attention_dim=8, title_len=6,
+                   abstract_len=4, history_len=5)
+SEED, ROUNDS, PER_ROUND = 3, 2, 4
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory: pytest.TempPathFactory):
+    path = tmp_path_factory.mktemp("flower") / "data"
+    write_synthetic(path, SynthConfig(users=12, news=60, seed=5))
+    return path
+
+
+def _config(data_dir, method: str, engine: str) -> RunConfig:
+    return RunConfig(data=str(data_dir), model=TINY,
+                     train=TrainConfig(method=method, seed=SEED),
+                     fed=FedConfig(rounds=ROUNDS, clients_per_round=PER_ROUND, engine=engine))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["fednewsrec", "fedrec"])
+def test_flower_engine_equals_simulator(data_dir, tmp_path, monkeypatch, method):
+    discovered: list[dict[int, int]] = []
+    replies: list[int] = []
+    discover, parse = flower.discover_nodes, flower._parse_reply
+
+    def spy_discover(*args, **kwargs):
+        discovered.append(discover(*args, **kwargs))
+        return discovered[-1]
+
+    def spy_parse(reply, *args):
+        replies.append(reply.metadata.src_node_id)
+        return parse(reply, *args)
+
+    monkeypatch.setattr(flower, "discover_nodes", spy_discover)
+    monkeypatch.setattr(flower, "_parse_reply", spy_parse)
+
+    runs = {}
+    for engine in ("simulator", "flower"):
+        metrics = train_run(_config(data_dir, method, engine), tmp_path / engine,
+                            progress=False)
+        runs[engine] = (load_checkpoint(tmp_path / engine / "checkpoint.pt"), metrics)
+    (sim, sim_metrics), (flw, flw_metrics) = runs["simulator"], runs["flower"]
+
+    # The rounds really went through Flower: one SuperNode per user, one reply per client.
+    prepared = prepare_data(_config(data_dir, method, "flower"))
+    eligible = eligible_clients(prepared.train_clients)
+    assert len(discovered) == 1
+    assert sorted(discovered[0]) == eligible.tolist()
+    assert len(set(discovered[0].values())) == len(eligible)
+    assert len(replies) == ROUNDS * PER_ROUND
+
+    # Training moved θ away from θ0, so equality below is not vacuous.
+    torch.manual_seed(SEED)
+    model = build_recommender(TINY, prepared.vocabs, prepared.features)
+    theta0 = LocalObjective(model).parameters()
+    assert (sim["params"] - theta0).abs().max() > 1e-3
+    assert torch.allclose(flw["params"], sim["params"], rtol=0, atol=1e-6)
+    for a, b in zip(flw["log"], sim["log"]):
+        assert (a["round"], a["clients"], a["samples"]) == (b["round"], b["clients"], b["samples"])
+        assert a["loss"] == pytest.approx(b["loss"], abs=1e-6)
+
+    ledger = PrivacyLedger.from_dict(flw["ledger"])
+    assert ledger == PrivacyLedger.from_dict(sim["ledger"])
+    selected = [u for t in range(ROUNDS)
+                for u in sample_round(eligible, PER_ROUND, seed=SEED, round_index=t)]
+    expected = {prepared.train_clients.user_ids[u]: selected.count(u) for u in set(selected)}
+    assert {u: sum(c for _, c in ledger.events(u)) for u in ledger.users} == expected
+    assert flw_metrics["test"]["auc"] == pytest.approx(sim_metrics["test"]["auc"], abs=1e-6)
+
+
+def test_fingerprint_tells_public_models_and_methods_apart(data_dir):
+    config = resolve_run_config(_config(data_dir, "fednewsrec", "flower"))
+    prepared = prepare_data(config)
+    method = ClientMethod.from_config(config)
+
+    def fingerprint(seed: int, method: ClientMethod) -> str:
+        torch.manual_seed(seed)
+        model = build_recommender(TINY, prepared.vocabs, prepared.features)
+        return flower.public_fingerprint(LocalObjective(model), method)
+
+    reference = fingerprint(SEED, method)
+    assert fingerprint(SEED, method) == reference
+    # Random frozen word vectors are not in θ: another init is another public model.
+    assert TINY.freeze_embeddings
+    assert fingerprint(SEED + 1, method) != reference
+    noisier = ClientMethod.from_config(replace(config, fed=replace(config.fed,
+                                                                   noise_scale=0.03)))
+    assert fingerprint(SEED, noisier) != reference
+
+
+def test_flwr_run_config_overrides_the_yaml(tmp_path):
+    yaml = tmp_path / "run.yaml"
+    RunConfig(model=TINY, train=TrainConfig(method="fedrec", seed=7),
+              fed=FedConfig(rounds=9, eval_every=3)).to_yaml(yaml)
+    run_config = {"data-dir": str(tmp_path / "data"), "out-dir": str(tmp_path / "run"),
+                  "config": str(yaml), "method": "", "rounds": 2, "clients-per-round": 0,
+                  "seed": -1, "eval-every": 0, "drop-missing": True}
+    config, out, drop_missing = flower.run_config_from_flower(run_config)
+    assert (config.train.method, config.train.seed, config.fed.rounds) == ("fedrec", 7, 2)
+    assert (config.fed.eval_every, config.fed.engine, config.model) == (0, "flower", TINY)
+    assert config.fed.clients_per_round is None and config.fed.strategy == "fedadam"
+    assert out == tmp_path / "run" and drop_missing is True
+    with pytest.raises(ConfigError, match="out-dir"):
+        flower.run_config_from_flower({**run_config, "out-dir": "relative/run"})
+    with pytest.raises(ConfigError, match="method"):
+        flower.run_config_from_flower({**run_config, "config": "", "method": ""})
