@@ -190,8 +190,7 @@ def _load_device(spec: ClientSpec) -> _Device:
     if key in _DEVICE_CACHE:
         return _DEVICE_CACHE[key]
     from privaterec.data.text import TextVocabularies
-    from privaterec.models.factory import build_recommender
-    from privaterec.training.pipeline import prepare_data
+    from privaterec.training.pipeline import build_run_model, prepare_data
 
     if not config_path.exists():
         raise ConfigError(f"{config_path}: not found; the SuperNode's run-dir must hold the "
@@ -204,8 +203,7 @@ def _load_device(spec: ClientSpec) -> _Device:
     # no-op or what the run did (load_dataset raises on them otherwise).
     prepared = prepare_data(config, drop_missing=True, vocabs=vocabs)
     # The public model exactly as privaterec.training.pipeline.train_run initialises it.
-    torch.manual_seed(config.train.seed)
-    model = build_recommender(config.model, prepared.vocabs, prepared.features)
+    model = build_run_model(config, prepared)
     objective = LocalObjective(model)
     method = ClientMethod.from_config(config)
     clients = prepared.train_clients

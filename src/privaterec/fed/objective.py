@@ -113,6 +113,8 @@ class ClientBatch:
         """
         samples = (self.weights > 0).sum(1)
         lengths = self.history_mask.sum(1)
+        # An empty history is encoded over all H anonymous positions (attend_all_if_empty).
+        lengths = torch.where(lengths > 0, lengths, self.history.shape[1])
         order = torch.from_numpy(np.lexsort((lengths.numpy(), samples.numpy())))
         for lo in range(0, self.num_clients, size):
             idx = order[lo: lo + size]
@@ -203,7 +205,8 @@ class LocalObjective:
         (``Tensor[D]``, loss)
         """
         weights = torch.ones(candidates.shape[0])
-        keep = max(1, int(mask.sum()))  # left padding carries no weight (see ClientBatch.chunks)
+        # Left padding carries no weight (see ClientBatch.chunks), except in an empty history.
+        keep = int(mask.sum()) or int(mask.shape[0])
         g, loss = grad_and_value(self._client_loss)(flat, history[-keep:], mask[-keep:],
                                                     candidates, weights)
         return g, float(loss)

@@ -190,7 +190,9 @@ def _train(objective: LocalObjective, clients: ClientDataset, fed: FedConfig,
            on_checkpoint: Callable[[FederatedState], None] | None, progress: bool,
            stop_after_rounds: int | None) -> FederatedState:
     if checkpoint_path is not None and Path(checkpoint_path).exists():
-        state = FederatedState.from_checkpoint(load_checkpoint(checkpoint_path))
+        saved = load_checkpoint(checkpoint_path)
+        objective.model.load_state_dict(saved["model"])  # frozen parameters too
+        state = FederatedState.from_checkpoint(saved)
     else:
         params = objective.parameters()
         state = FederatedState(params=params, strategy_state=strategy.init_state(params))

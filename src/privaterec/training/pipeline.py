@@ -60,6 +60,16 @@ def prepare_data(config: RunConfig, *, drop_missing: bool = False,
     return PreparedData(dataset, vocabs, features, clients)
 
 
+def build_run_model(config: RunConfig, prepared: PreparedData) -> Recommender:
+    """The run's initial model: seeded with ``train.seed``, news table attached.
+
+    Every engine builds it this way, so frozen parameters that are not trained (e.g. random
+    frozen word vectors) are the same on the server and on every device.
+    """
+    torch.manual_seed(config.train.seed)
+    return build_recommender(config.model, prepared.vocabs, prepared.features)
+
+
 def evaluation_split(dataset: MindDataset, split: str) -> MindSplit:
     """The ``train`` or ``test`` split of a dataset, with a clear error when absent."""
     if split == "train":
@@ -100,8 +110,7 @@ def _train_run(config: RunConfig, out: str | Path, *, drop_missing: bool, progre
             metrics = run.update_metrics(test=evaluate_popularity(popularity, test))
         return metrics
 
-    torch.manual_seed(config.train.seed)
-    model = build_recommender(config.model, prepared.vocabs, prepared.features)
+    model = build_run_model(config, prepared)
 
     def test_auc() -> dict[str, Any] | None:
         if test is None:

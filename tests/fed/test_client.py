@@ -1,0 +1,146 @@
+"""The client update: its candidates, its generator discipline, and what it uploads."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from privaterec.data.clients import ClientData
+from privaterec.fed.client import ClientUpdate, client_candidates, client_update
+from privaterec.fed.methods import ClientMethod, privatize
+from privaterec.fed.rng import client_generator
+
+
+def _hand_made_client(n: int = 8) -> ClientData:
+    """Sample i clicked row 100 + i; its impression has 1 + i % 6 non-clicked rows
+    1000·(i+1) + j (padding with 0 beyond)."""
+    counts = torch.tensor([1 + i % 6 for i in range(n)])
+    negatives = torch.zeros(n, 6, dtype=torch.long)
+    for i in range(n):
+        negatives[i, : counts[i]] = 1000 * (i + 1) + torch.arange(int(counts[i]))
+    return ClientData(index=0, user_id="U-hand", history=torch.tensor([0, 0, 3, 4, 5]),
+                      history_mask=torch.tensor([False, False, True, True, True]),
+                      positives=100 + torch.arange(n), negatives=negatives,
+                      negative_counts=counts, impression_size=counts + 1)
+
+
+def _method(**changes) -> ClientMethod:
+    return dataclasses.replace(ClientMethod(name="fedrec", negatives=4, max_samples=64),
+                               **changes)
+
+
+def _check_candidates(data: ClientData, candidates: torch.Tensor, k: int) -> list[int]:
+    """Each row: a clicked news then k non-clicked news of the same impression."""
+    samples = []
+    for row in candidates.tolist():
+        i = row[0] - 100
+        pool = data.negatives[i, : data.negative_counts[i]].tolist()
+        assert set(row[1:]) <= set(pool)
+        if len(pool) >= k:
+            assert len(set(row[1:])) == k  # without replacement when the pool allows
+        samples.append(i)
+    return samples
+
+
+def test_candidates_use_every_sample_when_under_the_cap():
+    data = _hand_made_client()
+    cands = client_candidates(data, _method(), generator=torch.Generator().manual_seed(0))
+    assert cands.shape == (8, 5)
+    assert _check_candidates(data, cands, 4) == list(range(8))
+
+
+def test_candidates_subsample_at_most_max_samples():
+    data = _hand_made_client()
+    seen = set()
+    for seed in range(5):
+        cands = client_candidates(data, _method(max_samples=3),
+                                  generator=torch.Generator().manual_seed(seed))
+        samples = _check_candidates(data, cands, 4)
+        assert len(samples) == 3 and samples == sorted(set(samples))  # distinct, in order
+        seen.add(tuple(samples))
+    assert len(seen) > 1  # the subset is random
+
+
+def test_candidates_are_a_function_of_the_generator():
+    data = _hand_made_client()
+    draw = lambda seed: client_candidates(data, _method(max_samples=5),  # noqa: E731
+                                          generator=torch.Generator().manual_seed(seed))
+    assert torch.equal(draw(3), draw(3))
+    assert not torch.equal(draw(3), draw(4))
+
+
+def test_client_update_follows_the_documented_generator_order(make_objective, clients):
+    """(1) subsample, (2) negatives, (3) noise — all from the client's one generator."""
+    objective = make_objective("nrms")
+    theta = objective.parameters()
+    method = ClientMethod(name="fednewsrec", negatives=4, max_samples=3,
+                          clipping="elementwise", clip=0.005, noise="laplace",
+                          noise_scale=0.015)
+    data = clients.client(0)  # 9 samples > max_samples
+    update = client_update(objective, theta, data, method, generator=client_generator(5, 2, 0))
+
+    generator = client_generator(5, 2, 0)
+    candidates = client_candidates(data, method, generator=generator)
+    grad, loss = objective.client_gradient(theta, data.history, data.history_mask, candidates)
+    expected, event = privatize(grad[None], method, [generator])
+    assert isinstance(update, ClientUpdate)
+    assert torch.equal(update.payload, expected[0])
+    assert update.num_examples == 3 and candidates.shape[0] == 3
+    assert update.privacy_events == (event,) and event == method.event(objective.dimension)
+    assert update.metrics["loss"] == pytest.approx(loss)
+
+
+def test_num_examples_is_the_number_of_samples_used(make_objective, clients):
+    objective = make_objective("nrms")
+    theta = objective.parameters()
+    counts = clients.samples_per_user()
+    for u in (0, 6, 13):
+        for cap in (2, 64):
+            update = client_update(objective, theta, clients.client(u),
+                                   _method(max_samples=cap), generator=client_generator(0, 0, u))
+            assert update.num_examples == min(int(counts[u]), cap)
+
+
+def test_fedrec_uploads_the_plain_gradient(make_objective, clients, perturb):
+    objective = make_objective("nrms")
+    theta = perturb(objective)
+    data = clients.client(3)
+    update = client_update(objective, theta, data, _method(), generator=client_generator(1, 0, 3))
+    candidates = client_candidates(data, _method(), generator=client_generator(1, 0, 3))
+    grad, _ = objective.client_gradient(theta, data.history, data.history_mask, candidates)
+    assert torch.equal(update.payload, grad)
+    assert not update.privacy_events[0].is_private
+
+
+def test_fedavg_client_runs_local_sgd_steps(make_objective, clients, perturb):
+    objective = make_objective("nrms")
+    theta = perturb(objective)
+    before_model = objective.parameters()
+    theta_copy = theta.clone()
+    data = clients.client(12)
+    method = _method(local_steps=3, local_lr=0.2)
+    update = client_update(objective, theta, data, method, generator=client_generator(0, 4, 12))
+    candidates = client_candidates(data, method, generator=client_generator(0, 4, 12))
+    local = theta.clone()
+    first_loss = None
+    for _ in range(3):
+        g, loss = objective.client_gradient(local, data.history, data.history_mask, candidates)
+        first_loss = loss if first_loss is None else first_loss
+        local = local - 0.2 * g
+    torch.testing.assert_close(update.payload, theta - local, rtol=1e-4, atol=1e-7)
+    assert update.metrics["loss"] == pytest.approx(first_loss, rel=1e-5)
+    assert torch.equal(theta, theta_copy)  # the global θ is not modified
+    assert torch.equal(objective.parameters(), before_model)
+
+
+def test_client_without_samples_is_rejected(make_objective):
+    objective = make_objective("nrms")
+    data = dataclasses.replace(_hand_made_client(), positives=torch.zeros(0, dtype=torch.long),
+                               negatives=torch.zeros(0, 6, dtype=torch.long),
+                               negative_counts=torch.zeros(0, dtype=torch.long),
+                               impression_size=torch.zeros(0, dtype=torch.long))
+    with pytest.raises(ValueError, match="U-hand.*no training sample"):
+        client_update(objective, objective.parameters(), data, _method(),
+                      generator=torch.Generator())
