@@ -41,6 +41,8 @@ def rows_for(dataset: str, rounds: int) -> list[tuple[str, ModelConfig, str, Fed
             ("fedrec", model, "fedrec", fed)]
     if dataset == "synth":
         rows.append(("fednewsrec (paper defaults)", model, "fednewsrec", fed))
+        rows.append(("fednewsrec lambda=0.0015 (10x less noise)", model, "fednewsrec",
+                     FedConfig(rounds=rounds, noise_scale=0.0015)))
         epsilons = [1.0, 10.0, INF]
     else:
         epsilons = [10.0]

@@ -1,4 +1,4 @@
-"""Command-line interface: ``privaterec data|train|evaluate|demo``.
+"""Command-line interface: ``privaterec data|train|evaluate|privacy|demo``.
 
 The only module that reads argv, environment variables and user-given paths. Every command
 exits 0 on success, 1 when a check fails (``data check``), 2 on a user error (bad flag,

@@ -160,7 +160,10 @@ class FedConfig:
         replacement); ``clients_per_round`` overrides it with an absolute number.
     strategy: ``sgd`` (FedNewsRec Eq. 6-7), ``fedavg`` (E = ``local_steps`` local SGD steps at
         ``local_lr``) or ``fedadam`` (Reddi et al. 2020, Alg. 2). server_lr: η of the server.
-    adam_beta1, adam_beta2, adam_tau: FedAdam's β₁, β₂ and adaptivity τ.
+    adam_beta1, adam_beta2, adam_tau: FedAdam's β₁, β₂ and adaptivity τ. τ = 1e-10 is far
+        below the per-coordinate size of clipped updates (dp-fedrec: θ/D ≈ 5e-8), so the
+        server step does not depend on the clipping scale (τ = 1e-6 froze dp-fedrec at
+        ε = ∞ near AUC 0.53; BENCHMARKS.md).
     clip: δ of FedNewsRec's element-wise clipping or θ of DP-FedRec's norm clipping.
     noise_scale: λ of FedNewsRec's Laplace noise.
     epsilon_train, delta_train: DP-FedRec's per-round budget of one client's update (ε = inf:
@@ -181,7 +184,7 @@ class FedConfig:
     server_lr: float | None = None
     adam_beta1: float = 0.9
     adam_beta2: float = 0.99
-    adam_tau: float = 1e-6
+    adam_tau: float = 1e-10
     local_steps: int = 1
     local_lr: float = 0.05
     clip: float | None = None
@@ -190,7 +193,7 @@ class FedConfig:
     delta_train: float = 1e-5
     noise: str = "laplace"
     max_client_samples: int = 64
-    chunk_clients: int = 32
+    chunk_clients: int = 16
     eval_every: int = 0
     checkpoint_every: int = 10
     report_delta: float = 1e-5

@@ -61,3 +61,7 @@ class CheckpointError(PrivateRecError):
 
 class PrivacyBudgetExceeded(PrivateRecError):
     """A release would exceed the privacy budget cap of a user or device."""
+
+
+class TrainingDivergedError(PrivateRecError):
+    """Training produced non-finite parameters (e.g. a learning rate too large)."""

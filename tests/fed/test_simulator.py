@@ -12,6 +12,7 @@ import torch
 from scipy import stats
 
 from privaterec.config import FedConfig
+from privaterec.errors import TrainingDivergedError
 from privaterec.data.clients import build_client_dataset
 from privaterec.fed.client import client_candidates
 from privaterec.fed.methods import ClientMethod
@@ -315,3 +316,13 @@ def test_training_is_seeded_and_leaves_the_global_rng_alone(make_objective, clie
     train_federated(objective, clients, config.fed, ClientMethod.from_config(config),
                     build_strategy(config.fed), seed=0, progress=False)
     assert torch.equal(torch.rand(3), expected)  # ... training does not
+
+
+def test_divergence_raises_a_clear_error_and_keeps_the_last_checkpoint(
+        make_objective, clients, run_config, tmp_path):
+    checkpoint = tmp_path / "checkpoint.pt"
+    with pytest.raises(TrainingDivergedError, match=r"diverged in round \d+.*--server-lr"):
+        _train(make_objective, clients, run_config, "fedrec", rounds=40, clients_per_round=10,
+               strategy="sgd", server_lr=1e12, checkpoint_every=1, checkpoint=checkpoint)
+    saved = load_checkpoint(checkpoint)  # the last finite state, never a NaN one
+    assert bool(torch.isfinite(saved["params"]).all())

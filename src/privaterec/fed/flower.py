@@ -259,7 +259,11 @@ def _client_train(message: Message, context: Context) -> Message:
                           f"{device.objective.dimension}")
     seed, round_index = int(config["seed"]), int(config["round"])
     held = set(_held_users(device, context.node_config))
-    os_entropy = bool(context.node_config.get("os-entropy", False))
+    # A real device (node option user-id) draws its samples and noise from the operating
+    # system's entropy: with (seed, round, user) seeding the server could subtract the noise.
+    # Simulated partitions are seeded so that engines can be compared; os-entropy overrides.
+    os_entropy = bool(context.node_config.get("os-entropy",
+                                              bool(context.node_config.get("user-id", ""))))
     payloads, counts, losses, events = [], [], [], []
     with deterministic_algorithms(), flush_denormals():  # as the simulator computes
         for user_id, user in zip(config["users"], config["user-indices"]):

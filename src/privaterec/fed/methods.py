@@ -34,8 +34,7 @@ METHOD_DEFAULTS: dict[str, dict[str, Any]] = {
     "dp-fedrec": {"strategy": "fedadam", "client_fraction": 0.02, "clip": 0.005},
 }
 # Server learning rate of each strategy when fed.server_lr is None: FedNewsRec's η = 0.5,
-# FedAvg's model averaging (1.0), FedAdam 1e-2 (tau 1e-6; measured on the synthetic data,
-# BENCHMARKS.md).
+# FedAvg's model averaging (1.0), FedAdam 1e-2 (measured on the synthetic data, BENCHMARKS.md).
 STRATEGY_LR = {"sgd": 0.5, "fedavg": 1.0, "fedadam": 1e-2}
 
 

@@ -212,7 +212,7 @@ class LocalObjective:
         return g, float(loss)
 
     def client_gradients(self, flat: torch.Tensor, batch: ClientBatch, *,
-                         chunk_clients: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
+                         chunk_clients: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-client gradients ``[m, D]`` and losses ``[m]`` of a padded batch of clients.
 
         Batched with ``vmap(grad)`` over chunks of ``chunk_clients`` clients (memory bound:
@@ -254,7 +254,7 @@ class LocalObjective:
         return g, float(loss.detach())
 
     def local_deltas(self, flat: torch.Tensor, batch: ClientBatch, *, steps: int, lr: float,
-                     chunk_clients: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
+                     chunk_clients: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
         """FedAvg's client work: E = ``steps`` full-batch SGD steps at ``lr`` per client.
 
         Returns the pseudo-gradients θ − θ_u^(E) ``[m, D]`` (so a server step subtracts them,

@@ -26,6 +26,7 @@ from tqdm.auto import tqdm
 
 from privaterec.config import FedConfig
 from privaterec.data.clients import ClientDataset
+from privaterec.errors import TrainingDivergedError
 from privaterec.fed.client import client_candidates, client_update
 from privaterec.fed.methods import ClientMethod, privatize
 from privaterec.fed.objective import ClientBatch, LocalObjective
@@ -72,7 +73,7 @@ def sample_round(eligible: torch.Tensor, m: int, *, seed: int, round_index: int)
 # ------------------------------------------------------------------------------- rounds
 def simulate_round(objective: LocalObjective, params: torch.Tensor, clients: ClientDataset,
                    selected: Sequence[int], method: ClientMethod, *, seed: int,
-                   round_index: int, chunk_clients: int = 32) -> RoundResult:
+                   round_index: int, chunk_clients: int = 16) -> RoundResult:
     """All updates of one round, vectorized; equal to :func:`sequential_round` up to rounding.
 
     Parameters
@@ -212,8 +213,16 @@ def _train(objective: LocalObjective, clients: ClientDataset, fed: FedConfig,
         t = state.round_index
         selected = sample_round(eligible, m, seed=seed, round_index=t)
         result = round_fn(state.params, selected, t)
-        state.params, state.strategy_state = strategy.step(state.params, state.strategy_state,
-                                                           result.direction)
+        params, strategy_state = strategy.step(state.params, state.strategy_state,
+                                               result.direction)
+        if not bool(torch.isfinite(params).all()):
+            last_saved = state.round_index - state.round_index % fed.checkpoint_every
+            raise TrainingDivergedError(
+                f"federated training diverged in round {t + 1}: the parameters became NaN or "
+                f"infinite (last checkpoint: round {last_saved}); lower the server learning "
+                f"rate (--server-lr, now {getattr(strategy, 'lr', '?')}) and train into a new "
+                f"--out directory")
+        state.params, state.strategy_state = params, strategy_state
         by_event: dict[PrivacyEvent, list[str]] = {}
         for u, event in zip(selected, result.events):
             by_event.setdefault(event, []).append(clients.user_ids[u])

@@ -83,7 +83,7 @@ class FedAdam:
     lr: float
     beta1: float = 0.9
     beta2: float = 0.99
-    tau: float = 1e-6
+    tau: float = 1e-10
 
     def init_state(self, params: torch.Tensor) -> State:
         return {"m": torch.zeros_like(params), "v": torch.zeros_like(params)}
