@@ -160,10 +160,9 @@ class FedConfig:
         replacement); ``clients_per_round`` overrides it with an absolute number.
     strategy: ``sgd`` (FedNewsRec Eq. 6-7), ``fedavg`` (E = ``local_steps`` local SGD steps at
         ``local_lr``) or ``fedadam`` (Reddi et al. 2020, Alg. 2). server_lr: η of the server.
-    adam_beta1, adam_beta2, adam_tau: FedAdam's β₁, β₂ and adaptivity τ. τ = 1e-10 is far
-        below the per-coordinate size of clipped updates (dp-fedrec: θ/D ≈ 5e-8), so the
-        server step does not depend on the clipping scale (τ = 1e-6 froze dp-fedrec at
-        ε = ∞ near AUC 0.53; BENCHMARKS.md).
+    adam_beta1, adam_beta2, adam_tau: FedAdam's β₁, β₂ and adaptivity τ (None: the method's
+        default, 1e-6; dp-fedrec 1e-10, far below the per-coordinate size of its clipped
+        updates, θ/D ≈ 5e-8, which τ = 1e-6 froze near AUC 0.53 at ε = ∞; BENCHMARKS.md).
     clip: δ of FedNewsRec's element-wise clipping or θ of DP-FedRec's norm clipping.
     noise_scale: λ of FedNewsRec's Laplace noise.
     epsilon_train, delta_train: DP-FedRec's per-round budget of one client's update (ε = inf:
@@ -184,7 +183,7 @@ class FedConfig:
     server_lr: float | None = None
     adam_beta1: float = 0.9
     adam_beta2: float = 0.99
-    adam_tau: float = 1e-10
+    adam_tau: float | None = None
     local_steps: int = 1
     local_lr: float = 0.05
     clip: float | None = None
@@ -229,7 +228,8 @@ class FedConfig:
                f"got {self.report_delta!r}, expected 0 < delta < 1")
         _check(0 <= self.adam_beta1 < 1, "adam_beta1", f"got {self.adam_beta1!r}, expected [0, 1)")
         _check(0 <= self.adam_beta2 < 1, "adam_beta2", f"got {self.adam_beta2!r}, expected [0, 1)")
-        _check_positive(self.adam_tau, "adam_tau")
+        if self.adam_tau is not None:
+            _check_positive(self.adam_tau, "adam_tau")
 
 
 @dataclass(frozen=True)

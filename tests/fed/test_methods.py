@@ -387,3 +387,13 @@ def test_audit_detects_a_broken_release(case, cached_gaussian_calibration):
     claimed = honest.event(x.numel()).epsilon
     lower = _audit(broken, x, x_prime, trials=4000, delta=honest.delta)
     assert lower > 2 * claimed
+
+
+@pytest.mark.parametrize("method, tau", [("fedrec", 1e-6), ("fednewsrec", 1e-6),
+                                         ("dp-fedrec", 1e-10)])
+def test_fedadam_tau_defaults_per_method_and_explicit_value_wins(method, tau):
+    resolved = resolve_run_config(RunConfig(train=TrainConfig(method=method)))
+    assert resolved.fed.adam_tau == tau
+    explicit = resolve_run_config(RunConfig(train=TrainConfig(method=method),
+                                            fed=FedConfig(adam_tau=1e-3)))
+    assert explicit.fed.adam_tau == 1e-3

@@ -27,11 +27,15 @@ from privaterec.privacy.mechanisms import (clip_elementwise, clip_l1, clip_l2,
                                            laplace_mechanism, laplace_noise)
 
 # Defaults a method gives to the FedConfig fields left at None.
+# FedAdam's τ: 1e-6 for raw updates (fedrec; smaller τ turns rounding-level coordinates into
+# full steps); 1e-10 for dp-fedrec, whose L1-clipped updates are ~θ/D ≈ 5e-8 per coordinate
+# (τ = 1e-6 made its server step a vanishing SGD step; BENCHMARKS.md).
 METHOD_DEFAULTS: dict[str, dict[str, Any]] = {
-    "fedrec": {"strategy": "fedadam", "client_fraction": 0.02},
+    "fedrec": {"strategy": "fedadam", "client_fraction": 0.02, "adam_tau": 1e-6},
     "fednewsrec": {"strategy": "sgd", "client_fraction": 0.02, "clip": 0.005,
-                   "noise_scale": 0.015},
-    "dp-fedrec": {"strategy": "fedadam", "client_fraction": 0.02, "clip": 0.005},
+                   "noise_scale": 0.015, "adam_tau": 1e-6},
+    "dp-fedrec": {"strategy": "fedadam", "client_fraction": 0.02, "clip": 0.005,
+                  "adam_tau": 1e-10},
 }
 # Server learning rate of each strategy when fed.server_lr is None: FedNewsRec's η = 0.5,
 # FedAvg's model averaging (1.0), FedAdam 1e-2 (measured on the synthetic data, BENCHMARKS.md).

@@ -83,7 +83,7 @@ class FedAdam:
     lr: float
     beta1: float = 0.9
     beta2: float = 0.99
-    tau: float = 1e-10
+    tau: float = 1e-6
 
     def init_state(self, params: torch.Tensor) -> State:
         return {"m": torch.zeros_like(params), "v": torch.zeros_like(params)}
@@ -105,5 +105,8 @@ def build_strategy(fed: FedConfig) -> Strategy:
         return WeightedSGD(lr=fed.server_lr)
     if fed.strategy == "fedavg":
         return FedAvg(lr=fed.server_lr)
+    if fed.adam_tau is None:
+        raise ConfigError("fed.adam_tau must be resolved first "
+                          "(privaterec.fed.methods.resolve_run_config)")
     return FedAdam(lr=fed.server_lr, beta1=fed.adam_beta1, beta2=fed.adam_beta2,
                    tau=fed.adam_tau)
