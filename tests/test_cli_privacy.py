@@ -112,3 +112,46 @@ def test_calibrate_gaussian_needs_delta(capsys):
                  "--sensitivity", "1"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "'delta'" in err and "--delta" in err
+
+
+@pytest.mark.parametrize("p", [0.0, 0.2, 0.5])
+def test_calibrate_dpa_laplace_runs_at_the_amplified_budget(p, capsys):
+    assert main(["privacy", "calibrate", "--mechanism", "dpa", "--epsilon", "10",
+                 "--padding-p", str(p), "--basis", "5", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    eps_base = math.log((math.exp(10) - p) / (1 - p))  # PrivateRec Alg. 2 line 9
+    assert out["epsilon_base"] == pytest.approx(eps_base, rel=1e-12)
+    assert out["sensitivity"] == 2.0 and out["sensitivity_norm"] == "l1"  # the simplex
+    assert out["noise_scale"] == pytest.approx(2.0 / eps_base, rel=1e-12)
+    assert out["valid"] is True
+
+
+def test_calibrate_dpa_gaussian_noise_falls_with_padding(capsys):
+    scales = []
+    for p in (0.0, 0.3, 0.6):
+        assert main(["privacy", "calibrate", "--mechanism", "dpa", "--epsilon", "1",
+                     "--delta", "1e-5", "--padding-p", str(p), "--basis", "5", "--json"]) == 0
+        out = json.loads(capsys.readouterr().out)
+        eps_base = math.log((math.exp(1) - p) / (1 - p))
+        assert out["delta_base"] == pytest.approx(1e-5 / (1 - p))
+        assert out["noise_scale"] == pytest.approx(gaussian_sigma(
+            epsilon=eps_base, delta=1e-5 / (1 - p), sensitivity_l2=math.sqrt(2)), rel=1e-9)
+        scales.append(out["noise_scale"])
+    assert scales[0] > scales[1] > scales[2]
+
+
+def test_calibrate_dpa_paper_sensitivity_is_flagged_invalid(capsys):
+    assert main(["privacy", "calibrate", "--mechanism", "dpa", "--epsilon", "10",
+                 "--basis", "5", "--sensitivity-mode", "paper"]) == 0
+    out = capsys.readouterr().out
+    assert "sensitivity (L1)  1" in out and "NOT" in out
+
+
+def test_calibrate_dpa_needs_basis_and_rejects_a_sensitivity(capsys):
+    assert main(["privacy", "calibrate", "--mechanism", "dpa", "--epsilon", "10"]) == 2
+    assert "--basis" in capsys.readouterr().err
+    assert main(["privacy", "calibrate", "--mechanism", "dpa", "--epsilon", "10", "--basis",
+                 "5", "--sensitivity", "1"]) == 2
+    assert "sensitivity" in capsys.readouterr().err
+    assert main(["privacy", "calibrate", "--mechanism", "laplace", "--epsilon", "1",
+                 "--sensitivity", "1", "--padding-p", "0.2"]) == 2

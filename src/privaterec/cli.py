@@ -161,8 +161,14 @@ def cmd_privacy_report(args: argparse.Namespace) -> int:
 def cmd_privacy_calibrate(args: argparse.Namespace) -> int:
     from privaterec.privacy.report import calibrate_noise, format_calibration, to_json_safe
 
+    options = {}
+    if args.mechanism == "dpa":
+        options = {"padding_p": args.padding_p, "basis": args.basis,
+                   "sensitivity_mode": args.sensitivity_mode}
+    elif args.basis is not None or args.padding_p != 0.0:
+        raise PrivateRecError("--padding-p and --basis apply to --mechanism dpa only")
     result = calibrate_noise(args.mechanism, epsilon=args.epsilon, delta=args.delta,
-                             sensitivity=args.sensitivity)
+                             sensitivity=args.sensitivity, **options)
     if args.json:
         print(json.dumps(to_json_safe(result), indent=2, sort_keys=True, ensure_ascii=False))
     else:
@@ -195,6 +201,13 @@ def _add_privacy_parser(sub: Any) -> None:
                            help="target delta (required by gaussian)")
     calibrate.add_argument("--sensitivity", type=float, default=None,
                            help="L1 (laplace) or L2 (gaussian) sensitivity of one release")
+    calibrate.add_argument("--padding-p", type=float, default=0.0,
+                           help="dpa: behaviour padding probability p (PrivateRec Alg. 2)")
+    calibrate.add_argument("--basis", type=int, default=None,
+                           help="dpa: number B of basic vectors (the released alpha's size)")
+    calibrate.add_argument("--sensitivity-mode", choices=["true", "paper"], default="true",
+                           help="dpa: the simplex's true sensitivity (default) or the paper's "
+                                "S = 1, which is NOT a valid guarantee")
     calibrate.add_argument("--json", action="store_true")
     calibrate.set_defaults(func=cmd_privacy_calibrate)
 

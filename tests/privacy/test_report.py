@@ -331,5 +331,5 @@ def test_calibrate_errors():
         calibrate_noise("gaussian", epsilon=1.0, sensitivity=1.0)
     with pytest.raises(ConfigError, match="'sensitivity'"):
         calibrate_noise("laplace", epsilon=1.0)
-    with pytest.raises(ConfigError, match="invalid mechanism 'dpa'"):
-        calibrate_noise("dpa", epsilon=1.0, sensitivity=2.0)
+    with pytest.raises(ConfigError, match="invalid mechanism 'vdp'"):
+        calibrate_noise("vdp", epsilon=1.0, sensitivity=2.0)

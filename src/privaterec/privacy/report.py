@@ -26,7 +26,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping
 
 from privaterec.errors import CheckpointError, ConfigError
-from privaterec.privacy.calibration import (classical_gaussian_sigma, fednewsrec_coordinate_epsilon,
+from privaterec.privacy.calibration import (PAPER_SENSITIVITY_WARNING, amplified_budget,
+                                            classical_gaussian_sigma, dpa_sensitivity,
+                                            fednewsrec_coordinate_epsilon,
                                             fednewsrec_update_epsilon, gaussian_sigma,
                                             laplace_scale)
 
@@ -488,8 +490,47 @@ def _calibrate_gaussian(*, epsilon: float, delta: float | None,
             "notes": ["noise N(0, sigma^2) per coordinate (DESIGN section 4 erratum 3)"]}
 
 
+def _calibrate_dpa(*, epsilon: float, delta: float | None, sensitivity: float | None,
+                   padding_p: float = 0.0, basis: int | None = None,
+                   sensitivity_mode: str = "true") -> dict[str, Any]:
+    """PrivateRec's attention release α (Alg. 2): padding-amplified budget, simplex sensitivity.
+
+    Laplace on the L1 sensitivity when δ is 0 or not given, analytic Gaussian on the L2
+    sensitivity otherwise; the noise runs at ε′ = ln((e^ε − p)/(1 − p)), δ′ = δ/(1 − p).
+    """
+    if sensitivity is not None:
+        raise ConfigError("the dpa mechanism fixes its sensitivity (the simplex: L1 2, L2 "
+                          "sqrt(2)); drop --sensitivity (or use --sensitivity-mode paper)")
+    if basis is None or not (isinstance(basis, int) and basis >= 2):
+        raise ConfigError(f"invalid 'basis': got {basis!r}; the dpa mechanism needs the "
+                          f"number B >= 2 of basic vectors (CLI: --basis 5)")
+    gaussian = bool(delta)
+    eps_base, delta_base = amplified_budget(epsilon=epsilon, delta=delta or 0.0,
+                                            padding_p=padding_p)
+    norm = "l2" if gaussian else "l1"
+    s = dpa_sensitivity(norm, sensitivity_mode)  # type: ignore[arg-type]
+    if gaussian:
+        scale = gaussian_sigma(epsilon=eps_base, delta=delta_base, sensitivity_l2=s)
+        parameter, formula = "sigma", "analytic Gaussian at (epsilon', delta')"
+    else:
+        scale = laplace_scale(epsilon=eps_base, sensitivity_l1=s)
+        parameter, formula = "b", "b = S / epsilon'"
+    notes = [f"released: alpha, {basis} floats on the probability simplex (PrivateRec Alg. 2)",
+             f"padding p = {padding_p:g}: base budget epsilon' = {eps_base:.6g}, "
+             f"delta' = {delta_base:.6g} (DESIGN section 4 erratum 2); adjacency: one item of "
+             f"the fixed-length history substituted"]
+    if sensitivity_mode == "paper":
+        notes.append(PAPER_SENSITIVITY_WARNING)
+    return {"mechanism": "dpa", "epsilon": epsilon, "delta": delta or 0.0, "sensitivity": s,
+            "sensitivity_norm": norm, "noise_parameter": parameter, "noise_scale": scale,
+            "formula": formula, "epsilon_base": eps_base, "delta_base": delta_base,
+            "padding_p": padding_p, "basis": basis, "sensitivity_mode": sensitivity_mode,
+            "valid": sensitivity_mode != "paper", "alternatives": [], "notes": notes}
+
+
 CALIBRATORS: dict[str, Calibrator] = {"laplace": _calibrate_laplace,
-                                      "gaussian": _calibrate_gaussian}
+                                      "gaussian": _calibrate_gaussian,
+                                      "dpa": _calibrate_dpa}
 """Mechanism name -> calibrator(epsilon=, delta=, sensitivity=, **mechanism options)."""
 
 
@@ -531,6 +572,10 @@ def format_calibration(result: Mapping[str, Any]) -> str:
             ("epsilon", format_epsilon(result["epsilon"]))]
     if result["mechanism"] != "laplace":
         rows.append(("delta", f"{result['delta']:g}"))
+    if result["mechanism"] == "dpa":
+        rows.append(("base budget", f"epsilon' = {result['epsilon_base']:.6g}, "
+                                    f"delta' = {result['delta_base']:.6g} "
+                                    f"(padding p = {result['padding_p']:g})"))
     rows.append((f"sensitivity ({result['sensitivity_norm'].upper()})",
                  f"{result['sensitivity']:g}"))
     rows.append((f"noise scale {result['noise_parameter']}",
