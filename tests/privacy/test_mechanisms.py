@@ -241,3 +241,19 @@ def test_randomized_response_keep_rate_and_uniform_flips():
     assert torch.equal(same, labels[:10])
     with pytest.raises(ConfigError, match="num_classes"):
         randomized_response(labels, epsilon=1.0, num_classes=3, generator=gen())
+
+
+@pytest.mark.parametrize("noise", ["laplace", "gaussian"])
+def test_one_generator_per_row_draws_each_row_from_its_own_generator(noise):
+    from privaterec.privacy.mechanisms import gaussian_noise, laplace_noise
+
+    def draw(shape, generator):
+        if noise == "laplace":
+            return laplace_noise(shape, scale=0.5, generator=generator)
+        return gaussian_noise(shape, sigma=0.5, generator=generator)
+
+    rows = draw((3, 7), [torch.Generator().manual_seed(s) for s in (1, 2, 3)])
+    alone = torch.stack([draw((7,), torch.Generator().manual_seed(s)) for s in (1, 2, 3)])
+    assert torch.equal(rows, alone)
+    with pytest.raises(ConfigError, match="one generator per row"):
+        draw((2, 7), [torch.Generator()])

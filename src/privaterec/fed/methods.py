@@ -23,7 +23,7 @@ from privaterec.errors import ConfigError
 from privaterec.privacy.calibration import fednewsrec_coordinate_epsilon
 from privaterec.privacy.ledger import PrivacyEvent
 from privaterec.privacy.mechanisms import (clip_elementwise, clip_l1, clip_l2,
-                                           gaussian_mechanism, gaussian_noise,
+                                           gaussian_mechanism,
                                            laplace_mechanism, laplace_noise)
 
 # Defaults a method gives to the FedConfig fields left at None.
@@ -152,7 +152,7 @@ def privatize(updates: torch.Tensor, method: ClientMethod,
     generators:
         One generator per row: client i's noise comes from its own generator (on a real
         device, its own entropy), so every engine draws the same noise for the same client.
-        Clipping is batched; only the noise draws visit the clients one by one.
+        Clipping and calibration are batched; only the noise draws visit the clients.
     draw_noise:
         ``False`` returns the clipped updates and the event without drawing noise.
 
@@ -183,34 +183,20 @@ def privatize(updates: torch.Tensor, method: ClientMethod,
                  "per coordinate; epsilon covers the whole update (2*delta*D/lambda)")
         if not draw_noise:
             return clipped, event
-        noised = torch.stack([row + laplace_noise(row.shape, scale=scale, generator=g,
-                                                  dtype=row.dtype)
-                              for row, g in zip(clipped, generators)])
-        return noised, event
+        return clipped + laplace_noise(clipped.shape, scale=scale, generator=generators,
+                                       dtype=clipped.dtype), event
     clip = clip_l1 if method.clipping == "l1" else clip_l2
     clipped = clip(updates, method.clip, dim=-1)
     sensitivity = 2.0 * method.clip
     note = (f"DP-FedRec: {method.clipping.upper()} clip to {method.clip}, "
             f"sensitivity 2*theta per client update")
-    # Calibrate once: the noise scale is the same for every client of the round (the
-    # analytic Gaussian calibration costs ~1 ms); only the draws visit the clients.
+    # One call: calibrated once for the round, row i's noise drawn from client i's generator.
     if method.noise == "laplace":
-        first, event = laplace_mechanism(clipped[0], epsilon=method.epsilon,
-                                         sensitivity_l1=sensitivity, generator=generators[0],
-                                         note=note)
+        noised, event = laplace_mechanism(clipped, epsilon=method.epsilon,
+                                          sensitivity_l1=sensitivity, generator=generators,
+                                          batched=True, note=note)
     else:
-        first, event = gaussian_mechanism(clipped[0], epsilon=method.epsilon,
-                                          delta=method.delta, sensitivity_l2=sensitivity,
-                                          generator=generators[0], note=note)
-    if not draw_noise:
-        return clipped, event
-    assert event.noise_scale is not None
-    scale = event.noise_scale
-    rows = [first]
-    for row, g in zip(clipped[1:], generators[1:]):
-        if method.noise == "laplace":
-            noise = laplace_noise(row.shape, scale=scale, generator=g, dtype=row.dtype)
-        else:
-            noise = gaussian_noise(row.shape, sigma=scale, generator=g, dtype=row.dtype)
-        rows.append(row + noise)
-    return torch.stack(rows), event
+        noised, event = gaussian_mechanism(clipped, epsilon=method.epsilon,
+                                           delta=method.delta, sensitivity_l2=sensitivity,
+                                           generator=generators, batched=True, note=note)
+    return (noised if draw_noise else clipped), event

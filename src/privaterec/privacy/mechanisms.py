@@ -14,7 +14,7 @@ holds, then add noise.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -24,6 +24,9 @@ from privaterec.privacy.calibration import amplified_budget, gaussian_sigma, lap
 from privaterec.privacy.ledger import Phase, PrivacyEvent
 
 Dims = int | Sequence[int] | None
+Generators = torch.Generator | Sequence[torch.Generator]
+"""One generator, or one per row of a batch of releases (row i drawn from generator i, so a
+client's noise comes from its own generator whichever engine batches it)."""
 
 
 def _check_scale(value: float | Tensor, name: str) -> None:
@@ -39,7 +42,26 @@ def _as_scale(value: float | Tensor, device: torch.device | None) -> float | Ten
     return value.to(device=device, dtype=torch.float64) if isinstance(value, Tensor) else value
 
 
-def laplace_noise(shape: Sequence[int], *, scale: float | Tensor, generator: torch.Generator,
+def _device(generator: Generators, device: torch.device | str | None) -> torch.device:
+    if device is not None:
+        return torch.device(device)
+    first = generator if isinstance(generator, torch.Generator) else next(iter(generator))
+    return first.device
+
+
+def _per_row(shape: Sequence[int], generator: Generators,
+             draw: Callable[[Sequence[int], torch.Generator], Tensor]) -> Tensor:
+    """``draw(shape, generator)``, or with one generator per row, row i = ``draw(row, g_i)``."""
+    if isinstance(generator, torch.Generator):
+        return draw(shape, generator)
+    generators = list(generator)
+    if len(shape) < 1 or shape[0] != len(generators):
+        raise ConfigError(f"one generator per row: got {len(generators)} generators for "
+                          f"shape {tuple(shape)}")
+    return torch.stack([draw(tuple(shape[1:]), g) for g in generators])
+
+
+def laplace_noise(shape: Sequence[int], *, scale: float | Tensor, generator: Generators,
                   dtype: torch.dtype = torch.float32,
                   device: torch.device | str | None = None) -> Tensor:
     """I.i.d. Laplace(0, b) noise, density exp(−|x|/b)/(2b).
@@ -54,7 +76,7 @@ def laplace_noise(shape: Sequence[int], *, scale: float | Tensor, generator: tor
     scale:
         b ≥ 0, a float or a tensor broadcastable to ``shape`` (e.g. per-client ``[n, 1]``).
     generator:
-        Source of randomness.
+        Source of randomness, or one generator per row (``shape[0]`` of them).
     dtype, device:
         Output dtype and device.
 
@@ -64,16 +86,19 @@ def laplace_noise(shape: Sequence[int], *, scale: float | Tensor, generator: tor
         Shape ``shape``.
     """
     _check_scale(scale, "scale")
-    device = torch.device(device) if device is not None else generator.device
+    device = _device(generator, device)
     if not isinstance(scale, Tensor) and scale == 0:
         return torch.zeros(shape, dtype=dtype, device=device)
-    u1 = torch.rand(shape, generator=generator, dtype=torch.float64, device=device)
-    u2 = torch.rand(shape, generator=generator, dtype=torch.float64, device=device)
-    noise = torch.log1p(-u2) - torch.log1p(-u1)  # E1 - E2 with E = -log1p(-U)
-    return (noise * _as_scale(scale, device)).to(dtype)
+
+    def draw(row_shape: Sequence[int], g: torch.Generator) -> Tensor:
+        u1 = torch.rand(row_shape, generator=g, dtype=torch.float64, device=device)
+        u2 = torch.rand(row_shape, generator=g, dtype=torch.float64, device=device)
+        return torch.log1p(-u2) - torch.log1p(-u1)  # E1 - E2 with E = -log1p(-U)
+
+    return (_per_row(shape, generator, draw) * _as_scale(scale, device)).to(dtype)
 
 
-def gaussian_noise(shape: Sequence[int], *, sigma: float | Tensor, generator: torch.Generator,
+def gaussian_noise(shape: Sequence[int], *, sigma: float | Tensor, generator: Generators,
                    dtype: torch.dtype = torch.float32,
                    device: torch.device | str | None = None) -> Tensor:
     """I.i.d. N(0, σ²) noise drawn with ``generator`` (float64, then cast to ``dtype``).
@@ -88,11 +113,14 @@ def gaussian_noise(shape: Sequence[int], *, sigma: float | Tensor, generator: to
         As in :func:`laplace_noise`.
     """
     _check_scale(sigma, "sigma")
-    device = torch.device(device) if device is not None else generator.device
+    device = _device(generator, device)
     if not isinstance(sigma, Tensor) and sigma == 0:
         return torch.zeros(shape, dtype=dtype, device=device)
-    z = torch.randn(shape, generator=generator, dtype=torch.float64, device=device)
-    return (z * _as_scale(sigma, device)).to(dtype)
+
+    def draw(row_shape: Sequence[int], g: torch.Generator) -> Tensor:
+        return torch.randn(row_shape, generator=g, dtype=torch.float64, device=device)
+
+    return (_per_row(shape, generator, draw) * _as_scale(sigma, device)).to(dtype)
 
 
 def _dims(x: Tensor, dim: Dims) -> tuple[int, ...]:
@@ -165,7 +193,7 @@ def _release_dimension(x: Tensor, batched: bool) -> int:
 
 
 def laplace_mechanism(x: Tensor, *, epsilon: float, sensitivity_l1: float,
-                      generator: torch.Generator, phase: Phase = "train",
+                      generator: Generators, phase: Phase = "train",
                       batched: bool = False, padding_p: float = 0.0, valid: bool = True,
                       note: str = "") -> tuple[Tensor, PrivacyEvent]:
     """Laplace mechanism: x + Lap(Δ₁/ε′) noise per coordinate (Dwork & Roth Thm 3.6).
@@ -180,7 +208,7 @@ def laplace_mechanism(x: Tensor, *, epsilon: float, sensitivity_l1: float,
     sensitivity_l1:
         Δ₁ of one release.
     generator:
-        Randomness.
+        Randomness; with ``batched``, optionally one generator per release (row).
     phase:
         ``"train"`` or ``"serve"`` (recorded in the event).
     batched:
@@ -207,7 +235,7 @@ def laplace_mechanism(x: Tensor, *, epsilon: float, sensitivity_l1: float,
 
 
 def gaussian_mechanism(x: Tensor, *, epsilon: float, delta: float, sensitivity_l2: float,
-                       generator: torch.Generator, phase: Phase = "train",
+                       generator: Generators, phase: Phase = "train",
                        batched: bool = False, padding_p: float = 0.0, valid: bool = True,
                        note: str = "") -> tuple[Tensor, PrivacyEvent]:
     """Analytic Gaussian mechanism: x + N(0, σ²I), σ from :func:`gaussian_sigma`.
