@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any, Sequence
 
 from privaterec import __version__
 from privaterec.config import (EMBEDDINGS, ENGINES, FEDERATED_METHODS, METHODS, NEWS_ENCODERS,
-                               NOISE_KINDS, STRATEGIES, USER_ENCODERS, ModelConfig, RunConfig,
-                               TrainConfig, replace)
+                               NOISE_KINDS, PRIVACY_MODES, SENSITIVITY_MODES, SERVING_KINDS,
+                               STRATEGIES, USER_ENCODERS, ModelConfig, RunConfig, TrainConfig,
+                               replace)
 from privaterec.errors import PrivateRecError
 
 EXIT_OK, EXIT_CHECK_FAILED, EXIT_USAGE = 0, 1, 2
@@ -83,6 +85,7 @@ def run_config_from_args(args: argparse.Namespace) -> RunConfig:
     model_changes = {k: v for k, v in {
         "news_encoder": args.model, "user_encoder": args.user_encoder,
         "embeddings": args.embeddings, "history_len": args.history_len,
+        "basis_size": args.basis,
     }.items() if v is not None}
     train_changes = {k: v for k, v in {
         "method": args.method, "epochs": args.epochs, "lr": args.lr,
@@ -96,6 +99,8 @@ def run_config_from_args(args: argparse.Namespace) -> RunConfig:
         "epsilon_train": args.epsilon_train, "delta_train": args.delta_train,
         "noise": args.noise, "max_client_samples": args.max_client_samples,
         "eval_every": args.eval_every, "engine": args.engine,
+        "padding_p": args.padding_p, "privacy_mode": args.privacy_mode,
+        "sensitivity_mode": args.sensitivity_mode, "history_budget": args.history_budget,
     }.items() if v is not None}
     data = str(Path(args.data).resolve()) if args.data else config.data
     if not data:
@@ -128,12 +133,31 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from privaterec.training.pipeline import evaluate_run
 
+    from privaterec.eval.serving import ServingConfig
+
+    serving = None
+    if args.serving is not None:
+        serving = ServingConfig(kind=args.serving, epsilon=args.epsilon_serve,
+                                delta=args.delta_serve, padding_p=args.padding_p,
+                                mechanism=args.noise, sensitivity_mode=args.sensitivity_mode,
+                                vdp_clip=args.vdp_clip, seed=args.seed)
+    elif args.epsilon_serve != math.inf:
+        raise PrivateRecError("--epsilon-serve needs --serving privaterec|vdp")
     result = evaluate_run(args.run, args.data, split=args.split,
-                          drop_missing=args.drop_missing, progress=not args.no_progress)
+                          drop_missing=args.drop_missing, progress=not args.no_progress,
+                          serving=serving)
     if args.json:
         _print_json(result)
-    else:
-        print(_metrics_table([(str(args.run), result)]))
+        return EXIT_OK
+    label = str(args.run) if serving is None else f"{args.run} [{serving.kind} serving]"
+    print(_metrics_table([(label, result)]))
+    if serving is not None:
+        info = result["serving"]
+        print(f"serving {serving.kind} at epsilon_s = {serving.epsilon:g} per query "
+              f"({info['queries']} queries of {info['users']} users, {info['bytes_per_query']} "
+              f"bytes sent per query); releases recorded in {args.run}/privacy.json, "
+              f"per-user serving epsilon (max) = {info['epsilon_serve_user_max']:.6g} at "
+              f"delta = {info['privacy_delta']:g}")
     return EXIT_OK
 
 
@@ -294,6 +318,19 @@ def build_parser() -> argparse.ArgumentParser:
                      help="evaluate on the test split every N rounds (0: at the end)")
     fed.add_argument("--engine", choices=ENGINES, default=None,
                      help="simulator (vectorized, default) or flower")
+    private = train.add_argument_group("PrivateRec (--method privaterec)")
+    private.add_argument("--basis", type=int, default=None,
+                         help="B basic vectors (default 5 for privaterec)")
+    private.add_argument("--padding-p", type=float, default=None,
+                         help="behaviour padding probability p (default 0.5)")
+    private.add_argument("--privacy-mode", choices=PRIVACY_MODES, default=None,
+                         help="paper: Alg. 3 as published (history-path gradient not "
+                              "covered, the report says so); strict: clip and noise it too")
+    private.add_argument("--sensitivity-mode", choices=SENSITIVITY_MODES, default=None,
+                         help="DPA sensitivity: true (simplex, default) or paper (invalid, "
+                              "reproduction only)")
+    private.add_argument("--history-budget", type=float, default=None,
+                         help="strict mode: share of epsilon_t for the history-path gradient")
     train.add_argument("--config", default=None, help="YAML run configuration; flags override it")
     train.add_argument("--out", required=True, help="run directory (resumed if it exists)")
     train.add_argument("--drop-missing", action="store_true")
@@ -308,6 +345,20 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--json", action="store_true")
     evaluate.add_argument("--drop-missing", action="store_true")
     evaluate.add_argument("--no-progress", action="store_true")
+    evaluate.add_argument("--serving", choices=SERVING_KINDS, default=None,
+                          help="private serving: each test impression is a query (PrivateRec "
+                               "Alg. 1) released under --epsilon-serve")
+    evaluate.add_argument("--epsilon-serve", type=float, default=math.inf,
+                          help="epsilon_s per query (default inf: no noise)")
+    evaluate.add_argument("--delta-serve", type=float, default=0.0,
+                          help="delta_s (Gaussian only)")
+    evaluate.add_argument("--padding-p", type=float, default=0.5,
+                          help="PrivateRec serving padding probability p")
+    evaluate.add_argument("--noise", choices=NOISE_KINDS, default="laplace")
+    evaluate.add_argument("--sensitivity-mode", choices=SENSITIVITY_MODES, default="true")
+    evaluate.add_argument("--vdp-clip", type=float, default=0.001,
+                          help="VDP clipping norm theta of the user vector")
+    evaluate.add_argument("--seed", type=int, default=0, help="seed of the simulated devices")
     evaluate.set_defaults(func=cmd_evaluate)
 
     demo = sub.add_parser("demo", help="synthesise data, train, evaluate, print a table")

@@ -24,7 +24,10 @@ EMBEDDINGS = ("random", "glove50", "minilm")
 # Size of the word vectors each embedding kind brings (random vectors: ``word_dim``).
 PRETRAINED_WORD_DIM = {"glove50": 50, "minilm": 384}
 DEFAULT_RANDOM_WORD_DIM = 64
-FEDERATED_METHODS = ("fedrec", "fednewsrec", "dp-fedrec")
+FEDERATED_METHODS = ("fedrec", "fednewsrec", "dp-fedrec", "privaterec")
+PRIVACY_MODES = ("paper", "strict")
+SENSITIVITY_MODES = ("true", "paper")
+SERVING_KINDS = ("none", "privaterec", "vdp")
 METHODS = ("centralized", "popularity") + FEDERATED_METHODS
 STRATEGIES = ("sgd", "fedavg", "fedadam")
 NOISE_KINDS = ("laplace", "gaussian")
@@ -78,6 +81,7 @@ class ModelConfig:
     dropout: float = 0.2
     plm_trainable_layers: int = 1
     min_word_count: int = 1
+    basis_size: int = 0
 
     def __post_init__(self) -> None:
         _check_choice(self.news_encoder, "news_encoder", NEWS_ENCODERS)
@@ -98,6 +102,8 @@ class ModelConfig:
             _check(isinstance(value, int) and value > 0, name,
                    f"got {value!r}, expected a positive integer")
         _check(0.0 <= self.dropout < 1.0, "dropout", f"got {self.dropout!r}, expected 0 <= p < 1")
+        _check(isinstance(self.basis_size, int) and self.basis_size >= 0, "basis_size",
+               f"got {self.basis_size!r}, expected an integer >= 0 (0: no basic vectors)")
         _check(self.plm_trainable_layers >= 0, "plm_trainable_layers",
                f"got {self.plm_trainable_layers!r}, expected >= 0")
 
@@ -174,6 +180,14 @@ class FedConfig:
     checkpoint_every: checkpoint every N rounds.
     report_delta: target δ of the privacy report's composed ε.
     engine: ``simulator`` (vectorized, in process) or ``flower``.
+    padding_p: PrivateRec's behaviour padding probability p (Alg. 2; None: 0.5).
+    privacy_mode: PrivateRec's ``paper`` (Alg. 3 as published: the history-path gradient is
+        uploaded raw and is not covered) or ``strict`` (that gradient is clipped to ``clip``
+        and noised too, DESIGN §4 erratum 4).
+    sensitivity_mode: DPA's ``true`` simplex sensitivity, or ``paper`` (S = 1, NOT a valid
+        guarantee; reproduction only).
+    history_budget: strict mode's share of ε_t (and δ_t) spent on the history-path gradient;
+        DPA gets the rest, so one round's upload is (ε_t, δ_t)-DP for the history.
     """
 
     rounds: int = 100
@@ -197,8 +211,19 @@ class FedConfig:
     checkpoint_every: int = 10
     report_delta: float = 1e-5
     engine: str = "simulator"
+    padding_p: float | None = None
+    privacy_mode: str = "paper"
+    sensitivity_mode: str = "true"
+    history_budget: float = 0.5
 
     def __post_init__(self) -> None:
+        if self.padding_p is not None:
+            _check(0 <= self.padding_p < 1, "padding_p",
+                   f"got {self.padding_p!r}, expected a probability 0 <= p < 1")
+        _check_choice(self.privacy_mode, "privacy_mode", PRIVACY_MODES)
+        _check_choice(self.sensitivity_mode, "sensitivity_mode", SENSITIVITY_MODES)
+        _check(0 < self.history_budget < 1, "history_budget",
+               f"got {self.history_budget!r}, expected 0 < share < 1")
         for name in ("rounds", "local_steps", "max_client_samples", "chunk_clients",
                      "checkpoint_every"):
             value = getattr(self, name)

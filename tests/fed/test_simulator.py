@@ -106,7 +106,7 @@ def test_simulate_round_equals_sequential_round(case, make_objective, clients, r
     torch.testing.assert_close(fast.direction, slow.direction, rtol=1e-4, atol=1e-6)
     assert fast.num_examples == slow.num_examples
     assert fast.num_examples == [min(3, int(clients.samples_per_user()[u])) for u in selected]
-    assert fast.events == slow.events == [method.event(objective.dimension)] * 8
+    assert fast.events == slow.events == [method.events(objective.dimension)] * 8
     n = torch.tensor(fast.num_examples, dtype=torch.float64)
     mean_fast = float((n * torch.tensor(fast.losses, dtype=torch.float64)).sum() / n.sum())
     mean_slow = float((n * torch.tensor(slow.losses, dtype=torch.float64)).sum() / n.sum())

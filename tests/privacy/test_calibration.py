@@ -180,10 +180,13 @@ def test_dpa_sensitivity_paper_mode_and_validation():
 
 
 def test_dpl_beta():
-    # β = max{0, ln(k/(C−1) e^ε)}  (PrivateRec Alg. 3 line 17)
+    # β = ln(k/(C−1) e^ε)  (PrivateRec Alg. 3 line 17, without the paper's clamp at 0)
     assert dpl_beta(epsilon=1.0, k=4, impression_size=5) == pytest.approx(1.0)
     assert dpl_beta(epsilon=2.0, k=4, impression_size=9) == pytest.approx(2.0 + math.log(0.5))
-    assert dpl_beta(epsilon=1.0, k=4, impression_size=21) == 0.0  # ln(0.2 e) < 0
+    # ln(0.2 e) < 0: negative, NOT clamped to 0 (the clamp breaks ε-DP; see dpl_beta)
+    assert dpl_beta(epsilon=1.0, k=4, impression_size=21) == pytest.approx(1.0 + math.log(0.2))
+    assert dpl_beta(epsilon=1.0, k=4, impression_size=3,
+                    allow_replacement=True) == pytest.approx(1.0 + math.log(2.0))
     assert dpl_beta(epsilon=800.0, k=4, impression_size=9) == pytest.approx(800 + math.log(0.5))
     assert dpl_beta(epsilon=math.inf, k=4, impression_size=9) == math.inf
     with pytest.raises(ConfigError, match="'impression_size'"):

@@ -12,8 +12,10 @@ Two seams let private serving plug in without re-implementing the loop:
 * ``user_transform(user [b, d]) -> [b, d]`` replaces the user vector before scoring (e.g. the
   VDP baseline's clipped noisy u, or PrivateRec's ũ = Σ α̃ᵢ bᵢ).
 
-Both default to the identity. They run under ``torch.no_grad()``; a transform that draws
-randomness must carry its own ``torch.Generator``.
+Both default to the identity. A third seam, ``user_encoder(vectors [b, H, d], mask [b, H])
+-> [b, d]``, replaces the model's user encoder altogether (private serving, where the device
+releases a noisy representation: :mod:`privaterec.eval.serving`). They run under
+``torch.no_grad()``; a seam that draws randomness must carry its own ``torch.Generator``.
 """
 
 from __future__ import annotations
@@ -37,6 +39,9 @@ UserTransform = Callable[[torch.Tensor], torch.Tensor]
 
 HistoryTransform = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 """``(vectors [b, H, d], mask [b, H]) -> (vectors', mask')`` before the user encoder."""
+
+UserEncoderFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+"""``(vectors [b, H, d], mask [b, H]) -> user [b, d]``, in place of ``model.encode_user``."""
 
 _MAX_EXAMPLES = 5
 
@@ -114,7 +119,8 @@ def _encode_news(model: Recommender, features: NewsFeatures, rows: torch.Tensor,
 def score_impressions(model: Recommender, split: MindSplit, features: NewsFeatures, *,
                       history_len: int, batch_size: int = 256, progress: bool = False,
                       user_transform: UserTransform | None = None,
-                      history_transform: HistoryTransform | None = None) -> ScoredImpressions:
+                      history_transform: HistoryTransform | None = None,
+                      user_encoder: UserEncoderFn | None = None) -> ScoredImpressions:
     """Click scores ŷ = uᵀr of every candidate of every labelled impression of ``split``.
 
     The model is put in eval mode (and restored afterwards) and run under ``torch.no_grad()``.
@@ -138,8 +144,9 @@ def score_impressions(model: Recommender, split: MindSplit, features: NewsFeatur
         News rows per news-encoder call and impressions per user-encoder call.
     progress:
         Show tqdm progress bars.
-    user_transform, history_transform:
-        Optional seams (see the module docstring); identity when ``None``.
+    user_transform, history_transform, user_encoder:
+        Optional seams (see the module docstring); identity / ``model.encode_user`` when
+        ``None``.
 
     Raises
     ------
@@ -191,7 +198,8 @@ def score_impressions(model: Recommender, split: MindSplit, features: NewsFeatur
                 mask = hist_mask[start:end]  # [b, H]
                 if history_transform is not None:
                     vectors, mask = history_transform(vectors, mask)
-                user = model.encode_user(vectors, mask)  # [b, d]
+                encode = model.encode_user if user_encoder is None else user_encoder
+                user = encode(vectors, mask)  # [b, d]
                 if user_transform is not None:
                     transformed = user_transform(user)
                     if transformed.shape != user.shape:
@@ -215,7 +223,8 @@ def score_impressions(model: Recommender, split: MindSplit, features: NewsFeatur
 def evaluate_model(model: Recommender, split: MindSplit, features: NewsFeatures, *,
                    history_len: int, batch_size: int = 256, progress: bool = False,
                    user_transform: UserTransform | None = None,
-                   history_transform: HistoryTransform | None = None) -> dict[str, float | int]:
+                   history_transform: HistoryTransform | None = None,
+                   user_encoder: UserEncoderFn | None = None) -> dict[str, float | int]:
     """MIND metrics of ``model`` over all labelled impressions of ``split``.
 
     Scores with :func:`score_impressions` (same parameters) and averages per impression with
@@ -236,7 +245,8 @@ def evaluate_model(model: Recommender, split: MindSplit, features: NewsFeatures,
     scored = score_impressions(model, split, features, history_len=history_len,
                                batch_size=batch_size, progress=progress,
                                user_transform=user_transform,
-                               history_transform=history_transform)
+                               history_transform=history_transform,
+                               user_encoder=user_encoder)
     if not scored.pairs:
         raise ValueError(f"{_where(split)}: no labelled impression to evaluate "
                          f"({scored.unlabelled_impressions} unlabelled impressions skipped)")

@@ -5,7 +5,9 @@ The vectorized simulator computes exactly this for many clients at once (same ge
 use, batched gradients) and the Flower ClientApp calls it directly on the device.
 
 A client's generator is used in a fixed order: (1) choose at most ``max_samples`` of its
-samples, (2) draw k non-clicked candidates per sample, (3) draw its noise.
+samples, (2) draw k non-clicked candidates per sample, then for PrivateRec (Alg. 2-3)
+(3) the behaviour padding of its history, (4) the DPA noise on α, (5) the DPL labels; last
+(6) the noise on its gradient (FedNewsRec, DP-FedRec, PrivateRec strict).
 """
 
 from __future__ import annotations
@@ -16,8 +18,10 @@ from typing import Any
 import torch
 
 from privaterec.data.clients import ClientData, draw_candidates
-from privaterec.fed.methods import ClientMethod, privatize
+from privaterec.fed.methods import ClientMethod, privatize, privatize_history
 from privaterec.fed.objective import ClientBatch, LocalObjective
+from privaterec.privacy.dpa import (dpa_noise, dpl_choose, pad_history, padding_mask,
+                                    permute_columns)
 from privaterec.privacy.ledger import PrivacyEvent
 
 
@@ -40,20 +44,67 @@ class ClientUpdate:
     metrics: dict[str, Any] = field(default_factory=dict)
 
 
+def _draw_samples(data: ClientData, method: ClientMethod, *,
+                  generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Steps (1)-(2): chosen sample indices ``[n]`` and their candidates ``[n, 1 + k]``."""
+    n = data.num_samples
+    if n > method.max_samples:
+        chosen = torch.randperm(n, generator=generator)[: method.max_samples].sort().values
+    else:
+        chosen = torch.arange(n)
+    return chosen, draw_candidates(data.positives[chosen], data.negatives[chosen],
+                                   data.negative_counts[chosen], negatives=method.negatives,
+                                   generator=generator)
+
+
 def client_candidates(data: ClientData, method: ClientMethod, *,
                       generator: torch.Generator) -> torch.Tensor:
     """Steps (1)-(2) of a client round: its samples' candidates ``LongTensor[n, 1 + k]``.
 
     A client with more than ``method.max_samples`` samples uses a random subset of that size.
     """
-    n = data.num_samples
-    if n > method.max_samples:
-        chosen = torch.randperm(n, generator=generator)[: method.max_samples].sort().values
-    else:
-        chosen = torch.arange(n)
-    return draw_candidates(data.positives[chosen], data.negatives[chosen],
-                           data.negative_counts[chosen], negatives=method.negatives,
-                           generator=generator)
+    return _draw_samples(data, method, generator=generator)[1]
+
+
+@dataclass(frozen=True)
+class ClientInputs:
+    """A client's inputs to its gradient after steps (1)-(5) of the module docstring.
+
+    history: ``LongTensor[H]`` (PrivateRec: padded positions hold row 0, the anonymous news
+    r₀); history_mask: ``BoolTensor[H]``; candidates: ``LongTensor[n, 1 + k]`` with the
+    (DPL-chosen) positive in column 0; attention_noise: DPA noise ``[B]`` or None.
+    """
+
+    history: torch.Tensor
+    history_mask: torch.Tensor
+    candidates: torch.Tensor
+    attention_noise: torch.Tensor | None = None
+
+
+def client_inputs(data: ClientData, method: ClientMethod, *, basis_size: int,
+                  generator: torch.Generator) -> ClientInputs:
+    """Steps (1)-(5) of a client round (PrivateRec Alg. 2 lines 2-5 and 9, Alg. 3 16-18).
+
+    Parameters
+    ----------
+    data: the client's data. method: the resolved client method.
+    basis_size: B of the model (PrivateRec; ignored by the other methods).
+    generator: the client's generator.
+    """
+    chosen, candidates = _draw_samples(data, method, generator=generator)
+    if not method.is_privaterec:
+        return ClientInputs(data.history, data.history_mask, candidates)
+    pad = padding_mask(data.history_mask, padding_p=method.padding_p, generator=generator)
+    history = pad_history(data.history, pad)
+    (eps, delta), _ = method.budget_split()
+    noise, _ = dpa_noise((1, basis_size), epsilon=eps, delta=delta,
+                         padding_p=method.padding_p, mechanism=method.noise,  # type: ignore[arg-type]
+                         sensitivity=method.sensitivity_mode,  # type: ignore[arg-type]
+                         generator=generator)
+    column, _ = dpl_choose(data.impression_size[chosen], negatives=method.negatives,
+                           epsilon=method.epsilon, generator=generator)
+    return ClientInputs(history, data.history_mask, permute_columns(candidates, column),
+                        noise[0])
 
 
 def client_update(objective: LocalObjective, params: torch.Tensor, data: ClientData,
@@ -80,13 +131,26 @@ def client_update(objective: LocalObjective, params: torch.Tensor, data: ClientD
     """
     if data.num_samples == 0:
         raise ValueError(f"client {data.user_id!r} has no training sample")
-    candidates = client_candidates(data, method, generator=generator)
+    inputs = client_inputs(data, method, basis_size=objective.basis_size, generator=generator)
+    candidates = inputs.candidates
+    if method.is_privaterec:
+        strict = method.privacy_mode == "strict"
+        grad, loss = objective.client_gradient(params, inputs.history, inputs.history_mask,
+                                               candidates, attention_noise=inputs.attention_noise,
+                                               split_history=strict)
+        events = method.events(objective.dimension)
+        if not strict:
+            return ClientUpdate(payload=grad, num_examples=int(candidates.shape[0]),
+                                privacy_events=events, metrics={"loss": loss})
+        noised, _ = privatize_history(grad[1][None], method, [generator])
+        return ClientUpdate(payload=grad[0] + noised[0], num_examples=int(candidates.shape[0]),
+                            privacy_events=events, metrics={"loss": loss})
     if method.local_steps == 1:
-        grad, loss = objective.client_gradient(params, data.history, data.history_mask,
+        grad, loss = objective.client_gradient(params, inputs.history, inputs.history_mask,
                                                candidates)
         update = grad[None]
     else:
-        batch = ClientBatch.stack([data.history], [data.history_mask], [candidates])
+        batch = ClientBatch.stack([inputs.history], [inputs.history_mask], [candidates])
         update, losses = objective.local_deltas(params, batch, steps=method.local_steps,
                                                 lr=method.local_lr)
         loss = float(losses[0])

@@ -413,6 +413,7 @@ def _round_fn(grid: Grid, clients: ClientDataset, owner: Mapping[int, int],
     expected_samples = clients.samples_per_user().clamp(max=method.max_samples)
 
     def round_fn(params: torch.Tensor, selected: list[int], t: int) -> RoundResult:
+        expected_events = method.events(int(params.numel()))
         by_node: dict[int, list[int]] = {}
         for u in sorted(selected):
             by_node.setdefault(owner[u], []).append(u)
@@ -442,13 +443,13 @@ def _round_fn(grid: Grid, clients: ClientDataset, owner: Mapping[int, int],
                     f"round {t + 1}: user {clients.user_ids[u]!r} used {update.num_examples} "
                     f"samples, the server's data says {int(expected_samples[u])}: the device "
                     f"and the server do not hold the same training data")
-            if len(update.privacy_events) != 1:
+            if update.privacy_events != expected_events:
                 raise PrivateRecError(f"round {t + 1}: user {clients.user_ids[u]!r} reported "
-                                      f"{len(update.privacy_events)} privacy events; the "
-                                      f"federated loop records one release per client update")
+                                      f"privacy events {update.privacy_events} but the run's "
+                                      f"method releases {expected_events}")
         return RoundResult(aggregate(ordered), [x.num_examples for x in ordered],
                            [float(x.metrics["loss"]) for x in ordered],
-                           [x.privacy_events[0] for x in ordered])
+                           [x.privacy_events for x in ordered])
 
     return round_fn
 

@@ -21,6 +21,7 @@ import torch
 from privaterec.config import FedConfig, RunConfig, replace
 from privaterec.errors import ConfigError
 from privaterec.privacy.calibration import fednewsrec_coordinate_epsilon
+from privaterec.privacy.dpa import dpa_noise
 from privaterec.privacy.ledger import PrivacyEvent
 from privaterec.privacy.mechanisms import (clip_elementwise, clip_l1, clip_l2,
                                            gaussian_mechanism,
@@ -36,7 +37,13 @@ METHOD_DEFAULTS: dict[str, dict[str, Any]] = {
                    "noise_scale": 0.015, "adam_tau": 1e-6},
     "dp-fedrec": {"strategy": "fedadam", "client_fraction": 0.02, "clip": 0.005,
                   "adam_tau": 1e-10},
+    "privaterec": {"strategy": "fedadam", "client_fraction": 0.02, "adam_tau": 1e-6,
+                   "padding_p": 0.5},
 }
+# PrivateRec strict mode's clip bound of the history-path gradient (DESIGN §4 erratum 4).
+PRIVATEREC_STRICT_CLIP = 0.005
+# PrivateRec's number of basic vectors B when the model configuration leaves it at 0 (§4).
+PRIVATEREC_BASIS = 5
 # Server learning rate of each strategy when fed.server_lr is None: FedNewsRec's η = 0.5,
 # FedAvg's model averaging (1.0), FedAdam 1e-2 (measured on the synthetic data, BENCHMARKS.md).
 STRATEGY_LR = {"sgd": 0.5, "fedavg": 1.0, "fedadam": 1e-2}
@@ -63,7 +70,21 @@ def resolve_run_config(config: RunConfig) -> RunConfig:
                           f"calibrates its noise from epsilon_train")
     if method == "fedrec" and fed.clip is not None:
         raise ConfigError("'fed.clip' does not apply to fedrec (no clipping); use dp-fedrec")
-    return replace(config, fed=replace(fed, **changes))
+    model = config.model
+    if method == "privaterec":
+        if fed.privacy_mode == "paper" and fed.clip is not None:
+            raise ConfigError("'fed.clip' applies to privaterec only with privacy_mode "
+                              "'strict' (the clip of the history-path gradient)")
+        if fed.privacy_mode == "strict" and fed.clip is None:
+            changes["clip"] = PRIVATEREC_STRICT_CLIP
+        if fed.local_steps != 1:
+            raise ConfigError("privaterec uploads one gradient per round (Alg. 3); "
+                              "'fed.local_steps' must be 1")
+        if model.basis_size == 0:
+            model = replace(model, basis_size=PRIVATEREC_BASIS)
+    elif fed.padding_p is not None:
+        raise ConfigError(f"'fed.padding_p' applies to privaterec only, not {method}")
+    return replace(config, model=model, fed=replace(fed, **changes))
 
 
 @dataclass(frozen=True)
@@ -90,6 +111,10 @@ class ClientMethod:
     noise_scale: float | None = None
     epsilon: float = math.inf
     delta: float = 0.0
+    padding_p: float = 0.0
+    privacy_mode: str = "paper"
+    sensitivity_mode: str = "true"
+    history_budget: float = 0.5
 
     @classmethod
     def from_config(cls, config: RunConfig) -> "ClientMethod":
@@ -108,16 +133,59 @@ class ClientMethod:
             return cls(**common, clipping=clipping, clip=fed.clip, noise=fed.noise,
                        epsilon=fed.epsilon_train,
                        delta=0.0 if fed.noise == "laplace" else fed.delta_train)
+        if name == "privaterec":
+            strict = fed.privacy_mode == "strict"
+            clipping = ("l1" if fed.noise == "laplace" else "l2") if strict else "none"
+            return cls(**common, clipping=clipping, clip=fed.clip if strict else None,
+                       noise=fed.noise, epsilon=fed.epsilon_train,
+                       delta=0.0 if fed.noise == "laplace" else fed.delta_train,
+                       # Padding only buys amplification: none without noise (ε_t = ∞).
+                       padding_p=(float(fed.padding_p or 0.0)
+                                  if math.isfinite(fed.epsilon_train) else 0.0),
+                       privacy_mode=fed.privacy_mode,
+                       sensitivity_mode=fed.sensitivity_mode,
+                       history_budget=fed.history_budget)
         raise ConfigError(f"method {name!r} is not a federated method")
+
+    @property
+    def is_privaterec(self) -> bool:
+        return self.name == "privaterec"
 
     @property
     def per_client_release(self) -> bool:
         """Whether each client clips or noises its own update (needs per-client gradients)."""
+        if self.is_privaterec:
+            return self.privacy_mode == "strict"
         return self.clipping != "none" or self.noise != "none"
+
+    def budget_split(self) -> tuple[tuple[float, float], tuple[float, float] | None]:
+        """PrivateRec: ((ε, δ) of DPA, (ε, δ) of the history-path gradient or None).
+
+        Paper mode gives DPA the whole (ε_t, δ_t). Strict mode spends the share
+        ``history_budget`` on the history-path gradient and the rest on DPA; both see the
+        history, so they compose to (ε_t, δ_t) per round; DPL acts on the clicks of the
+        candidates, a disjoint part of the data (parallel composition, PrivateRec Thm. 3).
+        """
+        if self.privacy_mode != "strict":
+            return (self.epsilon, self.delta), None
+        f = self.history_budget
+        return ((self.epsilon * (1 - f), self.delta * (1 - f)),
+                (self.epsilon * f, self.delta * f))
+
+    def events(self, dimension: int) -> tuple[PrivacyEvent, ...]:
+        """All events of one client's round (PrivateRec: DPA [+ history gradient])."""
+        if self.is_privaterec:
+            return privaterec_train_events(self, dimension=dimension)
+        return (self.event(dimension),)
 
     def release(self, *, dimension: int, noised_parameters: Sequence[str],
                 clients_per_round: int, client_fraction: float) -> dict[str, Any]:
         """Description of one client's per-round release, for ``privacy.json``."""
+        if self.is_privaterec:
+            return self._privaterec_release(dimension=dimension,
+                                            parameters=noised_parameters,
+                                            clients_per_round=clients_per_round,
+                                            client_fraction=client_fraction)
         event = self.event(dimension)
         out: dict[str, Any] = {
             "method": self.name, "mechanism": self.noise, "clipping": self.clipping,
@@ -131,11 +199,110 @@ class ClientMethod:
         out[key] = event.sensitivity
         return out
 
+    def _privaterec_release(self, *, dimension: int, parameters: Sequence[str],
+                            clients_per_round: int, client_fraction: float) -> dict[str, Any]:
+        uncovered = uncovered_groups(parameters)
+        events = self.events(dimension)
+        dpa = events[0]
+        (eps_dpa, delta_dpa), history = self.budget_split()
+        out: dict[str, Any] = {
+            "method": self.name, "privacy_mode": self.privacy_mode,
+            "mechanism": self.noise, "clipping": self.clipping, "clip_bound": self.clip,
+            "dimension": dimension, "epsilon_per_round": self.epsilon,
+            "delta_per_round": self.delta, "coordinate_epsilon": None,
+            "noise_scale": dpa.noise_scale,
+            "dpa": {"epsilon": eps_dpa, "delta": delta_dpa, "padding_p": self.padding_p,
+                    "sensitivity_mode": self.sensitivity_mode,
+                    "sensitivity": dpa.sensitivity, "noise_scale": dpa.noise_scale,
+                    "valid": dpa.valid},
+            "dpl": {"epsilon": self.epsilon, "negatives": self.negatives,
+                    "note": "exponential mechanism on which candidate is labelled positive, "
+                            "parallel to DPA (disjoint data); the sampled candidate set "
+                            "always holds the clicked news and is not covered"},
+            "uncovered_parameters": uncovered if self.privacy_mode == "paper" else [],
+            "noised_parameters": list(parameters) if history else [],
+            "clients_per_round": clients_per_round, "client_fraction": client_fraction,
+        }
+        if history is not None:
+            out["history_gradient"] = {"epsilon": history[0], "delta": history[1],
+                                       "clip_bound": self.clip,
+                                       "noise_scale": events[1].noise_scale,
+                                       "sensitivity": events[1].sensitivity}
+        return out
+
     def event(self, dimension: int) -> PrivacyEvent:
         """The privacy event of one client's upload in one round (without drawing noise)."""
         _, event = privatize(torch.zeros(1, dimension), self, [torch.Generator()],
                              draw_noise=False)
         return event
+
+
+def uncovered_groups(parameters: Sequence[str]) -> list[str]:
+    """Module groups of the parameters that get a history-path gradient, e.g.
+    ``["basis (5x64)", "news_encoder (12 tensors)", "user_encoder (6 tensors)"]``.
+
+    Every trainable parameter does: Θ_N encodes the clicked news (and e₀ → r₀), Θ_U reads
+    them, and b enters α.
+    """
+    groups: dict[str, int] = {}
+    for name in parameters:
+        groups[name.split(".")[0]] = groups.get(name.split(".")[0], 0) + 1
+    return [f"{g} ({n} tensors)" for g, n in sorted(groups.items())]
+
+
+PAPER_MODE_NOTE = (
+    "PrivateRec paper mode (Alg. 3 as published): epsilon covers alpha~ (DPA) and the "
+    "positive label (DPL), but the uploaded gradient of every trainable parameter (news "
+    "encoder and e0 on the clicked news, user encoder, basic vectors through alpha) also "
+    "flows through the raw history and is NOT covered (DESIGN §4 erratum 4); use "
+    "privacy_mode='strict'")
+
+
+def privaterec_train_events(method: ClientMethod, *, dimension: int
+                            ) -> tuple[PrivacyEvent, ...]:
+    """The per-round events of one PrivateRec client, without drawing noise.
+
+    DPA's release of α̃ (padding-amplified), and in strict mode the noised history-path
+    gradient. DPL is parallel to them (disjoint data, PrivateRec Thm. 3) at the same ε_t, so
+    it adds nothing to a user's total and is described in the release instead.
+    """
+    (eps_dpa, delta_dpa), history = method.budget_split()
+    _, dpa = dpa_noise((1, 1), epsilon=eps_dpa, delta=delta_dpa, padding_p=method.padding_p,
+                       mechanism=method.noise, sensitivity=method.sensitivity_mode,  # type: ignore[arg-type]
+                       generator=torch.Generator())
+    if method.privacy_mode == "paper" and dpa.is_private:
+        dpa = replace(dpa, valid=False, note=PAPER_MODE_NOTE)
+    if history is None:
+        return (dpa,)
+    _, hist = privatize_history(torch.zeros(1, dimension), method, [torch.Generator()],
+                                draw_noise=False)
+    return (dpa, hist)
+
+
+def privatize_history(updates: torch.Tensor, method: ClientMethod,
+                      generators: Sequence[torch.Generator], *,
+                      draw_noise: bool = True) -> tuple[torch.Tensor, PrivacyEvent]:
+    """PrivateRec strict mode: clip and noise each client's history-path gradient ``[m, D]``.
+
+    L1 clip + Laplace or L2 clip + analytic Gaussian at the strict share of (ε_t, δ_t),
+    sensitivity 2·clip (replacement of one history item changes the clipped gradient by at
+    most twice the bound; DESIGN §4 erratum 4).
+    """
+    _, history = method.budget_split()
+    assert history is not None and method.clip is not None
+    eps, delta = history
+    clip = clip_l1 if method.clipping == "l1" else clip_l2
+    clipped = clip(updates, method.clip, dim=-1)
+    note = (f"PrivateRec strict: history-path gradient, {method.clipping.upper()} clip to "
+            f"{method.clip}, sensitivity 2*clip")
+    if method.noise == "laplace":
+        noised, event = laplace_mechanism(clipped, epsilon=eps, sensitivity_l1=2 * method.clip,
+                                          generator=generators, batched=True, note=note)
+    else:
+        noised, event = gaussian_mechanism(clipped, epsilon=eps, delta=delta,
+                                           sensitivity_l2=2 * method.clip,
+                                           generator=generators, batched=True, note=note)
+    return (noised if draw_noise else clipped), event
 
 
 def privatize(updates: torch.Tensor, method: ClientMethod,

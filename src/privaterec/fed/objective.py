@@ -26,9 +26,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.func import functional_call, grad_and_value, vmap
+from torch.func import functional_call, grad, grad_and_value, vmap
 
 from privaterec.models.recommender import Recommender
+from privaterec.privacy.dpa import relu_normalize
 
 
 @dataclass(frozen=True)
@@ -64,20 +65,39 @@ class ParamSpec:
 
 
 class _RoundLoss(nn.Module):
-    """Mean weighted InfoNCE of users ``[m, H]`` over samples ``[S, 1 + k]`` (column 0 clicked)."""
+    """Mean weighted InfoNCE of users ``[m, H]`` over samples ``[S, 1 + k]`` (column 0 clicked).
+
+    With PrivateRec's basic vectors and ``attention_noise`` ``[m, B]`` the users' scoring
+    vectors are ũ = Σ α̃ᵢ bᵢ with α̃ = relu_normalize(α + n) (Alg. 3 lines 14-15, 20; ReLU
+    normalisation in training, §3.3); ``detach_attention`` treats α̃ as a constant input, so
+    the gradient only follows the candidate path (DESIGN §4 erratum 4).
+    """
 
     def __init__(self, recommender: Recommender) -> None:
         super().__init__()
         self.recommender = recommender
 
+    def users(self, vectors: torch.Tensor, mask: torch.Tensor,
+              attention_noise: torch.Tensor | None, detach_attention: bool) -> torch.Tensor:
+        rec = self.recommender
+        if rec.basis is None or attention_noise is None:
+            return rec.encode_user(vectors, mask)
+        alpha = relu_normalize(rec.basis.attention(rec.interest(vectors, mask))
+                               + attention_noise)
+        if detach_attention:
+            alpha = alpha.detach()
+        return rec.basis.reconstruct(alpha)
+
     def forward(self, history: torch.Tensor, history_mask: torch.Tensor,
                 candidates: torch.Tensor, sample_client: torch.Tensor, weights: torch.Tensor,
-                deduplicate: bool) -> torch.Tensor:
+                deduplicate: bool, attention_noise: torch.Tensor | None = None,
+                detach_attention: bool = False) -> torch.Tensor:
         m, h = history.shape
         s, c = candidates.shape
         rows = torch.cat([history.reshape(-1), candidates.reshape(-1)])
         vectors = self.recommender.encode_rows(rows, deduplicate=deduplicate)
-        users = self.recommender.encode_user(vectors[: m * h].reshape(m, h, -1), history_mask)
+        users = self.users(vectors[: m * h].reshape(m, h, -1), history_mask, attention_noise,
+                           detach_attention)
         news = vectors[m * h:].reshape(s, c, -1)
         logits = torch.einsum("sd,scd->sc", users[sample_client], news)
         losses = F.cross_entropy(logits, torch.zeros(s, dtype=torch.long), reduction="none")
@@ -90,13 +110,15 @@ class ClientBatch:
 
     history: ``LongTensor[m, H]``; history_mask: ``BoolTensor[m, H]``;
     candidates: ``LongTensor[m, n, 1 + k]`` (column 0 clicked); weights: ``Tensor[m, n]``
-    (1 for a real sample, 0 for padding).
+    (1 for a real sample, 0 for padding); attention_noise: PrivateRec's DPA noise
+    ``Tensor[m, B]`` (``None`` for the other methods).
     """
 
     history: torch.Tensor
     history_mask: torch.Tensor
     candidates: torch.Tensor
     weights: torch.Tensor
+    attention_noise: torch.Tensor | None = None
 
     @property
     def num_clients(self) -> int:
@@ -120,13 +142,19 @@ class ClientBatch:
             idx = order[lo: lo + size]
             width = max(1, int(samples[idx].max()))
             hist = max(1, int(lengths[idx].max()))
+            noise = None if self.attention_noise is None else self.attention_noise[idx]
             yield idx, ClientBatch(self.history[idx, -hist:], self.history_mask[idx, -hist:],
-                                   self.candidates[idx, :width], self.weights[idx, :width])
+                                   self.candidates[idx, :width], self.weights[idx, :width],
+                                   noise)
 
     @classmethod
     def stack(cls, history: list[torch.Tensor], history_mask: list[torch.Tensor],
-              candidates: list[torch.Tensor]) -> "ClientBatch":
-        """Pad the per-client candidate tensors ``[n_u, 1 + k]`` to one batch."""
+              candidates: list[torch.Tensor],
+              attention_noise: list[torch.Tensor] | None = None) -> "ClientBatch":
+        """Pad the per-client candidate tensors ``[n_u, 1 + k]`` to one batch.
+
+        ``attention_noise``: optional per-client DPA noise ``[B]`` (PrivateRec).
+        """
         width = max(c.shape[0] for c in candidates)
         cols = candidates[0].shape[1]
         padded = torch.zeros(len(candidates), width, cols, dtype=torch.long)
@@ -134,7 +162,8 @@ class ClientBatch:
         for i, c in enumerate(candidates):
             padded[i, : c.shape[0]] = c
             weights[i, : c.shape[0]] = 1.0
-        return cls(torch.stack(history), torch.stack(history_mask), padded, weights)
+        noise = None if attention_noise is None else torch.stack(attention_noise)
+        return cls(torch.stack(history), torch.stack(history_mask), padded, weights, noise)
 
 
 class LocalObjective:
@@ -163,6 +192,12 @@ class LocalObjective:
     def dimension(self) -> int:
         return self.spec.dimension
 
+    @property
+    def basis_size(self) -> int:
+        """B, the number of PrivateRec basic vectors of the model (0 without)."""
+        basis = self.model.basis
+        return 0 if basis is None else int(basis.size)
+
     def parameters(self) -> torch.Tensor:
         """The model's current θ, ``Tensor[D]``."""
         params = dict(self._loss_module.named_parameters())
@@ -185,56 +220,83 @@ class LocalObjective:
                                args)
 
     def _client_loss(self, flat: torch.Tensor, history: torch.Tensor, mask: torch.Tensor,
-                     candidates: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        """One client's mean loss: history ``[H]``, mask ``[H]``, candidates ``[n, 1+k]``."""
+                     candidates: torch.Tensor, weights: torch.Tensor,
+                     attention_noise: torch.Tensor | None = None,
+                     detach_attention: bool = False) -> torch.Tensor:
+        """One client's mean loss: history ``[H]``, mask ``[H]``, candidates ``[n, 1+k]``,
+        optional DPA noise ``[B]``."""
         owner = torch.zeros(candidates.shape[0], dtype=torch.long)
-        return self._call(flat, history[None], mask[None], candidates, owner, weights, False)
+        noise = None if attention_noise is None else attention_noise[None]
+        return self._call(flat, history[None], mask[None], candidates, owner, weights, False,
+                          noise, detach_attention)
 
     # -- gradients -------------------------------------------------------------------------
     def client_gradient(self, flat: torch.Tensor, history: torch.Tensor, mask: torch.Tensor,
-                        candidates: torch.Tensor) -> tuple[torch.Tensor, float]:
+                        candidates: torch.Tensor, *,
+                        attention_noise: torch.Tensor | None = None,
+                        split_history: bool = False) -> tuple[torch.Tensor, float]:
         """∇θ of one client's mean InfoNCE loss (FedNewsRec Eq. 3) and the loss.
 
         Parameters
         ----------
         flat: θ ``[D]``. history: ``LongTensor[H]``. mask: ``BoolTensor[H]``.
         candidates: ``LongTensor[n, 1 + k]``, clicked news in column 0.
+        attention_noise: PrivateRec's DPA noise ``[B]`` (the model needs basic vectors).
+        split_history: return ``[2, D]``: the candidate-path gradient (α̃ held constant) and
+            the history-path rest (PrivateRec strict mode, DESIGN §4 erratum 4).
 
         Returns
         -------
-        (``Tensor[D]``, loss)
+        (``Tensor[D]`` or ``Tensor[2, D]``, loss)
         """
         weights = torch.ones(candidates.shape[0])
         # Left padding carries no weight (see ClientBatch.chunks), except in an empty history.
         keep = int(mask.sum()) or int(mask.shape[0])
-        g, loss = grad_and_value(self._client_loss)(flat, history[-keep:], mask[-keep:],
-                                                    candidates, weights)
+        fn = self._split_grad if split_history else grad_and_value(self._client_loss)
+        g, loss = fn(flat, history[-keep:], mask[-keep:], candidates, weights, attention_noise)
         return g, float(loss)
 
+    def _split_grad(self, flat: torch.Tensor, history: torch.Tensor, mask: torch.Tensor,
+                    candidates: torch.Tensor, weights: torch.Tensor,
+                    attention_noise: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``[2, D]``: (candidate-path gradient, history-path gradient) and the loss."""
+        full, loss = grad_and_value(self._client_loss)(flat, history, mask, candidates,
+                                                       weights, attention_noise, False)
+        candidate_path = grad(self._client_loss)(flat, history, mask, candidates, weights,
+                                                 attention_noise, True)
+        return torch.stack([candidate_path, full - candidate_path]), loss
+
     def client_gradients(self, flat: torch.Tensor, batch: ClientBatch, *,
-                         chunk_clients: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per-client gradients ``[m, D]`` and losses ``[m]`` of a padded batch of clients.
+                         chunk_clients: int = 16,
+                         split_history: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-client gradients ``[m, D]`` (``[m, 2, D]`` with ``split_history``, see
+        :meth:`client_gradient`) and losses ``[m]`` of a padded batch of clients.
 
         Batched with ``vmap(grad)`` over chunks of ``chunk_clients`` clients (memory bound:
         one chunk's activations); encoders that cannot run under vmap (``plm``) fall back to
         one :meth:`client_gradient` per client.
         """
-        grads = torch.empty(batch.num_clients, self.dimension)
+        shape = (2, self.dimension) if split_history else (self.dimension,)
+        grads = torch.empty(batch.num_clients, *shape)
         losses = torch.empty(batch.num_clients)
-        batched = vmap(grad_and_value(self._client_loss), in_dims=(None, 0, 0, 0, 0))
+        fn = self._split_grad if split_history else grad_and_value(self._client_loss)
+        noise_dim = None if batch.attention_noise is None else 0
+        batched = vmap(fn, in_dims=(None, 0, 0, 0, 0, noise_dim))
         for part, chunk in batch.chunks(chunk_clients):
             if self.supports_vmap:
                 g, loss = batched(flat, chunk.history, chunk.history_mask, chunk.candidates,
-                                  chunk.weights)
+                                  chunk.weights, chunk.attention_noise)
             else:
-                g, loss = self._loop(grad_and_value(self._client_loss), flat, chunk)
+                g, loss = self._loop(fn, flat, chunk)
             grads[part], losses[part] = g, loss
         return grads, losses
 
     def _loop(self, fn: Callable, flat: torch.Tensor,
               chunk: ClientBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        noise = chunk.attention_noise
         outs = [fn(flat, chunk.history[i], chunk.history_mask[i], chunk.candidates[i],
-                   chunk.weights[i]) for i in range(chunk.num_clients)]
+                   chunk.weights[i], None if noise is None else noise[i])
+                for i in range(chunk.num_clients)]
         return torch.stack([o[0] for o in outs]), torch.stack([o[1] for o in outs])
 
     def round_gradient(self, flat: torch.Tensor, batch: ClientBatch) -> tuple[torch.Tensor, float]:
@@ -243,13 +305,15 @@ class LocalObjective:
         The weighted sum of client gradients, weights n_u/N (FedNewsRec Eq. 6), is the
         gradient of the mean loss over all the round's samples, so the round costs one
         forward and one backward over its samples; the news of the round are encoded once.
+        Per-client inputs (PrivateRec's padded histories, DPA noise, DPL labels) are part of
+        the batch, so PrivateRec's paper mode also takes this path.
         """
         real = batch.weights > 0
         sample_client = torch.arange(batch.num_clients)[:, None].expand_as(real)[real]
         candidates = batch.candidates[real]
         flat = flat.detach().requires_grad_(True)
         loss = self._call(flat, batch.history, batch.history_mask, candidates, sample_client,
-                          torch.ones(candidates.shape[0]), True)
+                          torch.ones(candidates.shape[0]), True, batch.attention_noise, False)
         (g,) = torch.autograd.grad(loss, flat)
         return g, float(loss.detach())
 
@@ -262,13 +326,13 @@ class LocalObjective:
         first step ``[m]``.
         """
         def local(theta: torch.Tensor, history: torch.Tensor, mask: torch.Tensor,
-                  candidates: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor,
-                                                                            torch.Tensor]:
+                  candidates: torch.Tensor, weights: torch.Tensor,
+                  attention_noise: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
             start = theta
             first_loss = torch.zeros(())
             for step in range(steps):
                 g, loss = grad_and_value(self._client_loss)(theta, history, mask, candidates,
-                                                            weights)
+                                                            weights, attention_noise)
                 if step == 0:
                     first_loss = loss
                 theta = theta - lr * g
@@ -276,11 +340,12 @@ class LocalObjective:
 
         deltas = torch.empty(batch.num_clients, self.dimension)
         losses = torch.empty(batch.num_clients)
-        batched = vmap(local, in_dims=(None, 0, 0, 0, 0))
+        noise_dim = None if batch.attention_noise is None else 0
+        batched = vmap(local, in_dims=(None, 0, 0, 0, 0, noise_dim))
         for part, chunk in batch.chunks(chunk_clients):
             if self.supports_vmap:
                 d, loss = batched(flat, chunk.history, chunk.history_mask, chunk.candidates,
-                                  chunk.weights)
+                                  chunk.weights, chunk.attention_noise)
             else:
                 d, loss = self._loop(local, flat, chunk)
             deltas[part], losses[part] = d, loss

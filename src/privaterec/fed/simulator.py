@@ -27,8 +27,8 @@ from tqdm.auto import tqdm
 from privaterec.config import FedConfig
 from privaterec.data.clients import ClientDataset
 from privaterec.errors import TrainingDivergedError
-from privaterec.fed.client import client_candidates, client_update
-from privaterec.fed.methods import ClientMethod, privatize
+from privaterec.fed.client import client_inputs, client_update
+from privaterec.fed.methods import ClientMethod, privatize, privatize_history
 from privaterec.fed.objective import ClientBatch, LocalObjective
 from privaterec.fed.rng import client_generator, round_generator
 from privaterec.fed.strategies import State, Strategy, aggregate, weighted_mean
@@ -39,12 +39,12 @@ from privaterec.training.determinism import deterministic_algorithms, flush_deno
 
 @dataclass
 class RoundResult:
-    """A round's aggregate: direction ḡ ``[D]``, and per client its samples, loss, event."""
+    """A round's aggregate: direction ḡ ``[D]``, and per client its samples, loss, events."""
 
     direction: torch.Tensor
     num_examples: list[int]
     losses: list[float]
-    events: list[PrivacyEvent]
+    events: list[tuple[PrivacyEvent, ...]]
 
 
 RoundFn = Callable[[torch.Tensor, list[int], int], RoundResult]
@@ -84,16 +84,23 @@ def simulate_round(objective: LocalObjective, params: torch.Tensor, clients: Cli
     chunk_clients: clients per ``vmap`` chunk (memory bound).
     """
     generators = [client_generator(seed, round_index, u) for u in selected]
-    # Each client's own random draws (steps 1-2 of client_update), then batched compute.
-    candidates = [client_candidates(clients.client(u), method, generator=g)
-                  for u, g in zip(selected, generators)]
-    batch = ClientBatch.stack([clients.history[u] for u in selected],
-                              [clients.history_mask[u] for u in selected], candidates)
-    counts = torch.tensor([c.shape[0] for c in candidates])
+    # Each client's own random draws (steps 1-5 of client_update), then batched compute.
+    inputs = [client_inputs(clients.client(u), method, basis_size=objective.basis_size,
+                            generator=g) for u, g in zip(selected, generators)]
+    noise = ([x.attention_noise for x in inputs] if method.is_privaterec else None)
+    batch = ClientBatch.stack([x.history for x in inputs], [x.history_mask for x in inputs],
+                              [x.candidates for x in inputs], noise)
+    counts = torch.tensor([x.candidates.shape[0] for x in inputs])
+    events = method.events(objective.dimension)
     if not method.per_client_release and method.local_steps == 1:
         direction, loss = objective.round_gradient(params, batch)
-        event = method.event(objective.dimension)
         losses = [loss] * len(selected)  # per-client losses are not computed on this path
+    elif method.is_privaterec:  # strict: candidate path raw, history path clipped + noised
+        split, loss_t = objective.client_gradients(params, batch, chunk_clients=chunk_clients,
+                                                   split_history=True)
+        noised, _ = privatize_history(split[:, 1], method, generators)
+        direction = weighted_mean(split[:, 0] + noised, counts)
+        losses = [float(x) for x in loss_t]
     else:
         if method.local_steps == 1:
             updates, loss_t = objective.client_gradients(params, batch,
@@ -102,10 +109,10 @@ def simulate_round(objective: LocalObjective, params: torch.Tensor, clients: Cli
             updates, loss_t = objective.local_deltas(params, batch, steps=method.local_steps,
                                                      lr=method.local_lr,
                                                      chunk_clients=chunk_clients)
-        released, event = privatize(updates, method, generators)
+        released, _ = privatize(updates, method, generators)
         direction = weighted_mean(released, counts)
         losses = [float(x) for x in loss_t]
-    return RoundResult(direction, counts.tolist(), losses, [event] * len(selected))
+    return RoundResult(direction, counts.tolist(), losses, [events] * len(selected))
 
 
 def sequential_round(objective: LocalObjective, params: torch.Tensor, clients: ClientDataset,
@@ -117,7 +124,7 @@ def sequential_round(objective: LocalObjective, params: torch.Tensor, clients: C
                for u in selected]
     return RoundResult(aggregate(updates), [u.num_examples for u in updates],
                        [float(u.metrics["loss"]) for u in updates],
-                       [u.privacy_events[0] for u in updates])
+                       [u.privacy_events for u in updates])
 
 
 # ------------------------------------------------------------------------------ training
@@ -224,8 +231,9 @@ def _train(objective: LocalObjective, clients: ClientDataset, fed: FedConfig,
                 f"--out directory")
         state.params, state.strategy_state = params, strategy_state
         by_event: dict[PrivacyEvent, list[str]] = {}
-        for u, event in zip(selected, result.events):
-            by_event.setdefault(event, []).append(clients.user_ids[u])
+        for u, client_events in zip(selected, result.events):
+            for event in client_events:
+                by_event.setdefault(event, []).append(clients.user_ids[u])
         for event, users in by_event.items():
             state.ledger.record_many(users, event)
         n = sum(result.num_examples)

@@ -25,6 +25,7 @@ from privaterec.config import ModelConfig
 from privaterec.data.features import NewsFeatures
 from privaterec.data.text import TextVocabularies
 from privaterec.errors import ConfigError
+from privaterec.models.basis import BasicVectors
 from privaterec.models.layers import WordEmbedding
 from privaterec.models.news_encoders import (FedNewsRecNewsEncoder, IDNewsEncoder,
                                              NAMLNewsEncoder, NRMSNewsEncoder, PLMNewsEncoder)
@@ -119,6 +120,9 @@ def build_recommender(model_config: ModelConfig, vocabs: TextVocabularies,
     features:
         Optional news table to attach.
 
+    With ``basis_size`` B > 0 the model carries PrivateRec's B basic vectors (built after
+    the encoders, so models without a basis draw exactly the same initial parameters).
+
     Raises
     ------
     ConfigError
@@ -129,7 +133,10 @@ def build_recommender(model_config: ModelConfig, vocabs: TextVocabularies,
     """
     news_encoder = build_news_encoder(model_config, vocabs)
     user_encoder = build_user_encoder(model_config)
-    return Recommender(news_encoder, user_encoder, features)
+    basis = None
+    if model_config.basis_size > 0:
+        basis = BasicVectors(model_config.basis_size, int(news_encoder.dim))
+    return Recommender(news_encoder, user_encoder, features, basis=basis)
 
 
 def _check_vocabulary(model_config: ModelConfig, vocabs: TextVocabularies) -> None:

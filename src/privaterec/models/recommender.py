@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from privaterec.data.features import NewsFeatures
+from privaterec.models.basis import BasicVectors
 
 
 class NewsEncoder(Protocol):
@@ -43,13 +44,19 @@ class Recommender(nn.Module):
     features:
         The news table to read rows from; replace it with :meth:`attach` (e.g. to evaluate
         on another data directory). It is not part of the ``state_dict``.
+    basis:
+        PrivateRec's basic vectors b (:class:`~privaterec.models.basis.BasicVectors`). With a
+        basis, the user vector used for scoring is ũ = Σ αᵢ bᵢ with α = softmax(u·bᵀ/√d)
+        (the noise-free PrivateRec model, ε_t = ε_s = ∞); :meth:`interest` gives the raw u.
     """
 
     def __init__(self, news_encoder: nn.Module, user_encoder: nn.Module,
-                 features: NewsFeatures | None = None) -> None:
+                 features: NewsFeatures | None = None,
+                 basis: BasicVectors | None = None) -> None:
         super().__init__()
         self.news_encoder = news_encoder
         self.user_encoder = user_encoder
+        self.basis = basis
         self.features: NewsFeatures | None = None
         if features is not None:
             self.attach(features)
@@ -81,9 +88,16 @@ class Recommender(nn.Module):
         vectors = self.news_encoder(self.features.select(unique))
         return vectors[inverse].reshape(*rows.shape, -1)
 
-    def encode_user(self, history_vectors: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """Θ_U: ``[b, H, d]``, ``[b, H]`` → ``[b, d]``."""
+    def interest(self, history_vectors: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """The raw user vector u = Θ_U: ``[b, H, d]``, ``[b, H]`` → ``[b, d]``."""
         return self.user_encoder(history_vectors, mask)
+
+    def encode_user(self, history_vectors: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """The user vector scored against news: u, or ũ = Σ αᵢ bᵢ with a basis → ``[b, d]``."""
+        user = self.user_encoder(history_vectors, mask)
+        if self.basis is None:
+            return user
+        return self.basis.reconstruct(self.basis.attention(user))
 
     @staticmethod
     def score(user: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:

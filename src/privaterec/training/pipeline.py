@@ -7,7 +7,9 @@ train (centralized or popularity) → evaluate on the test split → write the r
 
 from __future__ import annotations
 
+import dataclasses
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -23,8 +25,10 @@ from privaterec.data.records import MindDataset, MindSplit
 from privaterec.data.text import TextVocabularies
 from privaterec.errors import CheckpointError, ConfigError
 from privaterec.eval.evaluate import evaluate_model
+from privaterec.eval.serving import ServingConfig, private_user_encoder, serving_event
 from privaterec.models.factory import build_recommender, vocabulary_kind
 from privaterec.models.recommender import Recommender
+from privaterec.privacy.ledger import PrivacyEvent
 from privaterec.training.centralized import train_centralized
 from privaterec.training.checkpoint import load_checkpoint
 from privaterec.training.determinism import flush_denormals
@@ -183,8 +187,14 @@ def load_run_model(run_dir: str | Path) -> tuple[RunConfig, TextVocabularies, Re
 
 def evaluate_run(run_dir: str | Path, data_dir: str | Path | None = None, *,
                  split: str = "test", drop_missing: bool = False,
-                 progress: bool = True) -> dict[str, Any]:
-    """Evaluate a run directory on ``split`` of ``data_dir`` (default: the training data)."""
+                 progress: bool = True, serving: ServingConfig | None = None) -> dict[str, Any]:
+    """Evaluate a run directory on ``split`` of ``data_dir`` (default: the training data).
+
+    With ``serving`` every labelled impression is a private query (PrivateRec Alg. 1-2, or
+    VDP): the metrics are those of the released representations, the result gets a
+    ``serving`` block, and the queries' releases are recorded, per user, in the run's
+    privacy ledger (``RUN/privacy.json``, phase ``serve``).
+    """
     run = RunDirectory(Path(run_dir))
     config = run.config()
     dataset = load_dataset(data_dir or config.data, drop_missing=drop_missing)
@@ -195,14 +205,64 @@ def evaluate_run(run_dir: str | Path, data_dir: str | Path | None = None, *,
         return evaluate_popularity(PopularityModel.load(run.popularity_path), target)
     config, vocabs, model = load_run_model(run_dir)
     with flush_denormals():
-        return _evaluate_model_run(config, vocabs, model, dataset, target, progress=progress)
+        return _evaluate_model_run(run, config, vocabs, model, dataset, target,
+                                   progress=progress, serving=serving)
 
 
-def _evaluate_model_run(config: RunConfig, vocabs: TextVocabularies, model: Recommender,
-                        dataset: MindDataset, target: MindSplit, *,
-                        progress: bool) -> dict[str, Any]:
+def _evaluate_model_run(run: RunDirectory, config: RunConfig, vocabs: TextVocabularies,
+                        model: Recommender, dataset: MindDataset, target: MindSplit, *,
+                        progress: bool, serving: ServingConfig | None) -> dict[str, Any]:
     features = build_news_features(dataset.all_news(), vocabs,
                                    title_len=config.model.title_len,
                                    abstract_len=config.model.abstract_len)
-    return evaluate_model(model, target, features, history_len=config.model.history_len,
-                          batch_size=config.train.eval_batch_size, progress=progress)
+    if serving is None:
+        return evaluate_model(model, target, features, history_len=config.model.history_len,
+                              batch_size=config.train.eval_batch_size, progress=progress)
+    encoder = private_user_encoder(model, features, serving,
+                                   generator=torch.Generator().manual_seed(serving.seed))
+    result: dict[str, Any] = dict(evaluate_model(
+        model, target, features, history_len=config.model.history_len,
+        batch_size=config.train.eval_batch_size, progress=progress, user_encoder=encoder))
+    basis = 0 if model.basis is None else int(model.basis.size)
+    event = serving_event(serving, basis_size=basis, dim=model.dim)
+    queries = Counter(imp.user_id for imp in target.behaviors if imp.labels is not None)
+    summary = record_serving(run, config, event, queries, serving)
+    serve = summary["report"]["phases"]["serve"]
+    result["serving"] = {**dataclasses.asdict(serving), "event": event.to_dict(),
+                         "queries": sum(queries.values()), "users": len(queries),
+                         "bytes_per_query": 4 * (basis if serving.kind == "privaterec"
+                                                 else model.dim),
+                         "epsilon_serve_user_max": serve["epsilon_max"],
+                         "privacy_delta": summary["delta"]}
+    return result
+
+
+def record_serving(run: RunDirectory, config: RunConfig, event: PrivacyEvent,
+                   queries: Counter[str], serving: ServingConfig) -> dict[str, Any]:
+    """Add the serving queries' releases to the run's ledger and rewrite ``privacy.json``.
+
+    A run without ``privacy.json`` (centralized training) gets one whose release says its
+    training is not private.
+    """
+    from privaterec.privacy.ledger import PrivacyLedger
+    from privaterec.privacy.report import read_privacy_json, write_privacy_json
+
+    if run.privacy_path.exists():
+        summary = read_privacy_json(run.privacy_path)
+        ledger = PrivacyLedger.from_dict(summary["ledger"])
+        release, delta, rounds = dict(summary["release"]), summary["delta"], summary["rounds"]
+    else:
+        ledger = PrivacyLedger()
+        release = {"method": config.train.method, "mechanism": "none",
+                   "note": "training is not private (data collected centrally)"}
+        delta, rounds = config.fed.report_delta, 0
+    for user, count in sorted(queries.items()):
+        ledger.record(user, event, count)
+    release["serving"] = [*release.get("serving", []),
+                          {"kind": serving.kind, "epsilon": serving.epsilon,
+                           "delta": serving.delta, "padding_p": serving.effective_padding,
+                           "mechanism": serving.mechanism,
+                           "noise_scale": event.noise_scale, "sensitivity": event.sensitivity,
+                           "queries": sum(queries.values())}]
+    return write_privacy_json(run.privacy_path, ledger, release=release, delta=delta,
+                              rounds=rounds)

@@ -1,0 +1,156 @@
+"""Private serving evaluated offline (PrivateRec Alg. 1-2, §3.2.1; DESIGN §3).
+
+Each labelled test impression is one recommendation query: the device computes its user
+representation from its history and releases it under ε_s, the server scores the impression's
+candidates with it. :func:`private_user_encoder` returns the device side as the
+``user_encoder`` seam of :func:`privaterec.eval.evaluate.score_impressions`:
+
+* ``none`` — the model's user vector, sent in the clear (ε_s = ∞);
+* ``privaterec`` — Alg. 2: pad each clicked news to r₀ with probability p, u = Θ_U(history),
+  α = softmax(u·bᵀ/√d), α̃ = softplus-normalised α + DPA noise at the amplified budget
+  (true simplex sensitivity), server ũ = Σ α̃ᵢ bᵢ (Alg. 1 line 3);
+* ``vdp`` — §3.2.1: clip the d-dim user vector to θ and add noise calibrated to ε_s.
+
+ε_s = ∞ means no noise (and no padding for ``privaterec``: padding only buys amplification).
+Every query is one release; :func:`serving_event` is its privacy event.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from privaterec.config import SERVING_KINDS, _check, _check_choice
+from privaterec.data.features import ANONYMOUS_NEWS, NewsFeatures
+from privaterec.errors import ConfigError
+from privaterec.models.recommender import Recommender
+from privaterec.privacy.dpa import dpa_noise, padding_mask, softplus_normalize, vdp_release
+from privaterec.privacy.ledger import PrivacyEvent
+
+UserEncoder = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class ServingConfig:
+    """How a device releases its user representation per query.
+
+    Attributes
+    ----------
+    kind: ``none``, ``privaterec`` or ``vdp``.
+    epsilon: ε_s of one query (``inf``: no noise).
+    delta: δ_s (0 with Laplace; in (0, 1) with Gaussian).
+    padding_p: PrivateRec's padding probability p (ignored by ``vdp`` and ``none``).
+    mechanism: ``laplace`` or ``gaussian``.
+    sensitivity_mode: DPA's ``true`` or ``paper`` (invalid, reproduction only) sensitivity.
+    vdp_clip: VDP's clipping norm θ (the paper's serving baseline uses 0.001).
+    seed: seed of the evaluation's generator (the simulated devices' randomness).
+    """
+
+    kind: str = "none"
+    epsilon: float = math.inf
+    delta: float = 0.0
+    padding_p: float = 0.5
+    mechanism: str = "laplace"
+    sensitivity_mode: str = "true"
+    vdp_clip: float = 0.001
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        _check_choice(self.kind, "serving", SERVING_KINDS)
+        _check_choice(self.mechanism, "serving mechanism", ("laplace", "gaussian"))
+        _check_choice(self.sensitivity_mode, "sensitivity_mode", ("true", "paper"))
+        _check(self.epsilon > 0, "epsilon_serve", f"got {self.epsilon!r}, expected > 0")
+        _check(0 <= self.padding_p < 1, "padding_p",
+               f"got {self.padding_p!r}, expected a probability 0 <= p < 1")
+        _check(0 < self.vdp_clip < math.inf, "vdp_clip",
+               f"got {self.vdp_clip!r}, expected a finite number > 0")
+        if self.mechanism == "laplace":
+            _check(self.delta == 0, "delta_serve",
+                   f"got {self.delta!r}; Laplace is pure DP: use 0 or --noise gaussian")
+        else:
+            _check(0 < self.delta < 1, "delta_serve",
+                   f"got {self.delta!r}, expected 0 < delta < 1 for the Gaussian mechanism")
+
+    @property
+    def effective_padding(self) -> float:
+        """p actually applied: 0 unless PrivateRec serving with finite ε_s."""
+        if self.kind != "privaterec" or math.isinf(self.epsilon):
+            return 0.0
+        return self.padding_p
+
+
+def serving_event(config: ServingConfig, *, basis_size: int, dim: int) -> PrivacyEvent:
+    """The privacy event of one query under ``config`` (no noise drawn)."""
+    if config.kind == "none":
+        return PrivacyEvent(mechanism="none", epsilon=math.inf, phase="serve", dimension=dim,
+                            note="user vector sent in the clear")
+    if config.kind == "privaterec":
+        _, event = dpa_noise((1, basis_size), epsilon=config.epsilon, delta=config.delta,
+                             padding_p=config.effective_padding,
+                             mechanism=config.mechanism,  # type: ignore[arg-type]
+                             sensitivity=config.sensitivity_mode,  # type: ignore[arg-type]
+                             generator=torch.Generator(), phase="serve")
+        return event
+    _, event = vdp_release(torch.zeros(1, dim), clip=config.vdp_clip, epsilon=config.epsilon,
+                           delta=config.delta, mechanism=config.mechanism,  # type: ignore[arg-type]
+                           generator=torch.Generator(), phase="serve")
+    return event
+
+
+def private_user_encoder(model: Recommender, features: NewsFeatures, config: ServingConfig, *,
+                         generator: torch.Generator) -> UserEncoder:
+    """The device side of one query batch: ``(vectors [b, H, d], mask [b, H]) -> ũ [b, d]``.
+
+    Parameters
+    ----------
+    model:
+        The trained recommender (``privaterec`` serving needs its basic vectors).
+    features:
+        The news table; row 0 (all-padding title) gives the anonymous news r₀ = Θ_N(e₀…e₀).
+    config:
+        The serving mechanism.
+    generator:
+        Randomness of the simulated devices (padding and noise), used batch after batch.
+
+    Raises
+    ------
+    ConfigError
+        ``privaterec`` serving of a model without basic vectors.
+    """
+    if config.kind == "none":
+        return model.encode_user
+    if config.kind == "vdp":
+        def vdp(vectors: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+            released, _ = vdp_release(model.encode_user(vectors, mask), clip=config.vdp_clip,
+                                      epsilon=config.epsilon, delta=config.delta,
+                                      mechanism=config.mechanism,  # type: ignore[arg-type]
+                                      generator=generator, phase="serve")
+            return released
+        return vdp
+    basis = model.basis
+    if basis is None:
+        raise ConfigError("serving 'privaterec' needs a model with basic vectors: train it "
+                          "with --method privaterec (or --basis B); use --serving vdp or none "
+                          "for this run")
+    with torch.no_grad():
+        r0 = model.encode_features(features.select(torch.tensor([ANONYMOUS_NEWS])))[0]
+    p = config.effective_padding
+
+    def privaterec(vectors: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        if p > 0:
+            pad = padding_mask(mask, padding_p=p, generator=generator)
+            vectors = torch.where(pad[..., None], r0.expand_as(vectors), vectors)
+        alpha = basis.attention(model.interest(vectors, mask))
+        noise, _ = dpa_noise(tuple(alpha.shape), epsilon=config.epsilon, delta=config.delta,
+                             padding_p=p, mechanism=config.mechanism,  # type: ignore[arg-type]
+                             sensitivity=config.sensitivity_mode,  # type: ignore[arg-type]
+                             generator=generator, phase="serve", dtype=alpha.dtype)
+        released = softplus_normalize(alpha + noise) if config.epsilon < math.inf else alpha
+        return basis.reconstruct(released)
+    return privaterec
+
+
+__all__ = ["SERVING_KINDS", "ServingConfig", "private_user_encoder", "serving_event"]

@@ -1,0 +1,433 @@
+"""Shared machinery of the paper experiments (PrivateRec §4): runs, caches, aggregation, output.
+
+* :class:`RunSpec` — one trained configuration of a table row or a curve point (method, ε_t,
+  privacy mode, B); :meth:`RunSpec.run_config` turns it into a :class:`RunConfig` for a model
+  and a seed, with the round / epoch budget of :func:`training_budget`.
+* The **run cache** is the directory layout ``OUT/runs/<model>/<row>/seed<k>`` (``runs-quick``
+  with ``--quick``): a finished run there is reused instead of retrained, so Table 2 and the
+  trade-off figures reuse Table 1's runs. :func:`ensure_run` trains or reuses;
+  :func:`serve_run` evaluates a run under a private serving mechanism and caches the result
+  inside the run directory (``RUN/serving/<key>.json``), so a repeated evaluation is neither
+  recomputed nor recorded twice in the run's privacy ledger.
+* :func:`summarize` / :func:`format_summary` — mean ± sample standard deviation over seeds.
+* :func:`markdown_table`, :func:`write_csv`, :func:`write_text` — the output files.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import sys
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from privaterec.config import FedConfig, ModelConfig, RunConfig, TrainConfig
+from privaterec.data.synth import write_synthetic
+from privaterec.errors import ConfigError
+from privaterec.eval.serving import ServingConfig
+from privaterec.experiments.demo import DEMO_ROUNDS, demo_synth_config
+from privaterec.fed.methods import PRIVATEREC_BASIS, resolve_run_config
+from privaterec.training.run import RunDirectory
+
+# Training budget of every experiment run: the ONE place to change it.
+ROUNDS = DEMO_ROUNDS  # federated rounds (FedAdam at r = 2%)
+QUICK_ROUNDS = 20
+EPOCHS = 3  # centralized epochs
+QUICK_EPOCHS = 1
+
+METRICS = ("auc", "mrr", "ndcg@5", "ndcg@10")
+METRIC_LABELS = {"auc": "AUC", "mrr": "MRR", "ndcg@5": "nDCG@5", "ndcg@10": "nDCG@10"}
+MODEL_LABELS = {"nrms": "NRMS", "naml": "NAML", "plm": "PLM-NR", "fednewsrec": "FedNewsRec",
+                "id": "ID"}
+EXPERIMENT_METHODS = ("centralized", "dp-fedrec", "privaterec")
+SCALE = 100.0  # metrics are printed ×100, as in the paper's tables
+DIGITS = 2
+
+
+def training_budget(quick: bool) -> tuple[int, int]:
+    """``(federated rounds, centralized epochs)`` of the experiment runs (read at call time)."""
+    return (QUICK_ROUNDS, QUICK_EPOCHS) if quick else (ROUNDS, EPOCHS)
+
+
+def format_epsilon(value: float, *, markdown: bool = True) -> str:
+    """ε for tables and names: ``∞`` (``inf`` outside markdown) or the shortest ``%g`` form."""
+    if math.isinf(value):
+        return "∞" if markdown else "inf"
+    return f"{value:g}"
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One trained configuration of the experiments (independent of model and seed).
+
+    Attributes
+    ----------
+    method: ``centralized``, ``dp-fedrec`` or ``privaterec``.
+    epsilon_train: ε_t per round (``inf``: no noise; ignored by ``centralized``).
+    privacy_mode: PrivateRec's ``paper`` or ``strict`` mode (DESIGN §4 erratum 4).
+    basis_size: PrivateRec's number of basic vectors B (0: the default, 5).
+    """
+
+    method: str
+    epsilon_train: float = math.inf
+    privacy_mode: str = "paper"
+    basis_size: int = 0
+
+    def __post_init__(self) -> None:
+        if self.method not in EXPERIMENT_METHODS:
+            raise ConfigError(f"invalid experiment method {self.method!r}; expected one of "
+                              f"{', '.join(EXPERIMENT_METHODS)}")
+        if not self.epsilon_train > 0:
+            raise ConfigError(f"invalid 'epsilon_train': got {self.epsilon_train!r}, "
+                              f"expected > 0 (inf: no noise)")
+        if self.method != "privaterec" and (self.basis_size or self.privacy_mode != "paper"):
+            raise ConfigError(f"basis_size and privacy_mode apply to privaterec only, "
+                              f"not {self.method}")
+
+    @property
+    def basis(self) -> int:
+        """B actually used (PrivateRec only; 0 for the other methods)."""
+        if self.method != "privaterec":
+            return 0
+        return self.basis_size or PRIVATEREC_BASIS
+
+    @property
+    def slug(self) -> str:
+        """Directory name of the row: ``centralized``, ``dp-fedrec_eps-10``,
+        ``privaterec_eps-10_paper_B5``."""
+        if self.method == "centralized":
+            return "centralized"
+        eps = format_epsilon(self.epsilon_train, markdown=False)
+        if self.method == "dp-fedrec":
+            return f"dp-fedrec_eps-{eps}"
+        return f"privaterec_eps-{eps}_{self.privacy_mode}_B{self.basis}"
+
+    @property
+    def label(self) -> str:
+        """Human-readable name for tables and legends."""
+        if self.method == "centralized":
+            return "Centralized"
+        if self.method == "dp-fedrec":
+            return "DP-FedRec" if self.epsilon_train < math.inf else "DP-FedRec (= FedRec)"
+        return f"PrivateRec ({self.privacy_mode} mode)"
+
+    def run_config(self, *, data: str, model: str, seed: int, quick: bool) -> RunConfig:
+        """The :class:`RunConfig` of this row for ``model`` and ``seed``."""
+        rounds, epochs = training_budget(quick)
+        model_config = ModelConfig(news_encoder=model, basis_size=self.basis)
+        if self.method == "centralized":
+            return RunConfig(data=data, model=model_config,
+                             train=TrainConfig(method="centralized", epochs=epochs, seed=seed))
+        fed = FedConfig(rounds=rounds, epsilon_train=self.epsilon_train,
+                        privacy_mode=self.privacy_mode)
+        return RunConfig(data=data, model=model_config,
+                         train=TrainConfig(method=self.method, seed=seed), fed=fed)
+
+
+def run_dir(out: Path, model: str, spec: RunSpec, seed: int, *, quick: bool) -> Path:
+    """Run-cache location ``out/runs[-quick]/<model>/<row slug>/seed<k>``."""
+    return Path(out) / ("runs-quick" if quick else "runs") / model / spec.slug / f"seed{seed}"
+
+
+def log(message: str, *, progress: bool) -> None:
+    """One progress line on stderr (when ``progress``)."""
+    if progress:
+        print(message, file=sys.stderr, flush=True)
+
+
+def prepare_data(out: Path, data: str | None, *, quick: bool, progress: bool) -> str:
+    """The absolute data directory of the experiments.
+
+    ``data`` given: that MIND-format directory (must hold ``train/`` and ``test/``).
+    ``None``: the demo's embedded synthetic data set, synthesised once into
+    ``out/data/synth-quick`` or ``out/data/synth-default``.
+
+    Raises
+    ------
+    ConfigError
+        If ``data`` has no ``test/behaviors.tsv`` (the experiments report test metrics).
+    """
+    if data is not None:
+        path = Path(data).resolve()
+        if not (path / "test" / "behaviors.tsv").exists():
+            raise ConfigError(f"{path}: the experiments need a test split; expected "
+                              f"{path / 'test' / 'behaviors.tsv'} (make one with "
+                              f"'privaterec data synth' or 'privaterec data convert')")
+        return str(path)
+    path = (Path(out) / "data" / ("synth-quick" if quick else "synth-default")).resolve()
+    if not (path / "test" / "behaviors.tsv").exists():
+        log(f"synthesising data into {path} ...", progress=progress)
+        write_synthetic(path, demo_synth_config(quick))
+    return str(path)
+
+
+def finished_metrics(path: Path, config: RunConfig) -> dict[str, Any] | None:
+    """The metrics of a finished run of ``config`` in ``path``, or ``None``.
+
+    Finished: ``config.yaml`` equals the resolved ``config``, ``metrics.json`` holds test
+    metrics (written only after training ended) and the checkpoint exists.
+    """
+    run = RunDirectory(path)
+    if not (run.config_path.exists() and run.checkpoint_path.exists()):
+        return None
+    if run.config() != resolve_run_config(config):
+        return None
+    metrics = run.read_metrics()
+    return metrics if "test" in metrics else None
+
+
+def ensure_run(path: Path, config: RunConfig, *, progress: bool) -> dict[str, Any]:
+    """Train ``config`` into ``path`` unless a finished run is already there; its metrics.
+
+    A different configuration in ``path`` raises :class:`~privaterec.errors.CheckpointError`
+    (from :func:`~privaterec.training.pipeline.train_run`), an unfinished one resumes.
+    """
+    cached = finished_metrics(path, config)
+    if cached is not None:
+        return cached
+    from privaterec.training.pipeline import train_run
+    return train_run(config, path, progress=progress)
+
+
+def serving_key(serving: ServingConfig) -> str:
+    """File name (without ``.json``) of a serving evaluation in the run's serving cache."""
+    return (f"{serving.kind}_eps-{format_epsilon(serving.epsilon, markdown=False)}"
+            f"_delta-{serving.delta:g}_p-{serving.effective_padding:g}_{serving.mechanism}"
+            f"_{serving.sensitivity_mode}_clip-{serving.vdp_clip:g}_seed-{serving.seed}")
+
+
+def _checkpoint_stamp(path: Path) -> list[int]:
+    stat = RunDirectory(path).checkpoint_path.stat()
+    return [stat.st_mtime_ns, stat.st_size]
+
+
+def serve_run(path: Path, serving: ServingConfig, *, progress: bool) -> dict[str, Any]:
+    """Test metrics of the run in ``path`` under private serving ``serving`` (cached).
+
+    Calls :func:`~privaterec.training.pipeline.evaluate_run` (which records the queries'
+    releases in ``RUN/privacy.json``) unless ``RUN/serving/<key>.json`` holds the result
+    of the same evaluation of the same checkpoint.
+    """
+    cache = Path(path) / "serving" / f"{serving_key(serving)}.json"
+    stamp = _checkpoint_stamp(path)
+    if cache.exists():
+        entry = json.loads(cache.read_text())
+        if entry.get("checkpoint") == stamp:
+            return entry["result"]
+    from privaterec.training.pipeline import evaluate_run
+    result = evaluate_run(path, progress=progress, serving=serving)
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    tmp = cache.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps({"checkpoint": stamp, "serving": asdict(serving),
+                               "result": result}, indent=2, default=str))
+    tmp.replace(cache)
+    return result
+
+
+@dataclass(frozen=True)
+class Summary:
+    """Mean and sample standard deviation (ddof = 1) of one number over seeds.
+
+    ``std`` is ``None`` when only one value exists (n = 1).
+    """
+
+    mean: float
+    std: float | None
+    n: int
+    values: tuple[float, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"mean": self.mean, "std": self.std, "n": self.n, "values": list(self.values)}
+
+
+def summarize(values: Iterable[float]) -> Summary:
+    """Mean ± sample std (ddof = 1 for n ≥ 2; no std for n = 1) of ``values``.
+
+    Raises
+    ------
+    ValueError
+        If ``values`` is empty.
+    """
+    data = np.asarray([float(v) for v in values], dtype=np.float64)
+    if data.size == 0:
+        raise ValueError("summarize needs at least one value")
+    std = float(np.std(data, ddof=1)) if data.size >= 2 else None
+    return Summary(float(np.mean(data)), std, int(data.size), tuple(float(v) for v in data))
+
+
+def format_summary(summary: Summary, *, scale: float = SCALE, digits: int = DIGITS) -> str:
+    """``"61.37 ± 0.22"`` (values × ``scale``), or ``"61.37"`` when n = 1."""
+    mean = f"{summary.mean * scale:.{digits}f}"
+    if summary.std is None:
+        return mean
+    return f"{mean} ± {summary.std * scale:.{digits}f}"
+
+
+def summarize_metrics(results: Sequence[Mapping[str, Any]],
+                      metrics: Sequence[str] = METRICS) -> dict[str, Summary]:
+    """Per-metric :class:`Summary` over several runs' metric dicts (one per seed)."""
+    return {name: summarize(r[name] for r in results) for name in metrics}
+
+
+def metric_columns(summaries: Mapping[str, Summary],
+                   metrics: Sequence[str] = METRICS) -> dict[str, Any]:
+    """CSV columns ``<metric>_mean`` / ``<metric>_std`` (raw values, std empty for n = 1)."""
+    row: dict[str, Any] = {}
+    for name in metrics:
+        row[f"{name}_mean"] = summaries[name].mean
+        row[f"{name}_std"] = summaries[name].std
+    return row
+
+
+def _cell(value: Any) -> str:
+    return str(value).replace("|", "\\|").replace("\n", " ")
+
+
+def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A GitHub-flavoured markdown table (``|`` in cells escaped).
+
+    Raises
+    ------
+    ValueError
+        If a row does not have one cell per header.
+    """
+    for row in rows:
+        if len(row) != len(headers):
+            raise ValueError(f"row {list(row)!r} has {len(row)} cells, expected "
+                             f"{len(headers)}")
+    lines = ["| " + " | ".join(_cell(h) for h in headers) + " |",
+             "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _csv_value(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return "inf" if value == math.inf else ("-inf" if value == -math.inf else repr(value))
+    if isinstance(value, (list, tuple)):
+        return " ".join(_csv_value(v) for v in value)
+    return str(value)
+
+
+def write_csv(path: Path, rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> Path:
+    """Write ``rows`` to ``path`` as CSV with header ``columns``.
+
+    Floats are written exactly (``repr``), ``inf`` as ``inf``, ``None`` as an empty cell,
+    sequences space-separated.
+
+    Raises
+    ------
+    ValueError
+        If a row has a key that is not in ``columns``.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(columns)
+        for row in rows:
+            extra = sorted(set(row) - set(columns))
+            if extra:
+                raise ValueError(f"{path}: row has columns {extra} not in the header")
+            writer.writerow([_csv_value(row.get(c)) for c in columns])
+    return path
+
+
+def write_text(path: Path, text: str) -> Path:
+    """Write ``text`` (with a final newline) to ``path``, creating parent directories."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text if text.endswith("\n") else text + "\n")
+    return path
+
+
+def run_metrics(out: Path, data: str, model: str, spec: RunSpec, seed: int, *, quick: bool,
+                progress: bool, serving: ServingConfig | None = None) -> dict[str, Any]:
+    """Test metrics of ``spec`` / ``model`` / ``seed``: trained (or reused) and evaluated.
+
+    ``serving`` ``None``: the training run's own test metrics (ε_s = ∞). Otherwise the run
+    is evaluated under ``serving`` with its ``seed`` replaced by the run's seed, and the
+    result (with its ``serving`` block) is returned.
+    """
+    path = run_dir(out, model, spec, seed, quick=quick)
+    config = spec.run_config(data=data, model=model, seed=seed, quick=quick)
+    watch = Stopwatch()
+    cached = finished_metrics(path, config) is not None
+    log(f"  {'reusing' if cached else 'training'} {path}", progress=progress)
+    metrics = ensure_run(path, config, progress=progress)
+    if serving is None:
+        result = dict(metrics["test"])
+    else:
+        serving = replace(serving, seed=seed)
+        log(f"  serving {serving_key(serving)}", progress=progress)
+        result = serve_run(path, serving, progress=progress)
+    log(f"  done in {watch}: AUC {result['auc']:.4f}", progress=progress)
+    return result
+
+
+def over_seeds(out: Path, data: str, model: str, spec: RunSpec, seeds: Sequence[int], *,
+               quick: bool, progress: bool, serving: ServingConfig | None = None
+               ) -> tuple[list[dict[str, Any]], dict[str, Summary]]:
+    """:func:`run_metrics` for every seed; the per-seed results and their summaries."""
+    results = [run_metrics(out, data, model, spec, seed, quick=quick, progress=progress,
+                           serving=serving) for seed in seeds]
+    return results, summarize_metrics(results)
+
+
+def check_seeds(seeds: Sequence[int]) -> tuple[int, ...]:
+    """Validated seeds: a non-empty sequence of distinct integers >= 0.
+
+    Raises
+    ------
+    ConfigError
+        Naming the parameter ``seeds``.
+    """
+    values = tuple(seeds)
+    if not values or any(isinstance(s, bool) or not isinstance(s, (int, np.integer))
+                         or s < 0 for s in values) or len(set(values)) != len(values):
+        raise ConfigError(f"invalid 'seeds': got {list(values)!r}, expected one or more "
+                          f"distinct integers >= 0")
+    return tuple(int(s) for s in values)
+
+
+def check_models(models: Sequence[str]) -> tuple[str, ...]:
+    """Validated model names (news encoders), non-empty and distinct.
+
+    Raises
+    ------
+    ConfigError
+        Naming the parameter ``models``.
+    """
+    from privaterec.config import NEWS_ENCODERS
+    values = tuple(models)
+    bad = [m for m in values if m not in NEWS_ENCODERS]
+    if not values or bad or len(set(values)) != len(values):
+        raise ConfigError(f"invalid 'models': got {list(values)!r}, expected one or more "
+                          f"distinct news encoders among {', '.join(NEWS_ENCODERS)}")
+    return values
+
+
+class Stopwatch:
+    """Elapsed seconds since construction (for progress lines)."""
+
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+
+    def __str__(self) -> str:
+        return f"{time.perf_counter() - self.start:.0f}s"
+
+
+__all__ = ["DIGITS", "EPOCHS", "METRICS", "METRIC_LABELS", "MODEL_LABELS", "QUICK_EPOCHS",
+           "QUICK_ROUNDS", "ROUNDS", "RunSpec", "SCALE", "Stopwatch", "Summary",
+           "check_models", "check_seeds", "ensure_run", "finished_metrics", "format_epsilon", "format_summary", "log",
+           "markdown_table", "metric_columns", "over_seeds", "prepare_data", "run_dir",
+           "run_metrics", "serve_run",
+           "serving_key", "summarize", "summarize_metrics", "training_budget", "write_csv",
+           "write_text"]

@@ -1,0 +1,250 @@
+"""PrivateRec §4 Tables 1-2: private training and private serving, mean ± std over seeds.
+
+* **Table 1** (training, ε_s = ∞): Centralized; DP-FedRec ε_t = ∞ (= FedRec); DP-FedRec
+  ε_t = 10; PrivateRec ε_t = 10 in ``paper`` mode (Alg. 3 as published) and, as an extra
+  row, in ``strict`` mode (DESIGN §4 erratum 4: the history-path gradient is clipped and
+  noised too).
+* **Table 2** (serving at ε_s = 10 per query): DP-FedRec ε_t = ∞ and ε_t = 10 served with
+  VDP (§3.2.1), PrivateRec ε_t = 10 served with PrivateRec (Alg. 1-2, padding p = 0.5), plus
+  the bytes each query sends.
+
+Every number comes from a run trained (or reused from the run cache, see
+:mod:`privaterec.experiments.common`) and evaluated on the data set's test split; metrics
+are printed ×100 like the paper's tables.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from privaterec.eval.serving import ServingConfig
+from privaterec.experiments.common import (DIGITS, METRIC_LABELS, METRICS, MODEL_LABELS, SCALE,
+                                           RunSpec, Stopwatch, Summary, check_models,
+                                           check_seeds, format_epsilon, format_summary, log,
+                                           markdown_table, metric_columns, over_seeds,
+                                           prepare_data, training_budget, write_csv,
+                                           write_text)
+
+TRAIN_EPSILON = 10.0  # ε_t of the private rows (Tables 1-2)
+SERVE_EPSILON = 10.0  # ε_s of Table 2
+SERVE_PADDING = 0.5  # PrivateRec's padding probability p in Table 2
+
+CENTRALIZED = RunSpec("centralized")
+FEDREC = RunSpec("dp-fedrec", math.inf)
+DP_FEDREC = RunSpec("dp-fedrec", TRAIN_EPSILON)
+PRIVATEREC = RunSpec("privaterec", TRAIN_EPSILON, privacy_mode="paper")
+PRIVATEREC_STRICT = RunSpec("privaterec", TRAIN_EPSILON, privacy_mode="strict")
+
+TABLE1_ROWS: tuple[RunSpec, ...] = (CENTRALIZED, FEDREC, DP_FEDREC, PRIVATEREC,
+                                    PRIVATEREC_STRICT)
+
+
+@dataclass(frozen=True)
+class ServedRow:
+    """A Table 2 row: a trained configuration and the mechanism serving it."""
+
+    run: RunSpec
+    serving: str  # "vdp" or "privaterec"
+
+    @property
+    def label(self) -> str:
+        serving = "VDP" if self.serving == "vdp" else f"PrivateRec (p = {SERVE_PADDING:g})"
+        return f"{self.run.label} + {serving} serving"
+
+    def serving_config(self) -> ServingConfig:
+        """The serving mechanism (its seed is replaced by each run's seed)."""
+        return ServingConfig(kind=self.serving, epsilon=SERVE_EPSILON, padding_p=SERVE_PADDING)
+
+
+TABLE2_ROWS: tuple[ServedRow, ...] = (ServedRow(FEDREC, "vdp"), ServedRow(DP_FEDREC, "vdp"),
+                                      ServedRow(PRIVATEREC, "privaterec"))
+
+_METRIC_HEADERS = [f"{METRIC_LABELS[m]} (×{SCALE:g})" for m in METRICS]
+
+
+def _train_epsilon_cell(spec: RunSpec) -> str:
+    return "-" if spec.method == "centralized" else format_epsilon(spec.epsilon_train)
+
+
+def _metric_cells(summaries: dict[str, Summary]) -> list[str]:
+    return [format_summary(summaries[m], scale=SCALE, digits=DIGITS) for m in METRICS]
+
+
+def _seed_rows(table: str, model: str, spec: RunSpec, seeds: Sequence[int],
+               results: Sequence[dict[str, Any]], **extra: Any) -> list[dict[str, Any]]:
+    return [{"table": table, "model": model, "row": spec.slug, "seed": seed,
+             **extra, **{m: r[m] for m in METRICS}} for seed, r in zip(seeds, results)]
+
+
+def _common_notes(data: str, seeds: Sequence[int], quick: bool) -> list[str]:
+    rounds, epochs = training_budget(quick)
+    return [f"Data: `{data}` (test split). Federated runs: {rounds} rounds; centralized: "
+            f"{epochs} epochs{' (--quick)' if quick else ''}.",
+            f"Test metrics ×{SCALE:g}, mean ± sample std (ddof = 1) over seeds "
+            f"{', '.join(map(str, seeds))}; n = number of seeds (n = 1: no std)."]
+
+
+def _summary_record(model: str, spec: RunSpec, seeds: Sequence[int],
+                    summaries: dict[str, Summary], **extra: Any) -> dict[str, Any]:
+    return {"model": model, "row": spec.slug, "method": spec.method,
+            "epsilon_train": spec.epsilon_train if spec.method != "centralized" else None,
+            "privacy_mode": spec.privacy_mode if spec.method == "privaterec" else None,
+            "basis_size": spec.basis or None, **extra, "n_seeds": len(seeds),
+            "seeds": list(seeds), **metric_columns(summaries)}
+
+
+def _columns(extra: Sequence[str]) -> list[str]:
+    return (["model", "row", "method", "epsilon_train", "privacy_mode", "basis_size", *extra,
+             "n_seeds", "seeds"] + [f"{m}_{s}" for m in METRICS for s in ("mean", "std")])
+
+
+def run_table1(out: Path, *, data: str | None = None,
+               models: Sequence[str] = ("nrms", "naml", "plm"),
+               seeds: Sequence[int] = (0, 1, 2), quick: bool = False,
+               progress: bool = True) -> dict[str, Any]:
+    """PrivateRec Table 1: test metrics of each training method at ε_s = ∞.
+
+    Trains (or reuses from ``out/runs``) every row × model × seed, then writes
+    ``out/table1.md``, ``out/table1.csv`` (raw mean/std per metric) and
+    ``out/table1_runs.csv`` (every seed's raw metrics), and prints the markdown table.
+
+    Parameters
+    ----------
+    out:
+        Output directory (also holds the run cache and, without ``data``, the synthetic data).
+    data:
+        MIND-format directory with ``train/`` and ``test/``; ``None``: the demo's synthetic
+        data set.
+    models:
+        News encoders (``nrms``, ``naml``, ``plm``, ...).
+    seeds:
+        Training seeds; every row is trained once per seed.
+    quick:
+        Smaller synthetic data and training budget (:data:`common.QUICK_ROUNDS`,
+        :data:`common.QUICK_EPOCHS`).
+    progress:
+        Progress lines and bars on stderr.
+
+    Returns
+    -------
+    dict
+        ``markdown``/``csv``/``runs_csv`` paths, ``table`` (the markdown text) and ``rows``
+        (per row: model, slug, label, seeds and each metric's mean/std/n/values).
+    """
+    out = Path(out)
+    models, seeds = check_models(models), check_seeds(seeds)
+    data_dir = prepare_data(out, data, quick=quick, progress=progress)
+    watch = Stopwatch()
+    cells: list[list[str]] = []
+    records: list[dict[str, Any]] = []
+    seed_rows: list[dict[str, Any]] = []
+    rows: list[dict[str, Any]] = []
+    for model in models:
+        for spec in TABLE1_ROWS:
+            log(f"[table1 {watch}] {model} / {spec.slug}", progress=progress)
+            results, summaries = over_seeds(out, data_dir, model, spec, seeds, quick=quick,
+                                            progress=progress)
+            cells.append([MODEL_LABELS.get(model, model), _train_epsilon_cell(spec), spec.label,
+                          *_metric_cells(summaries), str(len(seeds))])
+            records.append(_summary_record(model, spec, seeds, summaries))
+            seed_rows += _seed_rows("table1", model, spec, seeds, results)
+            rows.append({"model": model, "row": spec.slug, "label": spec.label,
+                         "seeds": list(seeds),
+                         "metrics": {m: s.to_dict() for m, s in summaries.items()}})
+    table = markdown_table(["Model", "ε_t", "Method", *_METRIC_HEADERS, "n"], cells)
+    notes = _common_notes(data_dir, seeds, quick) + [
+        "ε_s = ∞: the model's own user vector (PrivateRec: ũ = Σ αᵢ bᵢ without noise). "
+        "ε_t is per round and per client (Laplace mechanism, δ = 0); DP-FedRec ε_t = ∞ is "
+        "FedRec (no noise). '-': data collected centrally.",
+        "PrivateRec (paper mode) follows Alg. 3 as published: the gradient of the user and "
+        "news encoders through the history path is uploaded without noise and is NOT "
+        "covered by ε_t (DESIGN §4 erratum 4). PrivateRec (strict mode), an extra row not "
+        "in the paper, clips and noises that gradient too, so ε_t covers the whole upload."]
+    markdown = "\n".join(["## Table 1: private training (ε_s = ∞)", "", table, "",
+                          *[f"- {n}" for n in notes]])
+    md_path = write_text(out / "table1.md", markdown)
+    csv_path = write_csv(out / "table1.csv", records, _columns([]))
+    runs_path = write_csv(out / "table1_runs.csv", seed_rows,
+                          ["table", "model", "row", "seed", *METRICS])
+    print(markdown)
+    return {"markdown": md_path, "csv": csv_path, "runs_csv": runs_path, "table": markdown,
+            "rows": rows, "data": data_dir}
+
+
+def run_table2(out: Path, *, data: str | None = None,
+               models: Sequence[str] = ("nrms", "naml", "plm"),
+               seeds: Sequence[int] = (0, 1, 2), quick: bool = False,
+               progress: bool = True) -> dict[str, Any]:
+    """PrivateRec Table 2: test metrics under private serving at ε_s = 10 per query.
+
+    Reuses (or trains) Table 1's runs and evaluates each with its serving mechanism, seeded
+    with the run's seed; every evaluation is recorded in the run's ``privacy.json`` once
+    (repeated calls reuse ``RUN/serving/*.json``). Writes ``out/table2.md``,
+    ``out/table2.csv`` and ``out/table2_runs.csv`` and prints the markdown table.
+
+    Parameters and return value as in :func:`run_table1`; each row also has
+    ``bytes_per_query`` (4 bytes per float sent: B for PrivateRec, d for VDP).
+    """
+    out = Path(out)
+    models, seeds = check_models(models), check_seeds(seeds)
+    data_dir = prepare_data(out, data, quick=quick, progress=progress)
+    watch = Stopwatch()
+    cells: list[list[str]] = []
+    records: list[dict[str, Any]] = []
+    seed_rows: list[dict[str, Any]] = []
+    rows: list[dict[str, Any]] = []
+    for model in models:
+        for served in TABLE2_ROWS:
+            spec = served.run
+            log(f"[table2 {watch}] {model} / {spec.slug} + {served.serving} serving",
+                progress=progress)
+            results, summaries = over_seeds(out, data_dir, model, spec, seeds, quick=quick,
+                                            progress=progress,
+                                            serving=served.serving_config())
+            sizes = sorted({int(r["serving"]["bytes_per_query"]) for r in results})
+            size = sizes[0] if len(sizes) == 1 else None
+            size_cell = str(size) if size is not None else "/".join(map(str, sizes))
+            cells.append([MODEL_LABELS.get(model, model), _train_epsilon_cell(spec),
+                          format_epsilon(SERVE_EPSILON), served.label,
+                          *_metric_cells(summaries), size_cell, str(len(seeds))])
+            extra = {"serving": served.serving, "epsilon_serve": SERVE_EPSILON,
+                     "padding_p": SERVE_PADDING if served.serving == "privaterec" else None,
+                     "bytes_per_query": size_cell}
+            records.append(_summary_record(model, spec, seeds, summaries, **extra))
+            seed_rows += _seed_rows("table2", model, spec, seeds, results,
+                                    serving=served.serving)
+            rows.append({"model": model, "row": spec.slug, "serving": served.serving,
+                         "label": served.label, "seeds": list(seeds),
+                         "bytes_per_query": size if size is not None else sizes,
+                         "metrics": {m: s.to_dict() for m, s in summaries.items()}})
+    table = markdown_table(["Model", "ε_t", "ε_s", "Method", *_METRIC_HEADERS,
+                            "bytes / query", "n"], cells)
+    notes = _common_notes(data_dir, seeds, quick) + [
+        f"ε_s = {SERVE_EPSILON:g} per query, Laplace (δ = 0); each labelled test impression is "
+        "one query, and the serving noise is seeded with the run's seed.",
+        "VDP (§3.2.1): the d-dim user vector is L1-clipped to θ = 0.001 and noised with "
+        "Δ₁ = 2θ; it sends d floats. PrivateRec (Alg. 1-2): padding p = "
+        f"{SERVE_PADDING:g}, Laplace noise on the B attention weights with the simplex "
+        "sensitivity Δ₁ = 2 (DESIGN §4 erratum 1) at the padding-amplified budget "
+        "(erratum 2); it sends B floats. bytes / query = 4 × floats sent (float32).",
+        "Per-user serving ε composes over that user's queries: see "
+        "'privaterec privacy report --run RUN'."]
+    markdown = "\n".join([f"## Table 2: private serving (ε_s = {SERVE_EPSILON:g})", "", table,
+                          "", *[f"- {n}" for n in notes]])
+    md_path = write_text(out / "table2.md", markdown)
+    csv_path = write_csv(out / "table2.csv", records,
+                         _columns(["serving", "epsilon_serve", "padding_p",
+                                   "bytes_per_query"]))
+    runs_path = write_csv(out / "table2_runs.csv", seed_rows,
+                          ["table", "model", "row", "serving", "seed", *METRICS])
+    print(markdown)
+    return {"markdown": md_path, "csv": csv_path, "runs_csv": runs_path, "table": markdown,
+            "rows": rows, "data": data_dir}
+
+
+__all__ = ["CENTRALIZED", "DP_FEDREC", "FEDREC", "PRIVATEREC", "PRIVATEREC_STRICT",
+           "SERVE_EPSILON", "SERVE_PADDING", "ServedRow", "TABLE1_ROWS", "TABLE2_ROWS",
+           "TRAIN_EPSILON", "run_table1", "run_table2"]

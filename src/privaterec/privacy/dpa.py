@@ -1,0 +1,290 @@
+"""PrivateRec's private user representation: behaviour padding, DPA, VDP and DPL.
+
+Pure functions of tensors plus an explicit ``torch.Generator`` (DESIGN §2); the model parts
+(basic vectors b, the attention α = softmax(u·bᵀ/√d)) live in :mod:`privaterec.models`, and
+the engines compose the two.
+
+* :func:`padding_mask` — Alg. 2 lines 2-5: each real history item is replaced by the
+  anonymous news r₀ with probability p.
+* :func:`dpa_noise` — Alg. 2 line 9 with DESIGN §4 errata 1-3: noise on α calibrated with the
+  TRUE sensitivity of the simplex (L1 = 2, L2 = √2) at the padding-amplified budget
+  ε′ = ln((e^ε − p)/(1 − p)), δ′ = δ/(1 − p); Laplace (δ = 0) or analytic Gaussian.
+  ``sensitivity="paper"`` (S = θ = 1) reproduces the paper and marks the event invalid.
+* :func:`softplus_normalize` (serving, Alg. 2 line 10) and :func:`relu_normalize` (training,
+  §3.3, guarded against an all-zero sum: DESIGN §4 erratum 5).
+* :func:`vdp_release` — §3.2.1's baseline: clip the d-dim user vector to θ, add noise
+  calibrated to ε_s with Δ = 2θ.
+* :func:`dpl_choose` — Alg. 3 lines 16-18: the exponential mechanism that picks the positive
+  label among the k + 1 candidates with p ∝ e^{β yᵢ}, β = max{0, ln(k/(C − 1)·e^ε)}.
+
+Alg. 2 line 8's clipping α/max(1, ‖α‖₂) is the identity on the simplex (‖α‖₂ ≤ ‖α‖₁ = 1),
+so it is omitted.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from privaterec.errors import ConfigError
+from privaterec.privacy.calibration import dpa_sensitivity, dpl_beta
+from privaterec.privacy.ledger import Phase, PrivacyEvent
+from privaterec.privacy.mechanisms import (Generators, clip_l1, clip_l2, gaussian_mechanism,
+                                           laplace_mechanism)
+
+Mechanism = Literal["laplace", "gaussian"]
+SensitivityMode = Literal["true", "paper"]
+
+PAPER_MODE_NOTE = ("sensitivity='paper' (S = theta): NOT a valid DP guarantee; alpha lies on "
+                   "the simplex, whose true sensitivity is L1 = 2 / L2 = sqrt(2)")
+
+
+def _check_probability(p: float, name: str) -> None:
+    if not (isinstance(p, (int, float)) and 0.0 <= p < 1.0):
+        raise ConfigError(f"invalid privacy parameter '{name}': got {p!r}, expected a "
+                          f"probability in [0, 1)")
+
+
+def _check_mechanism(mechanism: str) -> None:
+    if mechanism not in ("laplace", "gaussian"):
+        raise ConfigError(f"invalid 'mechanism': got {mechanism!r}, expected 'laplace' or "
+                          f"'gaussian'")
+
+
+def padding_mask(mask: Tensor, *, padding_p: float, generator: Generators) -> Tensor:
+    """Which history positions are replaced by the anonymous news r₀ (Alg. 2 lines 2-5).
+
+    Parameters
+    ----------
+    mask:
+        ``BoolTensor[m, H]`` (or ``[H]``), ``True`` for a real click.
+    padding_p:
+        p in [0, 1): each real click is independently replaced with probability p.
+    generator:
+        One generator, or one per row (client) of ``mask``.
+
+    Returns
+    -------
+    ``BoolTensor`` of ``mask``'s shape, ``True`` where the click is replaced by r₀ (never on
+    positions that hold no click).
+    """
+    _check_probability(padding_p, "padding_p")
+    if padding_p == 0:
+        return torch.zeros_like(mask, dtype=torch.bool)
+    if isinstance(generator, torch.Generator):
+        u = torch.rand(mask.shape, generator=generator, dtype=torch.float64)
+    else:
+        gens = list(generator)
+        if mask.ndim < 2 or mask.shape[0] != len(gens):
+            raise ConfigError(f"one generator per row: got {len(gens)} generators for a mask "
+                              f"of shape {tuple(mask.shape)}")
+        u = torch.stack([torch.rand(mask.shape[1:], generator=g, dtype=torch.float64)
+                         for g in gens])
+    return (u < padding_p) & mask
+
+
+def pad_history(rows: Tensor, pad: Tensor, *, anonymous_row: int = 0) -> Tensor:
+    """Replace the padded positions of history rows by the anonymous news row (r₀, row 0).
+
+    ``rows``: ``LongTensor[..., H]`` feature-table rows; ``pad``: ``BoolTensor`` of the same
+    shape from :func:`padding_mask`. The mask of real clicks is unchanged: a padded click is
+    still a history position, holding the public news r₀ (PrivateRec Fig. 3).
+    """
+    return torch.where(pad, torch.full_like(rows, anonymous_row), rows)
+
+
+def dpa_noise(shape: Sequence[int], *, epsilon: float, delta: float = 0.0,
+              padding_p: float = 0.0, mechanism: Mechanism = "laplace",
+              sensitivity: SensitivityMode = "true", generator: Generators,
+              phase: Phase = "train", dtype: torch.dtype = torch.float32
+              ) -> tuple[Tensor, PrivacyEvent]:
+    """DPA noise for attention vectors α of shape ``[m, B]`` (one release per row).
+
+    PrivateRec Alg. 2 line 9, corrected (DESIGN §4 errata 1-3): calibrated with the simplex
+    sensitivity (L1 = 2 for Laplace, L2 = √2 for the analytic Gaussian) at the amplified
+    budget (ε′, δ′) of :func:`~privaterec.privacy.calibration.amplified_budget`.
+
+    Parameters
+    ----------
+    shape:
+        ``(m, B)``: m releases (clients or queries) of B coordinates.
+    epsilon, delta:
+        Target (ε, δ) of one release after amplification; ε = ∞ gives zero noise (event not
+        private). Laplace needs δ = 0; Gaussian needs δ in (0, 1).
+    padding_p:
+        The padding probability the caller applied with :func:`padding_mask`.
+    mechanism:
+        ``"laplace"`` or ``"gaussian"``.
+    sensitivity:
+        ``"true"`` (default) or ``"paper"`` (S = θ = 1; the event is marked ``valid=False``).
+    generator:
+        One generator, or one per row.
+    phase:
+        ``"train"`` or ``"serve"``.
+
+    Returns
+    -------
+    (``Tensor[m, B]`` noise, the :class:`PrivacyEvent` of ONE row's release)
+    """
+    _check_mechanism(mechanism)
+    _check_probability(padding_p, "padding_p")
+    if len(shape) != 2:
+        raise ConfigError(f"dpa_noise needs a shape (m, B), got {tuple(shape)}")
+    norm = "l1" if mechanism == "laplace" else "l2"
+    sens = dpa_sensitivity(norm, mode=sensitivity)
+    valid = sensitivity == "true"
+    note = ("PrivateRec DPA: noise on the B attention weights, simplex sensitivity, "
+            "padding-amplified budget" if valid else PAPER_MODE_NOTE)
+    zeros = torch.zeros(tuple(shape), dtype=dtype)
+    if mechanism == "laplace":
+        if delta != 0:
+            raise ConfigError(f"invalid privacy parameter 'delta': got {delta!r}; the Laplace "
+                              f"mechanism is pure DP, pass delta=0 or mechanism='gaussian'")
+        noise, event = laplace_mechanism(zeros, epsilon=epsilon, sensitivity_l1=sens,
+                                         generator=generator, phase=phase, batched=True,
+                                         padding_p=padding_p, valid=valid, note=note)
+    else:
+        noise, event = gaussian_mechanism(zeros, epsilon=epsilon, delta=delta,
+                                          sensitivity_l2=sens, generator=generator,
+                                          phase=phase, batched=True, padding_p=padding_p,
+                                          valid=valid, note=note)
+    return noise, event
+
+
+def softplus_normalize(x: Tensor) -> Tensor:
+    """α̃ᵢ = softplus(xᵢ)/Σⱼ softplus(xⱼ) over the last dimension (Alg. 2 line 10, serving).
+
+    Computed as softmax(log softplus(x)) so that a row whose coordinates are all very
+    negative (softplus underflows to 0, e.g. under large noise at small ε) gets its limit
+    softmax(x) instead of 0/0: log softplus(x) = x + log1p(−x/2 + …) → x as x → −∞.
+    """
+    log_softplus = torch.where(x < -20, x, torch.log(F.softplus(x.clamp_min(-20))))
+    return torch.softmax(log_softplus, dim=-1)
+
+
+def relu_normalize(x: Tensor) -> Tensor:
+    """α̃ᵢ = relu(xᵢ)/Σⱼ relu(xⱼ) (PrivateRec §3.3, training), uniform where the sum is 0.
+
+    DESIGN §4 erratum 5: when every coordinate of a row is ≤ 0 the paper's formula divides
+    by zero; such a row falls back to the uniform vector 1/B (no gradient flows through it).
+    """
+    r = torch.relu(x)
+    total = r.sum(dim=-1, keepdim=True)
+    safe = torch.where(total > 0, total, torch.ones_like(total))
+    uniform = torch.full_like(r, 1.0 / x.shape[-1])
+    return torch.where(total > 0, r / safe, uniform)
+
+
+def vdp_release(user: Tensor, *, clip: float, epsilon: float, delta: float = 0.0,
+                mechanism: Mechanism = "laplace", generator: Generators,
+                phase: Phase = "serve") -> tuple[Tensor, PrivacyEvent]:
+    """VDP (PrivateRec §3.2.1): clip each user vector to norm θ and add calibrated noise.
+
+    Laplace: L1 clip, Δ₁ = 2θ; Gaussian: L2 clip, Δ₂ = 2θ, analytic calibration (erratum 3).
+
+    Parameters
+    ----------
+    user:
+        ``Tensor[m, d]`` user vectors (one release per row).
+    clip:
+        θ > 0 (the paper's serving baseline uses 0.001).
+    epsilon, delta, mechanism, generator, phase:
+        As in :func:`dpa_noise`.
+
+    Returns
+    -------
+    (``Tensor[m, d]`` released vectors, the event of one release)
+    """
+    _check_mechanism(mechanism)
+    if not (isinstance(clip, (int, float)) and 0 < clip < math.inf):
+        raise ConfigError(f"invalid privacy parameter 'clip': got {clip!r}, expected a finite "
+                          f"number > 0")
+    note = f"VDP: {'L1' if mechanism == 'laplace' else 'L2'} clip of the user vector to {clip}"
+    if mechanism == "laplace":
+        if delta != 0:
+            raise ConfigError(f"invalid privacy parameter 'delta': got {delta!r}; the Laplace "
+                              f"mechanism is pure DP, pass delta=0 or mechanism='gaussian'")
+        return laplace_mechanism(clip_l1(user, clip), epsilon=epsilon, sensitivity_l1=2 * clip,
+                                 generator=generator, phase=phase, batched=True, note=note)
+    return gaussian_mechanism(clip_l2(user, clip), epsilon=epsilon, delta=delta,
+                              sensitivity_l2=2 * clip, generator=generator, phase=phase,
+                              batched=True, note=note)
+
+
+def dpl_choose(impression_size: Tensor, *, negatives: int, epsilon: float,
+               generator: torch.Generator) -> tuple[Tensor, Tensor]:
+    """DP label permutation (PrivateRec Alg. 3 lines 16-18): the column to label positive.
+
+    Each sample holds its clicked news in column 0 followed by k sampled non-clicked news.
+    The positive is drawn with p ∝ e^{β yᵢ}: column 0 with e^β/(k + e^β), each other column
+    with 1/(k + e^β), where β = max{0, ln(k/(C − 1)·e^ε)} and C is the sample's impression
+    size. With the k non-clicked drawn uniformly from the C − 1 (expected multiplicity
+    k/(C − 1) each, with or without replacement), the identity of the news labelled positive
+    is ε-DP with respect to which news of the impression was clicked. The set of k + 1
+    candidates itself always contains the clicked news (Alg. 3 line 16), so which news were
+    sampled is NOT covered, only which of them is labelled positive; the privacy report says
+    so (DESIGN §4 erratum 8 scopes label DP to "given the candidate set").
+
+    Parameters
+    ----------
+    impression_size:
+        ``LongTensor[n]``, C of each sample's impression (≥ 2).
+    negatives:
+        k ≥ 1.
+    epsilon:
+        ε_t > 0 (∞: column 0 always, no permutation).
+    generator:
+        The client's generator.
+
+    Returns
+    -------
+    (``LongTensor[n]`` chosen columns in [0, k], ``Tensor[n]`` β of each sample)
+    """
+    if not (isinstance(negatives, int) and negatives >= 1):
+        raise ConfigError(f"invalid 'negatives': got {negatives!r}, expected an int >= 1")
+    if bool((impression_size < 2).any()):
+        raise ConfigError("every impression needs at least 2 candidates for DP label "
+                          "permutation")
+    n = impression_size.shape[0]
+    if math.isinf(epsilon):
+        # Still consume the draws so the generator's stream does not depend on ε.
+        torch.rand(n, generator=generator, dtype=torch.float64)
+        return torch.zeros(n, dtype=torch.long), torch.full((n,), math.inf)
+    beta = torch.tensor([dpl_beta(epsilon=epsilon, k=negatives, impression_size=int(c),
+                                  allow_replacement=True) for c in impression_size.tolist()],
+                        dtype=torch.float64)
+    # P(column 0) = e^β/(k + e^β) = 1/(1 + k e^{−β}); otherwise uniform over columns 1..k.
+    keep = 1.0 / (1.0 + negatives * torch.exp(-beta))
+    u = torch.rand(n, generator=generator, dtype=torch.float64)
+    other = 1 + torch.minimum((((u - keep) / (1 - keep).clamp_min(1e-300)) * negatives).long(),
+                              torch.tensor(negatives - 1))
+    return torch.where(u < keep, torch.zeros(n, dtype=torch.long), other), beta.float()
+
+
+def dpl_event(*, epsilon: float, phase: Phase = "train") -> PrivacyEvent:
+    """The event of DP label permutation on one client's samples of one round (ε per click)."""
+    return PrivacyEvent(mechanism="exponential", epsilon=epsilon, phase=phase,
+                        note="PrivateRec DPL: exponential mechanism on the positive label "
+                             "(candidate set not covered)")
+
+
+def permute_columns(candidates: Tensor, chosen: Tensor) -> Tensor:
+    """Swap column ``chosen[i]`` of row i into column 0 (the label column of the loss).
+
+    ``candidates``: ``LongTensor[n, 1 + k]``; ``chosen``: ``LongTensor[n]``. Returns a new
+    tensor where column 0 holds the news DPL labelled positive.
+    """
+    out = candidates.clone()
+    rows = torch.arange(candidates.shape[0])
+    out[rows, 0] = candidates[rows, chosen]
+    out[rows, chosen] = candidates[:, 0]
+    return out
+
+
+__all__ = ["Mechanism", "PAPER_MODE_NOTE", "SensitivityMode", "dpa_noise", "dpl_choose",
+           "dpl_event", "pad_history", "padding_mask", "permute_columns", "relu_normalize",
+           "softplus_normalize", "vdp_release"]
