@@ -1,4 +1,4 @@
-"""Command-line interface: ``privaterec data|train|evaluate|privacy|demo``.
+"""Command-line interface: ``privaterec data|train|evaluate|privacy|experiment|demo``.
 
 The only module that reads argv, environment variables and user-given paths. Every command
 exits 0 on success, 1 when a check fails (``data check``), 2 on a user error (bad flag,
@@ -158,6 +158,26 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
               f"bytes sent per query); releases recorded in {args.run}/privacy.json, "
               f"per-user serving epsilon (max) = {info['epsilon_serve_user_max']:.6g} at "
               f"delta = {info['privacy_delta']:g}")
+    return EXIT_OK
+
+
+def cmd_experiment(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    if args.name == "tradeoff":
+        from privaterec.experiments.tradeoff import run_tradeoff
+
+        if args.models and len(args.models) != 1:
+            raise PrivateRecError("experiment tradeoff takes one --models value")
+        run_tradeoff(out, data=args.data, model=(args.models or ["nrms"])[0],
+                     seeds=args.seeds, quick=args.quick, progress=not args.no_progress)
+    else:
+        from privaterec.experiments.paper import run_table1, run_table2
+
+        run = run_table1 if args.name == "table1" else run_table2
+        models = args.models or (["nrms"] if args.quick else ["nrms", "naml", "plm"])
+        run(out, data=args.data, models=models, seeds=args.seeds, quick=args.quick,
+            progress=not args.no_progress)
+    print(f"results written to {out}", file=sys.stderr)
     return EXIT_OK
 
 
@@ -360,6 +380,22 @@ def build_parser() -> argparse.ArgumentParser:
                           help="VDP clipping norm theta of the user vector")
     evaluate.add_argument("--seed", type=int, default=0, help="seed of the simulated devices")
     evaluate.set_defaults(func=cmd_evaluate)
+
+    experiment = sub.add_parser(
+        "experiment", help="PrivateRec paper experiments: table1 (training), table2 "
+                           "(serving), tradeoff (figures 4-7); markdown, CSV and PNG")
+    experiment.add_argument("name", choices=["table1", "table2", "tradeoff"])
+    experiment.add_argument("--out", default="experiments-out",
+                            help="output directory (runs are cached there and reused)")
+    experiment.add_argument("--data", default=None,
+                            help="data directory (default: the embedded synthetic data)")
+    experiment.add_argument("--models", nargs="+", choices=NEWS_ENCODERS, default=None,
+                            help="news encoders (tables: nrms naml plm; tradeoff: nrms)")
+    experiment.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    experiment.add_argument("--quick", action="store_true",
+                            help="small data, few rounds, nrms only: runs in minutes")
+    experiment.add_argument("--no-progress", action="store_true")
+    experiment.set_defaults(func=cmd_experiment)
 
     demo = sub.add_parser("demo", help="synthesise data, train, evaluate, print a table")
     demo.add_argument("--out", default=None, help="where to keep data and runs "

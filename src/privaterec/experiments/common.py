@@ -140,7 +140,7 @@ def log(message: str, *, progress: bool) -> None:
         print(message, file=sys.stderr, flush=True)
 
 
-def prepare_data(out: Path, data: str | None, *, quick: bool, progress: bool) -> str:
+def resolve_data(out: Path, data: str | None, *, quick: bool, progress: bool) -> str:
     """The absolute data directory of the experiments.
 
     ``data`` given: that MIND-format directory (must hold ``train/`` and ``test/``).
@@ -426,8 +426,7 @@ class Stopwatch:
 
 __all__ = ["DIGITS", "EPOCHS", "METRICS", "METRIC_LABELS", "MODEL_LABELS", "QUICK_EPOCHS",
            "QUICK_ROUNDS", "ROUNDS", "RunSpec", "SCALE", "Stopwatch", "Summary",
-           "check_models", "check_seeds", "ensure_run", "finished_metrics", "format_epsilon", "format_summary", "log",
-           "markdown_table", "metric_columns", "over_seeds", "prepare_data", "run_dir",
-           "run_metrics", "serve_run",
-           "serving_key", "summarize", "summarize_metrics", "training_budget", "write_csv",
-           "write_text"]
+           "check_models", "check_seeds", "ensure_run", "finished_metrics", "format_epsilon",
+           "format_summary", "log", "markdown_table", "metric_columns", "over_seeds",
+           "resolve_data", "run_dir", "run_metrics", "serve_run", "serving_key", "summarize",
+           "summarize_metrics", "training_budget", "write_csv", "write_text"]

@@ -25,7 +25,7 @@ from privaterec.experiments.common import (DIGITS, METRIC_LABELS, METRICS, MODEL
                                            RunSpec, Stopwatch, Summary, check_models,
                                            check_seeds, format_epsilon, format_summary, log,
                                            markdown_table, metric_columns, over_seeds,
-                                           prepare_data, training_budget, write_csv,
+                                           resolve_data, training_budget, write_csv,
                                            write_text)
 
 TRAIN_EPSILON = 10.0  # ε_t of the private rows (Tables 1-2)
@@ -82,7 +82,7 @@ def _seed_rows(table: str, model: str, spec: RunSpec, seeds: Sequence[int],
 def _common_notes(data: str, seeds: Sequence[int], quick: bool) -> list[str]:
     rounds, epochs = training_budget(quick)
     return [f"Data: `{data}` (test split). Federated runs: {rounds} rounds; centralized: "
-            f"{epochs} epochs{' (--quick)' if quick else ''}.",
+            f"{epochs} epoch{'' if epochs == 1 else 's'}{' (--quick)' if quick else ''}.",
             f"Test metrics ×{SCALE:g}, mean ± sample std (ddof = 1) over seeds "
             f"{', '.join(map(str, seeds))}; n = number of seeds (n = 1: no std)."]
 
@@ -136,7 +136,7 @@ def run_table1(out: Path, *, data: str | None = None,
     """
     out = Path(out)
     models, seeds = check_models(models), check_seeds(seeds)
-    data_dir = prepare_data(out, data, quick=quick, progress=progress)
+    data_dir = resolve_data(out, data, quick=quick, progress=progress)
     watch = Stopwatch()
     cells: list[list[str]] = []
     records: list[dict[str, Any]] = []
@@ -190,7 +190,7 @@ def run_table2(out: Path, *, data: str | None = None,
     """
     out = Path(out)
     models, seeds = check_models(models), check_seeds(seeds)
-    data_dir = prepare_data(out, data, quick=quick, progress=progress)
+    data_dir = resolve_data(out, data, quick=quick, progress=progress)
     watch = Stopwatch()
     cells: list[list[str]] = []
     records: list[dict[str, Any]] = []

@@ -25,7 +25,7 @@ from privaterec.eval.serving import ServingConfig
 from privaterec.experiments.common import (MODEL_LABELS, SCALE, RunSpec, Stopwatch, Summary,
                                            check_models, check_seeds, format_epsilon,
                                            format_summary, log, markdown_table, over_seeds,
-                                           prepare_data, training_budget, write_csv,
+                                           resolve_data, training_budget, write_csv,
                                            write_text)
 from privaterec.privacy.calibration import amplified_budget, dpa_sensitivity, laplace_scale
 
@@ -332,7 +332,7 @@ def run_tradeoff(out: Path, *, data: str | None = None, model: str = "nrms",
     """
     out = Path(out)
     (model,) = check_models([model])
-    ctx = _Context(out, prepare_data(out, data, quick=quick, progress=progress), model,
+    ctx = _Context(out, resolve_data(out, data, quick=quick, progress=progress), model,
                    check_seeds(seeds), quick, progress)
     figures: dict[str, dict[str, Any]] = {}
     sections: list[str] = []

@@ -355,8 +355,8 @@ def format_privacy_report(summary: Mapping[str, Any]) -> str:
     uncovered = release.get("uncovered_parameters")
     if uncovered:
         lines += ["!" * 78,
-                  f"!! WARNING: the gradients of {len(uncovered)} parameter(s) are NOT covered "
-                  f"by the DP guarantee",
+                  f"!! WARNING: the gradients of {len(uncovered)} parameter group(s) are NOT "
+                  f"covered by the DP guarantee",
                   "!! (PrivateRec paper mode, DESIGN section 4 erratum 4): the epsilon below "
                   "does not protect them:"]
         lines += [f"!!   {name}" for name in uncovered]
@@ -405,8 +405,18 @@ def format_privacy_report(summary: Mapping[str, Any]) -> str:
                          f"  (one coordinate only, NOT the guarantee)"))
     if release.get("delta_per_round") is not None:
         rows.append(("delta per round", _fmt(release["delta_per_round"])))
-    extra = [(k, _short(v) if isinstance(v, (list, tuple)) else _fmt(v))
-             for k, v in release.items() if k not in _KNOWN_RELEASE_KEYS]
+    extra: list[tuple[str, str]] = []
+    for k, v in release.items():
+        if k in _KNOWN_RELEASE_KEYS:
+            continue
+        if isinstance(v, dict):  # e.g. PrivateRec's dpa / dpl / history_gradient blocks
+            extra += [(f"{k}: {sub}", _fmt(x)) for sub, x in v.items()]
+        elif isinstance(v, (list, tuple)) and v and isinstance(v[0], dict):  # serving
+            for i, item in enumerate(v):
+                extra.append((f"{k} #{i + 1}", ", ".join(f"{a}={_fmt(b)}"
+                                                         for a, b in item.items())))
+        else:
+            extra.append((k, _short(v) if isinstance(v, (list, tuple)) else _fmt(v)))
     lines += _table(rows + extra)
 
     lines.append("")
