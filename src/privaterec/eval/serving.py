@@ -27,7 +27,8 @@ from privaterec.config import SERVING_KINDS, _check, _check_choice
 from privaterec.data.features import ANONYMOUS_NEWS, NewsFeatures
 from privaterec.errors import ConfigError
 from privaterec.models.recommender import Recommender
-from privaterec.privacy.dpa import dpa_noise, padding_mask, softplus_normalize, vdp_release
+from privaterec.privacy.dpa import (dpa_noise, padding_mask, relu_normalize, softplus_normalize,
+                                    vdp_release)
 from privaterec.privacy.ledger import PrivacyEvent
 
 UserEncoder = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -47,6 +48,9 @@ class ServingConfig:
     sensitivity_mode: DPA's ``true`` or ``paper`` (invalid, reproduction only) sensitivity.
     vdp_clip: VDP's clipping norm θ (the paper's serving baseline uses 0.001).
     seed: seed of the evaluation's generator (the simulated devices' randomness).
+    normalization: how the device maps the noised α + n back to the simplex: ``softplus``
+        (Alg. 2 line 10, the default) or ``relu`` (the guarded ReLU normalisation that
+        training uses, §3.3). Both are post-processing: the guarantee is the same.
     """
 
     kind: str = "none"
@@ -57,11 +61,13 @@ class ServingConfig:
     sensitivity_mode: str = "true"
     vdp_clip: float = 0.001
     seed: int = 0
+    normalization: str = "softplus"
 
     def __post_init__(self) -> None:
         _check_choice(self.kind, "serving", SERVING_KINDS)
         _check_choice(self.mechanism, "serving mechanism", ("laplace", "gaussian"))
         _check_choice(self.sensitivity_mode, "sensitivity_mode", ("true", "paper"))
+        _check_choice(self.normalization, "serving normalization", ("softplus", "relu"))
         _check(self.epsilon > 0, "epsilon_serve", f"got {self.epsilon!r}, expected > 0")
         _check(0 <= self.padding_p < 1, "padding_p",
                f"got {self.padding_p!r}, expected a probability 0 <= p < 1")
@@ -148,7 +154,8 @@ def private_user_encoder(model: Recommender, features: NewsFeatures, config: Ser
                              padding_p=p, mechanism=config.mechanism,  # type: ignore[arg-type]
                              sensitivity=config.sensitivity_mode,  # type: ignore[arg-type]
                              generator=generator, phase="serve", dtype=alpha.dtype)
-        released = softplus_normalize(alpha + noise) if config.epsilon < math.inf else alpha
+        normalize = softplus_normalize if config.normalization == "softplus" else relu_normalize
+        released = normalize(alpha + noise) if config.epsilon < math.inf else alpha
         return basis.reconstruct(released)
     return privaterec
 
