@@ -82,7 +82,6 @@ class ModelConfig:
     plm_trainable_layers: int = 1
     min_word_count: int = 1
     basis_size: int = 0
-    basis_cosine_scale: float = 0.0
 
     def __post_init__(self) -> None:
         _check_choice(self.news_encoder, "news_encoder", NEWS_ENCODERS)
@@ -105,8 +104,6 @@ class ModelConfig:
         _check(0.0 <= self.dropout < 1.0, "dropout", f"got {self.dropout!r}, expected 0 <= p < 1")
         _check(isinstance(self.basis_size, int) and self.basis_size >= 0, "basis_size",
                f"got {self.basis_size!r}, expected an integer >= 0 (0: no basic vectors)")
-        _check(self.basis_cosine_scale >= 0, "basis_cosine_scale",
-               f"got {self.basis_cosine_scale!r}, expected >= 0 (0: the paper's u·b/sqrt(d))")
         _check(self.plm_trainable_layers >= 0, "plm_trainable_layers",
                f"got {self.plm_trainable_layers!r}, expected >= 0")
 

@@ -39,7 +39,7 @@ def test_privaterec_defaults_fill_basis_padding_and_fedadam():
     strict = resolve_run_config(RunConfig(
         data="x", train=TrainConfig(method="privaterec"),
         fed=FedConfig(epsilon_train=10.0, privacy_mode="strict")))
-    assert strict.fed.clip == 0.005
+    assert strict.fed.clip == 1e-4
 
 
 @pytest.mark.parametrize("fed,match", [

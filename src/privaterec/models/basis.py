@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 
@@ -24,31 +23,19 @@ class BasicVectors(nn.Module):
         B ≥ 1.
     dim:
         d, the size of user and news vectors.
-    cosine_scale:
-        0 (default): the paper's scaled dot product α = softmax(u·bᵀ/√d). s > 0: cosine
-        attention α = softmax(s·cos(u, bᵢ)), whose logits stay in [−s, s] so the softmax
-        cannot saturate (see BENCHMARKS.md: under DPA noise the dot-product logits grew
-        until every user's α was the same one-hot vector).
     """
 
-    def __init__(self, size: int, dim: int, *, cosine_scale: float = 0.0) -> None:
+    def __init__(self, size: int, dim: int) -> None:
         super().__init__()
         if size < 1:
             raise ValueError(f"basis size must be >= 1, got {size}")
         self.size = size
         self.dim = dim
-        self.cosine_scale = float(cosine_scale)
         self.weight = nn.Parameter(torch.randn(size, dim))
 
     def attention(self, user: torch.Tensor) -> torch.Tensor:
-        """α = softmax(u·bᵀ/√d) (Alg. 2 line 7) or softmax(s·cos(u, b)): ``[..., d]`` →
-        ``[..., B]``."""
-        if self.cosine_scale > 0:
-            logits = self.cosine_scale * (F.normalize(user, dim=-1)
-                                          @ F.normalize(self.weight, dim=-1).T)
-        else:
-            logits = user @ self.weight.T / math.sqrt(self.dim)
-        return torch.softmax(logits, dim=-1)
+        """α = softmax(u·bᵀ/√d): ``[..., d]`` → ``[..., B]`` (Alg. 2 line 7)."""
+        return torch.softmax(user @ self.weight.T / math.sqrt(self.dim), dim=-1)
 
     def reconstruct(self, alpha: torch.Tensor) -> torch.Tensor:
         """ũ = Σᵢ αᵢ bᵢ: ``[..., B]`` → ``[..., d]`` (Alg. 1 line 3, Alg. 3 line 15)."""

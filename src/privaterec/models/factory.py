@@ -135,8 +135,7 @@ def build_recommender(model_config: ModelConfig, vocabs: TextVocabularies,
     user_encoder = build_user_encoder(model_config)
     basis = None
     if model_config.basis_size > 0:
-        basis = BasicVectors(model_config.basis_size, int(news_encoder.dim),
-                             cosine_scale=model_config.basis_cosine_scale)
+        basis = BasicVectors(model_config.basis_size, int(news_encoder.dim))
     return Recommender(news_encoder, user_encoder, features, basis=basis)
 
 
