@@ -112,3 +112,43 @@ def test_demo_quick_prints_a_results_table(tmp_path, capsys):
     assert main(["demo", "--quick", "--out", str(tmp_path), "--no-progress"]) == 0
     out = capsys.readouterr().out
     assert "| popularity |" in out and "| centralized / nrms |" in out
+
+
+def test_privaterec_train_report_and_private_serving(synth_dir, tmp_path, capsys):
+    config = tmp_path / "tiny.yaml"
+    config.write_text(TINY_MODEL)
+    run = tmp_path / "pr"
+    assert main(["train", "--data", str(synth_dir), "--method", "privaterec", "--config",
+                 str(config), "--epsilon-train", "5", "--padding-p", "0.3", "--basis", "4",
+                 "--rounds", "2", "--clients-per-round", "5", "--out", str(run),
+                 "--no-progress"]) == 0
+    saved = (run / "config.yaml").read_text()
+    assert "basis_size: 4" in saved and "padding_p: 0.3" in saved
+    assert "privacy_mode: paper" in saved
+    capsys.readouterr()
+    assert main(["privacy", "report", "--run", str(run)]) == 0
+    report = capsys.readouterr().out
+    assert "NOT covered" in report and "user_encoder" in report
+    assert main(["evaluate", "--run", str(run), "--serving", "privaterec", "--epsilon-serve",
+                 "2", "--json", "--no-progress"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["serving"]["kind"] == "privaterec"
+    assert result["serving"]["bytes_per_query"] == 16  # B = 4 floats
+    assert result["serving"]["event"]["sensitivity"] == 2.0
+    assert main(["evaluate", "--run", str(run), "--serving", "vdp", "--epsilon-serve", "2",
+                 "--no-progress"]) == 0
+    assert "bytes sent per query" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["evaluate", "--run", "RUN", "--epsilon-serve", "1"], "--serving"),
+    (["train", "--data", "DATA", "--method", "dp-fedrec", "--padding-p", "0.5", "--out",
+      "OUT"], "padding_p"),
+    (["train", "--data", "DATA", "--method", "privaterec", "--privacy-mode", "paper",
+      "--clip", "0.1", "--out", "OUT"], "strict"),
+])
+def test_privaterec_user_errors_exit_2(argv, message, synth_dir, tmp_path, capsys):
+    argv = [str(synth_dir) if a == "DATA" else str(tmp_path / "o") if a == "OUT"
+            else str(tmp_path / "r") if a == "RUN" else a for a in argv]
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
