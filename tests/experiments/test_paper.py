@@ -12,7 +12,6 @@ import pytest
 import privaterec.experiments.common as common
 import privaterec.training.pipeline as pipeline
 from privaterec.config import FedConfig, ModelConfig, RunConfig, TrainConfig
-from privaterec.data.synth import SynthConfig, write_synthetic
 from privaterec.errors import ConfigError
 from privaterec.eval.serving import ServingConfig
 from privaterec.experiments.common import (RunSpec, Summary, check_models, check_seeds,
@@ -175,14 +174,6 @@ def test_serving_evaluations_are_cached_per_checkpoint(tmp_path: Path,
 
 
 # --- end to end on a tiny data set ----------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def tiny_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("tiny") / "data"
-    write_synthetic(path, SynthConfig(users=60, news=150, impressions_per_user=2.0,
-                                      min_history=5, max_history=15, max_candidates=15, seed=0))
-    return path
-
 
 def test_tables_end_to_end(tmp_path: Path, tiny_data: Path, monkeypatch: pytest.MonkeyPatch,
                            capsys: pytest.CaptureFixture[str]) -> None:

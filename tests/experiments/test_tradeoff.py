@@ -11,7 +11,6 @@ import pytest
 
 import privaterec.experiments.common as common
 import privaterec.experiments.tradeoff as tradeoff
-from privaterec.data.synth import SynthConfig, write_synthetic
 from privaterec.experiments.common import RunSpec, Summary, run_dir
 from privaterec.experiments.tradeoff import (FIGURES, PADDINGS, Curve, padding_noise_scales,
                                              run_tradeoff)
@@ -48,14 +47,6 @@ def test_curve_separates_infinity() -> None:
     assert [x for x, _ in curve.finite()] == [1.0]
     assert curve.at_infinity() is not None and curve.at_infinity().mean == 0.7
     assert Curve("empty").at_infinity() is None
-
-
-@pytest.fixture(scope="module")
-def tiny_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("tiny") / "data"
-    write_synthetic(path, SynthConfig(users=60, news=150, impressions_per_user=2.0,
-                                      min_history=5, max_history=15, max_candidates=15, seed=0))
-    return path
 
 
 def test_tradeoff_end_to_end(tmp_path: Path, tiny_data: Path, monkeypatch: pytest.MonkeyPatch,
