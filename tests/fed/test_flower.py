@@ -39,14 +39,19 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory):
     return path
 
 
+# PrivateRec with noise: padding, DPA noise and DPL labels are drawn on the devices.
+FED_CHANGES = {"privaterec": {"epsilon_train": 5.0}}
+
+
 def _config(data_dir, method: str, engine: str) -> RunConfig:
     return RunConfig(data=str(data_dir), model=TINY,
                      train=TrainConfig(method=method, seed=SEED),
-                     fed=FedConfig(rounds=ROUNDS, clients_per_round=PER_ROUND, engine=engine))
+                     fed=FedConfig(rounds=ROUNDS, clients_per_round=PER_ROUND, engine=engine,
+                                   **FED_CHANGES.get(method, {})))
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", ["fednewsrec", "fedrec"])
+@pytest.mark.parametrize("method", ["fednewsrec", "fedrec", "privaterec"])
 def test_flower_engine_equals_simulator(data_dir, tmp_path, monkeypatch, method):
     discovered: list[dict[int, int]] = []
     replies: list[int] = []
@@ -80,7 +85,8 @@ def test_flower_engine_equals_simulator(data_dir, tmp_path, monkeypatch, method)
 
     # Training moved θ away from θ0, so equality below is not vacuous.
     torch.manual_seed(SEED)
-    model = build_recommender(TINY, prepared.vocabs, prepared.features)
+    model = build_recommender(resolve_run_config(_config(data_dir, method, "flower")).model,
+                              prepared.vocabs, prepared.features)
     theta0 = LocalObjective(model).parameters()
     assert (sim["params"] - theta0).abs().max() > 1e-3
     assert torch.allclose(flw["params"], sim["params"], rtol=0, atol=1e-6)

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from privaterec.data.clients import ClientData, draw_candidates
+from privaterec.errors import ConfigError
 from privaterec.fed.methods import ClientMethod, privatize, privatize_history
 from privaterec.fed.objective import ClientBatch, LocalObjective
 from privaterec.privacy.dpa import (dpa_noise, dpl_choose, pad_history, padding_mask,
@@ -94,6 +95,9 @@ def client_inputs(data: ClientData, method: ClientMethod, *, basis_size: int,
     chosen, candidates = _draw_samples(data, method, generator=generator)
     if not method.is_privaterec:
         return ClientInputs(data.history, data.history_mask, candidates)
+    if basis_size < 1:
+        raise ConfigError("privaterec needs a model with basic vectors (ModelConfig."
+                          "basis_size >= 1; resolve_run_config sets 5)")
     pad = padding_mask(data.history_mask, padding_p=method.padding_p, generator=generator)
     history = pad_history(data.history, pad)
     (eps, delta), _ = method.budget_split()
@@ -109,7 +113,10 @@ def client_inputs(data: ClientData, method: ClientMethod, *, basis_size: int,
 
 def client_update(objective: LocalObjective, params: torch.Tensor, data: ClientData,
                   method: ClientMethod, *, generator: torch.Generator) -> ClientUpdate:
-    """One client's round (FedNewsRec Eq. 3-5; PrivateRec Alg. 3 without DPA/DPL).
+    """One client's round (FedNewsRec Eq. 3-5; DP-FedRec; PrivateRec Alg. 3 lines 14-21).
+
+    PrivateRec uploads the gradient of the loss on ũ = Σ α̃ᵢ bᵢ (raw in paper mode; in strict
+    mode the history-path part clipped and noised, DESIGN §4 erratum 4).
 
     Parameters
     ----------
