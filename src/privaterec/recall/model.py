@@ -1,0 +1,298 @@
+"""The Uni-FedRec privacy-preserving recall model (Uni-FedRec §3.2, §3.4; DESIGN §3).
+
+Client side, for one user with clicked-news vectors h₁ … h_H (from the ranking model's news
+encoder, §3.3 footnote 3):
+
+1. global self-attention: g = MHSA(h) (Vaswani et al. 2017; no output projection, as NRMS);
+2. interest channels ℋ₁ … ℋ_C: hierarchical clustering of g (:mod:`.channels`), quotas
+   qᵢ = |ℋᵢ|/Σ|ℋⱼ| (Eq. 4);
+3. cluster-wise attention (Eq. 1): rᵢ = Σⱼ γⱼ gⱼ over j ∈ ℋᵢ, γ = softmax(Att(g)), Att a
+   two-layer dense network (:class:`~privaterec.models.layers.AdditiveAttention`, hidden 128),
+   shared by all channels as in the official code;
+4. decomposer / perturbation / aggregator (:mod:`.interest`, Eq. 2-3): αᵢ = softmax(f_δ(rᵢ·eᵏ)
+   + Laplace(λ_I)), r̂ᵢ = Σⱼ αᵢⱼ eᵛⱼ.
+
+Training (Eq. 5-6, DESIGN §4 erratum 7): unified score z = Σᵢ qᵢ (d · r̂ᵢ) of a candidate news
+vector d, loss InfoNCE over 1 clicked + K_r = 4 non-clicked news (Eq. 6 as printed lacks the
+−log; :func:`info_nce` is the standard loss). Noise in training is optional (pass a
+generator); it is a regulariser there — what a client uploads during training is its
+gradient, whose privacy is the federated engine's business.
+
+Shapes: b users, H history positions (right-aligned, left-padded; ``mask`` True for real
+clicks), d news size, M = ``max_channels`` channel slots, B basic interests, K candidates.
+Channel slots beyond a user's C have quota 0. Clustering is not differentiable and runs on
+detached vectors with numpy/scipy, one user at a time (:meth:`UniFedRecRecall.channels`);
+:meth:`UniFedRecRecall.forward` takes its result as tensors, so a forward pass with given
+channels is ``torch.func`` friendly (vmap/grad over users) and rows never interact.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from privaterec.errors import ConfigError
+from privaterec.models.layers import AdditiveAttention, MultiHeadSelfAttention, attend_all_if_empty
+from privaterec.privacy.ledger import PrivacyEvent
+from privaterec.privacy.mechanisms import Generators
+from privaterec.recall.channels import (DEFAULT_DISTANCE_THRESHOLD, MAX_CHANNELS, ChannelBatch,
+                                        Overflow, check_cluster_params,
+                                        cluster_batch)
+from privaterec.recall.interest import (DEFAULT_CLIP, DEFAULT_NOISE_SCALE, DEFAULT_NUM_BASIS,
+                                        BasicInterestEmbeddings, aggregator_weights,
+                                        perturb_quotas, perturb_scores, query_events)
+
+NUM_NEGATIVES = 4
+"""K_r, non-clicked news per clicked one in the recall loss (Uni-FedRec §4.1)."""
+
+
+def unified_score(protected: Tensor, quotas: Tensor, candidates: Tensor) -> Tensor:
+    """z = Σᵢ qᵢ (d · r̂ᵢ) (Uni-FedRec Eq. 5).
+
+    Parameters
+    ----------
+    protected:
+        ``Tensor[b, M, d]`` protected interests r̂.
+    quotas:
+        ``Tensor[b, M]`` (0 for unused slots).
+    candidates:
+        ``Tensor[b, K, d]`` candidate news vectors.
+
+    Returns
+    -------
+    ``Tensor[b, K]``.
+    """
+    per_channel = torch.einsum("...md,...kd->...mk", protected, candidates)
+    return torch.einsum("...m,...mk->...k", quotas, per_channel)
+
+
+def info_nce(logits: Tensor, target: Tensor | None = None, *,
+             reduction: Literal["mean", "sum", "none"] = "mean") -> Tensor:
+    """InfoNCE loss −log softmax(z)[positive] (Oord et al. 2018; DESIGN §4 erratum 7).
+
+    Parameters
+    ----------
+    logits:
+        ``Tensor[b, 1 + K_r]`` unified scores.
+    target:
+        ``LongTensor[b]`` index of the clicked news (default: column 0).
+    reduction:
+        ``"mean"`` (default, as the package's objective), ``"sum"`` (Eq. 6's Σ over
+        behaviours) or ``"none"`` (``Tensor[b]``).
+    """
+    if target is None:
+        target = torch.zeros(logits.shape[:-1], dtype=torch.long, device=logits.device)
+    return F.cross_entropy(logits, target, reduction=reduction)
+
+
+@dataclass(frozen=True)
+class RecallQuery:
+    """What the clients of a batch upload for recall (Uni-FedRec §3.4), one row per user.
+
+    Attributes
+    ----------
+    alpha:
+        ``Tensor[b, M, B]`` protected decomposition weights αᵢ (rows of unreleased slots are
+        the softmax of pure noise or uniform and carry quota 0).
+    quotas:
+        ``Tensor[b, M]`` quotas (noised if requested).
+    released:
+        ``BoolTensor[b, M]`` which slots are uploaded (the user's C channels; every slot when
+        the quotas are noised).
+    events:
+        Per user, the ``(PrivacyEvent, count)`` pairs of this query (:func:`query_events`).
+    """
+
+    alpha: Tensor
+    quotas: Tensor
+    released: Tensor
+    events: list[list[tuple[PrivacyEvent, int]]]
+
+
+class UniFedRecRecall(nn.Module):
+    """Uni-FedRec recall model Θ_r (user side + basic interest embeddings).
+
+    Parameters
+    ----------
+    dim:
+        d, size of news vectors (paper 256); must equal ``num_heads * head_dim``.
+    num_heads, head_dim:
+        Global self-attention heads (paper 16 × 16).
+    attention_dim:
+        Hidden size of the cluster-wise attention network (paper 128).
+    num_basis:
+        B basic interest embeddings (paper 30), of size ``dim``.
+    clip:
+        δ of Eq. 2 (paper 0.2), applied in every forward pass; ``None`` disables clipping
+        (the official code trains without it; serving then needs it, see :meth:`query`).
+    noise_scale:
+        λ_I of Eq. 2 (paper 1.2), used whenever a generator is passed.
+    max_channels:
+        M, the maximum number of channels (default 5).
+    distance_threshold, method, metric, overflow:
+        Clustering parameters (:func:`~privaterec.recall.channels.cluster_history`).
+    """
+
+    def __init__(self, dim: int = 256, *, num_heads: int = 16, head_dim: int = 16,
+                 attention_dim: int = 128, num_basis: int = DEFAULT_NUM_BASIS,
+                 clip: float | None = DEFAULT_CLIP, noise_scale: float = DEFAULT_NOISE_SCALE,
+                 max_channels: int = MAX_CHANNELS,
+                 distance_threshold: float = DEFAULT_DISTANCE_THRESHOLD,
+                 method: str = "average", metric: str = "cosine",
+                 overflow: Overflow = "merge") -> None:
+        super().__init__()
+        if num_heads * head_dim != dim:
+            raise ConfigError(f"num_heads * head_dim = {num_heads * head_dim} must equal the "
+                              f"news vector size dim = {dim}")
+        if clip is not None and not clip > 0:
+            raise ConfigError(f"invalid privacy parameter 'clip': got {clip!r}, expected > 0 "
+                              f"or None")
+        if not noise_scale >= 0:
+            raise ConfigError(f"invalid privacy parameter 'noise_scale': got {noise_scale!r}, "
+                              f"expected >= 0")
+        check_cluster_params(distance_threshold, method, metric, max_channels, overflow)
+        self.dim = dim
+        self.clip = clip
+        self.noise_scale = noise_scale
+        self.max_channels = max_channels
+        self.cluster_options = dict(distance_threshold=distance_threshold, method=method,
+                                    metric=metric, max_channels=max_channels, overflow=overflow)
+        self.self_attention = MultiHeadSelfAttention(dim, num_heads, head_dim)
+        self.channel_attention = AdditiveAttention(dim, attention_dim)
+        self.interest = BasicInterestEmbeddings(num_basis, dim)
+
+    @property
+    def num_basis(self) -> int:
+        return self.interest.num_basis
+
+    # -- user side ------------------------------------------------------------------------
+    def context(self, news_vectors: Tensor, mask: Tensor) -> Tensor:
+        """Global self-attention g: ``[b, H, d]``, ``[b, H]`` → ``[b, H, d]``.
+
+        Padding keys are ignored; an empty history attends over its (anonymous) positions.
+        """
+        return self.self_attention(news_vectors, attend_all_if_empty(mask))
+
+    @torch.no_grad()
+    def channels(self, news_vectors: Tensor, mask: Tensor) -> ChannelBatch:
+        """Interest channels of each user (clustering of g, one user at a time)."""
+        return cluster_batch(self.context(news_vectors, mask), mask, **self.cluster_options)
+
+    def interests(self, context: Tensor, channel_ids: Tensor) -> Tensor:
+        """Cluster-wise attention (Eq. 1): ``g[b, H, d]``, ``channel_ids[b, H]`` → ``r[b, M, d]``.
+
+        Slot i pools the positions with ``channel_ids == i``; an unused slot pools every
+        position (finite, ignored downstream: quota 0).
+        """
+        slots = torch.arange(self.max_channels, device=channel_ids.device)
+        member = channel_ids.unsqueeze(-2) == slots[:, None]  # [b, M, H]
+        x = context.unsqueeze(-3).expand(*member.shape, context.shape[-1])
+        return self.channel_attention(x, member)
+
+    def protected_weights(self, interests: Tensor, *,
+                          generator: Generators | None = None) -> Tensor:
+        """α = softmax(f_δ(r·eᵏ) + Laplace(λ_I)): ``[b, M, d]`` → ``[b, M, B]`` (Eq. 2-3).
+
+        Noise only when ``generator`` is given (one, or one per user row).
+        """
+        scores = self.interest.decompose(interests)
+        return aggregator_weights(perturb_scores(scores, clip=self.clip,
+                                                 noise_scale=self.noise_scale,
+                                                 generator=generator))
+
+    def forward(self, news_vectors: Tensor, mask: Tensor, candidates: Tensor,
+                channel_ids: Tensor | None = None, quotas: Tensor | None = None, *,
+                generator: Generators | None = None) -> Tensor:
+        """Unified recall scores z of the candidates (Eq. 5).
+
+        Parameters
+        ----------
+        news_vectors:
+            ``Tensor[b, H, d]`` clicked-news vectors.
+        mask:
+            ``BoolTensor[b, H]``.
+        candidates:
+            ``Tensor[b, K, d]`` candidate news vectors (training: clicked first, then K_r
+            non-clicked).
+        channel_ids, quotas:
+            ``LongTensor[b, H]`` and ``Tensor[b, M]`` from :meth:`channels`; computed here
+            when omitted (then not ``torch.func`` traceable).
+        generator:
+            Noise on the decomposition scores (training with noise); ``None``: none.
+
+        Returns
+        -------
+        ``Tensor[b, K]`` logits.
+        """
+        if (channel_ids is None) != (quotas is None):
+            raise ConfigError("pass both channel_ids and quotas (from model.channels()) or "
+                              "neither")
+        if channel_ids is None:
+            batch = self.channels(news_vectors, mask)
+            channel_ids, quotas = batch.channel_ids, batch.quotas
+        assert quotas is not None
+        r = self.interests(self.context(news_vectors, mask), channel_ids)
+        alpha = self.protected_weights(r, generator=generator)
+        return unified_score(self.interest.aggregate(alpha), quotas.to(alpha.dtype), candidates)
+
+    # -- serving --------------------------------------------------------------------------
+    @torch.no_grad()
+    def query(self, news_vectors: Tensor, mask: Tensor, *, generator: Generators | None,
+              quota_noise_scale: float | None = None,
+              quota_generator: Generators | None = None) -> RecallQuery:
+        """The protected upload of each user of a batch (Uni-FedRec §3.4) and its events.
+
+        Paper protocol (default): each user uploads αᵢ of its C channels and the quotas in
+        the clear; events = C channel releases + a non-private quota release. With
+        ``quota_noise_scale`` every one of the M slots is uploaded (unused slots: clipped
+        score 0 + noise) with Laplace-noised quotas, so C is hidden; events = M channel
+        releases + one quota release of ε = 2/λ_q.
+
+        Parameters
+        ----------
+        news_vectors, mask:
+            ``[b, H, d]``, ``[b, H]``.
+        generator:
+            Laplace noise of the decomposition scores (one, or one per user); ``None``:
+            no noise (events then have ε = ∞).
+        quota_noise_scale, quota_generator:
+            λ_q and its randomness (both or neither).
+
+        Returns
+        -------
+        :class:`RecallQuery`.
+        """
+        if self.clip is None:
+            raise ConfigError("serving needs clipped decomposition scores: build the model "
+                              "with clip=delta (e.g. 0.2), not clip=None")
+        if (quota_noise_scale is None) != (quota_generator is None):
+            raise ConfigError("pass both 'quota_noise_scale' and 'quota_generator' or neither")
+        batch = self.channels(news_vectors, mask)
+        r = self.interests(self.context(news_vectors, mask), batch.channel_ids)
+        scores = self.interest.decompose(r)
+        valid = batch.valid
+        scores = torch.where(valid.unsqueeze(-1), scores, torch.zeros_like(scores))
+        alpha = aggregator_weights(perturb_scores(scores, clip=self.clip,
+                                                  noise_scale=self.noise_scale,
+                                                  generator=generator))
+        noise_scale = self.noise_scale if generator is not None else 0.0
+        quotas = batch.quotas
+        if quota_noise_scale is None:
+            released = valid
+        else:
+            assert quota_generator is not None
+            quotas, _ = perturb_quotas(quotas, noise_scale=quota_noise_scale,
+                                       generator=quota_generator)
+            released = torch.ones_like(valid)
+        events = [query_events(int(n), num_basis=self.num_basis, clip=self.clip,
+                               noise_scale=noise_scale, quota_noise_scale=quota_noise_scale,
+                               num_quota_slots=int(n))
+                  for n in released.sum(dim=-1).tolist()]
+        return RecallQuery(alpha=alpha, quotas=quotas, released=released, events=events)
+
+
+__all__ = ["NUM_NEGATIVES", "RecallQuery", "UniFedRecRecall", "info_nce", "unified_score"]
