@@ -135,6 +135,9 @@ def test_privaterec_train_report_and_private_serving(synth_dir, tmp_path, capsys
     assert result["serving"]["kind"] == "privaterec"
     assert result["serving"]["bytes_per_query"] == 16  # B = 4 floats
     assert result["serving"]["event"]["sensitivity"] == 2.0
+    assert main(["evaluate", "--run", str(run), "--serving", "privaterec", "--epsilon-serve",
+                 "2", "--normalization", "relu", "--json", "--no-progress"]) == 0
+    assert json.loads(capsys.readouterr().out)["serving"]["normalization"] == "relu"
     assert main(["evaluate", "--run", str(run), "--serving", "vdp", "--epsilon-serve", "2",
                  "--no-progress"]) == 0
     assert "bytes sent per query" in capsys.readouterr().out

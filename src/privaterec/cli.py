@@ -140,7 +140,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         serving = ServingConfig(kind=args.serving, epsilon=args.epsilon_serve,
                                 delta=args.delta_serve, padding_p=args.padding_p,
                                 mechanism=args.noise, sensitivity_mode=args.sensitivity_mode,
-                                vdp_clip=args.vdp_clip, seed=args.seed)
+                                vdp_clip=args.vdp_clip, seed=args.seed,
+                                normalization=args.normalization)
     elif args.epsilon_serve != math.inf:
         raise PrivateRecError("--epsilon-serve needs --serving privaterec|vdp")
     result = evaluate_run(args.run, args.data, split=args.split,
@@ -379,6 +380,9 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--vdp-clip", type=float, default=0.001,
                           help="VDP clipping norm theta of the user vector")
     evaluate.add_argument("--seed", type=int, default=0, help="seed of the simulated devices")
+    evaluate.add_argument("--normalization", choices=["softplus", "relu"], default="softplus",
+                          help="how the device maps alpha + noise to the simplex: softplus "
+                               "(Alg. 2 line 10) or relu (the training normalisation)")
     evaluate.set_defaults(func=cmd_evaluate)
 
     experiment = sub.add_parser(
