@@ -98,11 +98,11 @@ def serving_event(config: ServingConfig, *, basis_size: int, dim: int) -> Privac
                              padding_p=config.effective_padding,
                              mechanism=config.mechanism,  # type: ignore[arg-type]
                              sensitivity=config.sensitivity_mode,  # type: ignore[arg-type]
-                             generator=torch.Generator(), phase="serve")
+                             generator=torch.Generator(), phase="serve", draw_noise=False)
         return event
     _, event = vdp_release(torch.zeros(1, dim), clip=config.vdp_clip, epsilon=config.epsilon,
                            delta=config.delta, mechanism=config.mechanism,  # type: ignore[arg-type]
-                           generator=torch.Generator(), phase="serve")
+                           generator=torch.Generator(), phase="serve", draw_noise=False)
     return event
 
 

@@ -272,7 +272,7 @@ def privaterec_train_events(method: ClientMethod, *, dimension: int
     (eps_dpa, delta_dpa), history = method.budget_split()
     _, dpa = dpa_noise((1, 1), epsilon=eps_dpa, delta=delta_dpa, padding_p=method.padding_p,
                        mechanism=method.noise, sensitivity=method.sensitivity_mode,  # type: ignore[arg-type]
-                       generator=torch.Generator())
+                       generator=torch.Generator(), draw_noise=False)
     if method.privacy_mode == "paper" and dpa.is_private:
         dpa = replace(dpa, valid=False, note=PAPER_MODE_NOTE)
     if history is None:
@@ -300,12 +300,14 @@ def privatize_history(updates: torch.Tensor, method: ClientMethod,
             f"{method.clip}, sensitivity 2*clip")
     if method.noise == "laplace":
         noised, event = laplace_mechanism(clipped, epsilon=eps, sensitivity_l1=2 * method.clip,
-                                          generator=generators, batched=True, note=note)
+                                          generator=generators, batched=True, note=note,
+                                          draw_noise=draw_noise)
     else:
         noised, event = gaussian_mechanism(clipped, epsilon=eps, delta=delta,
                                            sensitivity_l2=2 * method.clip,
-                                           generator=generators, batched=True, note=note)
-    return (noised if draw_noise else clipped), event
+                                           generator=generators, batched=True, note=note,
+                                           draw_noise=draw_noise)
+    return noised, event
 
 
 def privatize(updates: torch.Tensor, method: ClientMethod,
@@ -362,11 +364,9 @@ def privatize(updates: torch.Tensor, method: ClientMethod,
             f"sensitivity 2*theta per client update")
     # One call: calibrated once for the round, row i's noise drawn from client i's generator.
     if method.noise == "laplace":
-        noised, event = laplace_mechanism(clipped, epsilon=method.epsilon,
-                                          sensitivity_l1=sensitivity, generator=generators,
-                                          batched=True, note=note)
-    else:
-        noised, event = gaussian_mechanism(clipped, epsilon=method.epsilon,
-                                           delta=method.delta, sensitivity_l2=sensitivity,
-                                           generator=generators, batched=True, note=note)
-    return (noised if draw_noise else clipped), event
+        return laplace_mechanism(clipped, epsilon=method.epsilon, sensitivity_l1=sensitivity,
+                                 generator=generators, batched=True, note=note,
+                                 draw_noise=draw_noise)
+    return gaussian_mechanism(clipped, epsilon=method.epsilon, delta=method.delta,
+                              sensitivity_l2=sensitivity, generator=generators, batched=True,
+                              note=note, draw_noise=draw_noise)

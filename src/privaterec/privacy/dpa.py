@@ -100,8 +100,8 @@ def pad_history(rows: Tensor, pad: Tensor, *, anonymous_row: int = 0) -> Tensor:
 def dpa_noise(shape: Sequence[int], *, epsilon: float, delta: float = 0.0,
               padding_p: float = 0.0, mechanism: Mechanism = "laplace",
               sensitivity: SensitivityMode = "true", generator: Generators,
-              phase: Phase = "train", dtype: torch.dtype = torch.float32
-              ) -> tuple[Tensor, PrivacyEvent]:
+              phase: Phase = "train", dtype: torch.dtype = torch.float32,
+              draw_noise: bool = True) -> tuple[Tensor, PrivacyEvent]:
     """DPA noise for attention vectors α of shape ``[m, B]`` (one release per row).
 
     PrivateRec Alg. 2 line 9, corrected (DESIGN §4 errata 1-3): calibrated with the simplex
@@ -125,6 +125,8 @@ def dpa_noise(shape: Sequence[int], *, epsilon: float, delta: float = 0.0,
         One generator, or one per row.
     phase:
         ``"train"`` or ``"serve"``.
+    draw_noise:
+        ``False``: zeros and the event (the accounting of a release, nothing drawn).
 
     Returns
     -------
@@ -146,12 +148,13 @@ def dpa_noise(shape: Sequence[int], *, epsilon: float, delta: float = 0.0,
                               f"mechanism is pure DP, pass delta=0 or mechanism='gaussian'")
         noise, event = laplace_mechanism(zeros, epsilon=epsilon, sensitivity_l1=sens,
                                          generator=generator, phase=phase, batched=True,
-                                         padding_p=padding_p, valid=valid, note=note)
+                                         padding_p=padding_p, valid=valid, note=note,
+                                         draw_noise=draw_noise)
     else:
         noise, event = gaussian_mechanism(zeros, epsilon=epsilon, delta=delta,
                                           sensitivity_l2=sens, generator=generator,
                                           phase=phase, batched=True, padding_p=padding_p,
-                                          valid=valid, note=note)
+                                          valid=valid, note=note, draw_noise=draw_noise)
     return noise, event
 
 
@@ -181,7 +184,7 @@ def relu_normalize(x: Tensor) -> Tensor:
 
 def vdp_release(user: Tensor, *, clip: float, epsilon: float, delta: float = 0.0,
                 mechanism: Mechanism = "laplace", generator: Generators,
-                phase: Phase = "serve") -> tuple[Tensor, PrivacyEvent]:
+                phase: Phase = "serve", draw_noise: bool = True) -> tuple[Tensor, PrivacyEvent]:
     """VDP (PrivateRec §3.2.1): clip each user vector to norm θ and add calibrated noise.
 
     Laplace: L1 clip, Δ₁ = 2θ; Gaussian: L2 clip, Δ₂ = 2θ, analytic calibration (erratum 3).
@@ -192,8 +195,8 @@ def vdp_release(user: Tensor, *, clip: float, epsilon: float, delta: float = 0.0
         ``Tensor[m, d]`` user vectors (one release per row).
     clip:
         θ > 0 (the paper's serving baseline uses 0.001).
-    epsilon, delta, mechanism, generator, phase:
-        As in :func:`dpa_noise`.
+    epsilon, delta, mechanism, generator, phase, draw_noise:
+        As in :func:`dpa_noise` (without noise: the clipped vectors).
 
     Returns
     -------
@@ -209,10 +212,11 @@ def vdp_release(user: Tensor, *, clip: float, epsilon: float, delta: float = 0.0
             raise ConfigError(f"invalid privacy parameter 'delta': got {delta!r}; the Laplace "
                               f"mechanism is pure DP, pass delta=0 or mechanism='gaussian'")
         return laplace_mechanism(clip_l1(user, clip), epsilon=epsilon, sensitivity_l1=2 * clip,
-                                 generator=generator, phase=phase, batched=True, note=note)
+                                 generator=generator, phase=phase, batched=True, note=note,
+                                 draw_noise=draw_noise)
     return gaussian_mechanism(clip_l2(user, clip), epsilon=epsilon, delta=delta,
                               sensitivity_l2=2 * clip, generator=generator, phase=phase,
-                              batched=True, note=note)
+                              batched=True, note=note, draw_noise=draw_noise)
 
 
 def dpl_choose(impression_size: Tensor, *, negatives: int, epsilon: float,

@@ -195,7 +195,7 @@ def _release_dimension(x: Tensor, batched: bool) -> int:
 def laplace_mechanism(x: Tensor, *, epsilon: float, sensitivity_l1: float,
                       generator: Generators, phase: Phase = "train",
                       batched: bool = False, padding_p: float = 0.0, valid: bool = True,
-                      note: str = "") -> tuple[Tensor, PrivacyEvent]:
+                      note: str = "", draw_noise: bool = True) -> tuple[Tensor, PrivacyEvent]:
     """Laplace mechanism: x + Lap(Δ₁/ε′) noise per coordinate (Dwork & Roth Thm 3.6).
 
     Parameters
@@ -218,6 +218,9 @@ def laplace_mechanism(x: Tensor, *, epsilon: float, sensitivity_l1: float,
         1-5): the noise is calibrated to the base ε′ of :func:`amplified_budget`.
     valid, note:
         Copied into the event (``valid=False`` for paper-mode sensitivities).
+    draw_noise:
+        ``False`` returns ``x`` unchanged with the event (the release's accounting without
+        drawing its noise).
 
     Returns
     -------
@@ -226,18 +229,19 @@ def laplace_mechanism(x: Tensor, *, epsilon: float, sensitivity_l1: float,
     """
     eps_base, _ = amplified_budget(epsilon=epsilon, delta=0.0, padding_p=padding_p)
     scale = laplace_scale(epsilon=eps_base, sensitivity_l1=sensitivity_l1)
-    noise = laplace_noise(x.shape, scale=scale, generator=generator, dtype=x.dtype,
-                          device=x.device)
     event = PrivacyEvent(mechanism="laplace", epsilon=epsilon, delta=0.0, noise_scale=scale,
                          sensitivity=sensitivity_l1, dimension=_release_dimension(x, batched),
                          phase=phase, padding_p=padding_p, valid=valid, note=note)
-    return x + noise, event
+    if not draw_noise:
+        return x, event
+    return x + laplace_noise(x.shape, scale=scale, generator=generator, dtype=x.dtype,
+                             device=x.device), event
 
 
 def gaussian_mechanism(x: Tensor, *, epsilon: float, delta: float, sensitivity_l2: float,
                        generator: Generators, phase: Phase = "train",
                        batched: bool = False, padding_p: float = 0.0, valid: bool = True,
-                       note: str = "") -> tuple[Tensor, PrivacyEvent]:
+                       note: str = "", draw_noise: bool = True) -> tuple[Tensor, PrivacyEvent]:
     """Analytic Gaussian mechanism: x + N(0, σ²I), σ from :func:`gaussian_sigma`.
 
     Parameters are as in :func:`laplace_mechanism`, plus ``delta`` in (0, 1) and the L2
@@ -251,12 +255,13 @@ def gaussian_mechanism(x: Tensor, *, epsilon: float, delta: float, sensitivity_l
     """
     eps_base, delta_base = amplified_budget(epsilon=epsilon, delta=delta, padding_p=padding_p)
     sigma = gaussian_sigma(epsilon=eps_base, delta=delta_base, sensitivity_l2=sensitivity_l2)
-    noise = gaussian_noise(x.shape, sigma=sigma, generator=generator, dtype=x.dtype,
-                           device=x.device)
     event = PrivacyEvent(mechanism="gaussian", epsilon=epsilon, delta=delta, noise_scale=sigma,
                          sensitivity=sensitivity_l2, dimension=_release_dimension(x, batched),
                          phase=phase, padding_p=padding_p, valid=valid, note=note)
-    return x + noise, event
+    if not draw_noise:
+        return x, event
+    return x + gaussian_noise(x.shape, sigma=sigma, generator=generator, dtype=x.dtype,
+                              device=x.device), event
 
 
 def randomized_response(labels: Tensor, *, epsilon: float, num_classes: int,
