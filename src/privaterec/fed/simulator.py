@@ -164,7 +164,8 @@ def train_federated(objective: LocalObjective, clients: ClientDataset, fed: FedC
                     on_evaluate: RoundCallback | None = None,
                     on_checkpoint: Callable[[FederatedState], None] | None = None,
                     progress: bool = True,
-                    stop_after_rounds: int | None = None) -> FederatedState:
+                    stop_after_rounds: int | None = None,
+                    checkpoint_extra: dict[str, Any] | None = None) -> FederatedState:
     """Run ``fed.rounds`` rounds from θ = the model's parameters; resume from a checkpoint.
 
     Parameters
@@ -180,6 +181,7 @@ def train_federated(objective: LocalObjective, clients: ClientDataset, fed: FedC
         is logged. on_checkpoint: called after each checkpoint (e.g. to
         write ``privacy.json``).
     stop_after_rounds: stop after this many rounds of this call (tests of resumption).
+    checkpoint_extra: entries added to every checkpoint (e.g. what a resume must match).
     """
     if round_fn is None:
         def round_fn(params: torch.Tensor, selected: list[int], t: int) -> RoundResult:
@@ -189,14 +191,15 @@ def train_federated(objective: LocalObjective, clients: ClientDataset, fed: FedC
         return _train(objective, clients, fed, method, strategy, seed=seed, round_fn=round_fn,
                       checkpoint_path=checkpoint_path, on_evaluate=on_evaluate,
                       on_checkpoint=on_checkpoint, progress=progress,
-                      stop_after_rounds=stop_after_rounds)
+                      stop_after_rounds=stop_after_rounds,
+                      checkpoint_extra=checkpoint_extra or {})
 
 
 def _train(objective: LocalObjective, clients: ClientDataset, fed: FedConfig,
            method: ClientMethod, strategy: Strategy, *, seed: int, round_fn: RoundFn,
            checkpoint_path: str | Path | None, on_evaluate: RoundCallback | None,
            on_checkpoint: Callable[[FederatedState], None] | None, progress: bool,
-           stop_after_rounds: int | None) -> FederatedState:
+           stop_after_rounds: int | None, checkpoint_extra: dict[str, Any]) -> FederatedState:
     if checkpoint_path is not None and Path(checkpoint_path).exists():
         saved = load_checkpoint(checkpoint_path)
         objective.model.load_state_dict(saved["model"])  # frozen parameters too
@@ -209,7 +212,8 @@ def _train(objective: LocalObjective, clients: ClientDataset, fed: FedConfig,
 
     def checkpoint() -> None:
         if checkpoint_path is not None:
-            save_checkpoint(checkpoint_path, state.to_checkpoint(objective, method.name))
+            save_checkpoint(checkpoint_path,
+                            {**state.to_checkpoint(objective, method.name), **checkpoint_extra})
         if on_checkpoint is not None:
             on_checkpoint(state)
 

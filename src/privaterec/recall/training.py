@@ -44,7 +44,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
-from dataclasses import KW_ONLY, dataclass, field
+from dataclasses import KW_ONLY, dataclass
 from pathlib import Path
 from typing import Any, Callable, Literal, Sequence
 
@@ -56,20 +56,21 @@ from tqdm.auto import tqdm
 
 from privaterec.data.clients import ClientData, ClientDataset, draw_candidates
 from privaterec.data.features import NewsFeatures
-from privaterec.errors import CheckpointError, ConfigError, TrainingDivergedError
+from privaterec.errors import CheckpointError, ConfigError
 from privaterec.fed.client import ClientUpdate
 from privaterec.fed.objective import ParamSpec
 from privaterec.fed.rng import client_generator
-from privaterec.fed.simulator import RoundResult, eligible_clients, sample_round
-from privaterec.fed.strategies import FedAdam, State, Strategy, WeightedSGD, weighted_mean
+from privaterec.config import FedConfig
+from privaterec.fed.simulator import (FederatedState, RoundResult, eligible_clients,
+                                       train_federated)
+from privaterec.fed.strategies import FedAdam, Strategy, WeightedSGD, weighted_mean
 from privaterec.models.recommender import Recommender
-from privaterec.privacy.ledger import PrivacyEvent, PrivacyLedger
+from privaterec.privacy.ledger import PrivacyEvent
 from privaterec.privacy.mechanisms import clip_elementwise, clip_l1, laplace_noise
 from privaterec.recall.channels import ChannelBatch, cluster_batch
 from privaterec.recall.interest import aggregator_weights, perturb_scores
 from privaterec.recall.model import NUM_NEGATIVES, UniFedRecRecall, unified_score
-from privaterec.training.checkpoint import load_checkpoint, save_checkpoint
-from privaterec.training.determinism import deterministic_algorithms, flush_denormals
+from privaterec.training.checkpoint import load_checkpoint
 
 Clipping = Literal["l1", "elementwise", "none"]
 NegativeSource = Literal["impression", "pool"]
@@ -582,17 +583,6 @@ def recall_round(objective: RecallObjective, params: Tensor, clients: ClientData
 
 
 # ------------------------------------------------------------------------------- training
-@dataclass
-class RecallTrainState:
-    """What a checkpoint holds: θ, strategy state, next round, ledger, per-round log."""
-
-    params: Tensor
-    strategy_state: State
-    round_index: int = 0
-    ledger: PrivacyLedger = field(default_factory=PrivacyLedger)
-    log: list[dict[str, Any]] = field(default_factory=list)
-
-
 def _check_resumable(saved: dict[str, Any], config: RecallTrainConfig, seed: int,
                      dimension: int, path: Path) -> None:
     if saved.get("kind") != CHECKPOINT_KIND:
@@ -614,8 +604,8 @@ def _check_resumable(saved: dict[str, Any], config: RecallTrainConfig, seed: int
 def train_recall(model: UniFedRecRecall, news_vectors: Tensor, clients: ClientDataset,
                  config: RecallTrainConfig, *, seed: int, pool_rows: Tensor | None = None,
                  checkpoint_path: str | Path | None = None, progress: bool = True,
-                 on_round: Callable[[int, RecallTrainState], dict[str, Any] | None] | None = None,
-                 stop_after_rounds: int | None = None) -> RecallTrainState:
+                 on_round: Callable[[int, FederatedState], dict[str, Any] | None] | None = None,
+                 stop_after_rounds: int | None = None) -> FederatedState:
     """Federated LDP training of the recall model (Uni-FedRec §3.5); resumable.
 
     Parameters
@@ -648,91 +638,45 @@ def train_recall(model: UniFedRecRecall, news_vectors: Tensor, clients: ClientDa
 
     Returns
     -------
-    :class:`RecallTrainState` (``ledger`` holds one event per user per round it took part in).
+    :class:`~privaterec.fed.simulator.FederatedState` (the engine's loop runs the rounds;
+    ``ledger`` holds one event per user per round it took part in).
     """
     objective = RecallObjective(model, news_vectors, pool_rows=pool_rows)
-    with deterministic_algorithms(), flush_denormals():
-        return _train(objective, clients, config, seed=seed,
-                      checkpoint_path=None if checkpoint_path is None else Path(checkpoint_path),
-                      progress=progress, on_round=on_round,
-                      stop_after_rounds=stop_after_rounds)
-
-
-def _train(objective: RecallObjective, clients: ClientDataset, config: RecallTrainConfig, *,
-           seed: int, checkpoint_path: Path | None, progress: bool,
-           on_round: Callable[[int, RecallTrainState], dict[str, Any] | None] | None,
-           stop_after_rounds: int | None) -> RecallTrainState:
-    strategy = config.strategy_object()
-    if checkpoint_path is not None and checkpoint_path.exists():
-        saved = load_checkpoint(checkpoint_path)
-        _check_resumable(saved, config, seed, objective.dimension, checkpoint_path)
-        state = RecallTrainState(params=saved["params"], strategy_state=saved["strategy_state"],
-                                 round_index=int(saved["round"]),
-                                 ledger=PrivacyLedger.from_dict(saved["ledger"]),
-                                 log=list(saved["log"]))
-    else:
-        params = objective.parameters()
-        state = RecallTrainState(params=params, strategy_state=strategy.init_state(params))
-    eligible = eligible_clients(clients)
-    if len(eligible) == 0:
+    path = None if checkpoint_path is None else Path(checkpoint_path)
+    if path is not None and path.exists():
+        _check_resumable(load_checkpoint(path), config, seed, objective.dimension, path)
+    if len(eligible_clients(clients)) == 0:
         raise ConfigError("no client has a training click: nothing to train the recall model "
                           "on (check the training split's labels)")
-    m = config.clients_in_round(len(eligible))
+    fed = FedConfig(rounds=config.rounds, client_fraction=config.client_fraction,
+                    clients_per_round=config.clients_per_round,
+                    chunk_clients=config.chunk_clients,
+                    checkpoint_every=config.checkpoint_every,
+                    eval_every=0 if on_round is None else 1)
 
-    def checkpoint() -> None:
-        if checkpoint_path is None:
-            return
-        objective.load(state.params)
-        save_checkpoint(checkpoint_path, {
-            "kind": CHECKPOINT_KIND, "model": objective.model.state_dict(),
-            "params": state.params, "strategy_state": state.strategy_state,
-            "round": state.round_index, "ledger": state.ledger.to_dict(), "log": state.log,
-            "config": dataclasses.asdict(config), "seed": seed,
-            "rng": {"derived_from": "(seed, round, client)", "next_round": state.round_index}})
+    def round_fn(params: Tensor, selected: list[int], t: int) -> RoundResult:
+        return recall_round(objective, params, clients, selected, config, seed=seed,
+                            round_index=t)
 
-    rounds_run = 0
-    bar = tqdm(total=config.rounds, initial=state.round_index, disable=not progress,
-               desc="recall rounds", unit="round", leave=False)
-    while state.round_index < config.rounds:
-        t = state.round_index
-        selected = sample_round(eligible, m, seed=seed, round_index=t)
-        result = recall_round(objective, state.params, clients, selected, config, seed=seed,
-                              round_index=t)
-        params, strategy_state = strategy.step(state.params, state.strategy_state,
-                                               result.direction)
-        if not bool(torch.isfinite(params).all()):
-            raise TrainingDivergedError(
-                f"recall training diverged in round {t + 1}: the parameters became NaN or "
-                f"infinite; lower the learning rate (lr, now {config.lr}) and train into a "
-                f"new output path")
-        state.params, state.strategy_state = params, strategy_state
-        for u, events in zip(selected, result.events):
-            for event in events:
-                state.ledger.record(clients.user_ids[u], event)
-        n = sum(result.num_examples)
-        entry: dict[str, Any] = {
-            "round": t + 1, "clients": len(selected), "samples": n,
-            "loss": sum(l * k for l, k in zip(result.losses, result.num_examples)) / n}
-        state.round_index = t + 1
-        rounds_run += 1
-        if on_round is not None:
-            objective.load(state.params)
-            entry.update(on_round(state.round_index, state) or {})
-        state.log.append(entry)
-        bar.update(1)
-        bar.set_postfix(loss=f"{entry['loss']:.4f}")
-        stopping = stop_after_rounds is not None and rounds_run >= stop_after_rounds
-        if (state.round_index == config.rounds or stopping
-                or state.round_index % config.checkpoint_every == 0):
-            checkpoint()
-        if stopping:
-            break
-    bar.close()
-    objective.load(state.params)
-    return state
+    return train_federated(
+        objective, clients, fed, _RECALL_METHOD, config.strategy_object(),  # type: ignore[arg-type]
+        seed=seed, round_fn=round_fn, checkpoint_path=path, on_evaluate=on_round,
+        progress=progress, stop_after_rounds=stop_after_rounds,
+        checkpoint_extra={"kind": CHECKPOINT_KIND, "config": dataclasses.asdict(config),
+                          "seed": seed})
+
+
+@dataclass(frozen=True)
+class _RecallClients:
+    """What the federated loop needs to know of the recall clients' method: its name."""
+
+    name: str = "unifedrec"
+
+
+_RECALL_METHOD = _RecallClients()
 
 
 __all__ = ["CHECKPOINT_KIND", "RankerNews", "RecallClientInputs", "RecallObjective",
-           "RecallTrainConfig", "RecallTrainState", "encode_news_table", "load_ranker_news",
+           "RecallTrainConfig", "encode_news_table", "load_ranker_news",
            "privatize_recall", "recall_client_inputs", "recall_client_update", "recall_round",
            "train_recall"]
