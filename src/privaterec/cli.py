@@ -115,9 +115,74 @@ def run_config_from_args(args: argparse.Namespace) -> RunConfig:
                    fed=replace(config.fed, **fed_changes))
 
 
+_RECALL_IGNORED = ("model", "user_encoder", "embeddings", "history_len", "epochs", "lr",
+                   "batch_size", "local_steps", "local_lr", "epsilon_train", "delta_train",
+                   "noise", "eval_every", "engine", "basis", "padding_p", "privacy_mode",
+                   "sensitivity_mode", "history_budget")
+
+
+def recall_config_from_args(args: argparse.Namespace) -> Any:
+    """``--method unifedrec``: the Uni-FedRec run configuration (``--config`` = a
+    ``recall.yaml``) overridden by explicit flags."""
+    from privaterec.recall.run import RecallRunConfig
+
+    given = [k for k in _RECALL_IGNORED if getattr(args, k, None) is not None]
+    if given:
+        flags = ", ".join("--" + k.replace("_", "-") for k in given)
+        raise PrivateRecError(f"{flags} do not apply to --method unifedrec (its ranking model "
+                              f"is trained by another method and passed with --ranker RUN)")
+    if args.strategy is not None and args.strategy not in ("sgd", "fedadam"):
+        raise PrivateRecError(f"--strategy {args.strategy}: --method unifedrec takes sgd or "
+                              f"fedadam")
+    config = (RecallRunConfig.from_yaml(Path(args.config)) if args.config
+              else RecallRunConfig(ranker=args.ranker or "-"))
+    top = {k: v for k, v in {
+        "ranker": str(Path(args.ranker).resolve()) if args.ranker else None,
+        "data": str(Path(args.data).resolve()) if args.data else None,
+        "seed": args.seed}.items() if v is not None}
+    if not args.ranker and not args.config:
+        raise PrivateRecError("--method unifedrec needs --ranker RUN: a ranking run trained by "
+                              "another method (e.g. --method fedrec)")
+    model = {k: v for k, v in {
+        "num_basis": args.recall_basis, "max_channels": args.max_channels,
+        "distance_threshold": args.distance_threshold, "cluster_method": args.cluster_method,
+        "cluster_metric": args.cluster_metric, "clip": args.interest_clip,
+        "noise_scale": args.interest_noise}.items() if v is not None}
+    train = {k: v for k, v in {
+        "rounds": args.rounds, "client_fraction": args.client_fraction,
+        "clients_per_round": args.clients_per_round, "strategy": args.strategy,
+        "lr": args.server_lr, "clip": args.clip, "noise_scale": args.noise_scale,
+        "max_samples": args.max_client_samples, "clipping": args.gradient_clipping,
+        "score_clip": args.score_clip}.items() if v is not None}
+    return replace(config, **top, model=replace(config.model, **model),
+                   train=replace(config.train, **train))
+
+
+def cmd_train_unifedrec(args: argparse.Namespace) -> int:
+    from privaterec.recall.run import train_recall_run
+
+    config = recall_config_from_args(args)
+    metrics = train_recall_run(config, args.out, progress=not args.no_progress,
+                               drop_missing=args.drop_missing)
+    if args.json:
+        _print_json(metrics)
+    else:
+        print(f"Uni-FedRec recall model: {metrics['rounds']} rounds, loss "
+              f"{metrics['first_loss']:.4f} -> {metrics['last_loss']:.4f}, training epsilon "
+              f"per round {metrics['train_epsilon_per_round']}, serving epsilon per channel "
+              f"{config.model.channel_epsilon:g} (quotas in the clear)")
+    print(f"run written to {args.out}; evaluate with `privaterec evaluate --run {args.out} "
+          f"--recall unifedrec`", file=sys.stderr)
+    return EXIT_OK
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from privaterec.training.pipeline import train_run
 
+    if args.method == "unifedrec":
+        return cmd_train_unifedrec(args)
+    if args.ranker is not None:
+        raise PrivateRecError("--ranker only applies to --method unifedrec")
     config = run_config_from_args(args)
     metrics = train_run(config, args.out, drop_missing=args.drop_missing,
                         progress=not args.no_progress)
@@ -142,8 +207,11 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
                                 mechanism=args.noise, sensitivity_mode=args.sensitivity_mode,
                                 vdp_clip=args.vdp_clip, seed=args.seed,
                                 normalization=args.normalization)
-    elif args.epsilon_serve != math.inf:
-        raise PrivateRecError("--epsilon-serve needs --serving privaterec|vdp")
+    elif args.epsilon_serve != math.inf and args.recall not in ("privaterec", "vdp"):
+        raise PrivateRecError("--epsilon-serve needs --serving privaterec|vdp or --recall "
+                              "privaterec|vdp")
+    if args.recall is not None:
+        return cmd_evaluate_recall(args, serving)
     result = evaluate_run(args.run, args.data, split=args.split,
                           drop_missing=args.drop_missing, progress=not args.no_progress,
                           serving=serving)
@@ -159,6 +227,44 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
               f"bytes sent per query); releases recorded in {args.run}/privacy.json, "
               f"per-user serving epsilon (max) = {info['epsilon_serve_user_max']:.6g} at "
               f"delta = {info['privacy_delta']:g}")
+    return EXIT_OK
+
+
+def cmd_evaluate_recall(args: argparse.Namespace, serving: Any) -> int:
+    from privaterec.eval.serving import ServingConfig
+    from privaterec.recall.run import evaluate_recall_run
+
+    if args.recall in ("privaterec", "vdp"):
+        if serving is not None and serving.kind != args.recall:
+            raise PrivateRecError(f"--serving {serving.kind} contradicts --recall {args.recall}")
+        serving = ServingConfig(kind=args.recall, epsilon=args.epsilon_serve,
+                                delta=args.delta_serve, padding_p=args.padding_p,
+                                mechanism=args.noise, sensitivity_mode=args.sensitivity_mode,
+                                vdp_clip=args.vdp_clip, seed=args.seed,
+                                normalization=args.normalization)
+    elif serving is not None:
+        raise PrivateRecError(f"--serving does not apply to --recall {args.recall}")
+    result = evaluate_recall_run(args.run, method=args.recall, data=args.data, split=args.split,
+                                 seed=args.seed, serve_noise=not args.no_serve_noise,
+                                 quota_noise_scale=args.quota_noise, serving=serving,
+                                 drop_missing=args.drop_missing,
+                                 progress=not args.no_progress)
+    if args.json:
+        _print_json(result)
+        return EXIT_OK
+    ks = sorted(int(k.split("@")[1]) for k in result if k.startswith("future_recall@"))
+    lines = ["| recall | " + " | ".join(f"R@{k}" for k in ks) + " | AUC (R=400) |",
+             "|---|" + "---|" * (len(ks) + 1)]
+    for what, auc in (("future", f"{result['auc']:.4f}"), ("history (leakage)", "")):
+        key = what.split()[0]
+        cells = " | ".join(f"{result[f'{key}_recall@{k}']:.4f}" for k in ks)
+        lines.append(f"| {what} clicks | {cells} | {auc} |")
+    print("\n".join(lines))
+    eps = result["query_epsilon_max"]
+    print(f"{args.recall}: {result['users']} users queried a pool of {result['pool_size']} "
+          f"news; {result['bytes_per_query']:.0f} bytes sent per query (mean); epsilon per "
+          f"query {eps:g}"
+          + (" + quotas sent in the clear (no guarantee)" if result["quotas_in_clear"] else ""))
     return EXIT_OK
 
 
@@ -258,6 +364,37 @@ def _add_privacy_parser(sub: Any) -> None:
 
 
 # ----------------------------------------------------------------------------- main
+def cmd_serve(args: argparse.Namespace) -> int:
+    from privaterec.serving.server import serve
+
+    serve(args.run, args.news, host=args.host, port=args.port, store_path=args.store,
+          max_body_bytes=args.max_body_bytes, log_level=args.log_level)
+    return EXIT_OK
+
+
+def _add_serve_parser(sub: Any) -> None:
+    # literals, not privaterec.serving.server's constants: building the parser must not
+    # import FastAPI (the optional 'serve' extra)
+    DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 8000
+    serve = sub.add_parser("serve", help="serve private recommendations over HTTP (FastAPI)")
+    serve.add_argument("--run", required=True,
+                       help="a ranking run or a Uni-FedRec run directory")
+    serve.add_argument("--news", default=None,
+                       help="news.tsv or a MIND data directory; its articles missing from the "
+                            "store are encoded and added (optional once the store is filled)")
+    serve.add_argument("--host", default=DEFAULT_HOST, help=f"default {DEFAULT_HOST}")
+    serve.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"default {DEFAULT_PORT}")
+    serve.add_argument("--store", default=None,
+                       help="news store directory, kept across restarts (default "
+                            "RUN/serving-store)")
+    serve.add_argument("--max-body-bytes", type=int, default=1_000_000,
+                       help="larger request bodies get 413 (default 1000000)")
+    serve.add_argument("--log-level", default="warning",
+                       choices=("critical", "error", "warning", "info", "debug"),
+                       help="uvicorn log level (no access log is ever written)")
+    serve.set_defaults(func=cmd_serve)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="privaterec",
@@ -299,7 +436,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     train = sub.add_parser("train", help="train a recommender into a run directory")
     train.add_argument("--data", help="data directory (train/ and test/)")
-    train.add_argument("--method", choices=METHODS, default=None)
+    train.add_argument("--method", choices=(*METHODS, "unifedrec"), default=None)
     train.add_argument("--model", choices=NEWS_ENCODERS, default=None, help="news encoder")
     train.add_argument("--user-encoder", choices=USER_ENCODERS, default=None)
     train.add_argument("--embeddings", choices=EMBEDDINGS, default=None)
@@ -352,6 +489,30 @@ def build_parser() -> argparse.ArgumentParser:
                               "reproduction only)")
     private.add_argument("--history-budget", type=float, default=None,
                          help="strict mode: share of epsilon_t for the history-path gradient")
+    recall = train.add_argument_group(
+        "Uni-FedRec (--method unifedrec; also --rounds --client-fraction --clients-per-round "
+        "--strategy sgd|fedadam --server-lr --clip (theta) --noise-scale (lambda_g) "
+        "--max-client-samples --seed --data)")
+    recall.add_argument("--ranker", default=None,
+                        help="ranking run (trained by another method) whose news encoder "
+                             "gives the news vectors and whose model ranks the candidates")
+    recall.add_argument("--recall-basis", type=int, default=None,
+                        help="B basic interest embeddings (30)")
+    recall.add_argument("--interest-clip", type=float, default=None,
+                        help="delta: decomposition scores clipped to [-delta, delta] (0.2)")
+    recall.add_argument("--interest-noise", type=float, default=None,
+                        help="lambda_I: Laplace scale of the released scores (1.2)")
+    recall.add_argument("--max-channels", type=int, default=None,
+                        help="at most this many interest channels (5)")
+    recall.add_argument("--distance-threshold", type=float, default=None,
+                        help="d_c of the hierarchical clustering (1.0)")
+    recall.add_argument("--cluster-method", default=None,
+                        help="scipy linkage method (average)")
+    recall.add_argument("--cluster-metric", default=None, help="distance metric (cosine)")
+    recall.add_argument("--gradient-clipping", choices=["l1", "elementwise", "none"],
+                        default=None, help="how uploads are clipped to theta (l1)")
+    recall.add_argument("--score-clip", action=argparse.BooleanOptionalAction, default=None,
+                        help="clip decomposition scores in training as in serving (on)")
     train.add_argument("--config", default=None, help="YAML run configuration; flags override it")
     train.add_argument("--out", required=True, help="run directory (resumed if it exists)")
     train.add_argument("--drop-missing", action="store_true")
@@ -383,6 +544,16 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--normalization", choices=["softplus", "relu"], default="softplus",
                           help="how the device maps alpha + noise to the simplex: softplus "
                                "(Alg. 2 line 10) or relu (the training normalisation)")
+    evaluate.add_argument("--recall", choices=["unifedrec", "youtubenet", "no-bie",
+                                               "privaterec", "vdp"], default=None,
+                          help="recall evaluation (Uni-FedRec Tables 2-4): R@100..400 of "
+                               "future and history clicks and the AUC of ranking R = 400 "
+                               "recalled candidates")
+    evaluate.add_argument("--quota-noise", type=float, default=None,
+                          help="--recall unifedrec: Laplace scale of noise on the quotas "
+                               "(default: quotas in the clear, as the paper)")
+    evaluate.add_argument("--no-serve-noise", action="store_true",
+                          help="--recall unifedrec: no noise on the released scores (ablation)")
     evaluate.set_defaults(func=cmd_evaluate)
 
     experiment = sub.add_parser(
@@ -409,6 +580,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(func=cmd_demo)
 
     _add_privacy_parser(sub)
+    _add_serve_parser(sub)
     return parser
 
 

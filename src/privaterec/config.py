@@ -320,13 +320,19 @@ def _coerce(value: Any, hint: Any, name: str) -> Any:
     if value is None and type(None) in allowed:
         return None
     for typ in allowed:
+        if typing.get_origin(typ) is typing.Literal:
+            if value in typing.get_args(typ):
+                return value
+            continue
         if typ is float and isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
         if typ is int and isinstance(value, int) and not isinstance(value, bool):
             return value
         if typ in (str, bool) and isinstance(value, typ):
             return value
-    expected = " or ".join(getattr(t, "__name__", str(t)) for t in allowed)
+    expected = " or ".join(
+        " or ".join(repr(a) for a in typing.get_args(t)) if typing.get_origin(t) is typing.Literal
+        else getattr(t, "__name__", str(t)) for t in allowed)
     raise ConfigError(f"'{name}' must be {expected}, got {value!r}")
 
 

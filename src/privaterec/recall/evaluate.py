@@ -17,6 +17,10 @@ Methods (one function, :func:`evaluate_recall`):
   (:class:`~privaterec.recall.index.DenseIndex`), same channels and quotas.
 * ``"youtubenet"`` — Covington et al. 2016: one user vector, the mean of the clicked news
   vectors (over all history positions for an empty history), exact d-dim search.
+* ``"privaterec"`` and ``"vdp"`` — private single-vector serving of a ranking model used as
+  recall (PrivateRec Alg. 1-2, and its VDP baseline): the device's released user vector
+  (``user_encoder``, e.g. :func:`privaterec.eval.serving.private_user_encoder`) is searched
+  exactly in d dims; each query spends ``user_events``.
 
 Recalled list at K (the definition behind R@K). For each K the server recalls R = K news with
 the method's own allocation, exactly as it would serve a request for K candidates: channel i
@@ -58,7 +62,7 @@ from __future__ import annotations
 import math
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator, Literal, Protocol, Sequence
+from typing import Callable, Iterator, Literal, Protocol, Sequence
 
 import numpy as np
 import torch
@@ -83,8 +87,9 @@ RECALL_KS = (100, 200, 300, 400)
 AUC_RECALL_SIZE = 400
 """R of the end-to-end evaluation (Uni-FedRec §4.3)."""
 
-RECALL_METHODS = ("unifedrec", "no-bie", "youtubenet")
-RecallMethod = Literal["unifedrec", "no-bie", "youtubenet"]
+RECALL_METHODS = ("unifedrec", "no-bie", "youtubenet", "privaterec", "vdp")
+RecallMethod = Literal["unifedrec", "no-bie", "youtubenet", "privaterec", "vdp"]
+UserEncoder = Callable[[Tensor, Tensor], Tensor]
 
 _QUERY_STREAM = 2  # distinct from fed.rng's server (0) and client (1) streams
 
@@ -223,7 +228,8 @@ def evaluate_recall(split: MindSplit, features: NewsFeatures, news_vectors: Tens
                     seed: int = 0, serve_noise: bool = True,
                     quota_noise_scale: float | None = None,
                     ledger: PrivacyLedger | None = None, batch_size: int = 256,
-                    progress: bool = False) -> dict[str, object]:
+                    progress: bool = False, user_encoder: UserEncoder | None = None,
+                    user_events: EventList | None = None) -> dict[str, object]:
     """Recall@K of future and history clicks, end-to-end AUC and query events of a method.
 
     Parameters
@@ -262,6 +268,9 @@ def evaluate_recall(split: MindSplit, features: NewsFeatures, news_vectors: Tens
         Users per query batch.
     progress:
         tqdm bar over users.
+    user_encoder, user_events:
+        ``"privaterec"`` / ``"vdp"``: the device's release ``(vectors [b, H, d], mask [b, H])
+        -> [b, d]`` and the events of one query.
 
     Returns
     -------
@@ -273,8 +282,11 @@ def evaluate_recall(split: MindSplit, features: NewsFeatures, news_vectors: Tens
     if method not in RECALL_METHODS:
         raise ConfigError(f"invalid recall 'method': got {method!r}, expected one of "
                           f"{RECALL_METHODS}")
-    if method != "youtubenet" and model is None:
+    if method in ("unifedrec", "no-bie") and model is None:
         raise ConfigError(f"method {method!r} needs the trained recall model (model=...)")
+    if method in ("privaterec", "vdp") and (user_encoder is None or user_events is None):
+        raise ConfigError(f"method {method!r} needs the device's release (user_encoder=...) "
+                          f"and its events (user_events=...)")
     ks = _check_ks(ks, auc_recall_size)
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ConfigError(f"invalid 'batch_size': got {batch_size!r}, expected an int >= 1")
@@ -305,7 +317,7 @@ def evaluate_recall(split: MindSplit, features: NewsFeatures, news_vectors: Tens
     with _eval_mode(ranker):
         result = _evaluate(users, method, model, vectors_table, pool, in_pool, ks, size_of,
                            sizes, auc_size, ranker, seed, serve_noise, quota_noise_scale,
-                           index, batch_size, progress)
+                           index, batch_size, progress, user_encoder, user_events)
     if ledger is not None:
         for user, pairs in result["events"].items():  # type: ignore[union-attr]
             for event, count in pairs:
@@ -332,7 +344,8 @@ def _evaluate(users: RecallUsers, method: str, model: UniFedRecRecall | None,
               ks: tuple[int, ...], size_of: dict[int, int], sizes: list[int], auc_size: int,
               ranker: Ranker | None, seed: int, serve_noise: bool,
               quota_noise_scale: float | None, index: ScoreSpaceIndex | DenseIndex,
-              batch_size: int, progress: bool) -> dict[str, object]:
+              batch_size: int, progress: bool, user_encoder: UserEncoder | None,
+              user_events: EventList | None) -> dict[str, object]:
     """The loop of :func:`evaluate_recall` over batches of users (its docstring)."""
     longest = max(sizes)
     future_sums = {k: 0.0 for k in ks}
@@ -375,15 +388,21 @@ def _evaluate(users: RecallUsers, method: str, model: UniFedRecRecall | None,
                 batch_events.append(_clear_event(int(valid.sum()) * vectors.shape[-1],
                                                  "no-bie: channel interests r_i and quotas"))
         else:
-            attend = attend_all_if_empty(mask).unsqueeze(-1).to(vectors.dtype)
-            user_vectors = (vectors * attend).sum(1) / attend.sum(1)
+            if method == "youtubenet":
+                attend = attend_all_if_empty(mask).unsqueeze(-1).to(vectors.dtype)
+                user_vectors = (vectors * attend).sum(1) / attend.sum(1)
+                query_events = _clear_event(vectors.shape[-1],
+                                            "youtubenet: mean clicked-news vector")
+            else:
+                assert user_encoder is not None and user_events is not None
+                user_vectors = user_encoder(vectors, mask)
+                query_events = list(user_events)
             assert isinstance(index, DenseIndex)
             _, positions = index.search(user_vectors, longest)
             positions = np.atleast_2d(positions)
             for i in range(stop - start):
                 per_user.append(([positions[i]], np.ones(1)))
-                batch_events.append(_clear_event(vectors.shape[-1],
-                                                 "youtubenet: mean clicked-news vector"))
+                batch_events.append(query_events)
         ranker_users = None
         if ranker is not None:
             ranker_users = ranker.encode_user(vectors, mask)  # [b, d]
@@ -435,4 +454,5 @@ def _evaluate(users: RecallUsers, method: str, model: UniFedRecRecall | None,
 
 
 __all__ = ["AUC_RECALL_SIZE", "RECALL_KS", "RECALL_METHODS", "Ranker", "RecallUsers",
+           "UserEncoder",
            "evaluate_recall", "query_generator", "recall_users", "recalled_sets"]

@@ -40,6 +40,9 @@ QUOTA_SENSITIVITY_L1 = 2.0
 vectors (padded to the same length) differ by at most 2 in L1 — valid even though replacing
 one click can change the whole clustering."""
 
+CHANNEL_NOTE = ("Uni-FedRec interest channel: B decomposition scores clipped to [-delta, delta] "
+                "+ Laplace(lambda_I)")
+
 CLEAR_QUOTAS_NOTE = ("Uni-FedRec quotas (and hence the number of channels) sent in the clear "
                      "(Eq. 4): no DP guarantee")
 
@@ -151,8 +154,7 @@ def channel_event(*, num_basis: int = DEFAULT_NUM_BASIS, clip: float = DEFAULT_C
     return PrivacyEvent(mechanism="laplace", epsilon=eps, noise_scale=float(noise_scale),
                         sensitivity=sensitivity, dimension=num_basis, phase=phase,
                         coordinate_epsilon=coord,
-                        note="Uni-FedRec interest channel: B decomposition scores clipped to "
-                             "[-delta, delta] + Laplace(lambda_I)")
+                        note=CHANNEL_NOTE)
 
 
 def quota_event(*, noise_scale: float | None, num_slots: int,
@@ -253,6 +255,6 @@ def perturb_quotas(quotas: Tensor, *, noise_scale: float, generator: Generators,
                             phase=phase)
 
 
-__all__ = ["BasicInterestEmbeddings", "CLEAR_QUOTAS_NOTE", "DEFAULT_CLIP", "DEFAULT_NOISE_SCALE",
+__all__ = ["BasicInterestEmbeddings", "CHANNEL_NOTE", "CLEAR_QUOTAS_NOTE", "DEFAULT_CLIP", "DEFAULT_NOISE_SCALE",
            "DEFAULT_NUM_BASIS", "QUOTA_SENSITIVITY_L1", "aggregator_weights", "channel_event",
            "perturb_quotas", "perturb_scores", "query_events", "quota_event"]

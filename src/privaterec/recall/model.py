@@ -135,6 +135,10 @@ class UniFedRecRecall(nn.Module):
         M, the maximum number of channels (default 5).
     distance_threshold, method, metric, overflow:
         Clustering parameters (:func:`~privaterec.recall.channels.cluster_history`).
+    use_bie:
+        ``False`` builds the no-BIE ablation (Uni-FedRec Table 3): the unified score uses the
+        channel interests rᵢ directly (no decomposer, perturbation or aggregator), so the
+        model is trained for exact d-dim search of rᵢ.
     """
 
     def __init__(self, dim: int = 256, *, num_heads: int = 16, head_dim: int = 16,
@@ -143,8 +147,9 @@ class UniFedRecRecall(nn.Module):
                  max_channels: int = MAX_CHANNELS,
                  distance_threshold: float = DEFAULT_DISTANCE_THRESHOLD,
                  method: str = "average", metric: str = "cosine",
-                 overflow: Overflow = "merge") -> None:
+                 overflow: Overflow = "merge", use_bie: bool = True) -> None:
         super().__init__()
+        self.use_bie = bool(use_bie)
         if num_heads * head_dim != dim:
             raise ConfigError(f"num_heads * head_dim = {num_heads * head_dim} must equal the "
                               f"news vector size dim = {dim}")
@@ -236,6 +241,8 @@ class UniFedRecRecall(nn.Module):
             channel_ids, quotas = batch.channel_ids, batch.quotas
         assert quotas is not None
         r = self.interests(self.context(news_vectors, mask), channel_ids)
+        if not self.use_bie:
+            return unified_score(r, quotas.to(r.dtype), candidates)
         alpha = self.protected_weights(r, generator=generator)
         return unified_score(self.interest.aggregate(alpha), quotas.to(alpha.dtype), candidates)
 
@@ -266,6 +273,10 @@ class UniFedRecRecall(nn.Module):
         -------
         :class:`RecallQuery`.
         """
+        if not self.use_bie:
+            raise ConfigError("this recall model was trained without basic interest "
+                              "embeddings (no-BIE ablation): it has no protected query; "
+                              "evaluate it with --recall no-bie")
         if self.clip is None:
             raise ConfigError("serving needs clipped decomposition scores: build the model "
                               "with clip=delta (e.g. 0.2), not clip=None")

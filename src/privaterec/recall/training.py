@@ -322,13 +322,20 @@ class _RecallLoss(nn.Module):
         if candidates is None:
             return context
         assert channel_ids is not None and quotas is not None and weights is not None
-        scores = model.interest.decompose(model.interests(context, channel_ids))
+        interests = model.interests(context, channel_ids)
+        n, c, d = candidates.shape
+        if not model.use_bie:  # no-BIE ablation: r_i scored directly
+            logits = unified_score(interests, quotas.to(interests.dtype),
+                                   candidates.reshape(1, n * c, d)).reshape(n, c)
+            losses = F.cross_entropy(logits, torch.zeros(n, dtype=torch.long),
+                                     reduction="none")
+            return (losses * weights).sum() / weights.sum()
+        scores = model.interest.decompose(interests)
         scores = perturb_scores(scores, clip=model.clip if score_clip else None,
                                 generator=None)
         if score_noise is not None:
             scores = scores + score_noise
         protected = model.interest.aggregate(aggregator_weights(scores))  # [1, M, d]
-        n, c, d = candidates.shape
         logits = unified_score(protected, quotas.to(protected.dtype),
                                candidates.reshape(1, n * c, d)).reshape(n, c)
         losses = F.cross_entropy(logits, torch.zeros(n, dtype=torch.long), reduction="none")

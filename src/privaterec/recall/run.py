@@ -1,0 +1,438 @@
+"""Uni-FedRec run directories: ``privaterec train --method unifedrec --ranker RUN``.
+
+A Uni-FedRec run trains the recall model (Uni-FedRec §3.2–3.5) on the news vectors of an
+already trained ranking run (``--ranker``, any neural model trained by the other methods;
+Uni-FedRec §3.3 footnote 3: the recall model reuses the ranker's news encoder). The
+directory holds
+
+* ``recall.yaml`` — :class:`RecallRunConfig` (ranker path, data, seed, model, training);
+* ``checkpoint.pt`` — the federated state (θ, strategy state, ledger, log) and the model's
+  ``state_dict`` under ``model``; training resumes from it;
+* ``privacy.json`` — the ledger of the training uploads (and of evaluation queries, phase
+  ``serve``) with its report;
+* ``metrics.json`` — training summary.
+
+:func:`load_recall_run` rebuilds the trained model; :func:`is_recall_run` tells the two kinds
+of run directory apart.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+import yaml
+
+from privaterec.config import from_mapping
+from privaterec.errors import CheckpointError, ConfigError
+from privaterec.privacy.ledger import PrivacyLedger
+from privaterec.recall.channels import check_cluster_params
+from privaterec.recall.interest import (CHANNEL_NOTE, DEFAULT_CLIP, DEFAULT_NOISE_SCALE, DEFAULT_NUM_BASIS,
+                                        channel_event)
+from privaterec.recall.model import UniFedRecRecall
+from privaterec.recall.training import RecallTrainConfig
+
+if TYPE_CHECKING:
+    from privaterec.eval.serving import ServingConfig
+
+RECALL_CONFIG_FILE = "recall.yaml"
+HEAD_DIM = 16
+
+
+@dataclass(frozen=True)
+class RecallModelConfig:
+    """Architecture and serving privacy of the recall model (defaults: Uni-FedRec §4.1).
+
+    Attributes
+    ----------
+    num_basis: B basic interest embeddings (paper 30).
+    attention_dim: hidden size of the cluster-wise attention (paper 128).
+    max_channels: at most this many interest channels (paper 5).
+    distance_threshold, cluster_method, cluster_metric: hierarchical clustering of the
+        self-attended clicked-news vectors (threshold d_c, scipy linkage method and metric).
+    bie: ``False`` trains the no-BIE ablation (channel interests scored directly; only
+        ``--recall no-bie`` evaluates it).
+
+    Keyword-only privacy parameters
+    -------------------------------
+    clip: δ, decomposition scores are clipped to [−δ, δ] (paper 0.2).
+    noise_scale: λ_I, Laplace scale of the released scores (paper 1.2): each channel
+        costs ε = 2δB/λ_I (DESIGN §4 erratum 7).
+    """
+
+    num_basis: int = DEFAULT_NUM_BASIS
+    attention_dim: int = 128
+    max_channels: int = 5
+    distance_threshold: float = 1.0
+    cluster_method: str = "average"
+    cluster_metric: str = "cosine"
+    bie: bool = True
+    _: dataclasses.KW_ONLY
+    clip: float = DEFAULT_CLIP
+    noise_scale: float = DEFAULT_NOISE_SCALE
+
+    def __post_init__(self) -> None:
+        for name in ("num_basis", "attention_dim", "max_channels"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"invalid 'recall.{name}': got {value!r}, expected an "
+                                  f"integer >= 1")
+        check_cluster_params(self.distance_threshold, self.cluster_method,
+                             self.cluster_metric, self.max_channels, "merge")
+        if not (isinstance(self.clip, (int, float)) and 0 < self.clip < math.inf):
+            raise ConfigError(f"invalid privacy parameter 'clip' (delta): got {self.clip!r}, "
+                              f"expected a finite number > 0")
+        if not (isinstance(self.noise_scale, (int, float)) and 0 <= self.noise_scale < math.inf):
+            raise ConfigError(f"invalid privacy parameter 'noise_scale' (lambda_I): got "
+                              f"{self.noise_scale!r}, expected a finite number >= 0")
+
+    @property
+    def channel_epsilon(self) -> float:
+        """ε of one channel's release, 2δB/λ_I (∞ without noise)."""
+        return channel_event(num_basis=self.num_basis, clip=self.clip,
+                             noise_scale=self.noise_scale).epsilon
+
+    def build(self, dim: int) -> UniFedRecRecall:
+        """A fresh :class:`UniFedRecRecall` over d-dim news vectors (d/16 heads of 16)."""
+        if dim % HEAD_DIM:
+            raise ConfigError(f"the ranker's news vectors have d = {dim}, not a multiple of "
+                              f"{HEAD_DIM} (the recall model's self-attention uses heads of "
+                              f"{HEAD_DIM}); train the ranker with such a size")
+        return UniFedRecRecall(dim, num_heads=dim // HEAD_DIM, head_dim=HEAD_DIM,
+                               attention_dim=self.attention_dim, num_basis=self.num_basis,
+                               clip=self.clip, noise_scale=self.noise_scale,
+                               max_channels=self.max_channels,
+                               distance_threshold=self.distance_threshold,
+                               method=self.cluster_method, metric=self.cluster_metric,
+                               use_bie=self.bie)
+
+
+@dataclass(frozen=True)
+class RecallRunConfig:
+    """Everything a Uni-FedRec run computes from (saved as ``recall.yaml``).
+
+    Attributes
+    ----------
+    ranker: the ranking run directory whose news encoder gives the news vectors and whose
+        model ranks the recalled candidates on the device.
+    data: data directory (empty: the ranker's).
+    seed: seeds the model's initialisation, client sampling and the clients' draws.
+    model: :class:`RecallModelConfig`.
+    train: :class:`~privaterec.recall.training.RecallTrainConfig`.
+    """
+
+    ranker: str
+    data: str = ""
+    seed: int = 0
+    model: RecallModelConfig = field(default_factory=RecallModelConfig)
+    train: RecallTrainConfig = field(default_factory=RecallTrainConfig)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.ranker, str) or not self.ranker:
+            raise ConfigError("a Uni-FedRec run needs its ranking model: pass --ranker RUN (a "
+                              "run directory trained by another method)")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise ConfigError(f"invalid 'seed': got {self.seed!r}, expected an integer >= 0")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_yaml(self, path: Path) -> None:
+        path.write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
+
+    @classmethod
+    def from_yaml(cls, path: Path) -> "RecallRunConfig":
+        try:
+            raw = yaml.safe_load(path.read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"{path}: configuration file not found") from None
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{path}: expected a mapping at the top level")
+        try:
+            return from_mapping(cls, raw)
+        except ConfigError as exc:
+            raise ConfigError(f"{path}: {exc}") from None
+
+
+@dataclass
+class RecallRun:
+    """A trained Uni-FedRec run: its directory, configuration and recall model (eval mode)."""
+
+    path: Path
+    config: RecallRunConfig
+    model: UniFedRecRecall
+
+    @property
+    def ranker(self) -> Path:
+        """The ranking run directory (relative paths resolve against the working directory)."""
+        return Path(self.config.ranker)
+
+    @property
+    def checkpoint_path(self) -> Path:
+        return self.path / "checkpoint.pt"
+
+    @property
+    def privacy_path(self) -> Path:
+        return self.path / "privacy.json"
+
+
+def is_recall_run(path: str | Path) -> bool:
+    """Whether ``path`` is a Uni-FedRec run directory (holds ``recall.yaml``)."""
+    return (Path(path) / RECALL_CONFIG_FILE).is_file()
+
+
+def load_recall_run(path: str | Path) -> RecallRun:
+    """Rebuild the trained recall model of a Uni-FedRec run directory.
+
+    Raises
+    ------
+    CheckpointError
+        If the directory is not a trained Uni-FedRec run or its files do not match.
+    """
+    from privaterec.training.checkpoint import load_checkpoint
+    run_dir = Path(path)
+    if not is_recall_run(run_dir):
+        raise CheckpointError(f"{run_dir}: not a Uni-FedRec run (no {RECALL_CONFIG_FILE}); "
+                              f"train one with `privaterec train --method unifedrec --ranker "
+                              f"RUN --out {run_dir}`")
+    config = RecallRunConfig.from_yaml(run_dir / RECALL_CONFIG_FILE)
+    checkpoint = run_dir / "checkpoint.pt"
+    if not checkpoint.exists():
+        raise CheckpointError(f"{checkpoint}: missing; the run has not trained yet (run "
+                              f"`privaterec train --method unifedrec` into {run_dir})")
+    state = load_checkpoint(checkpoint)
+    try:
+        model = config.model.build(int(state["model"]["interest.values"].shape[1]))
+        model.load_state_dict(state["model"])
+    except (KeyError, RuntimeError, ConfigError) as exc:
+        raise CheckpointError(f"{checkpoint}: does not match the recall model of "
+                              f"{run_dir / RECALL_CONFIG_FILE} ({exc})") from None
+    model.eval()
+    return RecallRun(run_dir, config, model)
+
+
+def train_recall_run(config: RecallRunConfig, out: str | Path, *, progress: bool = True,
+                     drop_missing: bool = False) -> dict[str, Any]:
+    """Train the recall model of ``config`` into the run directory ``out`` (resumable).
+
+    The news vectors are the ranker's encodings of every news of the data set (train and
+    test splits); the clients are the training split's users (histories and clicks as rows
+    of that table). Returns the summary written to ``metrics.json``.
+
+    Raises
+    ------
+    CheckpointError
+        If ``out`` holds a different run.
+    """
+    from privaterec.data.clients import build_client_dataset
+    from privaterec.data.mind import load_dataset
+    from privaterec.privacy.report import write_privacy_json
+    from privaterec.recall.training import load_ranker_news, train_recall
+    from privaterec.training.run import RunDirectory
+
+    run_dir = Path(out)
+    ranker_config = RunDirectory(Path(config.ranker)).config()
+    data = config.data or ranker_config.data
+    saved = run_dir / RECALL_CONFIG_FILE
+    if saved.exists() and RecallRunConfig.from_yaml(saved) != dataclasses.replace(
+            config, data=data):
+        raise CheckpointError(f"{run_dir}: holds a different Uni-FedRec run ({saved}); use "
+                              f"another --out directory")
+    config = dataclasses.replace(config, data=data)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    config.to_yaml(saved)
+    dataset = load_dataset(data, drop_missing=drop_missing)
+    ranker = load_ranker_news(config.ranker, dataset.all_news(), progress=progress)
+    clients = build_client_dataset(dataset.train, ranker.features,
+                                   history_len=ranker.history_len)
+    torch.manual_seed(config.seed)
+    model = config.model.build(int(ranker.vectors.shape[-1]))
+    # The server's pool while training: the training split's news (pool negatives never
+    # come from the future, so the model cannot learn "unseen news are negatives").
+    train_rows = torch.tensor(sorted(set(ranker.features.rows_of(list(dataset.train.news)))))
+    state = train_recall(model, ranker.vectors, clients, config.train, seed=config.seed,
+                         pool_rows=train_rows, checkpoint_path=run_dir / "checkpoint.pt",
+                         progress=progress)
+    release = recall_release(config)
+    write_privacy_json(run_dir / "privacy.json", state.ledger, release=release,
+                                 delta=1e-5, rounds=state.round_index)
+    losses = [entry["loss"] for entry in state.log]
+    metrics = {"method": "unifedrec", "rounds": state.round_index,
+               "first_loss": losses[0] if losses else math.nan,
+               "last_loss": losses[-1] if losses else math.nan,
+               "train_epsilon_per_round": release["epsilon_per_round"],
+               "users_trained": len(state.ledger.users)}
+    (run_dir / "metrics.json").write_text(json.dumps(metrics, indent=2))
+    return metrics
+
+
+def recall_release(config: RecallRunConfig) -> dict[str, Any]:
+    """The ``release`` block of ``privacy.json``: what each training upload and query sends."""
+    t = config.train
+    event = t.upload_event(1)
+    return {"method": "unifedrec", "mechanism": "laplace" if t.noise_scale else "none",
+            "clipping": t.clipping, "clip": t.clip, "noise_scale": t.noise_scale,
+            "epsilon_per_round": event.epsilon if t.clipping == "l1" else None,
+            "note": event.note,
+            "serving_channel_epsilon": config.model.channel_epsilon,
+            "serving_note": ("each query releases C channels of B clipped scores + "
+                             "Laplace(lambda_I), 2*delta*B/lambda_I each, composed over the C "
+                             "channels; the quotas (and C) are sent in the clear unless quota "
+                             "noise is on")}
+
+
+def record_recall_queries(run: RecallRun, ledger_events: dict[str, list], *,
+                          description: dict[str, Any]) -> dict[str, Any]:
+    """Add evaluation queries' releases (user → [(event, count)]) to ``RUN/privacy.json``."""
+    from privaterec.privacy.report import read_privacy_json, write_privacy_json
+
+    summary = read_privacy_json(run.privacy_path)
+    ledger = PrivacyLedger.from_dict(summary["ledger"])
+    for user, pairs in sorted(ledger_events.items()):
+        for event, count in pairs:
+            ledger.record(user, event, count)
+    release = dict(summary["release"])
+    release["serving"] = [*release.get("serving", []), description]
+    return write_privacy_json(run.privacy_path, ledger, release=release,
+                              delta=summary["delta"], rounds=summary["rounds"])
+
+
+def query_bytes(method: str, *, channels: float, num_basis: int, dim: int) -> float:
+    """Bytes one query sends (4-byte floats): Uni-FedRec C·(B + 1), PrivateRec B, no-BIE
+    C·(d + 1), YoutubeNet and VDP d; ``channels`` may be a mean over users."""
+    if method == "unifedrec":
+        return 4.0 * channels * (num_basis + 1)
+    if method == "no-bie":
+        return 4.0 * channels * (dim + 1)
+    return 4.0 * (num_basis if method == "privaterec" else dim)
+
+
+def evaluate_recall_run(run_dir: str | Path, *, method: str, data: str | Path | None = None,
+                        split: str = "test", seed: int = 0, serve_noise: bool = True,
+                        quota_noise_scale: float | None = None,
+                        serving: "ServingConfig | None" = None,
+                        ks: tuple[int, ...] | None = None, auc_recall_size: int | None = None,
+                        record: bool = True, drop_missing: bool = False,
+                        progress: bool = True) -> dict[str, Any]:
+    """Recall metrics of a run (``privaterec evaluate --run RUN --recall METHOD``).
+
+    Parameters
+    ----------
+    run_dir:
+        A Uni-FedRec run (every method; the ranking model is its ranker) or a ranking run
+        (``youtubenet``, ``privaterec``, ``vdp``).
+    method:
+        ``unifedrec``, ``no-bie``, ``youtubenet``, ``privaterec`` or ``vdp``
+        (:func:`~privaterec.recall.evaluate.evaluate_recall`).
+    data, split:
+        Data directory (default: the run's) and the split whose users query.
+    seed:
+        Seeds the simulated devices' noise.
+    serve_noise, quota_noise_scale:
+        Uni-FedRec's score noise (``False``: noise-free ablation) and optional quota noise.
+    serving:
+        ``privaterec`` / ``vdp``: the device's mechanism (ε_s, p, ...).
+    record:
+        Record the queries' releases in the run's ``privacy.json`` (phase ``serve``): the
+        Uni-FedRec run's for ``unifedrec``, the ranking run's for ``privaterec`` / ``vdp``.
+        The clear-text baselines (``youtubenet``, ``no-bie``) are never recorded.
+
+    Returns
+    -------
+    The metrics of :func:`~privaterec.recall.evaluate.evaluate_recall` without the per-user
+    events, plus ``query_epsilon_mean`` / ``query_epsilon_max`` (basic composition of each
+    user's query, quotas excluded), ``quotas_in_clear``, ``bytes_per_query`` and ``run``.
+    """
+    from collections import Counter
+
+    from privaterec.data.mind import load_dataset
+    from privaterec.eval.serving import ServingConfig, private_user_encoder, serving_event
+    from privaterec.recall.evaluate import (AUC_RECALL_SIZE, RECALL_KS, RECALL_METHODS,
+                                            evaluate_recall)
+    from privaterec.recall.training import load_ranker_news
+    from privaterec.training.pipeline import record_serving
+    from privaterec.training.run import RunDirectory
+
+    if method not in RECALL_METHODS:
+        raise ConfigError(f"invalid --recall method {method!r}; expected one of "
+                          f"{', '.join(RECALL_METHODS)}")
+    recall = load_recall_run(run_dir) if is_recall_run(run_dir) else None
+    if recall is None and method in ("unifedrec", "no-bie"):
+        raise ConfigError(f"--recall {method} needs a Uni-FedRec run: {run_dir} is a ranking "
+                          f"run (train one with `privaterec train --method unifedrec --ranker "
+                          f"{run_dir}`)")
+    ranker_dir = recall.ranker if recall is not None else Path(run_dir)
+    ranker_run = RunDirectory(ranker_dir)
+    ranker_config = ranker_run.config()
+    data_dir = data or (recall.config.data if recall is not None else ranker_config.data)
+    dataset = load_dataset(data_dir, drop_missing=drop_missing)
+    target = dataset.test if split == "test" else dataset.train
+    if target is None:
+        raise ConfigError(f"{data_dir}: has no {split} split to evaluate recall on")
+    ranker = load_ranker_news(ranker_dir, dataset.all_news(), progress=progress)
+    dim = int(ranker.vectors.shape[-1])
+    user_encoder = user_events = None
+    if method in ("privaterec", "vdp"):
+        serving = serving or ServingConfig(kind=method)  # type: ignore[arg-type]
+        if serving.kind != method:
+            raise ConfigError(f"--recall {method} needs serving kind {method!r}, got "
+                              f"{serving.kind!r}")
+        generator = torch.Generator().manual_seed(seed)
+        user_encoder = private_user_encoder(ranker.model, ranker.features, serving,
+                                            generator=generator)
+        basis = ranker.model.basis
+        event = serving_event(serving, basis_size=0 if basis is None else basis.size, dim=dim)
+        user_events = [(event, 1)]
+    result = evaluate_recall(
+        target, ranker.features, ranker.vectors, method=method,  # type: ignore[arg-type]
+        history_len=ranker.history_len, model=None if recall is None else recall.model,
+        ks=ks or RECALL_KS, ranker=ranker.model,
+        auc_recall_size=auc_recall_size or AUC_RECALL_SIZE, seed=seed,
+        serve_noise=serve_noise, quota_noise_scale=quota_noise_scale, progress=progress,
+        user_encoder=user_encoder, user_events=user_events)
+    events: dict[str, list] = result.pop("events")  # type: ignore[assignment]
+    epsilons = [sum(e.epsilon * c for e, c in pairs if e.mechanism != "clear_quotas")
+                for pairs in events.values()]
+    channels = [sum(c for e, c in pairs if e.note.startswith(CHANNEL_NOTE))
+                for pairs in events.values()]
+    num_basis = (recall.model.num_basis if method == "unifedrec" and recall is not None
+                 else (ranker.model.basis.size if ranker.model.basis is not None else 0))
+    mean_channels = float(np.mean(channels)) if channels else 0.0
+    if method == "no-bie":
+        mean_channels = float(np.mean([sum(e.dimension for e, _ in pairs) / (dim or 1)
+                                       for pairs in events.values()]))
+    result.update(
+        run=str(run_dir), split=split,
+        query_epsilon_mean=float(np.mean(epsilons)) if epsilons else math.nan,
+        query_epsilon_max=float(np.max(epsilons)) if epsilons else math.nan,
+        quotas_in_clear=method == "unifedrec" and quota_noise_scale is None,
+        channels_mean=mean_channels if method in ("unifedrec", "no-bie") else 1.0,
+        bytes_per_query=query_bytes(method, channels=mean_channels, num_basis=num_basis,
+                                    dim=dim))
+    if record and method == "unifedrec" and recall is not None:
+        record_recall_queries(recall, events, description={
+            "kind": "unifedrec-recall", "clip": recall.model.clip,
+            "noise_scale": recall.model.noise_scale if serve_noise else 0.0,
+            "channel_epsilon": recall.config.model.channel_epsilon if serve_noise
+            else math.inf,
+            "quota_noise_scale": quota_noise_scale, "queries": len(events),
+            "note": "quotas sent in the clear (no guarantee)" if quota_noise_scale is None
+            else "quotas noised"})
+    elif record and method in ("privaterec", "vdp") and serving is not None:
+        assert user_events is not None
+        record_serving(ranker_run, ranker_config, user_events[0][0],
+                       Counter({user: 1 for user in events}), serving)
+    return result
+
+
+__all__ = ["RECALL_CONFIG_FILE", "RecallModelConfig", "RecallRun", "RecallRunConfig",
+           "evaluate_recall_run", "is_recall_run", "load_recall_run", "query_bytes",
+           "recall_release", "record_recall_queries", "train_recall_run"]
