@@ -246,7 +246,8 @@ def cmd_evaluate_recall(args: argparse.Namespace, serving: Any) -> int:
         raise PrivateRecError(f"--serving does not apply to --recall {args.recall}")
     result = evaluate_recall_run(args.run, method=args.recall, data=args.data, split=args.split,
                                  seed=args.seed, serve_noise=not args.no_serve_noise,
-                                 quota_noise_scale=args.quota_noise, serving=serving,
+                                 quota_noise_scale=args.quota_noise,
+                                 interest_noise=args.interest_noise_serve, serving=serving,
                                  drop_missing=args.drop_missing,
                                  progress=not args.no_progress)
     if args.json:
@@ -270,7 +271,14 @@ def cmd_evaluate_recall(args: argparse.Namespace, serving: Any) -> int:
 
 def cmd_experiment(args: argparse.Namespace) -> int:
     out = Path(args.out)
-    if args.name == "tradeoff":
+    if args.name == "unifedrec":
+        from privaterec.experiments.unifedrec import run_unifedrec
+
+        if args.models:
+            raise PrivateRecError("experiment unifedrec uses NRMS rankers; drop --models")
+        run_unifedrec(out, data=args.data, seeds=args.seeds, quick=args.quick,
+                      progress=not args.no_progress)
+    elif args.name == "tradeoff":
         from privaterec.experiments.tradeoff import run_tradeoff
 
         if args.models and len(args.models) != 1:
@@ -552,14 +560,19 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--quota-noise", type=float, default=None,
                           help="--recall unifedrec: Laplace scale of noise on the quotas "
                                "(default: quotas in the clear, as the paper)")
+    evaluate.add_argument("--interest-noise", dest="interest_noise_serve", type=float,
+                          default=None,
+                          help="--recall unifedrec: serve with this lambda_I instead of the "
+                               "run's (epsilon per channel = 2*delta*B/lambda_I)")
     evaluate.add_argument("--no-serve-noise", action="store_true",
                           help="--recall unifedrec: no noise on the released scores (ablation)")
     evaluate.set_defaults(func=cmd_evaluate)
 
     experiment = sub.add_parser(
-        "experiment", help="PrivateRec paper experiments: table1 (training), table2 "
-                           "(serving), tradeoff (figures 4-7); markdown, CSV and PNG")
-    experiment.add_argument("name", choices=["table1", "table2", "tradeoff"])
+        "experiment", help="paper experiments: PrivateRec table1 (training), table2 "
+                           "(serving), tradeoff (figures 4-7); Uni-FedRec unifedrec (tables "
+                           "2-4, figure 5); markdown, CSV and PNG")
+    experiment.add_argument("name", choices=["table1", "table2", "tradeoff", "unifedrec"])
     experiment.add_argument("--out", default="experiments-out",
                             help="output directory (runs are cached there and reused)")
     experiment.add_argument("--data", default=None,

@@ -318,6 +318,7 @@ def query_bytes(method: str, *, channels: float, num_basis: int, dim: int) -> fl
 def evaluate_recall_run(run_dir: str | Path, *, method: str, data: str | Path | None = None,
                         split: str = "test", seed: int = 0, serve_noise: bool = True,
                         quota_noise_scale: float | None = None,
+                        interest_noise: float | None = None,
                         serving: "ServingConfig | None" = None,
                         ks: tuple[int, ...] | None = None, auc_recall_size: int | None = None,
                         record: bool = True, drop_missing: bool = False,
@@ -338,6 +339,9 @@ def evaluate_recall_run(run_dir: str | Path, *, method: str, data: str | Path | 
         Seeds the simulated devices' noise.
     serve_noise, quota_noise_scale:
         Uni-FedRec's score noise (``False``: noise-free ablation) and optional quota noise.
+    interest_noise:
+        Uni-FedRec: serve with this λ_I instead of the trained model's (the λ_I sweep of
+        Uni-FedRec Fig. 5).
     serving:
         ``privaterec`` / ``vdp``: the device's mechanism (ε_s, p, ...).
     record:
@@ -369,6 +373,14 @@ def evaluate_recall_run(run_dir: str | Path, *, method: str, data: str | Path | 
         raise ConfigError(f"--recall {method} needs a Uni-FedRec run: {run_dir} is a ranking "
                           f"run (train one with `privaterec train --method unifedrec --ranker "
                           f"{run_dir}`)")
+    if interest_noise is not None:
+        if recall is None or method != "unifedrec":
+            raise ConfigError("--interest-noise applies to --recall unifedrec of a Uni-FedRec "
+                              "run only")
+        if not (isinstance(interest_noise, (int, float)) and 0 <= interest_noise < math.inf):
+            raise ConfigError(f"invalid privacy parameter 'interest_noise' (lambda_I): got "
+                              f"{interest_noise!r}, expected a finite number >= 0")
+        recall.model.noise_scale = float(interest_noise)
     ranker_dir = recall.ranker if recall is not None else Path(run_dir)
     ranker_run = RunDirectory(ranker_dir)
     ranker_config = ranker_run.config()
@@ -421,8 +433,9 @@ def evaluate_recall_run(run_dir: str | Path, *, method: str, data: str | Path | 
         record_recall_queries(recall, events, description={
             "kind": "unifedrec-recall", "clip": recall.model.clip,
             "noise_scale": recall.model.noise_scale if serve_noise else 0.0,
-            "channel_epsilon": recall.config.model.channel_epsilon if serve_noise
-            else math.inf,
+            "channel_epsilon": channel_event(
+                num_basis=recall.model.num_basis, clip=recall.config.model.clip,
+                noise_scale=recall.model.noise_scale if serve_noise else 0.0).epsilon,
             "quota_noise_scale": quota_noise_scale, "queries": len(events),
             "note": "quotas sent in the clear (no guarantee)" if quota_noise_scale is None
             else "quotas noised"})
