@@ -287,3 +287,19 @@ def test_invalid_construction_and_serving_without_clip():
     vectors, mask, _ = make_batch()
     with pytest.raises(ConfigError, match="clip"):
         model.query(vectors, mask, generator=torch.Generator())
+
+
+def test_aggregator_scale_is_post_processing_of_the_release():
+    plain = make_model()
+    scaled = make_model(aggregator_scale=True)
+    with torch.no_grad():
+        scaled.load_state_dict({**plain.state_dict(), "log_scale": torch.tensor(math.log(4.0))})
+    vectors, mask, _ = make_batch()
+    q_plain = plain.query(vectors, mask, generator=torch.Generator().manual_seed(3))
+    q_scaled = scaled.query(vectors, mask, generator=torch.Generator().manual_seed(3))
+    # same noised scores â: α_scaled = softmax(4·â) = α_plain⁴ / Σ α_plain⁴ (softmax identity)
+    expected = q_plain.alpha ** 4 / (q_plain.alpha ** 4).sum(-1, keepdim=True)
+    torch.testing.assert_close(q_scaled.alpha, expected)
+    assert q_scaled.events == q_plain.events  # the scale spends nothing
+    assert "log_scale" not in plain.state_dict()
+    assert any(p is scaled.log_scale for p in scaled.parameters())  # trained with the model

@@ -101,6 +101,8 @@ def run_demo(*, out: str | Path | None = None, quick: bool = False,
                 **result, **_privacy_columns(run_dir), "epsilon_query": serving.epsilon,
                 "bytes_per_query": info["bytes_per_query"]}, time.perf_counter() - started))
     print(format_demo_table(rows))
+    from privaterec.experiments.demo_recall import run_recall_demo
+    print(run_recall_demo(root, root / "runs" / "fedrec-nrms", quick=quick, progress=progress))
     return 0
 
 

@@ -135,6 +135,11 @@ class UniFedRecRecall(nn.Module):
         M, the maximum number of channels (default 5).
     distance_threshold, method, metric, overflow:
         Clustering parameters (:func:`~privaterec.recall.channels.cluster_history`).
+    aggregator_scale:
+        Learn a public scale s > 0 of the aggregator: αᵢ = softmax(s·âᵢ) instead of
+        softmax(âᵢ) (Eq. 3). It is applied on the device after the noise, so it is
+        post-processing of the release (same ε); it lets the clipped scores, which lie in
+        [−δ, δ], express sharper weights than e^{2δ} between two basic interests.
     use_bie:
         ``False`` builds the no-BIE ablation (Uni-FedRec Table 3): the unified score uses the
         channel interests rᵢ directly (no decomposer, perturbation or aggregator), so the
@@ -147,9 +152,11 @@ class UniFedRecRecall(nn.Module):
                  max_channels: int = MAX_CHANNELS,
                  distance_threshold: float = DEFAULT_DISTANCE_THRESHOLD,
                  method: str = "average", metric: str = "cosine",
-                 overflow: Overflow = "merge", use_bie: bool = True) -> None:
+                 overflow: Overflow = "merge", use_bie: bool = True,
+                 aggregator_scale: bool = False) -> None:
         super().__init__()
         self.use_bie = bool(use_bie)
+        self.log_scale = nn.Parameter(torch.zeros(())) if aggregator_scale else None
         if num_heads * head_dim != dim:
             raise ConfigError(f"num_heads * head_dim = {num_heads * head_dim} must equal the "
                               f"news vector size dim = {dim}")
@@ -173,6 +180,12 @@ class UniFedRecRecall(nn.Module):
     @property
     def num_basis(self) -> int:
         return self.interest.num_basis
+
+    def weights(self, perturbed_scores: Tensor) -> Tensor:
+        """The aggregator's αᵢ = softmax(s·âᵢ) (s = 1 without ``aggregator_scale``)."""
+        if self.log_scale is None:
+            return aggregator_weights(perturbed_scores)
+        return aggregator_weights(perturbed_scores * self.log_scale.exp())
 
     # -- user side ------------------------------------------------------------------------
     def context(self, news_vectors: Tensor, mask: Tensor) -> Tensor:
@@ -205,7 +218,7 @@ class UniFedRecRecall(nn.Module):
         Noise only when ``generator`` is given (one, or one per user row).
         """
         scores = self.interest.decompose(interests)
-        return aggregator_weights(perturb_scores(scores, clip=self.clip,
+        return self.weights(perturb_scores(scores, clip=self.clip,
                                                  noise_scale=self.noise_scale,
                                                  generator=generator))
 
@@ -287,7 +300,7 @@ class UniFedRecRecall(nn.Module):
         scores = self.interest.decompose(r)
         valid = batch.valid
         scores = torch.where(valid.unsqueeze(-1), scores, torch.zeros_like(scores))
-        alpha = aggregator_weights(perturb_scores(scores, clip=self.clip,
+        alpha = self.weights(perturb_scores(scores, clip=self.clip,
                                                   noise_scale=self.noise_scale,
                                                   generator=generator))
         noise_scale = self.noise_scale if generator is not None else 0.0

@@ -58,6 +58,8 @@ class RecallModelConfig:
         self-attended clicked-news vectors (threshold d_c, scipy linkage method and metric).
     bie: ``False`` trains the no-BIE ablation (channel interests scored directly; only
         ``--recall no-bie`` evaluates it).
+    aggregator_scale: learn a public scale s of the aggregator softmax, α = softmax(s·â)
+        (post-processing of the release; :class:`~privaterec.recall.model.UniFedRecRecall`).
 
     Keyword-only privacy parameters
     -------------------------------
@@ -73,6 +75,7 @@ class RecallModelConfig:
     cluster_method: str = "average"
     cluster_metric: str = "cosine"
     bie: bool = True
+    aggregator_scale: bool = False
     _: dataclasses.KW_ONLY
     clip: float = DEFAULT_CLIP
     noise_scale: float = DEFAULT_NOISE_SCALE
@@ -110,7 +113,7 @@ class RecallModelConfig:
                                max_channels=self.max_channels,
                                distance_threshold=self.distance_threshold,
                                method=self.cluster_method, metric=self.cluster_metric,
-                               use_bie=self.bie)
+                               use_bie=self.bie, aggregator_scale=self.aggregator_scale)
 
 
 @dataclass(frozen=True)

@@ -68,7 +68,7 @@ from privaterec.models.recommender import Recommender
 from privaterec.privacy.ledger import PrivacyEvent
 from privaterec.privacy.mechanisms import clip_elementwise, clip_l1, laplace_noise
 from privaterec.recall.channels import ChannelBatch, cluster_batch
-from privaterec.recall.interest import aggregator_weights, perturb_scores
+from privaterec.recall.interest import perturb_scores
 from privaterec.recall.model import NUM_NEGATIVES, UniFedRecRecall, unified_score
 from privaterec.training.checkpoint import load_checkpoint
 
@@ -335,7 +335,7 @@ class _RecallLoss(nn.Module):
                                 generator=None)
         if score_noise is not None:
             scores = scores + score_noise
-        protected = model.interest.aggregate(aggregator_weights(scores))  # [1, M, d]
+        protected = model.interest.aggregate(model.weights(scores))  # [1, M, d]
         logits = unified_score(protected, quotas.to(protected.dtype),
                                candidates.reshape(1, n * c, d)).reshape(n, c)
         losses = F.cross_entropy(logits, torch.zeros(n, dtype=torch.long), reduction="none")
