@@ -8,7 +8,8 @@ candidates with it. :func:`private_user_encoder` returns the device side as the
 * ``none`` — the model's user vector, sent in the clear (ε_s = ∞);
 * ``privaterec`` — Alg. 2: pad each clicked news to r₀ with probability p, u = Θ_U(history),
   α = softmax(u·bᵀ/√d), α̃ = softplus-normalised α + DPA noise at the amplified budget
-  (true simplex sensitivity), server ũ = Σ α̃ᵢ bᵢ (Alg. 1 line 3);
+  (true simplex sensitivity), server ũ = Σ α̃ᵢ bᵢ (Alg. 1 line 3). :func:`dpa_release` is
+  this device computation, shared with the device SDK (:mod:`privaterec.serving.client`);
 * ``vdp`` — §3.2.1: clip the d-dim user vector to θ and add noise calibrated to ε_s.
 
 ε_s = ∞ means no noise (and no padding for ``privaterec``: padding only buys amplification).
@@ -106,6 +107,83 @@ def serving_event(config: ServingConfig, *, basis_size: int, dim: int) -> Privac
     return event
 
 
+@dataclass(frozen=True)
+class DpaRelease:
+    """One batch of PrivateRec releases (Alg. 2), with its intermediate values.
+
+    Attributes
+    ----------
+    alpha: ``Tensor[m, B]`` α = softmax(u·bᵀ/√d) of the padded histories (never released).
+    noise: ``Tensor[m, B]`` the DPA noise n added before normalisation.
+    released: ``Tensor[m, B]`` α̃ = normalise(α + n) (α itself when ε = ∞).
+    padded: ``BoolTensor[m, H]`` positions replaced by r₀.
+    event: the :class:`PrivacyEvent` of ONE row's release.
+    """
+
+    alpha: torch.Tensor
+    noise: torch.Tensor
+    released: torch.Tensor
+    padded: torch.Tensor
+    event: PrivacyEvent
+
+
+@torch.no_grad()
+def dpa_release(model: Recommender, anonymous: torch.Tensor, vectors: torch.Tensor,
+                mask: torch.Tensor, config: ServingConfig, *,
+                generator: torch.Generator) -> DpaRelease:
+    """PrivateRec Alg. 2 on clicked-news vectors: padding, α, DPA noise, normalisation.
+
+    The device computation of one query batch, shared by the offline evaluation
+    (:func:`private_user_encoder`, whose output is ``basis.reconstruct(released)``) and the
+    device SDK (:class:`privaterec.serving.device.PrivateRecDevice`): the same random draws
+    in the same order (padding first, then the noise), so both agree exactly for the same
+    generator state.
+
+    Parameters
+    ----------
+    model:
+        A recommender with basic vectors (``model.basis``), in eval mode.
+    anonymous:
+        ``Tensor[d]`` r₀ = Θ_N(all-padding news), row 0 of every news table.
+    vectors:
+        ``Tensor[m, H, d]`` clicked-news vectors (right-aligned histories).
+    mask:
+        ``BoolTensor[m, H]`` real clicks.
+    config:
+        ``ServingConfig(kind="privaterec", epsilon=ε_s, delta, padding_p, mechanism,
+        normalization)``; its sensitivity mode must be ``"true"`` on a device.
+    generator:
+        The device's randomness (padding first, then the noise).
+
+    Returns
+    -------
+    :class:`DpaRelease`.
+
+    Raises
+    ------
+    ConfigError
+        The model has no basic vectors, or ``config`` is not a ``privaterec`` configuration.
+    """
+    if config.kind != "privaterec":
+        raise ConfigError(f"dpa_release needs ServingConfig(kind='privaterec'), got "
+                          f"kind={config.kind!r}")
+    basis = model.basis
+    if basis is None:
+        raise ConfigError("this model has no basic vectors; train with --method privaterec")
+    p = config.effective_padding
+    pad = padding_mask(mask, padding_p=p, generator=generator)  # draws nothing when p = 0
+    if p > 0:
+        vectors = torch.where(pad[..., None], anonymous.expand_as(vectors), vectors)
+    alpha = basis.attention(model.interest(vectors, mask))
+    noise, event = dpa_noise(tuple(alpha.shape), epsilon=config.epsilon, delta=config.delta,
+                             padding_p=p, mechanism=config.mechanism,  # type: ignore[arg-type]
+                             sensitivity=config.sensitivity_mode,  # type: ignore[arg-type]
+                             generator=generator, phase="serve", dtype=alpha.dtype)
+    normalize = softplus_normalize if config.normalization == "softplus" else relu_normalize
+    released = normalize(alpha + noise) if config.epsilon < math.inf else alpha
+    return DpaRelease(alpha=alpha, noise=noise, released=released, padded=pad, event=event)
+
+
 def private_user_encoder(model: Recommender, features: NewsFeatures, config: ServingConfig, *,
                          generator: torch.Generator) -> UserEncoder:
     """The device side of one query batch: ``(vectors [b, H, d], mask [b, H]) -> ũ [b, d]``.
@@ -143,21 +221,12 @@ def private_user_encoder(model: Recommender, features: NewsFeatures, config: Ser
                           "for this run")
     with torch.no_grad():
         r0 = model.encode_features(features.select(torch.tensor([ANONYMOUS_NEWS])))[0]
-    p = config.effective_padding
 
     def privaterec(vectors: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        if p > 0:
-            pad = padding_mask(mask, padding_p=p, generator=generator)
-            vectors = torch.where(pad[..., None], r0.expand_as(vectors), vectors)
-        alpha = basis.attention(model.interest(vectors, mask))
-        noise, _ = dpa_noise(tuple(alpha.shape), epsilon=config.epsilon, delta=config.delta,
-                             padding_p=p, mechanism=config.mechanism,  # type: ignore[arg-type]
-                             sensitivity=config.sensitivity_mode,  # type: ignore[arg-type]
-                             generator=generator, phase="serve", dtype=alpha.dtype)
-        normalize = softplus_normalize if config.normalization == "softplus" else relu_normalize
-        released = normalize(alpha + noise) if config.epsilon < math.inf else alpha
-        return basis.reconstruct(released)
+        out = dpa_release(model, r0, vectors, mask, config, generator=generator)
+        return basis.reconstruct(out.released)
     return privaterec
 
 
-__all__ = ["SERVING_KINDS", "ServingConfig", "private_user_encoder", "serving_event"]
+__all__ = ["SERVING_KINDS", "DpaRelease", "ServingConfig", "dpa_release", "private_user_encoder",
+           "serving_event"]

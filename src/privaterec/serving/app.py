@@ -1,0 +1,323 @@
+"""The HTTP API (FastAPI): private recommendation, Uni-FedRec recall, news ingestion.
+
+Endpoints (JSON; OpenAPI at ``/openapi.json``): ``GET /v1/health``, ``GET /v1/model``,
+``GET /v1/model/parameters`` and ``/v1/model/recall-parameters`` (``torch.save`` bytes),
+``POST /v1/recommend/privaterec`` (α̃ → top-k, PrivateRec Alg. 1 in the B-dim score space:
+scores α̃ᵀP with P = b·Rᵀ precomputed, DESIGN §6), ``POST /v1/recommend/vdp`` (a noised d-dim
+user vector → exact inner products over R, PrivateRec §3.2.1), ``POST /v1/recall/unifedrec``
+(per-channel weights and quotas → R candidates, Uni-FedRec §3.4 Eq. 4, scores αᵢᵀP_r in the
+value embeddings' score space), ``POST /v1/news`` (ingest) and ``GET /v1/news/{news_id}``.
+
+Bad input never produces a 5xx: bodies are validated by :mod:`.schemas` (422 with
+``{"detail": [{"loc", "msg", "type"}]}``, without echoing the input), bodies larger than
+``max_body_bytes`` get 413 before they are parsed, unknown model parts answer 404 with a
+message. Nothing here logs or stores a query payload.
+
+Concurrency: query handlers are ``async`` (short numpy work on the event loop, no thread
+hop); ingestion runs in the thread pool and swaps the store's immutable pool snapshot, which
+each query reads exactly once.
+"""
+
+# No ``from __future__ import annotations``: FastAPI must see the per-app request models
+# (built in create_app) as real annotation objects, not as names to resolve globally.
+import json
+from typing import Any, Awaitable, Callable, MutableMapping
+
+import numpy as np
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+
+from privaterec import __version__
+from privaterec.serving import schemas
+from privaterec.serving.bundle import ServingModels
+from privaterec.serving.store import Article, NewsPool, NewsStore, top_k_positions
+
+DEFAULT_MAX_BODY_BYTES = 1_000_000
+NO_BASIS = ("this model has no basic vectors; train with --method privaterec to serve "
+            "PrivateRec queries")
+NO_RECALL = ("this server has no Uni-FedRec recall model; serve a Uni-FedRec run "
+             "(privaterec train --method unifedrec --ranker RUN)")
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+ASGIApp = Callable[[Scope, Callable[[], Awaitable[Message]],
+                    Callable[[Message], Awaitable[None]]], Awaitable[None]]
+
+
+def json_response(payload: Any, status_code: int = 200) -> Response:
+    """A compact JSON response (``NaN``/``Infinity`` are never written)."""
+    body = json.dumps(payload, separators=(",", ":"), allow_nan=False).encode()
+    return Response(content=body, status_code=status_code, media_type="application/json")
+
+
+def _invalid(field: str, message: str) -> HTTPException:
+    """A 422 shaped like FastAPI's validation errors."""
+    return HTTPException(status_code=422, detail=[{"loc": ["body", field], "msg": message,
+                                                   "type": "value_error"}])
+
+
+def _check_count(value: int, pool: NewsPool, field: str) -> int:
+    if len(pool) == 0:
+        raise _invalid(field, "the news pool is empty; ingest news with POST /v1/news first")
+    if value > len(pool):
+        raise _invalid(field, f"{field} = {value} exceeds the number of news in the pool "
+                              f"({len(pool)})")
+    return value
+
+
+def _finite_or_422(scores: np.ndarray, field: str) -> np.ndarray:
+    if not np.isfinite(scores).all():
+        raise _invalid(field, f"{field} is too large to score (float32 overflow); send a "
+                              f"clipped vector")
+    return scores
+
+
+class BodyLimit:
+    """Pure ASGI middleware: 413 for request bodies larger than ``max_bytes``.
+
+    A declared ``Content-Length`` is checked before anything is read; a body without one
+    (chunked) is buffered up to the limit and replayed to the application.
+    """
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Callable[[], Awaitable[Message]],
+                       send: Callable[[Message], Awaitable[None]]) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        length = None
+        for name, value in scope.get("headers", ()):
+            if name == b"content-length":
+                length = value
+                break
+        if length is not None:
+            try:
+                size = int(length)
+            except ValueError:
+                await self._reject(send, 400, "invalid Content-Length header")
+                return
+            if size > self.max_bytes:
+                await self._reject(send, 413, self._message())
+                return
+            await self.app(scope, receive, send)
+            return
+        if scope.get("method") in ("GET", "HEAD", "OPTIONS"):
+            await self.app(scope, receive, send)
+            return
+        chunks: list[bytes] = []
+        total = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                await self.app(scope, _replay([message], receive), send)
+                return
+            chunk = message.get("body", b"")
+            total += len(chunk)
+            if total > self.max_bytes:
+                await self._reject(send, 413, self._message())
+                return
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        body = {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+        await self.app(scope, _replay([body], receive), send)
+
+    def _message(self) -> str:
+        return f"request body larger than {self.max_bytes} bytes"
+
+    @staticmethod
+    async def _reject(send: Callable[[Message], Awaitable[None]], status: int,
+                      detail: str) -> None:
+        body = json.dumps({"detail": detail}).encode()
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", b"application/json"),
+                                (b"content-length", str(len(body)).encode()),
+                                (b"connection", b"close")]})
+        await send({"type": "http.response.body", "body": body})
+
+
+def _replay(messages: list[Message],
+            receive: Callable[[], Awaitable[Message]]) -> Callable[[], Awaitable[Message]]:
+    pending = list(messages)
+
+    async def replay() -> Message:
+        if pending:
+            return pending.pop(0)
+        return await receive()
+
+    return replay
+
+
+def _validation_errors(exc: RequestValidationError) -> list[dict[str, Any]]:
+    """Pydantic errors as ``{loc, msg, type}`` (no ``input``: payloads are not echoed)."""
+    errors = []
+    for error in exc.errors():
+        msg = str(error.get("msg", "invalid value"))
+        ctx = error.get("ctx") or {}
+        if error.get("type") == "json_invalid" and "error" in ctx:
+            msg = f"{msg}: {ctx['error']}"
+        errors.append({"loc": [p if isinstance(p, (str, int)) else str(p)
+                               for p in error.get("loc", ())],
+                       "msg": msg, "type": str(error.get("type", "value_error"))})
+    return errors
+
+
+ERRORS = {400: {"model": schemas.ErrorResponse, "description": "Unreadable request"},
+          404: {"model": schemas.ErrorResponse, "description": "Not found"},
+          413: {"model": schemas.ErrorResponse, "description": "Request body too large"}}
+
+
+def create_app(store: NewsStore, models: ServingModels, *,
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
+    """The FastAPI application serving ``models`` over the pool of ``store``.
+
+    Parameters
+    ----------
+    store:
+        The news pool; its score spaces must include ``privaterec`` when the ranker has
+        basic vectors and ``recall`` when ``models`` has a recall model.
+    models:
+        The served models.
+    max_body_bytes:
+        Larger request bodies are refused with 413.
+    """
+    if models.basis is not None and "privaterec" not in store.bases:
+        raise ValueError("the store has no 'privaterec' score space for the model's basis")
+    if models.recall is not None and "recall" not in store.bases:
+        raise ValueError("the store has no 'recall' score space for the recall model")
+    if store.dim != models.dim:
+        raise ValueError(f"store has d = {store.dim}, the model d = {models.dim}")
+    recall = models.recall
+    bodies = schemas.request_models(
+        basis_size=models.basis_size, dim=models.dim,
+        recall_basis_size=0 if recall is None else int(recall.num_basis),
+        max_channels=5 if recall is None else int(recall.max_channels))
+    PrivateRecQuery, VDPQuery, RecallQuery = bodies.privaterec, bodies.vdp, bodies.recall
+    version = models.model_version
+
+    app = FastAPI(title="privaterec", version=__version__,
+                  description="Private news recommendation (PrivateRec, Uni-FedRec, VDP).")
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)  # type: ignore[arg-type]
+
+    @app.exception_handler(RequestValidationError)
+    async def _on_invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return JSONResponse({"detail": _validation_errors(exc)}, status_code=422)
+
+    @app.exception_handler(Exception)
+    async def _on_error(request: Request, exc: Exception) -> JSONResponse:
+        # deliberately generic: an exception text could quote a payload
+        return JSONResponse({"detail": "internal server error"}, status_code=500)
+
+    def items(pool: NewsPool, positions: np.ndarray, scores: np.ndarray) -> list[dict]:
+        articles = pool.articles
+        return [{"news_id": articles[p].news_id, "title": articles[p].title,
+                 "category": articles[p].category, "score": s}
+                for p, s in zip(positions.tolist(), scores[positions].tolist())]
+
+    @app.get("/v1/health", response_model=schemas.HealthResponse, responses=ERRORS)
+    async def health() -> Response:
+        return json_response({"status": "ok", "num_news": len(store.pool),
+                              "model_version": version})
+
+    @app.get("/v1/model", response_model=schemas.ModelInfo, responses=ERRORS)
+    async def model_info() -> Response:
+        return json_response({**models.info(), "num_news": len(store.pool)})
+
+    octet = {200: {"content": {"application/octet-stream": {}},
+                   "description": "torch.save bytes"}}
+
+    @app.get("/v1/model/parameters", response_class=Response, responses={**ERRORS, **octet})
+    def parameters() -> Response:
+        return Response(models.parameters_payload, media_type="application/octet-stream",
+                        headers={"ETag": f'"{version}"'})
+
+    @app.get("/v1/model/recall-parameters", response_class=Response,
+             responses={**ERRORS, **octet})
+    def recall_parameters() -> Response:
+        payload = models.recall_parameters_payload
+        if payload is None:
+            raise HTTPException(404, NO_RECALL)
+        return Response(payload, media_type="application/octet-stream",
+                        headers={"ETag": f'"{version}"'})
+
+    @app.post("/v1/recommend/privaterec", response_model=schemas.RecommendResponse,
+              responses=ERRORS)
+    async def recommend_privaterec(query: PrivateRecQuery) -> Response:  # type: ignore[valid-type]
+        if models.basis is None:
+            raise HTTPException(404, NO_BASIS)
+        pool = store.pool
+        k = _check_count(query.k, pool, "k")
+        alpha = np.asarray(query.alpha, dtype=np.float32)
+        scores = pool.space_scores("privaterec", alpha)
+        _finite_or_422(scores, "alpha")
+        top = top_k_positions(scores, k)
+        return json_response({"model_version": version, "items": items(pool, top, scores)})
+
+    @app.post("/v1/recommend/vdp", response_model=schemas.RecommendResponse,
+              responses=ERRORS)
+    async def recommend_vdp(query: VDPQuery) -> Response:  # type: ignore[valid-type]
+        pool = store.pool
+        k = _check_count(query.k, pool, "k")
+        user = np.asarray(query.embedding, dtype=np.float64)
+        with np.errstate(over="ignore", invalid="ignore"):
+            scores = pool.dense_scores(user.astype(np.float32))
+        _finite_or_422(scores, "embedding")
+        top = top_k_positions(scores, k)
+        return json_response({"model_version": version, "items": items(pool, top, scores)})
+
+    if recall is not None:
+        from privaterec.recall.index import allocate_quotas, merge_rankings
+
+    @app.post("/v1/recall/unifedrec", response_model=schemas.RecallResponse,
+              responses=ERRORS)
+    async def recall_unifedrec(query: RecallQuery) -> Response:  # type: ignore[valid-type]
+        if recall is None:
+            raise HTTPException(404, NO_RECALL)
+        pool = store.pool
+        total = _check_count(query.total, pool, "total")
+        channels = query.channels
+        weights = np.asarray([c.weights for c in channels], dtype=np.float32)
+        quotas = np.asarray([c.quota for c in channels], dtype=np.float64)
+        quotas = quotas / quotas.max()  # scale-free; avoids overflow of huge quotas
+        scores = pool.space_scores("recall", weights)  # [M, N] = α_i P_r (Eq. 4)
+        _finite_or_422(scores, "channels")
+        counts = allocate_quotas(quotas, total)
+        rankings = [top_k_positions(scores[i], total) if counts[i] else
+                    np.empty(0, np.int64) for i in range(len(channels))]
+        positions = np.asarray(merge_rankings(rankings, counts), dtype=np.int64)
+        order = np.lexsort((np.arange(counts.size), -counts))  # merge_rankings' service order
+        channel_of = np.repeat(order, counts[order])
+        vectors = (pool.vectors[positions].tolist()
+                   if query.include_vectors else [None] * len(positions))
+        articles = pool.articles
+        candidates = [{"news_id": articles[p].news_id, "title": articles[p].title,
+                       "category": articles[p].category,
+                       "subcategory": articles[p].subcategory,
+                       "abstract": articles[p].abstract, "channel": c, "vector": v}
+                      for p, c, v in zip(positions.tolist(), channel_of.tolist(), vectors)]
+        return json_response({"model_version": version, "candidates": candidates})
+
+    @app.post("/v1/news", response_model=schemas.IngestResponse, responses=ERRORS)
+    def ingest(request: schemas.IngestRequest) -> Response:
+        articles = [Article(item.news_id, item.category, item.subcategory, item.title,
+                            item.abstract) for item in request.news]
+        result = store.upsert(articles)
+        return json_response({"added": result.added, "updated": result.updated,
+                              "num_news": result.num_news})
+
+    @app.get("/v1/news/{news_id}", response_model=schemas.Article, responses=ERRORS)
+    async def get_news(news_id: str) -> Response:
+        article = store.pool.get(news_id)
+        if article is None:
+            raise HTTPException(404, "unknown news id; it is not in the news pool")
+        return json_response(article.to_dict())
+
+    return app
+
+
+__all__ = ["BodyLimit", "DEFAULT_MAX_BODY_BYTES", "NO_BASIS", "NO_RECALL", "create_app",
+           "json_response"]

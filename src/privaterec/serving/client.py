@@ -1,0 +1,66 @@
+"""Device side of private online serving: the client SDK (PrivateRec Alg. 1-2, Uni-FedRec).
+
+The public facade of the SDK: import from here. A device holds the news its user read
+(:class:`~privaterec.data.records.NewsRecord`) and never sends them. It downloads the public
+model once (``GET /v1/model`` and its parameters), rebuilds it, and per query releases only
+a privatised summary of the (truncated) history:
+
+* :class:`PrivateRecDevice` — Alg. 2 on the device (:func:`dpa_release`): each clicked news
+  is replaced by the anonymous news r₀ with probability p, u = Θ_U(history),
+  α = softmax(u·bᵀ/√d), Laplace or analytic-Gaussian noise calibrated with the TRUE simplex
+  sensitivity (L1 = 2, L2 = √2) at the padding-amplified budget, α̃ = softplus-normalised
+  α + n (DESIGN §4 errata 1-3). It POSTs ``{"alpha": [B floats], "k"}`` to
+  ``/v1/recommend/privaterec``; the server scores ũ = Σ α̃ᵢ bᵢ over its pool (Alg. 1).
+* :class:`VDPDevice` — the VDP baseline (§3.2.1): the d-dim user vector clipped to θ plus
+  noise, POSTed to ``/v1/recommend/vdp`` (for the bytes-per-query comparison).
+* :class:`UniFedRecDevice` — Uni-FedRec §3.4: the recall model's protected channel weights
+  (:meth:`~privaterec.recall.model.UniFedRecRecall.query`, noise λ_I; quotas in the clear
+  unless ``quota_noise_scale``) are POSTed to ``/v1/recall/unifedrec``; the returned
+  candidates are ranked ON THE DEVICE with the ranking model and the full local history.
+
+Privacy accounting (DESIGN §5): every device keeps a ledger (:class:`DeviceBudget`, one user,
+:data:`DEVICE_USER`) and a budget cap; a release that would take the total ε above the cap
+raises :class:`~privaterec.errors.PrivacyBudgetExceeded` before anything is sent. Re-sending
+the release cached for an unchanged (truncated) history is post-processing: it costs nothing
+and records no event. A release is recorded before it is sent, so a failed request can be
+retried with the cached release at no cost. With ``cache_dir`` the downloaded parameters, the
+ledger and the release cache survive restarts (one ledger per ``cache_dir``: use one
+directory per user). Adjacency is substitution of one item of the fixed-length (truncated)
+history, as in :func:`privaterec.privacy.calibration.amplified_budget`.
+
+Public API, by module (imports flow one way: client → process → device → budget, download →
+transport; the DPA computation is :mod:`privaterec.eval.serving`'s, shared with the offline
+evaluation):
+
+* devices (:mod:`~privaterec.serving.device`): :class:`PrivateRecDevice`, :class:`VDPDevice`,
+  :class:`UniFedRecDevice`, :data:`MAX_K`;
+* PrivateRec Alg. 2 (:mod:`privaterec.eval.serving`): :func:`dpa_release`,
+  :class:`DpaRelease`;
+* privacy account (:mod:`~privaterec.serving.budget`): :class:`DeviceBudget`,
+  :data:`DEVICE_USER`;
+* model download (:mod:`~privaterec.serving.download`): :func:`fetch_model`,
+  :func:`download_model`, :class:`DeviceModel`, :func:`build_recall_model`;
+* HTTP (:mod:`~privaterec.serving.transport`): :class:`Transport` (any object with httpx's
+  ``request(method, url, content=..., headers=...)``, e.g. FastAPI's ``TestClient(app)``;
+  default an ``httpx.Client`` on ``base_url``), :func:`json_body`, :class:`ServerError`,
+  :class:`ModelChangedError`;
+* local server (:mod:`~privaterec.serving.process`): :class:`ServerProcess` (``privaterec
+  serve`` on loopback for demos, end-to-end tests, benchmarks), :func:`demo_query` (the
+  demo's private query), :func:`free_port`.
+"""
+
+from __future__ import annotations
+
+from privaterec.eval.serving import DpaRelease, dpa_release
+from privaterec.serving.budget import DEVICE_USER, DeviceBudget
+from privaterec.serving.device import MAX_K, PrivateRecDevice, UniFedRecDevice, VDPDevice
+from privaterec.serving.download import (DeviceModel, build_recall_model, download_model,
+                                         fetch_model)
+from privaterec.serving.process import ServerProcess, demo_query, free_port
+from privaterec.serving.transport import ModelChangedError, ServerError, Transport, json_body
+
+__all__ = ["DEVICE_USER", "DeviceBudget", "DeviceModel", "DpaRelease", "MAX_K",
+           "ModelChangedError", "PrivateRecDevice", "ServerError",
+           "ServerProcess", "Transport", "UniFedRecDevice", "VDPDevice", "build_recall_model",
+           "demo_query", "download_model", "dpa_release", "fetch_model", "free_port",
+           "json_body"]

@@ -1,0 +1,126 @@
+"""``privaterec serve``: load a run, open (or build) the news store, run uvicorn.
+
+The store (default ``RUN/serving-store``) survives restarts: articles ingested through the API
+stay, and ``--news`` only adds the articles whose id the store does not hold yet (each batch
+of 1000 atomically). A store built with another news encoder is re-encoded on open.
+
+uvicorn runs without an access log: the server keeps no record of queries.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from fastapi import FastAPI
+
+from privaterec.serving.app import DEFAULT_MAX_BODY_BYTES, create_app
+from privaterec.serving.bundle import ServingModels
+from privaterec.serving.store import NewsStore, StoreError, read_articles
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8000
+STORE_DIR = "serving-store"
+
+
+@dataclass
+class Service:
+    """A ready-to-run service: the app, its store and models, and what startup ingested."""
+
+    app: FastAPI
+    store: NewsStore
+    models: ServingModels
+    added: int
+
+    def close(self) -> None:
+        self.store.close()
+
+
+def default_store_path(run: str | Path) -> Path:
+    return Path(run) / STORE_DIR
+
+
+def open_store(models: ServingModels, path: str | Path) -> NewsStore:
+    """The news store at ``path`` for ``models`` (score spaces b and eᵛ, the ranker's
+    news encoder)."""
+    return NewsStore(path, dim=models.dim, encoder_version=models.ranker_version,
+                     bases=models.score_bases(), encode=models.encode_news)
+
+
+def build_service(run: str | Path, news: str | Path | None = None, *,
+                  store_path: str | Path | None = None,
+                  max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+                  progress: Callable[[str], None] | None = None) -> Service:
+    """Load ``run``, open the store, add the articles of ``news`` that it lacks.
+
+    Raises
+    ------
+    StoreError
+        The store is in use, or it is empty and no ``news`` was given.
+    """
+    say = progress or (lambda message: None)
+    models = ServingModels.from_run(run)
+    store = open_store(models, store_path or default_store_path(run))
+    try:
+        added = 0
+        if news is not None:
+            articles = read_articles(news)
+            say(f"news: {len(articles)} articles in {news}, encoding the new ones")
+            added = store.add_missing(articles)
+        if len(store) == 0:
+            raise StoreError(f"{store.path}: the news pool is empty; pass --news with a "
+                             f"news.tsv file or a MIND data directory")
+        app = create_app(store, models, max_body_bytes=max_body_bytes)
+    except BaseException:
+        store.close()
+        raise
+    return Service(app, store, models, added)
+
+
+def serve(run: str | Path, news: str | Path | None = None, *, host: str = DEFAULT_HOST,
+          port: int = DEFAULT_PORT, store_path: str | Path | None = None,
+          max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, log_level: str = "warning") -> None:
+    """Serve ``run`` over HTTP until interrupted (see the module docstring).
+
+    Parameters
+    ----------
+    run:
+        A ranking run or a Uni-FedRec run directory.
+    news:
+        A ``news.tsv`` file or a MIND data directory (train and test ``news.tsv``).
+    host, port:
+        Where to listen (default loopback only).
+    store_path:
+        The news store directory (default ``RUN/serving-store``).
+    max_body_bytes:
+        Larger request bodies get 413.
+    log_level:
+        uvicorn's log level (the access log is always off).
+    """
+    import uvicorn
+
+    def say(message: str) -> None:
+        print(message, file=sys.stderr, flush=True)
+
+    service = build_service(run, news, store_path=store_path, max_body_bytes=max_body_bytes,
+                            progress=say)
+    try:
+        say(f"serving {len(service.store)} news ({service.added} added now) with model "
+            f"{service.models.model_version} ({service.models.method}, B = "
+            f"{service.models.basis_size}, d = {service.models.dim}) on http://{host}:{port}"
+            f" — store {service.store.path}")
+        config = uvicorn.Config(service.app, host=host, port=port, access_log=False,
+                                log_level=log_level, server_header=False)
+        server = uvicorn.Server(config)
+        server.run()
+        if not server.started:
+            raise StoreError(f"could not serve on {host}:{port} (is the port in use? pass "
+                             f"another --port)")
+    finally:
+        service.close()
+
+
+__all__ = ["DEFAULT_HOST", "DEFAULT_PORT", "STORE_DIR", "Service", "build_service",
+           "default_store_path", "open_store", "serve"]

@@ -1,0 +1,133 @@
+"""Shared fixtures of the serving tests (also used by the SDK tests).
+
+* ``serving_news`` / ``serving_news_path`` — 110 synthetic articles (the synthetic generator's
+  topic-coherent titles) and their MIND ``news.tsv``;
+* ``privaterec_run`` — a tiny PrivateRec ranking run directory written the way
+  ``privaterec train`` writes one (``config.yaml``, ``vocab.json``, ``checkpoint.pt`` with the
+  ``state_dict`` under ``model``), with random weights: NRMS, d = 16, B = 5 basic vectors;
+* ``serving_models`` — :class:`ServingModels` loaded from that run;
+* ``serving_model_config`` / ``ranking_run_writer`` — its ModelConfig and the function that
+  writes such a run (for variants, e.g. without a basis);
+* ``served_store`` — a fresh :class:`NewsStore` (per test) holding the 110 articles;
+* ``served_app`` — a FastAPI ``TestClient`` over that store;
+* ``recall_model`` — a random Uni-FedRec recall model over the run's 16-dim news vectors.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+import torch
+from fastapi.testclient import TestClient
+
+from privaterec.config import ModelConfig, RunConfig, TrainConfig
+from privaterec.data.features import build_vocabularies
+from privaterec.data.mind import write_news
+from privaterec.data.records import NewsRecord
+from privaterec.data.synth import SynthConfig, generate
+from privaterec.models.factory import build_recommender
+from privaterec.training.checkpoint import save_checkpoint
+from privaterec.training.run import RunDirectory
+
+SERVING_MODEL = ModelConfig(news_encoder="nrms", word_dim=16, num_heads=2, head_dim=8,
+                            attention_dim=8, title_len=8, abstract_len=8, history_len=10,
+                            dropout=0.0, basis_size=5)
+NUM_SERVING_NEWS = 120  # news generated (the synthetic data set keeps 110 of them)
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread() -> Iterator[None]:
+    """One intra-op thread (two shared cores; tiny kernels only get slower with more)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def serving_news() -> list[NewsRecord]:
+    dataset = generate(SynthConfig(users=20, news=NUM_SERVING_NEWS, topics=4, seed=7,
+                                   min_history=1, max_history=5))
+    return list(dataset.all_news().values())
+
+
+@pytest.fixture(scope="session")
+def serving_news_path(serving_news: list[NewsRecord],
+                      tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("serving-news") / "news.tsv"
+    write_news(path, serving_news)
+    return path
+
+
+def write_ranking_run(path: Path, news: list[NewsRecord], model_config: ModelConfig, *,
+                      seed: int = 0, method: str = "privaterec") -> Path:
+    """A run directory as ``privaterec train`` leaves it, with untrained (random) weights."""
+    run = RunDirectory(path)
+    config = RunConfig(data=str(path / "data"), model=model_config,
+                       train=TrainConfig(method=method, seed=seed))
+    run.start(config)
+    vocabs = build_vocabularies(news, min_count=1)
+    vocabs.save(run.vocab_path)
+    torch.manual_seed(seed)
+    model = build_recommender(model_config, vocabs)
+    save_checkpoint(run.checkpoint_path, {"model": model.state_dict(), "epoch": 0})
+    return path
+
+
+@pytest.fixture(scope="session")
+def serving_model_config() -> ModelConfig:
+    """The tiny PrivateRec architecture of ``privaterec_run``."""
+    return SERVING_MODEL
+
+
+@pytest.fixture(scope="session")
+def ranking_run_writer():
+    """:func:`write_ranking_run` (``path, news, model_config, *, seed, method`` → path)."""
+    return write_ranking_run
+
+
+@pytest.fixture(scope="session")
+def privaterec_run(serving_news: list[NewsRecord],
+                   tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny PrivateRec ranking run directory (B = 5, d = 16, random weights)."""
+    return write_ranking_run(tmp_path_factory.mktemp("privaterec-run") / "run", serving_news,
+                             SERVING_MODEL)
+
+
+@pytest.fixture(scope="session")
+def serving_models(privaterec_run: Path):
+    from privaterec.serving.bundle import ServingModels
+
+    return ServingModels.from_run(privaterec_run)
+
+
+@pytest.fixture
+def served_store(serving_models, serving_news: list[NewsRecord], tmp_path: Path):
+    from privaterec.serving.server import open_store
+    from privaterec.serving.store import Article
+
+    store = open_store(serving_models, tmp_path / "store")
+    store.upsert([Article.from_record(r) for r in serving_news])
+    yield store
+    store.close()
+
+
+@pytest.fixture
+def served_app(served_store, serving_models) -> Iterator[TestClient]:
+    """A ``TestClient`` of the app serving ``privaterec_run`` over the 110 articles."""
+    from privaterec.serving.app import create_app
+
+    with TestClient(create_app(served_store, serving_models)) as client:
+        yield client
+
+
+@pytest.fixture(scope="session")
+def recall_model():
+    """A random Uni-FedRec recall model over 16-dim news vectors (B_r = 6, M = 3)."""
+    from privaterec.recall.run import RecallModelConfig
+
+    torch.manual_seed(11)
+    return RecallModelConfig(num_basis=6, attention_dim=8, max_channels=3).build(
+        SERVING_MODEL.news_dim).eval()
