@@ -103,7 +103,30 @@ def run_demo(*, out: str | Path | None = None, quick: bool = False,
     print(format_demo_table(rows))
     from privaterec.experiments.demo_recall import run_recall_demo
     print(run_recall_demo(root, root / "runs" / "fedrec-nrms", quick=quick, progress=progress))
+    print(http_demo(root / "runs" / "privaterec_eps_t=10-nrms", data_dir, root))
     return 0
+
+
+def http_demo(run_dir: Path, data_dir: Path, root: Path) -> str:
+    """One private PrivateRec query over HTTP to a ``privaterec serve`` the demo starts."""
+    from privaterec.serving.client import demo_query
+
+    print("starting privaterec serve on loopback ...", file=sys.stderr)
+    store = root / "serving-store"
+    shutil.rmtree(store, ignore_errors=True)
+    result = demo_query(run_dir, data_dir, epsilon=DEMO_SERVE_EPSILON, store=store)
+    alpha = ", ".join(f"{a:.4f}" for a in result["sent"]["alpha"])
+    lines = ["", f"Private query over HTTP ({result['url']}, model {result['model_version']}):",
+             f"- the device read {len(result['history'])} news (kept on the device); it sent "
+             f"only α̃ = [{alpha}] (B = {result['basis_size']} floats, "
+             f"{result['bytes_sent']} bytes of JSON) at ε_s = {DEMO_SERVE_EPSILON:g}; its "
+             f"device ledger now holds ε = {result['epsilon_spent']:g}",
+             "- the server returned:", "", "| rank | news | category | score | title |",
+             "|---|---|---|---|---|"]
+    for rank, item in enumerate(result["received"][:5], start=1):
+        lines.append(f"| {rank} | {item['news_id']} | {item['category']} | "
+                     f"{item['score']:.4f} | {item['title'][:60]} |")
+    return "\n".join(lines)
 
 
 def _privacy_columns(run_dir: Path) -> dict[str, Any]:

@@ -11,8 +11,12 @@ set has 3,000):
    **Uni-FedRec** with the paper's LDP training (L1 clip θ = 0.1, Laplace λ_g = 0.01, so
    ε = 20 per round) and serving noise (δ = 0.2, λ_I = 1.2: ε = 2δB/λ_I = 10 per channel);
    **Uni-FedRec without LDP training** (λ_g = 0; serving still at λ_I); and the **no-BIE**
-   ablation (a model trained without basic interest embeddings whose channel interests
-   are sent as they are);
+   ablation (a model trained, also without LDP, without basic interest embeddings: its
+   channel interests are sent as they are). Every recall model clusters at d_c = 0.5
+   (cosine; 1.0 gives one channel per user here), clips its decomposition scores to
+   [−δ, δ] in training as in serving, and learns a public aggregator scale s
+   (α = softmax(s·â), post-processing of the release; without it the clipped scores
+   cannot weight two basic interests more than e^{2δ} apart);
 3. the recall evaluations (:func:`privaterec.recall.run.evaluate_recall_run`): every test
    user queries once; R@100…400 of its future clicks (utility, Table 2) and of the clicks
    its query encoded (leakage, Table 3), the AUC of ranking R = 400 recalled candidates
@@ -52,12 +56,13 @@ MODEL = "nrms"
 RANKER = RunSpec("dp-fedrec", math.inf)
 PRIVATE_RANKER = RunSpec("privaterec", 10.0, privacy_mode="paper")
 SERVE_EPSILON = 10.0  # ε_s of the PrivateRec and VDP rows
-INTEREST_NOISES = (0.15, 0.3, 0.6, 1.2, 2.4)  # λ_I of Fig. 5 (paper default 1.2)
+INTEREST_NOISES = (0.075, 0.15, 0.3, 0.6, 1.2, 2.4)  # λ_I of Fig. 5 (paper default 1.2)
 QUICK_INTEREST_NOISES = (0.3, 1.2)
 
 RECALL_ROUNDS = 1500
 QUICK_RECALL_ROUNDS = 30
 RECALL_CLIENTS = 100  # clients per round of the recall model's training
+DISTANCE_THRESHOLD = 0.5  # d_c (cosine, average linkage): 1.0 gives one channel per user
 
 SCALE = 100.0  # recalls are printed in % like the paper's tables
 
@@ -66,7 +71,7 @@ def recall_train_config(*, ldp: bool, quick: bool) -> RecallTrainConfig:
     """Training of the recall rows: FedAdam with the paper's LDP upload (``ldp``) or none."""
     rounds = QUICK_RECALL_ROUNDS if quick else RECALL_ROUNDS
     common = dict(rounds=rounds, clients_per_round=RECALL_CLIENTS, strategy="fedadam",
-                  lr=0.003, negative_source="pool", score_clip=False)
+                  lr=0.003, negative_source="pool", score_clip=True)
     if ldp:
         return RecallTrainConfig(**common)  # type: ignore[arg-type]
     return RecallTrainConfig(**common, clipping="none", noise_scale=0.0)  # type: ignore[arg-type]
@@ -82,14 +87,16 @@ class RecallVariant:
     bie: bool = True
 
     def run_config(self, ranker: Path, *, seed: int, quick: bool) -> RecallRunConfig:
-        return RecallRunConfig(ranker=str(ranker), seed=seed,
-                               model=RecallModelConfig(distance_threshold=0.5, bie=self.bie),
-                               train=recall_train_config(ldp=self.ldp, quick=quick))
+        return RecallRunConfig(
+            ranker=str(ranker), seed=seed,
+            model=RecallModelConfig(distance_threshold=DISTANCE_THRESHOLD, bie=self.bie,
+                                    aggregator_scale=self.bie),
+            train=recall_train_config(ldp=self.ldp, quick=quick))
 
 
 UNIFEDREC = RecallVariant("unifedrec", "Uni-FedRec", ldp=True)
 UNIFEDREC_NO_LDP = RecallVariant("unifedrec-noldp", "Uni-FedRec (no LDP training)", ldp=False)
-NO_BIE = RecallVariant("no-bie", "No-BIE ablation (LDP training)", ldp=True, bie=False)
+NO_BIE = RecallVariant("no-bie", "No-BIE ablation (no LDP training)", ldp=False, bie=False)
 VARIANTS = (UNIFEDREC, UNIFEDREC_NO_LDP, NO_BIE)
 
 
@@ -110,9 +117,10 @@ ROWS = (
     Row("unifedrec", "Uni-FedRec (λ_I = 1.2)", "unifedrec", "unifedrec"),
     Row("unifedrec-noldp", "Uni-FedRec, no LDP training (λ_I = 1.2)", "unifedrec",
         "unifedrec-noldp"),
-    Row("unifedrec-clear", "Uni-FedRec, no serving noise (ε = ∞)", "unifedrec", "unifedrec",
-        serve_noise=False),
-    Row("no-bie", "No-BIE (channel interests in the clear)", "no-bie", "no-bie"),
+    Row("unifedrec-clear", "Uni-FedRec, no LDP training, no serving noise (ε = ∞)",
+        "unifedrec", "unifedrec-noldp", serve_noise=False),
+    Row("no-bie", "No-BIE, no LDP training (channel interests in the clear)", "no-bie",
+        "no-bie"),
     Row("youtubenet", "YoutubeNet (mean clicked-news vector, clear)", "youtubenet", "ranker"),
     Row("privaterec", f"PrivateRec serving (ε_s = {SERVE_EPSILON:g}, p = 0.5)", "privaterec",
         "private-ranker", serving=ServingConfig(kind="privaterec", epsilon=SERVE_EPSILON)),
@@ -261,8 +269,8 @@ def _interest_noise_sweep(contexts: Sequence[_Seed], *, quick: bool,
                           progress: bool) -> list[dict[str, Any]]:
     points = []
     for noise in (QUICK_INTEREST_NOISES if quick else INTEREST_NOISES):
-        row = Row(f"unifedrec_lambda-{noise:g}", f"λ_I = {noise:g}", "unifedrec", "unifedrec",
-                  interest_noise=noise)
+        row = Row(f"unifedrec_lambda-{noise:g}", f"λ_I = {noise:g}", "unifedrec",
+                  "unifedrec-noldp", interest_noise=noise)
         log(f"evaluating {row.key}", progress=progress)
         results = [ctx.evaluate(row) for ctx in contexts]
         s = _summaries(results, ["future_recall@100", "history_recall@100",
@@ -337,7 +345,8 @@ def _markdown(rows: Sequence[dict[str, Any]], sweep: Sequence[dict[str, Any]],
         "- Rankers: NRMS FedRec (DP-FedRec ε_t = ∞) and PrivateRec ε_t = 10 (paper mode). "
         "Recall models trained on the FedRec ranker's news vectors with FedAdam, "
         f"{QUICK_RECALL_ROUNDS if quick else RECALL_ROUNDS} rounds of {RECALL_CLIENTS} "
-        "clients, pool negatives (K_r = 4) from the training split's news; LDP training = "
+        "clients, pool negatives (K_r = 4) from the training split's news, d_c = 0.5, "
+        "scores clipped to [−δ, δ] in training, learned aggregator scale; LDP training = "
         "L1 clip θ = 0.1 + Laplace λ_g = 0.01 (ε = 20 per round and client).",
         "- Recall ×100, mean ± sample std over seeds. ε per query: Uni-FedRec composes its C "
         "channels (2δB/λ_I each; max over users shown); quotas are sent in the clear (no "
@@ -348,7 +357,8 @@ def _markdown(rows: Sequence[dict[str, Any]], sweep: Sequence[dict[str, Any]],
         "better)", "", table3, "",
         "## Table 4 analogue: end-to-end ranking AUC over R = 400 recalled candidates", "",
         table4, "",
-        "## Fig. 5 analogue: serving noise λ_I (Uni-FedRec row's model)", "", fig5, "",
+        "## Fig. 5 analogue: serving noise λ_I (the model trained without LDP)", "", fig5,
+        "",
         "![fig5](unifedrec_fig5_interest_noise.png)", ""]
     return "\n".join(lines)
 
