@@ -274,19 +274,24 @@ class RunConfig:
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> "RunConfig":
-        path = Path(path)
-        try:
-            raw = yaml.safe_load(path.read_text()) or {}
-        except FileNotFoundError:
-            raise ConfigError(f"{path}: configuration file not found") from None
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{path}: not valid YAML: {exc}") from None
-        if not isinstance(raw, Mapping):
-            raise ConfigError(f"{path}: expected a mapping at the top level")
-        try:
-            return from_mapping(cls, raw)
-        except ConfigError as exc:
-            raise ConfigError(f"{path}: {exc}") from None
+        return load_yaml_config(cls, path)
+
+
+def load_yaml_config(cls: type, path: str | Path) -> Any:
+    """Build the frozen dataclass ``cls`` from the YAML file ``path`` (errors name the file)."""
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: configuration file not found") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{path}: expected a mapping at the top level")
+    try:
+        return from_mapping(cls, raw)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
 
 
 def from_mapping(cls: type, raw: Mapping[str, Any], prefix: str = "") -> Any:

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 import yaml
 
-from privaterec.config import from_mapping
+from privaterec.config import load_yaml_config
 from privaterec.errors import CheckpointError, ConfigError
 from privaterec.privacy.ledger import PrivacyLedger
 from privaterec.recall.channels import check_cluster_params
@@ -130,7 +130,7 @@ class RecallRunConfig:
     train: :class:`~privaterec.recall.training.RecallTrainConfig`.
     """
 
-    ranker: str
+    ranker: str = ""
     data: str = ""
     seed: int = 0
     model: RecallModelConfig = field(default_factory=RecallModelConfig)
@@ -151,18 +151,7 @@ class RecallRunConfig:
 
     @classmethod
     def from_yaml(cls, path: Path) -> "RecallRunConfig":
-        try:
-            raw = yaml.safe_load(path.read_text())
-        except FileNotFoundError:
-            raise ConfigError(f"{path}: configuration file not found") from None
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{path}: not valid YAML: {exc}") from None
-        if not isinstance(raw, dict):
-            raise ConfigError(f"{path}: expected a mapping at the top level")
-        try:
-            return from_mapping(cls, raw)
-        except ConfigError as exc:
-            raise ConfigError(f"{path}: {exc}") from None
+        return load_yaml_config(cls, path)
 
 
 @dataclass
