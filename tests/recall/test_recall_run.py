@@ -99,6 +99,13 @@ def test_evaluate_recall_json_keys_ledger_and_bytes(recall_run: Path, capsys) ->
     assert main(["privacy", "report", "--run", str(recall_run)]) == 0
     report = capsys.readouterr().out
     assert "clear_quotas" in report and "not private" in report
+    # re-running the finished training must not drop the recorded queries
+    run = load_recall_run(recall_run)
+    assert main(["train", "--method", "unifedrec", "--ranker", str(run.ranker), "--rounds", "3",
+                 "--clients-per-round", "6", "--recall-basis", "6", "--interest-noise", "0.6",
+                 "--distance-threshold", "0.3", "--out", str(recall_run),
+                 "--no-progress"]) == 0
+    assert read_privacy_json(recall_run)["ledger"] == summary["ledger"]
 
 
 def test_quota_noise_makes_the_query_private(recall_run: Path, capsys) -> None:

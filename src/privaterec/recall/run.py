@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from privaterec.eval.serving import ServingConfig
 
 RECALL_CONFIG_FILE = "recall.yaml"
+REPORT_DELTA = 1e-5  # target δ of privacy.json's composed ε
 HEAD_DIM = 16
 
 
@@ -190,6 +191,7 @@ def load_recall_run(path: str | Path) -> RecallRun:
         If the directory is not a trained Uni-FedRec run or its files do not match.
     """
     from privaterec.training.checkpoint import load_checkpoint
+
     run_dir = Path(path)
     if not is_recall_run(run_dir):
         raise CheckpointError(f"{run_dir}: not a Uni-FedRec run (no {RECALL_CONFIG_FILE}); "
@@ -239,6 +241,10 @@ def train_recall_run(config: RecallRunConfig, out: str | Path, *, progress: bool
         raise CheckpointError(f"{run_dir}: holds a different Uni-FedRec run ({saved}); use "
                               f"another --out directory")
     config = dataclasses.replace(config, data=data)
+    metrics_path = run_dir / "metrics.json"
+    if saved.exists() and metrics_path.exists():
+        # Finished: nothing to train, and privacy.json may hold recorded queries since.
+        return json.loads(metrics_path.read_text())
     run_dir.mkdir(parents=True, exist_ok=True)
     config.to_yaml(saved)
     dataset = load_dataset(data, drop_missing=drop_missing)
@@ -255,14 +261,14 @@ def train_recall_run(config: RecallRunConfig, out: str | Path, *, progress: bool
                          progress=progress)
     release = recall_release(config)
     write_privacy_json(run_dir / "privacy.json", state.ledger, release=release,
-                                 delta=1e-5, rounds=state.round_index)
+                       delta=REPORT_DELTA, rounds=state.round_index)
     losses = [entry["loss"] for entry in state.log]
     metrics = {"method": "unifedrec", "rounds": state.round_index,
                "first_loss": losses[0] if losses else math.nan,
                "last_loss": losses[-1] if losses else math.nan,
                "train_epsilon_per_round": release["epsilon_per_round"],
                "users_trained": len(state.ledger.users)}
-    (run_dir / "metrics.json").write_text(json.dumps(metrics, indent=2))
+    metrics_path.write_text(json.dumps(metrics, indent=2))
     return metrics
 
 
