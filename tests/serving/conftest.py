@@ -103,14 +103,33 @@ def serving_models(privaterec_run: Path):
     return ServingModels.from_run(privaterec_run)
 
 
-@pytest.fixture
-def served_store(serving_models, serving_news: list[NewsRecord], tmp_path: Path):
+def _open_pool(models, news: list[NewsRecord], path: Path):
     from privaterec.serving.server import open_store
     from privaterec.serving.store import Article
 
-    store = open_store(serving_models, tmp_path / "store")
-    store.upsert([Article.from_record(r) for r in serving_news])
+    store = open_store(models, path)
+    store.upsert([Article.from_record(r) for r in news])
+    return store
+
+
+@pytest.fixture
+def served_store(serving_models, serving_news: list[NewsRecord], tmp_path: Path):
+    store = _open_pool(serving_models, serving_news, tmp_path / "store")
     yield store
+    store.close()
+
+
+@pytest.fixture
+def recall_service(serving_models, recall_model, serving_news: list[NewsRecord],
+                   tmp_path: Path):
+    """``(models, store)``: the PrivateRec run plus the Uni-FedRec recall model, and a store
+    holding the 110 articles in both score spaces."""
+    from privaterec.serving.bundle import ServingModels
+
+    models = ServingModels(serving_models.config, serving_models.vocabs,
+                           serving_models.ranker, recall=recall_model)
+    store = _open_pool(models, serving_news, tmp_path / "recall-store")
+    yield models, store
     store.close()
 
 

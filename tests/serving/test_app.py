@@ -342,14 +342,10 @@ def test_concurrent_http_queries_and_ingestion(served_app: TestClient, serving_m
 
 # ------------------------------------------------------------------------------- recall
 @pytest.fixture
-def recall_app(serving_models, recall_model, serving_news, tmp_path: Path):
-    models = ServingModels(serving_models.config, serving_models.vocabs,
-                           serving_models.ranker, recall=recall_model)
-    store = open_store(models, tmp_path / "recall-store")
-    store.upsert([Article.from_record(r) for r in serving_news])
+def recall_app(recall_service):
+    models, store = recall_service
     with TestClient(create_app(store, models)) as client:
         yield client, models
-    store.close()
 
 
 def test_recall_follows_quotas_and_the_score_space_index(recall_app, serving_news):

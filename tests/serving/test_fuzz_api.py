@@ -30,14 +30,10 @@ MAX_EXAMPLES = 20
 
 
 @pytest.fixture
-def fuzz_app(serving_models, recall_model, serving_news, tmp_path: Path):
+def fuzz_app(recall_service):
     """The full API (PrivateRec, VDP, Uni-FedRec recall, ingestion) over the test pool."""
-    models = ServingModels(serving_models.config, serving_models.vocabs,
-                           serving_models.ranker, recall=recall_model)
-    store = open_store(models, tmp_path / "store")
-    store.upsert([Article.from_record(r) for r in serving_news])
-    yield create_app(store, models, max_body_bytes=200_000)
-    store.close()
+    models, store = recall_service
+    return create_app(store, models, max_body_bytes=200_000)
 
 
 OPERATIONS = [("GET", "/v1/health"), ("GET", "/v1/model"), ("GET", "/v1/model/parameters"),
