@@ -201,7 +201,8 @@ def serving_key(serving: ServingConfig) -> str:
             f"_{serving.sensitivity_mode}_clip-{serving.vdp_clip:g}_seed-{serving.seed}")
 
 
-def _checkpoint_stamp(path: Path) -> list[int]:
+def checkpoint_stamp(path: Path) -> list[int]:
+    """(mtime ns, size) of a run's ``checkpoint.pt``: cached evaluations are keyed on it."""
     stat = RunDirectory(path).checkpoint_path.stat()
     return [stat.st_mtime_ns, stat.st_size]
 
@@ -214,7 +215,7 @@ def serve_run(path: Path, serving: ServingConfig, *, progress: bool) -> dict[str
     of the same evaluation of the same checkpoint.
     """
     cache = Path(path) / "serving" / f"{serving_key(serving)}.json"
-    stamp = _checkpoint_stamp(path)
+    stamp = checkpoint_stamp(path)
     if cache.exists():
         entry = json.loads(cache.read_text())
         if entry.get("checkpoint") == stamp:

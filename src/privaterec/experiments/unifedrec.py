@@ -41,8 +41,9 @@ from typing import Any, Callable, Sequence
 from privaterec.data.synth import SynthConfig, write_synthetic
 from privaterec.eval.serving import ServingConfig
 from privaterec.experiments.common import (RunSpec, Stopwatch, Summary, check_seeds,
-                                           ensure_run, format_summary, log, markdown_table,
-                                           run_dir, summarize, write_csv, write_text)
+                                           checkpoint_stamp, ensure_run, format_summary, log,
+                                           markdown_table, run_dir, summarize, write_csv,
+                                           write_text)
 from privaterec.recall.evaluate import RECALL_KS
 from privaterec.recall.run import (RecallModelConfig, RecallRunConfig, evaluate_recall_run,
                                    is_recall_run, train_recall_run)
@@ -156,11 +157,6 @@ def _cached(path: Path, key: dict[str, Any], compute: Callable[[], dict[str, Any
     return result
 
 
-def _stamp(run: Path) -> list[int]:
-    stat = (run / "checkpoint.pt").stat()
-    return [stat.st_mtime_ns, stat.st_size]
-
-
 class _Seed:
     """Everything of one seed: its trained runs and cached evaluations."""
 
@@ -198,7 +194,7 @@ class _Seed:
         key = {"method": row.method, "serve_noise": row.serve_noise,
                "interest_noise": row.interest_noise, "seed": self.seed,
                "serving": None if serving is None else dataclasses.asdict(serving),
-               "checkpoint": _stamp(run)}
+               "checkpoint": checkpoint_stamp(run)}
         cache = run / "recall-evaluations" / f"{row.key}.json"
         return _cached(cache, key, lambda: evaluate_recall_run(
             run, method=row.method, seed=self.seed, serve_noise=row.serve_noise,

@@ -31,7 +31,6 @@ import yaml
 
 from privaterec.config import load_yaml_config
 from privaterec.errors import CheckpointError, ConfigError
-from privaterec.privacy.ledger import PrivacyLedger
 from privaterec.recall.channels import check_cluster_params
 from privaterec.recall.interest import (CHANNEL_NOTE, DEFAULT_CLIP, DEFAULT_NOISE_SCALE, DEFAULT_NUM_BASIS,
                                         channel_event)
@@ -290,17 +289,11 @@ def recall_release(config: RecallRunConfig) -> dict[str, Any]:
 def record_recall_queries(run: RecallRun, ledger_events: dict[str, list], *,
                           description: dict[str, Any]) -> dict[str, Any]:
     """Add evaluation queries' releases (user → [(event, count)]) to ``RUN/privacy.json``."""
-    from privaterec.privacy.report import read_privacy_json, write_privacy_json
+    from privaterec.privacy.report import record_queries
 
-    summary = read_privacy_json(run.privacy_path)
-    ledger = PrivacyLedger.from_dict(summary["ledger"])
-    for user, pairs in sorted(ledger_events.items()):
-        for event, count in pairs:
-            ledger.record(user, event, count)
-    release = dict(summary["release"])
-    release["serving"] = [*release.get("serving", []), description]
-    return write_privacy_json(run.privacy_path, ledger, release=release,
-                              delta=summary["delta"], rounds=summary["rounds"])
+    return record_queries(run.privacy_path, ledger_events, description,
+                          release_if_new=recall_release(run.config),
+                          delta_if_new=REPORT_DELTA)
 
 
 def query_bytes(method: str, *, channels: float, num_basis: int, dim: int) -> float:

@@ -244,25 +244,14 @@ def record_serving(run: RunDirectory, config: RunConfig, event: PrivacyEvent,
     A run without ``privacy.json`` (centralized training) gets one whose release says its
     training is not private.
     """
-    from privaterec.privacy.ledger import PrivacyLedger
-    from privaterec.privacy.report import read_privacy_json, write_privacy_json
+    from privaterec.privacy.report import record_queries
 
-    if run.privacy_path.exists():
-        summary = read_privacy_json(run.privacy_path)
-        ledger = PrivacyLedger.from_dict(summary["ledger"])
-        release, delta, rounds = dict(summary["release"]), summary["delta"], summary["rounds"]
-    else:
-        ledger = PrivacyLedger()
-        release = {"method": config.train.method, "mechanism": "none",
-                   "note": "training is not private (data collected centrally)"}
-        delta, rounds = config.fed.report_delta, 0
-    for user, count in sorted(queries.items()):
-        ledger.record(user, event, count)
-    release["serving"] = [*release.get("serving", []),
-                          {"kind": serving.kind, "epsilon": serving.epsilon,
-                           "delta": serving.delta, "padding_p": serving.effective_padding,
-                           "mechanism": serving.mechanism,
-                           "noise_scale": event.noise_scale, "sensitivity": event.sensitivity,
-                           "queries": sum(queries.values())}]
-    return write_privacy_json(run.privacy_path, ledger, release=release, delta=delta,
-                              rounds=rounds)
+    return record_queries(
+        run.privacy_path, {user: [(event, count)] for user, count in queries.items()},
+        {"kind": serving.kind, "epsilon": serving.epsilon, "delta": serving.delta,
+         "padding_p": serving.effective_padding, "mechanism": serving.mechanism,
+         "noise_scale": event.noise_scale, "sensitivity": event.sensitivity,
+         "queries": sum(queries.values())},
+        release_if_new={"method": config.train.method, "mechanism": "none",
+                        "note": "training is not private (data collected centrally)"},
+        delta_if_new=config.fed.report_delta)
