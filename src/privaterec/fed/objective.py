@@ -178,6 +178,7 @@ class LocalObjective:
 
     def __init__(self, model: Recommender) -> None:
         model.eval()
+        model.prepare_news_table()  # before reading supports_vmap (PLM: needs the table)
         self.model = model
         self._loss_module = _RoundLoss(model)
         self.spec = ParamSpec.of(self._loss_module)

@@ -12,11 +12,14 @@ from typing import Sequence
 
 import torch
 from torch import nn
+from tqdm.auto import tqdm
 
+from privaterec.data.features import NewsFeatures
 from privaterec.data.text import Vocabulary
 from privaterec.errors import ConfigError
 from privaterec.models.layers import attend_all_if_empty
-from privaterec.models.plm_cache import DEFAULT_CACHE_BYTES, FrozenPrefixCache, length_groups
+from privaterec.models.plm_cache import (DEFAULT_CACHE_BYTES, FrozenPrefixCache,
+                                         FrozenPrefixTable, length_groups)
 
 
 def load_minilm():  # -> transformers.BertModel
@@ -74,6 +77,14 @@ class PLMNewsEncoder(nn.Module):
     MiniLM on the padded, masked sequences) up to float rounding, in eval and training mode
     alike (dropout apart).
 
+    Precomputed table (the training path): :meth:`prepare_table` runs the frozen prefix once
+    over every title of a news table (:class:`~privaterec.models.plm_cache.FrozenPrefixTable`)
+    and :meth:`encode_table` then encodes table rows by gathering their precomputed states.
+    Unlike the cache, this works inside ``torch.func`` transforms, so per-client gradients
+    (DP-FedRec, PrivateRec strict mode) run only the trainable top, and, with no trainable
+    layer, under ``vmap``. r₀ is computed on its own (e₀ through all of MiniLM, one
+    sequence), so the backward pass of a filled title stops at the first trainable layer.
+
     Parameters
     ----------
     words:
@@ -85,16 +96,15 @@ class PLMNewsEncoder(nn.Module):
     dropout:
         Dropout probability after pooling (MiniLM's own dropout is kept in trainable layers).
     cache_frozen:
-        Use the frozen-prefix cache (attribute ``cache_frozen``, may be switched later).
-        Inside ``torch.func`` transforms the uncached path is always taken (``vmap`` over
-        this encoder is not supported either way: MiniLM's masking is data-dependent).
+        Use the frozen-prefix cache and the precomputed table (attribute ``cache_frozen``,
+        may be switched later; ``False`` always runs the uncached reference path). Inside
+        ``torch.func`` transforms :meth:`forward` takes the uncached path (the cache keys on
+        tensor bytes); :meth:`encode_table` uses the table there.
     cache_bytes:
-        Memory budget of the cache (LRU eviction beyond it; ``None`` = unbounded). About
-        ``(title_len + 2) · 384 · 4`` bytes per distinct title (≈ 28 KB at title_len 16).
+        Memory budget of the cache (LRU eviction beyond it; ``None`` = unbounded), and of
+        the precomputed table (not built beyond it). About ``(title_len + 2) · 384 · 4`` bytes
+        per title (≈ 28 KB at title_len 16: 2 GiB hold ≈ 75k titles).
     """
-
-    # MiniLM's attention masking depends on the data: it cannot run under torch.func.vmap.
-    supports_vmap = False
 
     def __init__(self, words: Vocabulary, *, dim: int, trainable_layers: int,
                  dropout: float, cache_frozen: bool = True,
@@ -125,6 +135,7 @@ class PLMNewsEncoder(nn.Module):
         self.cache_frozen = cache_frozen
         # plain attribute: not a parameter/buffer, so never in the state_dict
         self.frozen_cache = FrozenPrefixCache(max_bytes=cache_bytes)
+        self.table: FrozenPrefixTable | None = None  # plain attribute, see prepare_table
         self.train(self.training)
 
     def frozen_modules(self) -> list[nn.Module]:
@@ -207,8 +218,7 @@ class PLMNewsEncoder(nn.Module):
                 order.append(filled[index])
         if len(filled) < n:
             # all-padding titles are identical: one full-path row, a trainable function of e₀
-            (anonymous,) = self._frozen_prefix(title.new_zeros(1, length))
-            r = _run_layers(anonymous.unsqueeze(0), None, top).mean(1)
+            r = self._anonymous_pooled(length)
             index = empty.nonzero().squeeze(-1)
             parts.append(r.expand(len(index), -1))
             order.append(index)
@@ -220,6 +230,94 @@ class PLMNewsEncoder(nn.Module):
         tensors = [p for m in self.frozen_modules() for p in m.parameters()]
         tensors += [b for b in self.bert.embeddings.buffers()]
         return [*tensors, self.token_ids]
+
+    def _anonymous_pooled(self, length: int) -> torch.Tensor:
+        """Pooled MiniLM output ``[1, h]`` of the all-padding title of ``length`` tokens (r₀).
+
+        Every position of an all-padding title is attended (e₀ at each), so r₀ is a trainable
+        function of e₀ through all layers. The attended positions come from a constant
+        title, so this also runs under ``torch.func.vmap`` (e₀ and the top layers batched).
+        """
+        title = torch.zeros(1, length, dtype=torch.long, device=self.token_ids.device)
+        inputs, attention_mask = self._inputs(title)
+        keep = attention_mask[0].nonzero().squeeze(-1)
+        hidden = self.bert.embeddings(inputs_embeds=inputs).index_select(1, keep)
+        return _run_layers(hidden, None, self.bert.encoder.layer).mean(1)
+
+    # -- precomputed table -----------------------------------------------------------------
+    @property
+    def supports_vmap(self) -> bool:
+        """Whether per-client gradients should run under ``torch.func.vmap``.
+
+        Only through a prepared table (the other paths mask by data-dependent indexing), and
+        only when no MiniLM layer is trained: with one, ``vmap`` materialises every client's
+        copy of the layer's gradient at once, and a Python loop over clients measured faster
+        (4.6 s against 6.3 s for 40 clients on the default synthetic data).
+        """
+        return self.table is not None and self.num_frozen_layers == len(self.bert.encoder.layer)
+
+    def prepare_table(self, features: NewsFeatures, *, batch_size: int = 256,
+                      progress: bool = False) -> bool:
+        """Run the frozen prefix once over every title of ``features`` for :meth:`encode_table`.
+
+        Does nothing if the current table already belongs to ``features`` and the frozen
+        weights. Not built with ``cache_frozen=False`` or when it would exceed the memory
+        budget ``cache_bytes`` (:meth:`encode_table` then falls back to :meth:`forward`).
+
+        Parameters
+        ----------
+        features:
+            The news table whose rows will be encoded (``title [N, L]``).
+        batch_size:
+            Titles per MiniLM call.
+        progress:
+            Show a tqdm bar.
+
+        Returns
+        -------
+        Whether a table for ``features`` is in use.
+        """
+        title = features.title
+        frozen = self._frozen_state()
+        if self.table is not None and self.table.matches(title, frozen):
+            return True
+        self.table = None
+        budget = self.frozen_cache.max_bytes
+        size = FrozenPrefixTable.estimate_bytes(title.shape[0], title.shape[1] + 2,
+                                                self.bert.config.hidden_size)
+        filled = (title != 0).any(-1).nonzero().squeeze(-1)
+        if not self.cache_frozen or (budget is not None and size > budget) or not len(filled):
+            return False
+        rows: list[torch.Tensor | None] = [None] * title.shape[0]
+        with torch.inference_mode(False), torch.no_grad():
+            for chunk in tqdm(filled.split(batch_size), desc="MiniLM frozen layers",
+                              unit="batch", disable=not progress, leave=False):
+                for i, hidden in zip(chunk.tolist(), self._frozen_prefix(title[chunk])):
+                    rows[i] = hidden
+            self.table = FrozenPrefixTable(title, frozen, rows)
+        return True
+
+    def encode_table(self, features: NewsFeatures, rows: torch.Tensor) -> torch.Tensor:
+        """Θ_N of table rows ``[n]`` of ``features`` → ``Tensor[n, d]``.
+
+        Through the precomputed table when it belongs to ``features`` and the current frozen
+        weights (also inside ``torch.func`` transforms); otherwise ``forward(features.select
+        (rows))``. Outputs and gradients equal :meth:`forward`'s up to float rounding.
+        """
+        table = self.table
+        if (table is None or not self.cache_frozen
+                or not table.matches(features.title, self._frozen_state())):
+            return self(features.select(rows))
+        hidden, additive = table.hidden[rows], table.additive[rows]
+        for layer in self.bert.encoder.layer[self.num_frozen_layers:]:
+            hidden = layer(hidden, additive)
+        pooled = _masked_mean(hidden, table.mask[rows])
+        empty = table.empty[rows]
+        # under transforms `empty` may be batched: no data-dependent branch, r0 is cheap
+        if torch._C._are_functorch_transforms_active() or bool(empty.any()):
+            anonymous = self._anonymous_pooled(features.title.shape[1])
+            pooled = torch.where(empty.unsqueeze(-1), anonymous, pooled)
+        return self.projection(self.dropout(pooled))
 
     def forward(self, features: dict[str, torch.Tensor]) -> torch.Tensor:
         title = features["title"]

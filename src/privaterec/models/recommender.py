@@ -79,14 +79,31 @@ class Recommender(nn.Module):
         With ``deduplicate`` each distinct row is encoded once (``torch.unique``); without,
         every row is encoded, which works under ``torch.func.vmap`` (per-client gradients).
         """
+        if not deduplicate:
+            return self._encode_table_rows(rows.reshape(-1)).reshape(*rows.shape, -1)
+        unique, inverse = torch.unique(rows.reshape(-1), return_inverse=True)
+        return self._encode_table_rows(unique)[inverse].reshape(*rows.shape, -1)
+
+    def _encode_table_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        """``rows [n]`` → ``[n, d]``, via the encoder's ``encode_table`` if it has one."""
         if self.features is None:
             raise RuntimeError("no news table attached: call Recommender.attach(features)")
-        if not deduplicate:
-            return self.news_encoder(self.features.select(rows.reshape(-1))).reshape(
-                *rows.shape, -1)
-        unique, inverse = torch.unique(rows.reshape(-1), return_inverse=True)
-        vectors = self.news_encoder(self.features.select(unique))
-        return vectors[inverse].reshape(*rows.shape, -1)
+        encode_table = getattr(self.news_encoder, "encode_table", None)
+        if encode_table is not None:
+            return encode_table(self.features, rows)
+        return self.news_encoder(self.features.select(rows))
+
+    def prepare_news_table(self, *, progress: bool = False) -> None:
+        """Let the news encoder precompute what it can for the attached table (training).
+
+        Encoders with a ``prepare_table(features)`` method (PLM-NR: the frozen MiniLM layers,
+        :meth:`~privaterec.models.plm_encoder.PLMNewsEncoder.prepare_table`) run it once, so
+        that :meth:`encode_rows` then only runs what is trained, also inside ``torch.func``
+        transforms. A no-op for the other encoders and without an attached table.
+        """
+        prepare = getattr(self.news_encoder, "prepare_table", None)
+        if prepare is not None and self.features is not None:
+            prepare(self.features, progress=progress)
 
     def interest(self, history_vectors: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """The raw user vector u = Θ_U: ``[b, H, d]``, ``[b, H]`` → ``[b, d]``."""

@@ -87,6 +87,7 @@ def _train(model: Recommender, clients: ClientDataset, config: TrainConfig, *,
         epoch, step_in_epoch = state["epoch"], state["step_in_epoch"]
         log, loss_sum, loss_count = state["log"], state["loss_sum"], state["loss_count"]
         resumed_rng = state["torch_rng"]
+    model.prepare_news_table(progress=progress)
 
     def checkpoint() -> None:
         if checkpoint_path is not None:
