@@ -42,8 +42,16 @@ QUICK_EPOCHS = 1
 
 METRICS = ("auc", "mrr", "ndcg@5", "ndcg@10")
 METRIC_LABELS = {"auc": "AUC", "mrr": "MRR", "ndcg@5": "nDCG@5", "ndcg@10": "nDCG@10"}
-MODEL_LABELS = {"nrms": "NRMS", "naml": "NAML", "plm": "PLM-NR", "fednewsrec": "FedNewsRec",
-                "id": "ID"}
+MODEL_LABELS = {"nrms": "NRMS", "naml": "NAML", "plm": "PLM-NR (frozen MiniLM)",
+                "fednewsrec": "FedNewsRec", "id": "ID"}
+# Per-model settings of the experiment runs (the other models use the library defaults).
+# PLM-NR keeps all six MiniLM-L6 layers frozen and trains e₀, the projection and the user
+# encoder: a per-client gradient of the fine-tuned top layer (D = 1.9 M) costs ~8 s per
+# DP-FedRec round and 14 s in strict mode, i.e. ~8 hours for Tables 1-2 over 3 seeds on 2
+# cores, against ~40 minutes frozen (docs/privaterec.md). Its centralized Adam lr is 1e-3:
+# at the default 5e-3 the training loss stalls higher (1.56 against 1.45 after one epoch).
+MODEL_SETTINGS: dict[str, dict[str, Any]] = {"plm": {"plm_trainable_layers": 0}}
+MODEL_LR: dict[str, float] = {"plm": 1e-3}
 EXPERIMENT_METHODS = ("centralized", "dp-fedrec", "privaterec")
 SCALE = 100.0  # metrics are printed ×100, as in the paper's tables
 DIGITS = 2
@@ -119,10 +127,12 @@ class RunSpec:
     def run_config(self, *, data: str, model: str, seed: int, quick: bool) -> RunConfig:
         """The :class:`RunConfig` of this row for ``model`` and ``seed``."""
         rounds, epochs = training_budget(quick)
-        model_config = ModelConfig(news_encoder=model, basis_size=self.basis)
+        model_config = ModelConfig(news_encoder=model, basis_size=self.basis,
+                                   **MODEL_SETTINGS.get(model, {}))
         if self.method == "centralized":
-            return RunConfig(data=data, model=model_config,
-                             train=TrainConfig(method="centralized", epochs=epochs, seed=seed))
+            train = TrainConfig(method="centralized", epochs=epochs, seed=seed,
+                                lr=MODEL_LR.get(model, TrainConfig.lr))
+            return RunConfig(data=data, model=model_config, train=train)
         fed = FedConfig(rounds=rounds, epsilon_train=self.epsilon_train,
                         privacy_mode=self.privacy_mode)
         return RunConfig(data=data, model=model_config,

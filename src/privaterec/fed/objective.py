@@ -274,8 +274,9 @@ class LocalObjective:
         :meth:`client_gradient`) and losses ``[m]`` of a padded batch of clients.
 
         Batched with ``vmap(grad)`` over chunks of ``chunk_clients`` clients (memory bound:
-        one chunk's activations); encoders that cannot run under vmap (``plm``) fall back to
-        one :meth:`client_gradient` per client.
+        one chunk's activations); encoders whose ``supports_vmap`` is false (``plm`` with a
+        trained MiniLM layer, where a loop is faster) take one :meth:`client_gradient` per
+        client.
         """
         shape = (2, self.dimension) if split_history else (self.dimension,)
         grads = torch.empty(batch.num_clients, *shape)
