@@ -155,3 +155,15 @@ def test_privaterec_user_errors_exit_2(argv, message, synth_dir, tmp_path, capsy
             else str(tmp_path / "r") if a == "RUN" else a for a in argv]
     assert main(argv) == 2
     assert message in capsys.readouterr().err
+
+
+def test_train_flags_set_the_plm_depth_and_learning_rate():
+    from privaterec.cli import build_parser, run_config_from_args
+
+    args = build_parser().parse_args(["train", "--data", "d", "--out", "o", "--model", "plm",
+                                      "--plm-layers", "0", "--plm-lr", "1e-4"])
+    config = run_config_from_args(args)
+    assert config.model.plm_trainable_layers == 0 and config.train.plm_lr == 1e-4
+    defaults = run_config_from_args(build_parser().parse_args(["train", "--data", "d",
+                                                               "--out", "o"]))
+    assert defaults.model.plm_trainable_layers == 1 and defaults.train.plm_lr == 3e-5

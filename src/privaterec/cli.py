@@ -85,10 +85,10 @@ def run_config_from_args(args: argparse.Namespace) -> RunConfig:
     model_changes = {k: v for k, v in {
         "news_encoder": args.model, "user_encoder": args.user_encoder,
         "embeddings": args.embeddings, "history_len": args.history_len,
-        "basis_size": args.basis,
+        "basis_size": args.basis, "plm_trainable_layers": args.plm_layers,
     }.items() if v is not None}
     train_changes = {k: v for k, v in {
-        "method": args.method, "epochs": args.epochs, "lr": args.lr,
+        "method": args.method, "epochs": args.epochs, "lr": args.lr, "plm_lr": args.plm_lr,
         "batch_size": args.batch_size, "seed": args.seed,
     }.items() if v is not None}
     fed_changes = {k: v for k, v in {
@@ -449,8 +449,12 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--user-encoder", choices=USER_ENCODERS, default=None)
     train.add_argument("--embeddings", choices=EMBEDDINGS, default=None)
     train.add_argument("--history-len", type=int, default=None)
+    train.add_argument("--plm-layers", type=int, default=None,
+                       help="plm: top MiniLM layers fine-tuned (default 1; 0 = MiniLM frozen)")
     train.add_argument("--epochs", type=int, default=None)
     train.add_argument("--lr", type=float, default=None)
+    train.add_argument("--plm-lr", type=float, default=None,
+                       help="plm: Adam step size of the fine-tuned MiniLM layers (default 3e-5)")
     train.add_argument("--batch-size", type=int, default=None)
     train.add_argument("--seed", type=int, default=None)
     fed = train.add_argument_group(

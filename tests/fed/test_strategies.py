@@ -11,7 +11,7 @@ from privaterec.config import FedConfig
 from privaterec.errors import ConfigError
 from privaterec.fed.client import ClientUpdate
 from privaterec.fed.strategies import (FedAdam, FedAvg, WeightedSGD, aggregate, build_strategy,
-                                       weighted_mean)
+                                       weighted_mean, with_pretrained_lr)
 from privaterec.privacy.ledger import PrivacyEvent
 
 EVENT = PrivacyEvent(mechanism="none", epsilon=math.inf, phase="train")
@@ -142,3 +142,20 @@ def test_build_strategy(strategy, lr, expected):
 def test_build_strategy_needs_a_resolved_config(fed):
     with pytest.raises(ConfigError, match="resolve_run_config"):
         build_strategy(fed)
+
+
+def test_with_pretrained_lr_gives_fedadam_a_per_coordinate_step():
+    # PLM-NR's fine-tuned MiniLM coordinates step at TrainConfig.plm_lr, the rest at η
+    strategy = FedAdam(lr=0.1, tau=1e-3)
+    mask = torch.tensor([False, True, True, False])
+    mixed = with_pretrained_lr(strategy, mask, 1e-4)
+    assert mixed.lr.tolist() == pytest.approx([0.1, 1e-4, 1e-4, 0.1])
+    params = torch.tensor([1.0, -2.0, 0.5, 3.0])
+    direction = torch.tensor([0.3, -0.2, 0.1, -0.4])
+    stepped, _ = mixed.step(params, mixed.init_state(params), direction)
+    fast, _ = strategy.step(params, strategy.init_state(params), direction)
+    slow, _ = FedAdam(lr=1e-4, tau=1e-3).step(params, strategy.init_state(params), direction)
+    assert torch.equal(stepped, torch.where(mask, slow, fast))
+    # SGD-type strategies have one lr; a mask without coordinates changes nothing
+    assert with_pretrained_lr(WeightedSGD(lr=0.1), mask, 1e-4) == WeightedSGD(lr=0.1)
+    assert with_pretrained_lr(strategy, torch.zeros(4, dtype=torch.bool), 1e-4) is strategy

@@ -215,6 +215,10 @@ def test_local_objective_per_client_gradients_equal_the_reference(vocabs, depth)
     objective = LocalObjective(model)
     assert model.news_encoder.table is not None
     assert objective.supports_vmap == (depth == 0)
+    # the FedAdam server steps these coordinates at TrainConfig.plm_lr
+    top = sum(p.numel() for p in model.news_encoder.bert.encoder.layer[5].parameters())
+    assert int(objective.pretrained_mask().sum()) == (top if depth else 0)
+    assert objective.pretrained_mask().shape == (objective.dimension,)
     batch = ClientBatch(history=torch.tensor([[0, 3, 4], [0, 0, 0], [6, 7, 8]]),
                         history_mask=torch.tensor([[False, True, True], [False] * 3,
                                                    [True] * 3]),

@@ -1,10 +1,11 @@
+import pytest
 import torch
 
 from privaterec.config import ModelConfig, TrainConfig
 from privaterec.data.clients import build_client_dataset
 from privaterec.data.features import build_news_features, build_vocabularies
 from privaterec.models.factory import build_recommender
-from privaterec.training.centralized import train_centralized
+from privaterec.training.centralized import parameter_groups, train_centralized
 
 SMALL = ModelConfig(word_dim=8, num_heads=2, head_dim=4, attention_dim=8, title_len=6,
                     abstract_len=4, history_len=3, dropout=0.2)
@@ -54,3 +55,25 @@ def test_killed_and_resumed_run_equals_uninterrupted_run(tiny_split, tmp_path):
     assert [e["epoch"] for e in log] == [1, 2, 3]
     pr, pu = _params(reference), _params(resumed)
     assert all(torch.equal(pr[k], pu[k]) for k in pr)
+
+
+@pytest.mark.parametrize("layers", [0, 1])
+def test_plm_fine_tuned_layers_take_plm_lr(tiny_split, layers):
+    # Adam at the model's lr wrecks a pre-trained layer: MiniLM's fine-tuned layers get plm_lr
+    vocabs = build_vocabularies(tiny_split.news.values(), kind="wordpiece")
+    config = ModelConfig(news_encoder="plm", plm_trainable_layers=layers, num_heads=2,
+                         head_dim=4, title_len=6)
+    model = build_recommender(config, vocabs)
+    groups = parameter_groups(model, TrainConfig(lr=5e-3, plm_lr=2e-5))
+    names = {id(p): n for n, p in model.named_parameters()}
+    grouped = [[names[id(p)] for p in g["params"]] for g in groups]
+    trained = [n for n, p in model.named_parameters() if p.requires_grad]
+    assert sorted(n for g in grouped for n in g) == sorted(trained)  # each exactly once
+    assert groups[0]["lr"] == 5e-3 and "news_encoder.pad" in grouped[0]
+    if layers == 0:
+        assert len(groups) == 1
+    else:
+        assert len(groups) == 2 and groups[1]["lr"] == 2e-5
+        assert grouped[1] and all(n.startswith("news_encoder.bert.encoder.layer.5.")
+                                  for n in grouped[1])
+        assert not any(n.startswith("news_encoder.bert.") for n in grouped[0])

@@ -16,7 +16,7 @@ from privaterec.fed.methods import ClientMethod, resolve_run_config
 from privaterec.fed.objective import LocalObjective
 from privaterec.fed.simulator import (FederatedState, RoundCallback, clients_per_round,
                                       eligible_clients, train_federated)
-from privaterec.fed.strategies import build_strategy
+from privaterec.fed.strategies import build_strategy, with_pretrained_lr
 from privaterec.models.recommender import Recommender
 
 CheckpointCallback = Callable[[FederatedState, dict[str, Any]], None]
@@ -41,7 +41,8 @@ def train_federated_run(config: RunConfig, model: Recommender, clients: ClientDa
     fed = config.fed
     objective = LocalObjective(model)
     method = ClientMethod.from_config(config)
-    strategy = build_strategy(fed)
+    strategy = with_pretrained_lr(build_strategy(fed), objective.pretrained_mask(),
+                                  config.train.plm_lr)
     m = clients_per_round(fed, len(eligible_clients(clients)))
     release = method.release(dimension=objective.dimension,
                              noised_parameters=objective.parameter_names(),

@@ -215,6 +215,12 @@ class LocalObjective:
         """Names of θ's parameters, as the model's ``state_dict`` calls them."""
         return [n.removeprefix("recommender.") for n in self.spec.names]
 
+    def pretrained_mask(self) -> torch.Tensor:
+        """``BoolTensor[D]``: the coordinates of θ fine-tuned from a pre-trained model."""
+        pretrained = set(self.model.pretrained_parameter_names())
+        return torch.cat([torch.full((n,), name in pretrained) for name, n in
+                          zip(self.parameter_names(), self.spec.numels)])
+
     # -- losses ----------------------------------------------------------------------------
     def _call(self, flat: torch.Tensor, *args: object) -> torch.Tensor:
         return functional_call(self._loss_module, {**self._frozen, **self.spec.unflatten(flat)},

@@ -16,7 +16,7 @@ The simulator and the Flower ServerApp both call these functions.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol, Sequence
 
 import torch
@@ -78,9 +78,12 @@ class FedAvg(WeightedSGD):
 
 @dataclass(frozen=True)
 class FedAdam:
-    """FedAdam (Reddi et al. 2020, Alg. 2), with Δ = −ḡ."""
+    """FedAdam (Reddi et al. 2020, Alg. 2), with Δ = −ḡ.
 
-    lr: float
+    ``lr`` is η, a float or a per-coordinate ``Tensor[D]`` (see :func:`with_pretrained_lr`).
+    """
+
+    lr: float | torch.Tensor
     beta1: float = 0.9
     beta2: float = 0.99
     tau: float = 1e-6
@@ -94,6 +97,20 @@ class FedAdam:
         m = self.beta1 * state["m"] + (1 - self.beta1) * delta
         v = self.beta2 * state["v"] + (1 - self.beta2) * delta * delta
         return params + self.lr * m / (v.sqrt() + self.tau), {"m": m, "v": v}
+
+
+def with_pretrained_lr(strategy: Strategy, pretrained: torch.Tensor, lr: float) -> Strategy:
+    """``strategy`` with step size ``lr`` on the coordinates ``pretrained`` (``BoolTensor[D]``).
+
+    Only FedAdam, whose step moves a coordinate by about η, takes a per-coordinate η (PLM-NR's
+    fine-tuned MiniLM layers at ``TrainConfig.plm_lr``); other strategies, and a mask with
+    no coordinate set, return ``strategy`` unchanged.
+    """
+    if not isinstance(strategy, FedAdam) or not bool(pretrained.any()):
+        return strategy
+    rates = torch.full(pretrained.shape, float(strategy.lr))
+    rates[pretrained] = lr
+    return replace(strategy, lr=rates)
 
 
 def build_strategy(fed: FedConfig) -> Strategy:

@@ -149,6 +149,14 @@ class PLMNewsEncoder(nn.Module):
             module.train(False)
         return self
 
+    def pretrained_parameter_names(self) -> list[str]:
+        """Names of the trained parameters that come from MiniLM (its fine-tuned layers).
+
+        They take their own, small learning rate (``TrainConfig.plm_lr``); e₀ and the
+        projection are new and take the model's.
+        """
+        return [f"bert.{name}" for name, p in self.bert.named_parameters() if p.requires_grad]
+
     def clear_cache(self) -> None:
         """Empty the frozen-prefix cache (needed only after writes through ``param.data``)."""
         self.frozen_cache.clear()

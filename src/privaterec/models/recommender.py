@@ -93,6 +93,14 @@ class Recommender(nn.Module):
             return encode_table(self.features, rows)
         return self.news_encoder(self.features.select(rows))
 
+    def pretrained_parameter_names(self) -> list[str]:
+        """Trained parameters fine-tuned from a pre-trained model (PLM-NR's MiniLM layers).
+
+        Names as in ``named_parameters()``; empty for encoders trained from scratch.
+        """
+        names = getattr(self.news_encoder, "pretrained_parameter_names", None)
+        return [] if names is None else [f"news_encoder.{n}" for n in names()]
+
     def prepare_news_table(self, *, progress: bool = False) -> None:
         """Let the news encoder precompute what it can for the attached table (training).
 

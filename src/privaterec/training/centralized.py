@@ -71,12 +71,23 @@ def train_centralized(model: Recommender, clients: ClientDataset, config: TrainC
                       stop_after_steps=stop_after_steps, on_epoch_end=on_epoch_end)
 
 
+def parameter_groups(model: Recommender, config: TrainConfig) -> list[dict[str, Any]]:
+    """Adam parameter groups: everything trained at ``config.lr``, except fine-tuned
+    pre-trained layers (PLM-NR's MiniLM) at ``config.plm_lr`` in a second group."""
+    pretrained = set(model.pretrained_parameter_names())
+    trained = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    groups = [{"params": [p for n, p in trained if n not in pretrained], "lr": config.lr}]
+    if pretrained:
+        groups.append({"params": [p for n, p in trained if n in pretrained],
+                       "lr": config.plm_lr})
+    return groups
+
+
 def _train(model: Recommender, clients: ClientDataset, config: TrainConfig, *,
            checkpoint_path: str | Path | None, checkpoint_every: int, progress: bool,
            stop_after_steps: int | None,
            on_epoch_end: EpochCallback | None) -> list[dict[str, Any]]:
-    optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad],
-                                 lr=config.lr)
+    optimizer = torch.optim.Adam(parameter_groups(model, config))
     epoch, step_in_epoch, log = 0, 0, []
     loss_sum, loss_count = 0.0, 0
     resumed_rng: torch.Tensor | None = None
