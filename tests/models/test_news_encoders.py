@@ -188,26 +188,12 @@ NEWS = [NewsRecord("N1", "sports", "soccer", "The king and the queen watched foo
 
 
 @pytest.fixture(scope="module")
-def plm_setup(monkeypatch_module):
-    monkeypatch_module.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch_module.setenv("TRANSFORMERS_OFFLINE", "1")
-    # These MiniLM batches are tiny: one intra-op thread avoids thread-barrier stalls (10-100x
-    # slowdowns measured) when the two cores are shared with other processes.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+def plm_setup(minilm_offline):
     vocabs = build_vocabularies(NEWS, kind="wordpiece")
     features = build_news_features(NEWS, vocabs, title_len=8, abstract_len=4)
     torch.manual_seed(0)
     enc = PLMNewsEncoder(vocabs.words, dim=D, trainable_layers=1, dropout=0.1).eval()
-    yield vocabs, features, enc
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
-def monkeypatch_module():
-    mp = pytest.MonkeyPatch()
-    yield mp
-    mp.undo()
+    return vocabs, features, enc
 
 
 def test_plm_only_top_layer_pad_and_projection_train(plm_setup) -> None:

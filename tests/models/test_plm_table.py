@@ -25,20 +25,8 @@ LENGTHS = [0, 3, 8, 1, 5, 0, 8, 2, 6, 7, 4, 3]
 
 
 @pytest.fixture(scope="module")
-def vocabs(monkeypatch_module):
-    monkeypatch_module.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch_module.setenv("TRANSFORMERS_OFFLINE", "1")
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny MiniLM batches: see tests/models/test_news_encoders.py
-    yield build_vocabularies(RECORDS, kind="wordpiece")
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
-def monkeypatch_module():
-    mp = pytest.MonkeyPatch()
-    yield mp
-    mp.undo()
+def vocabs(minilm_offline):
+    return build_vocabularies(RECORDS, kind="wordpiece")
 
 
 def _table(vocabs, seed: int = 3) -> NewsFeatures:
