@@ -258,9 +258,11 @@ class PLMNewsEncoder(nn.Module):
         """Whether per-client gradients should run under ``torch.func.vmap``.
 
         Only through a prepared table (the other paths mask by data-dependent indexing), and
-        only when no MiniLM layer is trained: with one, ``vmap`` materialises every client's
-        copy of the layer's gradient at once, and a Python loop over clients measured faster
-        (4.6 s against 6.3 s for 40 clients on the default synthetic data).
+        only when no MiniLM layer is trained (there ``vmap`` is 4x faster than a loop). With
+        a fine-tuned layer the two are within 10% (DP-FedRec rounds: loop 7.5 s, ``vmap``
+        8.0 s; strict mode 13.1 s and 12.3 s; ``benchmarks/plm_round_speed.py``), and
+        ``vmap`` holds a chunk's per-client copies of the layer's gradient (16 × 1.8 M
+        floats) at once, so the loop is used.
         """
         return self.table is not None and self.num_frozen_layers == len(self.bert.encoder.layer)
 
