@@ -46,9 +46,9 @@ MODEL_LABELS = {"nrms": "NRMS", "naml": "NAML", "plm": "PLM-NR (frozen MiniLM)",
                 "fednewsrec": "FedNewsRec", "id": "ID"}
 # Per-model settings of the experiment runs (the other models use the library defaults).
 # PLM-NR keeps all six MiniLM-L6 layers frozen and trains e₀, the projection and the user
-# encoder: a per-client gradient of the fine-tuned top layer (D = 1.9 M) costs ~8 s per
-# DP-FedRec round and 14 s in strict mode, i.e. ~8 hours for Tables 1-2 over 3 seeds on 2
-# cores, against ~40 minutes frozen (docs/privaterec.md). Its centralized Adam lr is 1e-3:
+# encoder: per-client gradients of a fine-tuned top layer (D = 1.9 M) cost 7.5 s per
+# DP-FedRec round and 13 s in strict mode, i.e. ~8 hours for Tables 1-2 over 3 seeds on 2
+# cores, against 25 minutes frozen (BENCHMARKS.md). Its centralized Adam lr is 1e-3:
 # at the default 5e-3 the training loss stalls higher (1.56 against 1.45 after one epoch).
 MODEL_SETTINGS: dict[str, dict[str, Any]] = {"plm": {"plm_trainable_layers": 0}}
 MODEL_LR: dict[str, float] = {"plm": 1e-3}

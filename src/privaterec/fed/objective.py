@@ -281,7 +281,7 @@ class LocalObjective:
 
         Batched with ``vmap(grad)`` over chunks of ``chunk_clients`` clients (memory bound:
         one chunk's activations); encoders whose ``supports_vmap`` is false (``plm`` with a
-        trained MiniLM layer, where a loop is faster) take one :meth:`client_gradient` per
+        fine-tuned MiniLM layer: a loop is as fast there, with less memory) take one :meth:`client_gradient` per
         client.
         """
         shape = (2, self.dimension) if split_history else (self.dimension,)
