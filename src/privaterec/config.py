@@ -132,7 +132,7 @@ class TrainConfig:
     ``plm_lr`` is the step size of the fine-tuned MiniLM layers of the ``plm`` news encoder
     wherever the optimiser is Adam-like (centralized Adam, the FedAdam server step), in place
     of ``lr`` / ``fed.server_lr``: Adam moves every coordinate by about its lr per step, and
-    steps of 5e-3 wreck the pre-trained layer (centralized test AUC 0.52, docs/privaterec.md).
+    steps of 5e-3 wreck the pre-trained layer (centralized test AUC 0.512, docs/privaterec.md).
     """
 
     method: str = "centralized"
