@@ -39,6 +39,7 @@ def train_federated_run(config: RunConfig, model: Recommender, clients: ClientDa
     """
     config = resolve_run_config(config)
     fed = config.fed
+    model.prepare_news_table(progress=progress)  # PLM: frozen MiniLM layers, once (tqdm)
     objective = LocalObjective(model)
     method = ClientMethod.from_config(config)
     strategy = with_pretrained_lr(build_strategy(fed), objective.pretrained_mask(),
