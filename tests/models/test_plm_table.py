@@ -222,3 +222,27 @@ def test_local_objective_per_client_gradients_equal_the_reference(vocabs, depth)
     torch.testing.assert_close(fast, reference, rtol=1e-4, atol=1e-6)
     torch.testing.assert_close(losses, ref_losses, rtol=1e-5, atol=1e-6)
     assert reference.abs().sum() > 0
+
+
+def test_resumed_objective_keeps_the_table_inside_transforms(vocabs):
+    # the simulator loads the checkpoint into the model after building LocalObjective: the
+    # frozen weights get new versions, so the table re-checks them by digest, here inside
+    # torch.func.grad (this raised "Cannot access data pointer" before the digest switched
+    # the transforms off)
+    config = ModelConfig(news_encoder="plm", plm_trainable_layers=1, num_heads=2,
+                         head_dim=4, dropout=0.0, title_len=WIDTH)
+    torch.manual_seed(0)
+    model = build_recommender(config, vocabs, _table(vocabs))
+    objective = LocalObjective(model)
+    batch = ClientBatch(history=torch.tensor([[0, 3, 4]]),
+                        history_mask=torch.tensor([[False, True, True]]),
+                        candidates=torch.tensor([[[1, 2, 9], [10, 5, 3]]]),
+                        weights=torch.tensor([[1.0, 1.0]]))
+    theta = objective.parameters()
+    before, _ = objective.client_gradients(theta, batch)
+    table = model.news_encoder.table
+    model.load_state_dict(copy.deepcopy(model.state_dict()))
+    after, _ = objective.client_gradients(theta, batch)
+    assert model.news_encoder.table is table
+    assert table.matches(model.features.title, model.news_encoder._frozen_state())
+    torch.testing.assert_close(after, before)

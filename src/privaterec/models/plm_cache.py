@@ -48,10 +48,13 @@ def parameter_digest(params: Sequence[torch.Tensor]) -> bytes:
     of :meth:`FrozenPrefixCache.validate` fails.
     """
     h = hashlib.blake2b(digest_size=20)
-    for p in params:
-        t = p.detach()
-        h.update(f"{t.dtype}|{tuple(t.shape)}|{t.device}|".encode())
-        h.update(t.cpu().contiguous().reshape(-1).view(torch.uint8).numpy())
+    # inside a torch.func transform, ops on plain tensors would return wrapped tensors
+    # (no storage to read): read the bytes with the transforms switched off
+    with torch._C._DisableFuncTorch():
+        for p in params:
+            t = p.detach()
+            h.update(f"{t.dtype}|{tuple(t.shape)}|{t.device}|".encode())
+            h.update(t.cpu().contiguous().reshape(-1).view(torch.uint8).numpy())
     return h.digest()
 
 
@@ -283,7 +286,11 @@ class FrozenPrefixTable:
 
 
 def _tensor_state(t: torch.Tensor) -> tuple:
-    """Storage, version, dtype, shape and device: equal for a tensor and its detached alias."""
+    """Storage, version, dtype, shape and device: equal for a tensor and its detached alias.
+
+    Unlike the cache's weak-reference identity (:func:`_param_state`), this matches the
+    aliases ``torch.func.functional_call`` passes without a digest.
+    """
     return (t.data_ptr(), t._version, t.dtype, tuple(t.shape), t.device)
 
 def length_groups(lengths: Sequence[int], max_groups: int) -> list[list[int]]:
