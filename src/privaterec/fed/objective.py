@@ -281,8 +281,8 @@ class LocalObjective:
 
         Batched with ``vmap(grad)`` over chunks of ``chunk_clients`` clients (memory bound:
         one chunk's activations); encoders whose ``supports_vmap`` is false (``plm`` with a
-        fine-tuned MiniLM layer: a loop is as fast there, with less memory) take one :meth:`client_gradient` per
-        client.
+        fine-tuned MiniLM layer: a loop is as fast there, with less memory) take one
+        :meth:`client_gradient` per client.
         """
         shape = (2, self.dimension) if split_history else (self.dimension,)
         grads = torch.empty(batch.num_clients, *shape)

@@ -255,6 +255,6 @@ def perturb_quotas(quotas: Tensor, *, noise_scale: float, generator: Generators,
                             phase=phase)
 
 
-__all__ = ["BasicInterestEmbeddings", "CHANNEL_NOTE", "CLEAR_QUOTAS_NOTE", "DEFAULT_CLIP", "DEFAULT_NOISE_SCALE",
-           "DEFAULT_NUM_BASIS", "QUOTA_SENSITIVITY_L1", "aggregator_weights", "channel_event",
+__all__ = ["BasicInterestEmbeddings", "CHANNEL_NOTE", "CLEAR_QUOTAS_NOTE", "DEFAULT_CLIP",
+           "DEFAULT_NOISE_SCALE", "DEFAULT_NUM_BASIS", "QUOTA_SENSITIVITY_L1", "aggregator_weights", "channel_event",
            "perturb_quotas", "perturb_scores", "query_events", "quota_event"]

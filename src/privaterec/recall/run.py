@@ -32,8 +32,8 @@ import yaml
 from privaterec.config import load_yaml_config
 from privaterec.errors import CheckpointError, ConfigError
 from privaterec.recall.channels import check_cluster_params
-from privaterec.recall.interest import (CHANNEL_NOTE, DEFAULT_CLIP, DEFAULT_NOISE_SCALE, DEFAULT_NUM_BASIS,
-                                        channel_event)
+from privaterec.recall.interest import (CHANNEL_NOTE, DEFAULT_CLIP, DEFAULT_NOISE_SCALE,
+                                        DEFAULT_NUM_BASIS, channel_event)
 from privaterec.recall.model import UniFedRecRecall
 from privaterec.recall.training import RecallTrainConfig
 
