@@ -2,14 +2,31 @@
 
 from __future__ import annotations
 
+import random
 from datetime import datetime, timedelta
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 
 from privaterec.data.records import Impression, MindSplit, NewsRecord
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+TEST_SEED = 0
+
+
+@pytest.fixture(autouse=True)
+def _seed_global_rngs() -> None:
+    """Every test starts from the same global RNG state (torch, numpy, random).
+
+    A test's outcome must not depend on which tests ran before it (or on -k / -x / xdist
+    order). Tests that need other draws seed their own generators; module fixtures that seed
+    again run after this one and take precedence.
+    """
+    random.seed(TEST_SEED)
+    np.random.seed(TEST_SEED)
+    torch.manual_seed(TEST_SEED)
 
 
 def make_news(n: int) -> dict[str, NewsRecord]:

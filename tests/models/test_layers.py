@@ -80,15 +80,43 @@ def _reference_mhsa(mhsa: MultiHeadSelfAttention, x: torch.Tensor,
     return out.permute(0, 2, 1, 3).reshape(b, L, h * k)
 
 
+# float32 comparisons of the same math computed along different kernel paths (another batch
+# size, the fused reference, AVX2 vs AVX-512 vectorisation) differ by float rounding: sums are
+# reordered, so results agree to a few ulp of the values (|out| <= ~3 here, ulp ~2.4e-7), not
+# bitwise and not to the default atol of 1e-8 (an AVX-512 CPU gave 6e-8). A masking bug moves
+# outputs by O(0.1), far beyond these tolerances.
+FLOAT32_REORDER_TOL = {"rtol": 1e-5, "atol": 1e-6}
+REFERENCE_TOL = {"rtol": 1e-5, "atol": 1e-5}  # fused SDPA kernel: differs by up to ~4e-7 here
+
+
+def assert_float32_close(actual: torch.Tensor, expected: torch.Tensor, **tol: float) -> None:
+    """``actual`` equals ``expected`` up to float32 reordering (FLOAT32_REORDER_TOL)."""
+    tol = {**FLOAT32_REORDER_TOL, **tol}
+    diff = (actual - expected).abs().max().item()
+    assert torch.allclose(actual, expected, **tol), f"max |diff| = {diff:.3g} ({tol})"
+
+
+def test_float32_tolerance_accepts_rounding_and_rejects_masking_errors() -> None:
+    # Regression (issue 17, bug 5): a 6e-8 difference near zero -- AVX-512 reordering --
+    # must pass; a difference of the size a masking error makes must not.
+    expected = torch.tensor([1e-3, -2.0, 0.5])
+    assert_float32_close(expected + 6e-8, expected)
+    with pytest.raises(AssertionError):
+        assert_float32_close(expected + 1e-3, expected)
+
+
 def test_mhsa_matches_reference_with_masks() -> None:
+    generator = torch.Generator().manual_seed(17)  # the inputs are seeded, not the test order
+    torch.manual_seed(17)  # nn.Linear initialisation
     mhsa = MultiHeadSelfAttention(6, num_heads=2, head_dim=3)
-    x = torch.randn(3, 5, 6)
+    x = torch.randn(3, 5, 6, generator=generator)
     mask = torch.tensor([[True] * 5, [False, False, True, True, True], [False] * 5])
     out = mhsa(x, mask)
     assert out.shape == (3, 5, 6)
-    assert torch.allclose(out, _reference_mhsa(mhsa, x, mask), atol=1e-5)
-    # the all-masked row attends to every key, like an unmasked row
-    assert torch.allclose(out[2], mhsa(x[2:], torch.ones(1, 5, dtype=torch.bool))[0])
+    assert_float32_close(out, _reference_mhsa(mhsa, x, mask), **REFERENCE_TOL)
+    # the all-masked row attends to every key, like an unmasked row (a batch of 1 may take
+    # another kernel path: equal up to float32 rounding)
+    assert_float32_close(out[2], mhsa(x[2:], torch.ones(1, 5, dtype=torch.bool))[0])
 
 
 def test_mhsa_masked_keys_do_not_influence_unmasked_queries() -> None:
