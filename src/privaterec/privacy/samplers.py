@@ -1,0 +1,327 @@
+"""Randomness sources for releases: deployed (:class:`SecureNoise`) vs simulated (:class:`SimulationNoise`).
+
+A release is only as private as its randomness. Two sources share one small interface
+(:class:`NoiseSource`), and the split between them is explicit:
+
+* :class:`SecureNoise` — for anything that leaves a real device (the serving SDK, a Flower
+  ClientApp on a user's machine). Every bit comes from the operating system's CSPRNG, so no
+  seed exists that a server could replay (issue 13, hole 1: a device seeded with
+  ``torch.Generator().manual_seed(0)`` drew noise the server could regenerate and subtract).
+  Laplace and Gaussian releases are **float-safe**: they go through OpenDP's ``make_laplace``
+  / ``make_gaussian`` on ``vector_domain(atom_domain(T=float))``, which round the input to a
+  public grid of spacing 2^k and add discrete Laplace / discrete Gaussian noise on that grid
+  (Canonne, Kamath & Steinke 2020), sampled exactly with the OS CSPRNG. Every output is a
+  multiple of 2^k whatever the input, so the low-order bits of the output cannot reveal the
+  input as they do for textbook floating-point Laplace (Mironov, CCS 2012).
+* :class:`SimulationNoise` — for simulation, experiments and tests only: the fast seeded
+  torch samplers of :mod:`privaterec.privacy.mechanisms` (``laplace_noise``,
+  ``gaussian_noise``, ``torch.rand``). Reproducible, hence not private against anyone who
+  knows the seed, and not float-safe. Never use it for a deployed release.
+
+Grid (the ``k`` of OpenDP): for a release of ``d`` coordinates at noise scale ``s`` (Laplace
+b or Gaussian σ) the grid is 2^k with ``k = floor(log2(s / d)) − 40`` (:func:`grid_exponent`,
+clamped to float64's smallest exponent −1074). Rounding the input to the grid can move
+neighbouring inputs apart by at most d·2^k (L1) or √d·2^k (L2); OpenDP's privacy map counts
+this, and with this grid it adds at most d·2^k/b ≤ 2^−40 ≈ 9.1e−13 to the ε of a Laplace
+release (and less than that, relatively, to a Gaussian release's ρ) — far below the ledger's
+precision; the tests check it against OpenDP's map. The grid is public (a function of the
+scale and the dimension only). The cost of a release does not depend on ``k`` (measured:
+``benchmarks/device_noise_cost.py``).
+
+Interface (both sources): ``release_laplace(x, *, scale)`` and ``release_gaussian(x, *,
+sigma)`` return the released value x + noise (they take the value so that the float-safe
+mechanism sees the input: it rounds x itself); ``uniform(shape)`` returns float64 uniforms in
+[0, 1) (padding, candidate draws); ``randint(high, shape)`` returns int64 in [0, high).
+Releases are elementwise: each coordinate of ``x`` gets independent noise, so a batch
+``x[m, D]`` is m independent releases. The mechanisms do not clip: clip first so that the
+sensitivity you account for holds.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import secrets
+from concurrent.futures import ThreadPoolExecutor
+from functools import lru_cache
+from typing import Any, Protocol, Sequence, runtime_checkable
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from privaterec.errors import ConfigError
+from privaterec.privacy.mechanisms import gaussian_noise, laplace_noise
+
+GRID_MARGIN_BITS = 40
+"""The grid is 2^−40 times finer than scale/d: rounding adds ≤ 2^−40 to a Laplace release's ε."""
+
+MIN_GRID_EXPONENT = -1074
+"""Smallest ``k`` (float64's smallest subnormal is 2^−1074)."""
+
+SIMULATED_NOTE = ("SIMULATED release: seeded SimulationNoise, not a deployed device release "
+                  "(the seed's holder can regenerate the noise)")
+"""Note a device appends to its ledger events when it runs on :class:`SimulationNoise`."""
+
+_CHUNK = 16_384  # coordinates per OpenDP call when a release is split across threads
+_UNIFORM_BITS = 53
+
+
+def _shape(shape: Sequence[int] | int) -> tuple[int, ...]:
+    dims = (shape,) if isinstance(shape, int) else tuple(shape)
+    if any(not isinstance(n, int) or isinstance(n, bool) or n < 0 for n in dims):
+        raise ConfigError(f"invalid 'shape': got {shape!r}, expected non-negative ints")
+    return dims
+
+
+def _check_scale(value: float, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not 0 <= value < math.inf:
+        raise ConfigError(f"invalid noise parameter '{name}': got {value!r}, expected a finite "
+                          f"number >= 0")
+    return float(value)
+
+
+def _check_high(high: int) -> int:
+    if isinstance(high, bool) or not isinstance(high, int) or not 1 <= high <= 2 ** 62:
+        raise ConfigError(f"invalid 'high': got {high!r}, expected an int in [1, 2**62]")
+    return high
+
+
+def grid_exponent(scale: float, dim: int) -> int:
+    """``k`` of the public grid 2^k for a release of ``dim`` coordinates at noise ``scale``.
+
+    ``k = floor(log2(scale / dim)) − 40`` (≥ −1074), so that rounding to the grid moves a
+    Laplace release's ε by at most dim·2^k/scale ≤ 2^−40.
+
+    Parameters
+    ----------
+    scale:
+        Laplace b or Gaussian σ, > 0.
+    dim:
+        Number of coordinates released, ≥ 1.
+    """
+    if not 0 < scale < math.inf:
+        raise ConfigError(f"invalid noise parameter 'scale': got {scale!r}, expected a finite "
+                          f"number > 0")
+    return max(MIN_GRID_EXPONENT, math.floor(math.log2(scale / max(1, dim))) - GRID_MARGIN_BITS)
+
+
+@runtime_checkable
+class NoiseSource(Protocol):
+    """What a mechanism needs from its randomness (see the module docstring).
+
+    ``secure`` is ``True`` only for sources fit for a deployed release (:class:`SecureNoise`).
+    """
+
+    secure: bool
+
+    def release_laplace(self, x: Tensor, *, scale: float) -> Tensor:
+        """``x`` + i.i.d. Laplace(0, ``scale``) per coordinate (same shape and dtype)."""
+
+    def release_gaussian(self, x: Tensor, *, sigma: float) -> Tensor:
+        """``x`` + i.i.d. N(0, ``sigma``²) per coordinate (same shape and dtype)."""
+
+    def uniform(self, shape: Sequence[int]) -> Tensor:
+        """Float64 uniforms in [0, 1) of ``shape``."""
+
+    def randint(self, high: int, shape: Sequence[int]) -> Tensor:
+        """Int64 uniform in [0, ``high``) of ``shape``."""
+
+
+class SimulationNoise:
+    """Seeded torch randomness, for simulation and tests only (NOT for a deployed release).
+
+    Wraps :func:`~privaterec.privacy.mechanisms.laplace_noise`,
+    :func:`~privaterec.privacy.mechanisms.gaussian_noise` and ``torch.rand`` /
+    ``torch.randint`` with ``generator``, drawing exactly what those functions draw, so a
+    simulation that switches to this interface keeps its numbers. Anyone who knows the seed
+    can regenerate every draw, and the float samplers are not float-safe (Mironov 2012).
+
+    Parameters
+    ----------
+    generator:
+        The seeded ``torch.Generator``.
+    """
+
+    secure = False
+
+    def __init__(self, generator: torch.Generator) -> None:
+        if not isinstance(generator, torch.Generator):
+            raise ConfigError(f"SimulationNoise needs a torch.Generator, got "
+                              f"{type(generator).__name__}")
+        self.generator = generator
+
+    def __repr__(self) -> str:
+        return "SimulationNoise(<seeded torch.Generator>)"
+
+    def release_laplace(self, x: Tensor, *, scale: float | Tensor) -> Tensor:
+        """``x`` + ``laplace_noise(x.shape, scale=scale, generator=...)`` (float64, cast)."""
+        return x + laplace_noise(x.shape, scale=scale, generator=self.generator, dtype=x.dtype,
+                                 device=x.device)
+
+    def release_gaussian(self, x: Tensor, *, sigma: float | Tensor) -> Tensor:
+        """``x`` + ``gaussian_noise(x.shape, sigma=sigma, generator=...)``."""
+        return x + gaussian_noise(x.shape, sigma=sigma, generator=self.generator,
+                                  dtype=x.dtype, device=x.device)
+
+    def uniform(self, shape: Sequence[int]) -> Tensor:
+        """``torch.rand(shape, generator=..., dtype=float64)``."""
+        return torch.rand(_shape(shape), generator=self.generator, dtype=torch.float64)
+
+    def randint(self, high: int, shape: Sequence[int]) -> Tensor:
+        """``torch.randint(0, high, shape, generator=...)`` (int64)."""
+        return torch.randint(0, _check_high(high), _shape(shape), generator=self.generator)
+
+
+@lru_cache(maxsize=1)
+def _opendp() -> Any:
+    try:
+        import opendp.prelude as dp
+    except ImportError:  # pragma: no cover - opendp is a core dependency
+        raise ConfigError("SecureNoise needs the 'opendp' package (pip install 'opendp>=0.16')"
+                          ) from None
+    dp.enable_features("contrib")  # make_laplace / make_gaussian are in OpenDP's contrib set
+    return dp
+
+
+@lru_cache(maxsize=256)
+def _measurement(kind: str, size: int, scale: float, k: int) -> Any:
+    """OpenDP's float-safe vector Laplace (L1) or Gaussian (L2) of ``size`` coordinates."""
+    dp = _opendp()
+    domain = dp.vector_domain(dp.atom_domain(T=float, nan=False), size=size)
+    if kind == "laplace":
+        return dp.m.make_laplace(domain, dp.l1_distance(T=float), scale=scale, k=k)
+    return dp.m.make_gaussian(domain, dp.l2_distance(T=float), scale=scale, k=k)
+
+
+class SecureNoise:
+    """Randomness for deployed releases: the OS CSPRNG and float-safe samplers.
+
+    Laplace/Gaussian releases are OpenDP's ``make_laplace`` / ``make_gaussian`` on float
+    vectors (discrete noise on the public grid 2^k of :func:`grid_exponent`, CSPRNG bits);
+    uniforms are 53 random bits from :func:`secrets.token_bytes` per float; integers are
+    rejection-sampled from random bits (unbiased). Nothing is seeded: two instances, or one
+    instance after a restart, never replay a stream.
+
+    Parameters
+    ----------
+    workers:
+        Threads a long release is split over (OpenDP releases the GIL; each coordinate is an
+        independent release, so splitting changes nothing but the wall time). Default:
+        ``min(4, os.cpu_count())``.
+    """
+
+    secure = True
+
+    def __init__(self, *, workers: int | None = None) -> None:
+        if workers is None:
+            workers = max(1, min(4, os.cpu_count() or 1))
+        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+            raise ConfigError(f"invalid 'workers': got {workers!r}, expected an int >= 1")
+        self.workers = workers
+
+    def __repr__(self) -> str:
+        return f"SecureNoise(workers={self.workers})"
+
+    # -- float-safe releases ------------------------------------------------------------
+    def _release(self, kind: str, x: Tensor, scale: float, name: str) -> Tensor:
+        scale = _check_scale(scale, name)
+        if not isinstance(x, Tensor):
+            raise ConfigError(f"release_{kind} needs a Tensor, got {type(x).__name__}")
+        if scale == 0 or x.numel() == 0:
+            return x.clone()
+        values = x.detach().to(device="cpu", dtype=torch.float64).reshape(-1).numpy()
+        if not np.isfinite(values).all():
+            raise ConfigError(f"release_{kind}: the value to release has non-finite entries "
+                              f"(NaN or inf); clip it to a finite range first")
+        k = grid_exponent(scale, values.size)
+        chunks = [values] if values.size <= _CHUNK or self.workers == 1 else \
+            np.array_split(values, math.ceil(values.size / _CHUNK))
+
+        def run(chunk: np.ndarray) -> list[float]:
+            return _measurement(kind, int(chunk.size), scale, k)(chunk.tolist())
+
+        if len(chunks) == 1:
+            out = run(chunks[0])
+        else:
+            with ThreadPoolExecutor(min(self.workers, len(chunks))) as pool:
+                out = [v for part in pool.map(run, chunks) for v in part]
+        released = torch.tensor(out, dtype=torch.float64).reshape(x.shape)
+        return released.to(device=x.device, dtype=x.dtype)
+
+    def release_laplace(self, x: Tensor, *, scale: float) -> Tensor:
+        """The released value of ``x`` with Laplace(0, ``scale``) per coordinate, float-safe.
+
+        Parameters
+        ----------
+        x:
+            Any shape, finite values (clipped by the caller to its sensitivity).
+        scale:
+            b ≥ 0 (0: ``x`` returned unchanged).
+
+        Returns
+        -------
+        Tensor
+            Shape and dtype of ``x``: OpenDP's output (a multiple of 2^k,
+            k = :func:`grid_exponent` (b, x.numel())), cast to ``x.dtype`` (post-processing).
+        """
+        return self._release("laplace", x, scale, "scale")
+
+    def release_gaussian(self, x: Tensor, *, sigma: float) -> Tensor:
+        """The released value of ``x`` with N(0, ``sigma``²) per coordinate, float-safe.
+
+        Discrete Gaussian on the grid 2^k (k = :func:`grid_exponent` (σ, x.numel())),
+        which at this resolution has the continuous Gaussian's privacy up to OpenDP's
+        rounding term (Canonne, Kamath & Steinke 2020). Shapes as in
+        :meth:`release_laplace`.
+        """
+        return self._release("gaussian", x, sigma, "sigma")
+
+    # -- uniforms and integers ---------------------------------------------------------
+    def uniform(self, shape: Sequence[int]) -> Tensor:
+        """Float64 uniforms in [0, 1): j·2^−53 with j uniform on 53 CSPRNG bits."""
+        dims = _shape(shape)
+        n = math.prod(dims)
+        bits = np.frombuffer(secrets.token_bytes(8 * n), dtype=np.uint64) >> np.uint64(11)
+        return torch.from_numpy(bits.astype(np.float64) * 2.0 ** -_UNIFORM_BITS).reshape(dims)
+
+    def randint(self, high: int, shape: Sequence[int]) -> Tensor:
+        """Int64 uniform in [0, ``high``): rejection sampling of ⌈log2 high⌉-bit integers."""
+        high = _check_high(high)
+        dims = _shape(shape)
+        n = math.prod(dims)
+        mask = np.uint64((1 << max(1, (high - 1).bit_length())) - 1)
+        out = np.empty(0, dtype=np.uint64)
+        while out.size < n:  # each draw is accepted with probability > 1/2
+            need = 2 * (n - out.size) + 8
+            draws = np.frombuffer(secrets.token_bytes(8 * need), dtype=np.uint64) & mask
+            out = np.concatenate([out, draws[draws < np.uint64(high)]])
+        return torch.from_numpy(out[:n].astype(np.int64)).reshape(dims)
+
+
+def laplace_release_epsilon(*, sensitivity_l1: float, scale: float, dim: int) -> float:
+    """ε of :meth:`SecureNoise.release_laplace` per OpenDP's privacy map (rounding included).
+
+    Parameters
+    ----------
+    sensitivity_l1:
+        Δ₁ of the released vector.
+    scale, dim:
+        The release's b and number of coordinates.
+    """
+    scale = _check_scale(scale, "scale")
+    return float(_measurement("laplace", dim, scale, grid_exponent(scale, dim))
+                 .map(float(sensitivity_l1)))
+
+
+def gaussian_release_rho(*, sensitivity_l2: float, sigma: float, dim: int) -> float:
+    """ρ (zero-concentrated DP) of :meth:`SecureNoise.release_gaussian` per OpenDP's map."""
+    sigma = _check_scale(sigma, "sigma")
+    return float(_measurement("gaussian", dim, sigma, grid_exponent(sigma, dim))
+                 .map(float(sensitivity_l2)))
+
+
+__all__ = ["GRID_MARGIN_BITS", "MIN_GRID_EXPONENT", "NoiseSource", "SIMULATED_NOTE",
+           "SecureNoise", "SimulationNoise", "gaussian_release_rho", "grid_exponent",
+           "laplace_release_epsilon"]
