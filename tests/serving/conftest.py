@@ -38,6 +38,18 @@ NUM_SERVING_NEWS = 120  # news generated (the synthetic data set keeps 110 of th
 
 
 @pytest.fixture(autouse=True)
+def _device_state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Each test's devices keep their default state (ledger) in its own temporary directory.
+
+    Without ``cache_dir`` a device persists its ledger in the user's state directory
+    (``$PRIVATEREC_DEVICE_DIR``); tests must neither read nor spend from the real one.
+    """
+    path = tmp_path / "device-state"
+    monkeypatch.setenv("PRIVATEREC_DEVICE_DIR", str(path))
+    return path
+
+
+@pytest.fixture(autouse=True)
 def _one_torch_thread() -> Iterator[None]:
     """One intra-op thread (two shared cores; tiny kernels only get slower with more)."""
     threads = torch.get_num_threads()

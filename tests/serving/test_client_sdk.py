@@ -30,6 +30,7 @@ from privaterec.models.factory import build_recommender
 from privaterec.privacy.calibration import amplified_budget
 from privaterec.recall.index import ScoreSpaceIndex
 from privaterec.recall.run import RecallModelConfig
+from privaterec.privacy.samplers import SIMULATED_NOTE, SecureNoise, SimulationNoise
 from privaterec.serving.client import (ModelChangedError, PrivateRecDevice, UniFedRecDevice,
                                        VDPDevice, dpa_release, json_body)
 from privaterec.serving.schemas import request_models
@@ -54,6 +55,7 @@ class FakeServer:
         self.requests: list[tuple[str, str, bytes | None]] = []
         self.basis_size = TINY.basis_size if basis_size is None else basis_size
         self.recall = recall
+        self.bundles: dict[str, bytes] = {}  # parameters of versions other than v1
         self.schemas = request_models(basis_size=self.basis_size, dim=D,
                                       recall_basis_size=RECALL.num_basis, max_channels=3)
 
@@ -75,7 +77,7 @@ class FakeServer:
                            "parameters_url": "/v1/model/recall-parameters"}
                 if self.recall else None, "privacy_note": ""})
         if url == "/v1/model/parameters":
-            return httpx.Response(200, content=w.parameters)
+            return httpx.Response(200, content=self.bundles.get(self.version, w.parameters))
         if url == "/v1/model/recall-parameters":
             return httpx.Response(200, content=w.recall_parameters)
         version = self.served_version or self.version
@@ -121,10 +123,8 @@ class World:
                 torch.from_numpy(self.news_vectors)).numpy()
         vocab_path = tmp_path / "vocab.json"
         self.vocabs.save(vocab_path)
-        self.parameters = _bundle({
-            "config_yaml": yaml.safe_dump(RunConfig(model=TINY).to_dict()),
-            "vocab_json": vocab_path.read_text(), "state_dict": self.model.state_dict(),
-            "model_version": "v1"})
+        self.vocab_json = vocab_path.read_text()
+        self.parameters = self.parameters_of("v1")
         torch.manual_seed(1)
         self.recall_model = RECALL.build(D).eval()
         with torch.no_grad():  # sharp self-attention: distinct context vectors per click
@@ -136,6 +136,12 @@ class World:
         self.recall_index = ScoreSpaceIndex(self.recall_model.interest.values.detach(),
                                             self.news_vectors)
         self.histories = [[self.pool[i] for i in range(s, s + 7)] for s in range(0, 70, 7)]
+
+    def parameters_of(self, version: str) -> bytes:
+        """The model bundle the server sends for ``version`` (same weights)."""
+        return _bundle({"config_yaml": yaml.safe_dump(RunConfig(model=TINY).to_dict()),
+                        "vocab_json": self.vocab_json, "state_dict": self.model.state_dict(),
+                        "model_version": version})
 
     def items(self, scores: np.ndarray, k: int) -> list[dict]:
         order = np.argsort(-scores, kind="stable")[:k]
@@ -167,8 +173,14 @@ def server(world):
 
 
 def device(server, **kwargs):
-    options = dict(epsilon=1.0, generator=torch.Generator().manual_seed(0), transport=server)
+    """A PrivateRec device as on a real phone (SecureNoise), talking to the fake server."""
+    options = dict(epsilon=1.0, transport=server)
     return PrivateRecDevice(**{**options, **kwargs})
+
+
+def simulated(seed: int) -> SimulationNoise:
+    """Seeded noise for the tests that compare a device with the offline computation."""
+    return SimulationNoise(torch.Generator().manual_seed(seed))
 
 
 # ------------------------------------------------------------------- noise calibration
@@ -217,7 +229,7 @@ def test_dpa_gaussian_noise_is_the_analytic_gaussian_of_sensitivity_sqrt2(world)
 # ------------------------------------------------------------------ the device release
 def test_device_release_is_the_offline_privaterec_encoder(world, server):
     history = world.histories[2]
-    d = device(server, epsilon=2.0, padding_p=0.5, generator=torch.Generator().manual_seed(7))
+    d = device(server, epsilon=2.0, padding_p=0.5, insecure_simulation_noise=simulated(7))
     alpha, cached = d.release(history)
     assert not cached and len(alpha) == TINY.basis_size
     vectors, mask = world.history_tensors(history)
@@ -289,8 +301,7 @@ def test_cached_release_for_unchanged_history_costs_nothing(world, server):
 def test_parameters_ledger_and_cache_survive_a_restart(world, server, tmp_path):
     first = device(server, budget=1.5, cache_dir=tmp_path)
     first.recommend(world.histories[0])
-    again = device(server, budget=1.5, cache_dir=tmp_path,
-                   generator=torch.Generator().manual_seed(99))
+    again = device(server, budget=1.5, cache_dir=tmp_path)
     assert server.count("/v1/model/parameters") == 1  # the second device read its cache
     assert again.spent() == pytest.approx(1.0)
     again.recommend(world.histories[0])  # cached across the restart: free, same α̃
@@ -309,13 +320,13 @@ def test_model_swap_on_the_server_is_reported(world, server):
 
 def test_device_parameter_and_server_checks(world, server):
     with pytest.raises(TypeError):
-        PrivateRecDevice(None, 1.0, generator=torch.Generator(), transport=server)  # noqa
-    with pytest.raises(TypeError, match="generator"):
-        PrivateRecDevice(epsilon=1.0, transport=server)
+        PrivateRecDevice(None, 1.0, transport=server)  # noqa
     with pytest.raises(ConfigError, match="epsilon"):
         device(server, epsilon=0.0)
     with pytest.raises(ConfigError, match="budget_delta"):
-        device(server, mechanism="gaussian", delta=1e-5, budget=3.0)
+        device(server, mechanism="gaussian", delta=1e-5, budget=3.0, budget_delta=0.0)
+    # Without budget_delta a Gaussian device composes at the stated default δ = 1e-6.
+    assert device(server, mechanism="gaussian", delta=1e-5, budget=3.0).budget.delta == 1e-6
     with pytest.raises(ConfigError, match="basic vectors"):
         device(FakeServer(world, basis_size=0))
     d = device(server)
@@ -327,8 +338,7 @@ def test_device_parameter_and_server_checks(world, server):
 
 
 def test_vdp_device_sends_a_d_dim_embedding(world, server):
-    d = VDPDevice(epsilon=1.0, clip=0.5, generator=torch.Generator().manual_seed(0),
-                  transport=server)
+    d = VDPDevice(epsilon=1.0, clip=0.5, transport=server)
     d.recommend(world.histories[0], k=2)
     [sent] = server.posts()
     assert set(sent) == {"embedding", "k"} and len(sent["embedding"]) == D
@@ -338,7 +348,7 @@ def test_vdp_device_sends_a_d_dim_embedding(world, server):
 
 # --------------------------------------------------------------------------- Uni-FedRec
 def test_unifedrec_device_sends_channels_and_ranks_candidates_locally(world, server):
-    d = UniFedRecDevice(generator=torch.Generator().manual_seed(3), transport=server, total=20)
+    d = UniFedRecDevice(transport=server, total=20, budget=math.inf)  # quotas in the clear
     history = world.histories[4]
     top = d.recommend(history, k=6)
     [sent] = server.posts()
@@ -368,20 +378,23 @@ def test_unifedrec_device_sends_channels_and_ranks_candidates_locally(world, ser
     assert count == num_channels
     assert event.epsilon == pytest.approx(2 * 0.2 * RECALL.num_basis / 1.2)
     assert "clear_quotas" in events and d.spent() == math.inf
-    # Same query ranked with locally encoded candidate text gives the same order.
-    local = UniFedRecDevice(generator=torch.Generator().manual_seed(3), transport=server,
-                            total=20, candidate_vectors="local")
+    # Same query ranked with locally encoded candidate text gives the same order (the
+    # second device of this user re-sends the cached channels: same candidates).
+    local = UniFedRecDevice(transport=server, total=20, candidate_vectors="local",
+                            budget=math.inf)
     assert [t["news_id"] for t in local.recommend(history, k=6)] == [t["news_id"] for t in top]
     assert server.posts()[-1]["include_vectors"] is False
 
 
 def test_unifedrec_budget_needs_quota_noise_and_refuses_before_sending(world, server):
     with pytest.raises(ConfigError, match="quota_noise_scale"):
-        UniFedRecDevice(generator=torch.Generator(), transport=server, budget=50.0)
+        UniFedRecDevice(transport=server)  # the default budget is finite
+    with pytest.raises(ConfigError, match="quota_noise_scale"):
+        UniFedRecDevice(transport=server, budget=50.0)
     # Noised quotas: all M = 3 slots are released whatever C (here 2 clicks, C <= 2), each
     # channel ε = 2δB/λ_I = 2, the quotas ε = 2/λ_q = 2: 8 per query.
-    d = UniFedRecDevice(generator=torch.Generator().manual_seed(4), transport=server,
-                        quota_noise_scale=1.0, budget=12.0, composition="basic", total=10)
+    d = UniFedRecDevice(transport=server, quota_noise_scale=1.0, budget=12.0,
+                        composition="basic", total=10)
     history = world.histories[5][:2]
     d.recommend(history, k=3)
     [sent] = server.posts()
@@ -397,8 +410,7 @@ def test_unifedrec_budget_needs_quota_noise_and_refuses_before_sending(world, se
 
 def test_device_over_the_real_app_as_transport(served_app, serving_news):
     # The SDK accepts any httpx-compatible transport, e.g. S1's app through a TestClient.
-    d = PrivateRecDevice(epsilon=1.0, generator=torch.Generator().manual_seed(0),
-                         transport=served_app)
+    d = PrivateRecDevice(epsilon=1.0, transport=served_app)
     items = d.recommend(serving_news[:5], k=4)
     assert len(items) == 4 and d.basis_size == 5
     assert d.model_version == served_app.get("/v1/health").json()["model_version"]

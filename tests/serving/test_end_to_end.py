@@ -9,6 +9,7 @@ it over TCP with their default httpx transport. Fixtures ``privaterec_run``, ``s
 from __future__ import annotations
 
 import contextlib
+import math
 import threading
 import time
 from typing import Iterator
@@ -72,11 +73,11 @@ def assert_top_k(items: list[dict], scores: dict[str, float], k: int) -> None:
     assert max(others) <= min(got) + tol
 
 
-def test_private_query_over_http(service, serving_news):
+def test_private_query_over_http(service, serving_news, tmp_path):
     history = serving_news[:8]
     with uvicorn_thread(service.app) as url:
         device = PrivateRecDevice(url, epsilon=1.0, padding_p=0.5, budget=2.0,
-                                  generator=torch.Generator().manual_seed(0))
+                                  cache_dir=tmp_path / "privaterec-device")
         assert device.model_version == service.models.model_version
         items = device.recommend(history, k=5)
         sent = device.last_query["sent"]
@@ -91,7 +92,7 @@ def test_private_query_over_http(service, serving_news):
         # The server answers bad input with 4xx, surfaced as ServerError with its detail.
         with pytest.raises(ServerError, match="422"):
             device._http.post_json("/v1/recommend/privaterec", b'{"alpha": [1, 0], "k": 5}')
-        vdp = VDPDevice(url, epsilon=1.0, clip=0.5, generator=torch.Generator().manual_seed(0))
+        vdp = VDPDevice(url, epsilon=1.0, clip=0.5, cache_dir=tmp_path / "vdp-device")
         assert len(vdp.recommend(history, k=4)) == 4
         assert vdp.bytes_sent > 5 * device.bytes_sent  # d = 16 floats vs B = 5
         device.close()
@@ -110,7 +111,7 @@ def test_unifedrec_device_over_http(serving_models, recall_model, serving_news, 
     try:
         store.upsert([Article.from_record(r) for r in serving_news])
         with uvicorn_thread(create_app(store, models)) as url:
-            device = UniFedRecDevice(url, generator=torch.Generator().manual_seed(0), total=30)
+            device = UniFedRecDevice(url, total=30, budget=math.inf)  # quotas in the clear
             history = serving_news[20:30]
             top = device.recommend(history, k=8)
             sent = device.last_query["sent"]

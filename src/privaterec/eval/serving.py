@@ -28,9 +28,9 @@ from privaterec.config import SERVING_KINDS, _check, _check_choice
 from privaterec.data.features import ANONYMOUS_NEWS, NewsFeatures
 from privaterec.errors import ConfigError
 from privaterec.models.recommender import Recommender
-from privaterec.privacy.dpa import (dpa_noise, padding_mask, relu_normalize, softplus_normalize,
-                                    vdp_release)
+from privaterec.privacy.dpa import dpa_noise, relu_normalize, softplus_normalize, vdp_release
 from privaterec.privacy.ledger import PrivacyEvent
+from privaterec.privacy.samplers import NoiseSource, SimulationNoise
 
 UserEncoder = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -130,14 +130,17 @@ class DpaRelease:
 @torch.no_grad()
 def dpa_release(model: Recommender, anonymous: torch.Tensor, vectors: torch.Tensor,
                 mask: torch.Tensor, config: ServingConfig, *,
-                generator: torch.Generator) -> DpaRelease:
+                generator: torch.Generator | None = None,
+                noise: NoiseSource | None = None) -> DpaRelease:
     """PrivateRec Alg. 2 on clicked-news vectors: padding, α, DPA noise, normalisation.
 
     The device computation of one query batch, shared by the offline evaluation
     (:func:`private_user_encoder`, whose output is ``basis.reconstruct(released)``) and the
     device SDK (:class:`privaterec.serving.device.PrivateRecDevice`): the same random draws
     in the same order (padding first, then the noise), so both agree exactly for the same
-    generator state.
+    source state. A device passes ``noise=SecureNoise()`` (OS CSPRNG, float-safe release of
+    α + n); the offline evaluation passes its seeded ``generator`` (equivalent to
+    ``noise=SimulationNoise(generator)``, :mod:`privaterec.privacy.samplers`).
 
     Parameters
     ----------
@@ -153,7 +156,10 @@ def dpa_release(model: Recommender, anonymous: torch.Tensor, vectors: torch.Tens
         ``ServingConfig(kind="privaterec", epsilon=ε_s, delta, padding_p, mechanism,
         normalization)``; its sensitivity mode must be ``"true"`` on a device.
     generator:
-        The device's randomness (padding first, then the noise).
+        Seeded randomness of a simulation (padding first, then the noise).
+    noise:
+        A :class:`~privaterec.privacy.samplers.NoiseSource` instead of ``generator``
+        (exactly one of the two).
 
     Returns
     -------
@@ -162,7 +168,8 @@ def dpa_release(model: Recommender, anonymous: torch.Tensor, vectors: torch.Tens
     Raises
     ------
     ConfigError
-        The model has no basic vectors, or ``config`` is not a ``privaterec`` configuration.
+        The model has no basic vectors, ``config`` is not a ``privaterec`` configuration, or
+        not exactly one of ``generator`` / ``noise`` was given.
     """
     if config.kind != "privaterec":
         raise ConfigError(f"dpa_release needs ServingConfig(kind='privaterec'), got "
@@ -170,18 +177,41 @@ def dpa_release(model: Recommender, anonymous: torch.Tensor, vectors: torch.Tens
     basis = model.basis
     if basis is None:
         raise ConfigError("this model has no basic vectors; train with --method privaterec")
+    source = noise_source(generator, noise)
     p = config.effective_padding
-    pad = padding_mask(mask, padding_p=p, generator=generator)  # draws nothing when p = 0
+    # Alg. 2 lines 2-5 (as padding_mask: one float64 uniform per position; none when p = 0).
+    pad = (source.uniform(mask.shape) < p) & mask if p > 0 else torch.zeros_like(mask)
     if p > 0:
         vectors = torch.where(pad[..., None], anonymous.expand_as(vectors), vectors)
     alpha = basis.attention(model.interest(vectors, mask))
-    noise, event = dpa_noise(tuple(alpha.shape), epsilon=config.epsilon, delta=config.delta,
-                             padding_p=p, mechanism=config.mechanism,  # type: ignore[arg-type]
-                             sensitivity=config.sensitivity_mode,  # type: ignore[arg-type]
-                             generator=generator, phase="serve", dtype=alpha.dtype)
+    _, event = dpa_noise(tuple(alpha.shape), epsilon=config.epsilon, delta=config.delta,
+                         padding_p=p, mechanism=config.mechanism,  # type: ignore[arg-type]
+                         sensitivity=config.sensitivity_mode,  # type: ignore[arg-type]
+                         generator=torch.Generator(), phase="serve", dtype=alpha.dtype,
+                         draw_noise=False)
+    if config.epsilon == math.inf:
+        return DpaRelease(alpha=alpha, noise=torch.zeros_like(alpha), released=alpha,
+                          padded=pad, event=event)
+    if config.mechanism == "laplace":
+        noisy = source.release_laplace(alpha, scale=event.noise_scale)
+    else:
+        noisy = source.release_gaussian(alpha, sigma=event.noise_scale)
     normalize = softplus_normalize if config.normalization == "softplus" else relu_normalize
-    released = normalize(alpha + noise) if config.epsilon < math.inf else alpha
-    return DpaRelease(alpha=alpha, noise=noise, released=released, padded=pad, event=event)
+    return DpaRelease(alpha=alpha, noise=noisy - alpha, released=normalize(noisy), padded=pad,
+                      event=event)
+
+
+def noise_source(generator: torch.Generator | None, noise: NoiseSource | None) -> NoiseSource:
+    """``noise``, or ``SimulationNoise(generator)``: exactly one of the two must be given."""
+    if (generator is None) == (noise is None):
+        raise ConfigError("pass exactly one randomness source: noise=SecureNoise() on a device, "
+                          "or generator=<seeded torch.Generator> in a simulation")
+    if noise is not None:
+        if not isinstance(noise, NoiseSource):
+            raise ConfigError(f"'noise' must be a NoiseSource (SecureNoise() or "
+                              f"SimulationNoise(generator)), got {type(noise).__name__}")
+        return noise
+    return SimulationNoise(generator)  # type: ignore[arg-type]
 
 
 def private_user_encoder(model: Recommender, features: NewsFeatures, config: ServingConfig, *,
@@ -228,5 +258,5 @@ def private_user_encoder(model: Recommender, features: NewsFeatures, config: Ser
     return privaterec
 
 
-__all__ = ["SERVING_KINDS", "DpaRelease", "ServingConfig", "dpa_release", "private_user_encoder",
-           "serving_event"]
+__all__ = ["SERVING_KINDS", "DpaRelease", "ServingConfig", "dpa_release", "noise_source",
+           "private_user_encoder", "serving_event"]

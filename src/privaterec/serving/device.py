@@ -13,13 +13,37 @@ query releases only a privatised summary of the (truncated) history:
 
 Every release is charged to the device's :class:`~privaterec.serving.budget.DeviceBudget`
 before it is sent (raising :class:`~privaterec.errors.PrivacyBudgetExceeded` instead when it
-would exceed the cap); an unchanged history re-sends its cached release at no cost. A release
-is recorded before it is sent, so a failed request can be retried with it at no cost.
+would exceed the cap or the re-release limit); an unchanged history re-sends its cached
+release at no cost. A release is recorded before it is sent, so a failed request can be
+retried with it at no cost.
+
+Randomness (issue 13, hole 1): a device draws every random bit — padding, noise — from
+:class:`~privaterec.privacy.samplers.SecureNoise` (the OS CSPRNG; float-safe OpenDP Laplace /
+Gaussian releases). There is no seed to pass, so no server can replay the stream. A seeded
+source is accepted only through the keyword ``insecure_simulation_noise=SimulationNoise(g)``,
+for simulations and tests; such a device logs a warning and every event it records carries
+:data:`~privaterec.privacy.samplers.SIMULATED_NOTE`.
+
+Budget (hole 6): by default a device may release ε = 10 in total
+(:data:`~privaterec.serving.budget.DEFAULT_DEVICE_BUDGET`), keeps its ledger in ``cache_dir``
+or, without one, in :func:`~privaterec.serving.budget.default_state_dir` (per OS user,
+persistent), locks it for every spend, and releases one history at most twice a day however
+often the server changes its model (``max_fresh_releases``, ``release_window``).
+
+Timing: a query whose history is unchanged re-sends its cached release without running the
+model or drawing noise, so it is faster (the device-side work of a fresh PrivateRec release is
+measured in ``benchmarks/device_noise_cost.py``). A server that times requests can tell a
+cache hit — but the cached payload is byte-identical to the previous one, so the server
+learns the same fact (this history did not change under this model) from the payload itself;
+timing adds nothing beyond it, and it is not padded. That fact is outside the DP guarantee:
+to hide it, use a new history or ``max_fresh_releases`` to bound how often it can be probed.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
+import logging
 import math
 from pathlib import Path
 from typing import Any, Mapping, Self, Sequence
@@ -30,9 +54,15 @@ from torch import Tensor
 from privaterec.data.records import NewsRecord
 from privaterec.errors import CheckpointError, ConfigError
 from privaterec.eval.serving import ServingConfig, dpa_release, serving_event
-from privaterec.privacy.dpa import vdp_release
 from privaterec.privacy.ledger import Composition, PrivacyEvent, PrivacyLedger
-from privaterec.serving.budget import STATE_FILE, DeviceBudget, release_key
+from privaterec.privacy.mechanisms import clip_elementwise, clip_l1, clip_l2
+from privaterec.privacy.samplers import (SIMULATED_NOTE, NoiseSource, SecureNoise,
+                                         SimulationNoise)
+from privaterec.recall.interest import query_events
+from privaterec.serving.budget import (DEFAULT_DEVICE_BUDGET, DEFAULT_GAUSSIAN_DELTA,
+                                       DEFAULT_MAX_FRESH_RELEASES, DEFAULT_RELEASE_WINDOW,
+                                       STATE_FILE, DeviceBudget, Events, default_state_dir,
+                                       history_digest, release_key)
 from privaterec.serving.download import (DeviceModel, RecallBuilder, build_recall_model,
                                          download_model, download_recall_model)
 from privaterec.serving.transport import (HttpSession, ModelChangedError, ServerError,
@@ -40,6 +70,8 @@ from privaterec.serving.transport import (HttpSession, ModelChangedError, Server
 
 MAX_K = 1000
 """Largest ``k`` (and Uni-FedRec ``total``) the server accepts (serving spec)."""
+
+_log = logging.getLogger(__name__)
 
 
 def _check_history(history: Sequence[NewsRecord]) -> list[NewsRecord]:
@@ -67,6 +99,26 @@ def _check_gaussian_budget(mechanism: str, budget: float, budget_delta: float) -
                           "'budget_delta' > 0 (the target delta of the composed releases)")
 
 
+def _budget_delta(budget_delta: float | None, mechanism: str) -> float:
+    """``budget_delta``, or its default: 0 (pure DP, exact Σε) or 1e-6 for Gaussian devices."""
+    if budget_delta is not None:
+        return budget_delta
+    return DEFAULT_GAUSSIAN_DELTA if mechanism == "gaussian" else 0.0
+
+
+def _noise_source(insecure_simulation_noise: SimulationNoise | None) -> NoiseSource:
+    if insecure_simulation_noise is None:
+        return SecureNoise()
+    if not isinstance(insecure_simulation_noise, SimulationNoise):
+        raise ConfigError(f"'insecure_simulation_noise' takes SimulationNoise(generator) for a "
+                          f"simulation or a test, got "
+                          f"{type(insecure_simulation_noise).__name__}; a real device needs "
+                          f"no randomness argument (it uses SecureNoise, the OS CSPRNG)")
+    _log.warning("device built with insecure_simulation_noise: its releases use seeded noise "
+                 "that anyone with the seed can regenerate; for simulations and tests only")
+    return insecure_simulation_noise
+
+
 class _Device:
     """Shared machinery of the devices: transport, downloaded model, budget, release cache.
 
@@ -81,20 +133,36 @@ class _Device:
     _cache_field = ""
 
     def __init__(self, base_url: str | None, *, budget: float, budget_delta: float,
-                 composition: Composition, generator: torch.Generator,
-                 cache_dir: str | Path | None, transport: Transport | None,
-                 timeout: float) -> None:
-        if not isinstance(generator, torch.Generator):
-            raise ConfigError("pass generator=torch.Generator() (seeded for reproducible "
-                              "releases): every random draw of the device goes through it")
-        self.generator = generator
+                 composition: Composition, cache_dir: str | Path | None,
+                 transport: Transport | None, timeout: float,
+                 max_fresh_releases: int | None, release_window: float,
+                 insecure_simulation_noise: SimulationNoise | None) -> None:
+        self.noise = _noise_source(insecure_simulation_noise)
         self.cache_dir = None if cache_dir is None else Path(cache_dir)
+        state_dir = self.cache_dir if self.cache_dir is not None else default_state_dir()
         self._http = HttpSession(base_url, transport, timeout)
         self.budget = DeviceBudget(cap=budget, delta=budget_delta, composition=composition,
-                                   path=None if self.cache_dir is None
-                                   else self.cache_dir / STATE_FILE)
+                                   path=state_dir / STATE_FILE,
+                                   max_fresh_releases=max_fresh_releases,
+                                   release_window=release_window)
         self.last_query: dict[str, Any] | None = None
         self.refresh()
+
+    @property
+    def simulated(self) -> bool:
+        """Whether this device runs on seeded :class:`SimulationNoise` (not for deployment)."""
+        return not self.noise.secure
+
+    def _charge(self, events: Events, history: str) -> None:
+        """Spend ``events`` for a fresh release of ``history`` (raises before anything is sent).
+
+        A simulated device's events carry :data:`SIMULATED_NOTE`.
+        """
+        if self.simulated:
+            events = [(dataclasses.replace(e, note=f"{e.note}; {SIMULATED_NOTE}"
+                                           if e.note else SIMULATED_NOTE), c)
+                      for e, c in events]
+        self.budget.spend(events, history=history)
 
     # -- model -----------------------------------------------------------------------
     def refresh(self) -> None:
@@ -148,7 +216,7 @@ class _Device:
     def _params(self) -> dict[str, Any]:
         raise NotImplementedError
 
-    def _new_release(self, history: Sequence[NewsRecord]) -> Any:
+    def _new_release(self, history: Sequence[NewsRecord], digest: str) -> Any:
         raise NotImplementedError
 
     def release(self, history: Sequence[NewsRecord]) -> tuple[Any, bool]:
@@ -157,15 +225,20 @@ class _Device:
         The value is the vector (``list[float]``) of a ranking device, or Uni-FedRec's
         channels ``[{"weights": [B_r floats], "quota": float}]``. Spends the budget (or
         raises :class:`PrivacyBudgetExceeded` before anything is sent) unless the same
-        truncated history was released before under the same model and parameters.
+        truncated history was released before under the same model and parameters. A fresh
+        release of a history already released ``max_fresh_releases`` times within
+        ``release_window`` raises :class:`~privaterec.serving.budget.ReleaseLimitExceeded`.
         """
         items = _check_history(history)
         kept = items[-self._model.config.model.history_len:]
-        key = release_key(self.kind, self.model_version, self._params(), kept)
+        params = self._params()
+        if self.simulated:  # never re-send a simulated release from a real device's cache
+            params = {**params, "noise": "simulation"}
+        key = release_key(self.kind, self.model_version, params, kept)
         entry = self.budget.cached(key)
         if entry is not None:
             return copy.deepcopy(entry[self._cache_field]), True
-        value = self._new_release(kept)
+        value = self._new_release(kept, history_digest(kept))
         self.budget.cache(key, {self._cache_field: value, "model_version": self.model_version})
         return value, False
 
@@ -189,14 +262,18 @@ class _RankingDevice(_Device):
     _cache_field = "values"
 
     def __init__(self, base_url: str | None, config: ServingConfig, *, budget: float,
-                 budget_delta: float, composition: Composition, generator: torch.Generator,
-                 cache_dir: str | Path | None, transport: Transport | None,
-                 timeout: float) -> None:
+                 budget_delta: float | None, composition: Composition,
+                 cache_dir: str | Path | None, transport: Transport | None, timeout: float,
+                 max_fresh_releases: int | None, release_window: float,
+                 insecure_simulation_noise: SimulationNoise | None) -> None:
         self.config = config
+        budget_delta = _budget_delta(budget_delta, config.mechanism)
         _check_gaussian_budget(config.mechanism, budget, budget_delta)
         super().__init__(base_url, budget=budget, budget_delta=budget_delta,
-                         composition=composition, generator=generator, cache_dir=cache_dir,
-                         transport=transport, timeout=timeout)
+                         composition=composition, cache_dir=cache_dir, transport=transport,
+                         timeout=timeout, max_fresh_releases=max_fresh_releases,
+                         release_window=release_window,
+                         insecure_simulation_noise=insecure_simulation_noise)
 
     def _event(self) -> PrivacyEvent:
         raise NotImplementedError
@@ -204,8 +281,8 @@ class _RankingDevice(_Device):
     def _draw(self, history: Sequence[NewsRecord]) -> Tensor:
         raise NotImplementedError
 
-    def _new_release(self, history: Sequence[NewsRecord]) -> list[float]:
-        self.budget.spend([(self._event(), 1)])  # raises before anything is drawn or sent
+    def _new_release(self, history: Sequence[NewsRecord], digest: str) -> list[float]:
+        self._charge([(self._event(), 1)], digest)  # raises before anything is drawn or sent
         return json_floats(self._draw(history).reshape(-1).tolist())
 
     def recommend(self, history: Sequence[NewsRecord], k: int = 10) -> list[dict[str, Any]]:
@@ -265,17 +342,25 @@ class PrivateRecDevice(_RankingDevice):
     normalization:
         ``"softplus"`` (Alg. 2 line 10) or ``"relu"`` (post-processing either way).
     budget, budget_delta, composition:
-        Cap on the device's total ε at target δ (:class:`DeviceBudget`); a Gaussian device
-        with a finite budget needs ``budget_delta`` > 0.
-    generator:
-        The device's randomness (padding and noise).
+        Cap on the device's total ε at target δ (:class:`DeviceBudget`; default ε = 10,
+        δ = 0 for Laplace and 1e-6 for Gaussian; ``math.inf``: record only).
     cache_dir:
         Keeps the downloaded parameters, the ledger and the release cache across restarts
-        (one ledger per ``cache_dir``: use one directory per user).
+        (one ledger per ``cache_dir``: use one directory per user). Default: the ledger in
+        :func:`~privaterec.serving.budget.default_state_dir` (``$PRIVATEREC_DEVICE_DIR``,
+        else ``~/.local/state/privaterec/device``), parameters not cached.
     transport:
         An httpx-compatible client (default: ``httpx.Client(base_url)``).
     timeout:
         Seconds per request of the default transport.
+    max_fresh_releases, release_window:
+        At most this many fresh releases of one history per window (seconds; default 2 per
+        day), whatever the server's ``model_version``.
+    insecure_simulation_noise:
+        SIMULATION AND TESTS ONLY: a seeded :class:`~privaterec.privacy.samplers.SimulationNoise`
+        instead of the OS CSPRNG. Its releases can be regenerated by whoever knows the seed;
+        the device logs a warning and marks its ledger events as simulated. Never set it on
+        a real device.
 
     Raises
     ------
@@ -289,16 +374,20 @@ class PrivateRecDevice(_RankingDevice):
 
     def __init__(self, base_url: str | None = None, *, epsilon: float, delta: float = 0.0,
                  padding_p: float = 0.5, mechanism: str = "laplace",
-                 normalization: str = "softplus", budget: float = math.inf,
-                 budget_delta: float = 0.0, composition: Composition = "pld",
-                 generator: torch.Generator, cache_dir: str | Path | None = None,
-                 transport: Transport | None = None, timeout: float = 30.0) -> None:
+                 normalization: str = "softplus", budget: float = DEFAULT_DEVICE_BUDGET,
+                 budget_delta: float | None = None, composition: Composition = "pld",
+                 cache_dir: str | Path | None = None, transport: Transport | None = None,
+                 timeout: float = 30.0,
+                 max_fresh_releases: int | None = DEFAULT_MAX_FRESH_RELEASES,
+                 release_window: float = DEFAULT_RELEASE_WINDOW,
+                 insecure_simulation_noise: SimulationNoise | None = None) -> None:
         super().__init__(base_url, ServingConfig(kind="privaterec", epsilon=epsilon, delta=delta,
                                                  padding_p=padding_p, mechanism=mechanism,
                                                  normalization=normalization),
                          budget=budget, budget_delta=budget_delta, composition=composition,
-                         generator=generator, cache_dir=cache_dir, transport=transport,
-                         timeout=timeout)
+                         cache_dir=cache_dir, transport=transport, timeout=timeout,
+                         max_fresh_releases=max_fresh_releases, release_window=release_window,
+                         insecure_simulation_noise=insecure_simulation_noise)
 
     def _check_info(self, info: Mapping[str, Any]) -> None:
         if not info.get("basis_size"):
@@ -322,8 +411,7 @@ class PrivateRecDevice(_RankingDevice):
     def _draw(self, history: Sequence[NewsRecord]) -> Tensor:
         """α̃ ``Tensor[B]`` of the history (Alg. 2)."""
         vectors, mask, r0 = self._model.history_tensors(history)
-        out = dpa_release(self._model.model, r0, vectors, mask, self.config,
-                          generator=self.generator)
+        out = dpa_release(self._model.model, r0, vectors, mask, self.config, noise=self.noise)
         return out.released[0]
 
 
@@ -340,15 +428,19 @@ class VDPDevice(_RankingDevice):
     field = "embedding"
 
     def __init__(self, base_url: str | None = None, *, epsilon: float, delta: float = 0.0,
-                 clip: float = 0.001, mechanism: str = "laplace", budget: float = math.inf,
-                 budget_delta: float = 0.0, composition: Composition = "pld",
-                 generator: torch.Generator, cache_dir: str | Path | None = None,
-                 transport: Transport | None = None, timeout: float = 30.0) -> None:
+                 clip: float = 0.001, mechanism: str = "laplace",
+                 budget: float = DEFAULT_DEVICE_BUDGET, budget_delta: float | None = None,
+                 composition: Composition = "pld", cache_dir: str | Path | None = None,
+                 transport: Transport | None = None, timeout: float = 30.0,
+                 max_fresh_releases: int | None = DEFAULT_MAX_FRESH_RELEASES,
+                 release_window: float = DEFAULT_RELEASE_WINDOW,
+                 insecure_simulation_noise: SimulationNoise | None = None) -> None:
         super().__init__(base_url, ServingConfig(kind="vdp", epsilon=epsilon, delta=delta,
                                                  vdp_clip=clip, mechanism=mechanism),
                          budget=budget, budget_delta=budget_delta, composition=composition,
-                         generator=generator, cache_dir=cache_dir, transport=transport,
-                         timeout=timeout)
+                         cache_dir=cache_dir, transport=transport, timeout=timeout,
+                         max_fresh_releases=max_fresh_releases, release_window=release_window,
+                         insecure_simulation_noise=insecure_simulation_noise)
 
     def _params(self) -> dict[str, Any]:
         c = self.config
@@ -360,14 +452,73 @@ class VDPDevice(_RankingDevice):
 
     @torch.no_grad()
     def _draw(self, history: Sequence[NewsRecord]) -> Tensor:
-        """The clipped, noised user vector ``Tensor[d]`` (§3.2.1)."""
+        """The clipped, noised user vector ``Tensor[d]`` (§3.2.1, as ``vdp_release``).
+
+        L1 clip to θ + Laplace(2θ/ε), or L2 clip to θ + the analytic Gaussian of Δ₂ = 2θ
+        (the event's noise scale), released by the device's noise source.
+        """
         vectors, mask, _ = self._model.history_tensors(history)
         c = self.config
-        released, _ = vdp_release(self._model.model.encode_user(vectors, mask), clip=c.vdp_clip,
-                                  epsilon=c.epsilon, delta=c.delta,
-                                  mechanism=c.mechanism,  # type: ignore[arg-type]
-                                  generator=self.generator, phase="serve")
+        user = self._model.model.encode_user(vectors, mask)
+        scale = self._event().noise_scale
+        if c.mechanism == "laplace":
+            released = self.noise.release_laplace(clip_l1(user, c.vdp_clip), scale=scale)
+        else:
+            released = self.noise.release_gaussian(clip_l2(user, c.vdp_clip), sigma=scale)
         return released[0]
+
+
+@torch.no_grad()
+def recall_release(recall: Any, vectors: Tensor, mask: Tensor, noise: NoiseSource, *,
+                   quota_noise_scale: float | None) -> tuple[Tensor, Tensor, Tensor, Events]:
+    """One user's Uni-FedRec recall upload (§3.4) with the device's noise source.
+
+    The computation of :meth:`privaterec.recall.model.UniFedRecRecall.query` for one user
+    (same draws in the same order: channel scores, then quotas), with every release going
+    through ``noise`` (:class:`SecureNoise` on a device): channels and their quotas from the
+    clustering of the history, decomposition scores clipped to ±δ plus Laplace(λ_I) (Eq. 2),
+    αᵢ = softmax (Eq. 3); quotas in the clear, or (``quota_noise_scale``) every one of the M
+    slots with Laplace(λ_q)-noised quotas projected back to the simplex.
+
+    Parameters
+    ----------
+    recall:
+        The downloaded ``UniFedRecRecall`` (with ``clip`` set).
+    vectors, mask:
+        ``[1, H, d]`` clicked-news vectors and ``[1, H]`` mask.
+    noise:
+        The randomness.
+    quota_noise_scale:
+        λ_q, or ``None`` for quotas in the clear.
+
+    Returns
+    -------
+    ``(alpha [M, B], quotas [M], released BoolTensor[M], events)``.
+    """
+    if not recall.use_bie or recall.clip is None:
+        raise ConfigError("this recall model has no protected query (no basic interest "
+                          "embeddings, or clip=None)")
+    batch = recall.channels(vectors, mask)
+    r = recall.interests(recall.context(vectors, mask), batch.channel_ids)
+    valid = batch.valid
+    scores = recall.interest.decompose(r)
+    scores = torch.where(valid.unsqueeze(-1), scores, torch.zeros_like(scores))
+    alpha = recall.weights(noise.release_laplace(clip_elementwise(scores, recall.clip),
+                                                 scale=float(recall.noise_scale)))
+    quotas = batch.quotas
+    if quota_noise_scale is None:
+        released = valid
+    else:  # as perturb_quotas: clamp at 0, renormalise (uniform if nothing is left)
+        clamped = noise.release_laplace(quotas, scale=quota_noise_scale).clamp_min(0.0)
+        total = clamped.sum(dim=-1, keepdim=True)
+        quotas = torch.where(total > 0, clamped / total.clamp_min(torch.finfo(total.dtype).tiny),
+                             torch.full_like(clamped, 1.0 / quotas.shape[-1]))
+        released = torch.ones_like(valid)
+    count = int(released[0].sum())
+    events = query_events(count, num_basis=recall.num_basis, clip=recall.clip,
+                          noise_scale=float(recall.noise_scale),
+                          quota_noise_scale=quota_noise_scale, num_quota_slots=count)
+    return alpha[0], quotas[0], released[0], events
 
 
 class UniFedRecDevice(_Device):
@@ -388,16 +539,18 @@ class UniFedRecDevice(_Device):
 
     Parameters
     ----------
-    base_url, transport, timeout, cache_dir:
+    base_url, transport, timeout, cache_dir, max_fresh_releases, release_window:
         As in :class:`PrivateRecDevice`.
-    generator:
-        The device's randomness (channel noise, then quota noise).
+    insecure_simulation_noise:
+        As in :class:`PrivateRecDevice` (simulation only; channel noise, then quota noise).
     noise_scale:
         λ_I override (default: the served recall model's); larger is more private.
     quota_noise_scale:
         λ_q > 0 to noise the quotas (default ``None``: in the clear, as in the paper).
     budget, budget_delta, composition:
-        As in :class:`PrivateRecDevice`.
+        As in :class:`PrivateRecDevice` (default ε = 10, δ = 0). The paper's quotas in the
+        clear are not DP, so the default budget needs ``quota_noise_scale``; pass
+        ``budget=math.inf`` to send them in the clear with no guarantee.
     total:
         Candidates to recall per query (R, 1..1000).
     candidate_vectors:
@@ -416,13 +569,16 @@ class UniFedRecDevice(_Device):
     endpoint = "/v1/recall/unifedrec"
     _cache_field = "channels"
 
-    def __init__(self, base_url: str | None = None, *, generator: torch.Generator,
-                 noise_scale: float | None = None, quota_noise_scale: float | None = None,
-                 budget: float = math.inf, budget_delta: float = 0.0,
+    def __init__(self, base_url: str | None = None, *, noise_scale: float | None = None,
+                 quota_noise_scale: float | None = None,
+                 budget: float = DEFAULT_DEVICE_BUDGET, budget_delta: float | None = None,
                  composition: Composition = "pld", total: int = 100,
                  candidate_vectors: str = "server", cache_dir: str | Path | None = None,
                  transport: Transport | None = None, timeout: float = 30.0,
-                 recall_builder: RecallBuilder | None = None) -> None:
+                 recall_builder: RecallBuilder | None = None,
+                 max_fresh_releases: int | None = DEFAULT_MAX_FRESH_RELEASES,
+                 release_window: float = DEFAULT_RELEASE_WINDOW,
+                 insecure_simulation_noise: SimulationNoise | None = None) -> None:
         if noise_scale is not None and not (isinstance(noise_scale, (int, float))
                                             and 0 < noise_scale < math.inf):
             raise ConfigError(f"invalid privacy parameter 'noise_scale' (lambda_I): got "
@@ -433,8 +589,9 @@ class UniFedRecDevice(_Device):
                               f"{quota_noise_scale!r}, expected a finite number > 0 or None")
         if math.isfinite(budget) and quota_noise_scale is None:
             raise ConfigError("quotas sent in the clear (Uni-FedRec Eq. 4) have no DP "
-                              "guarantee, so no finite 'budget' can hold: pass "
-                              "quota_noise_scale=... (e.g. 1.0) or budget=math.inf")
+                              "guarantee, so no finite 'budget' (default 10) can hold: pass "
+                              "quota_noise_scale=... (e.g. 1.0), or budget=math.inf to send "
+                              "them in the clear with no guarantee")
         if candidate_vectors not in ("server", "local"):
             raise ConfigError(f"invalid 'candidate_vectors': got {candidate_vectors!r}, "
                               f"expected 'server' or 'local'")
@@ -443,9 +600,12 @@ class UniFedRecDevice(_Device):
         self.total = _check_count(total, "total", MAX_K)
         self.candidate_vectors = candidate_vectors
         self.recall_builder = recall_builder or build_recall_model
-        super().__init__(base_url, budget=budget, budget_delta=budget_delta,
-                         composition=composition, generator=generator, cache_dir=cache_dir,
-                         transport=transport, timeout=timeout)
+        super().__init__(base_url, budget=budget,
+                         budget_delta=0.0 if budget_delta is None else budget_delta,
+                         composition=composition, cache_dir=cache_dir, transport=transport,
+                         timeout=timeout, max_fresh_releases=max_fresh_releases,
+                         release_window=release_window,
+                         insecure_simulation_noise=insecure_simulation_noise)
 
     def _check_info(self, info: Mapping[str, Any]) -> None:
         if not info.get("recall"):
@@ -470,17 +630,15 @@ class UniFedRecDevice(_Device):
         return {"clip": r.clip, "noise_scale": r.noise_scale,
                 "quota_noise_scale": self.quota_noise_scale}
 
-    def _new_release(self, history: Sequence[NewsRecord]) -> list[dict[str, Any]]:
+    def _new_release(self, history: Sequence[NewsRecord],
+                     digest: str) -> list[dict[str, Any]]:
         """The channels of ``history`` [C ≤ M] after spending C channel events + the quota's."""
         vectors, mask, _ = self._model.history_tensors(history)
-        noisy = self.quota_noise_scale is not None
-        query = self.recall.query(vectors, mask, generator=self.generator,
-                                  quota_noise_scale=self.quota_noise_scale,
-                                  quota_generator=self.generator if noisy else None)
-        self.budget.spend(query.events[0])  # raises before anything is sent
-        released = query.released[0]
-        return [{"weights": json_floats(query.alpha[0, i].tolist()),
-                 "quota": json_floats([float(query.quotas[0, i])])[0]}
+        alpha, quotas, released, events = recall_release(
+            self.recall, vectors, mask, self.noise, quota_noise_scale=self.quota_noise_scale)
+        self._charge(events, digest)  # raises before anything is sent
+        return [{"weights": json_floats(alpha[i].tolist()),
+                 "quota": json_floats([float(quotas[i])])[0]}
                 for i in range(released.shape[0]) if bool(released[i])]
 
     @torch.no_grad()
@@ -539,4 +697,4 @@ class UniFedRecDevice(_Device):
                  "channel": candidates[i].get("channel")} for i in order]
 
 
-__all__ = ["MAX_K", "PrivateRecDevice", "UniFedRecDevice", "VDPDevice"]
+__all__ = ["MAX_K", "PrivateRecDevice", "UniFedRecDevice", "VDPDevice", "recall_release"]

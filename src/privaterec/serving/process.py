@@ -3,7 +3,8 @@
 :class:`ServerProcess` starts the server in a subprocess and waits for ``GET /v1/health``;
 :func:`demo_query` starts one, makes one private PrivateRec query through a
 :class:`~privaterec.serving.device.PrivateRecDevice` (α̃ [B] and k are all that is sent) and
-stops it; :func:`free_port` picks a loopback port.
+stops it; :func:`free_port` picks a loopback port. The demo's device is set up as a real one:
+its noise comes from the OS CSPRNG (no seed), so the α̃ it prints differs from run to run.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import httpx
-import torch
 
 from privaterec.data.records import NewsRecord
 from privaterec.serving.device import PrivateRecDevice
@@ -151,8 +151,9 @@ def _demo_history(news: str | Path, size: int) -> list[NewsRecord]:
 
 def demo_query(run_dir: str | Path, news: str | Path, *, epsilon: float,
                padding_p: float = 0.5, k: int = 10, history: Sequence[NewsRecord] | None = None,
-               history_size: int = 10, seed: int = 0, store: str | Path | None = None,
-               host: str = "127.0.0.1", port: int | None = None) -> dict[str, Any]:
+               history_size: int = 10, store: str | Path | None = None,
+               host: str = "127.0.0.1", port: int | None = None,
+               device_dir: str | Path | None = None) -> dict[str, Any]:
     """Start ``privaterec serve`` on loopback, make one private PrivateRec query, stop it.
 
     Parameters
@@ -167,10 +168,12 @@ def demo_query(run_dir: str | Path, news: str | Path, *, epsilon: float,
         The user's read news (default: the first user history found in ``news``).
     history_size:
         Length of the default history.
-    seed:
-        Seed of the device's generator.
     store, host, port:
         Passed to :class:`ServerProcess`.
+    device_dir:
+        The demo device's ``cache_dir`` (ledger, release cache, parameters). Default: a
+        temporary directory, deleted afterwards — the demo plays a new user each run and
+        never spends from the budget kept in your own device state directory.
 
     Returns
     -------
@@ -178,9 +181,13 @@ def demo_query(run_dir: str | Path, news: str | Path, *, epsilon: float,
     "k"}, "bytes_sent", "basis_size", "epsilon_spent", "received": [items]}``.
     """
     records = list(history) if history is not None else _demo_history(news, history_size)
-    with ServerProcess(run_dir, news, host=host, port=port, store=store) as server:
+    with tempfile.TemporaryDirectory(prefix="privaterec-demo-device-") as tmp, \
+            ServerProcess(run_dir, news, host=host, port=port, store=store) as server:
+        # Set up as on a real device: the default randomness (SecureNoise, the OS CSPRNG),
+        # the default finite budget, a persistent ledger in the device's directory.
         with PrivateRecDevice(server.url, epsilon=epsilon, padding_p=padding_p,
-                              generator=torch.Generator().manual_seed(seed)) as device:
+                              cache_dir=device_dir if device_dir is not None else tmp
+                              ) as device:
             items = device.recommend(records, k=k)
             assert device.last_query is not None
             return {"url": server.url, "model_version": device.model_version,
