@@ -167,3 +167,102 @@ def test_train_flags_set_the_plm_depth_and_learning_rate():
     defaults = run_config_from_args(build_parser().parse_args(["train", "--data", "d",
                                                                "--out", "o"]))
     assert defaults.model.plm_trainable_layers == 1 and defaults.train.plm_lr == 3e-5
+
+
+# --- issue 17: what a new user meets --------------------------------------------------------
+@pytest.mark.parametrize("argv", [
+    ["train", "--data", "d", "--method", "privaterec", "--basis", "0", "--out", "o"],
+    ["train", "--data", "d", "--method", "privaterec", "--basis", "1", "--out", "o"],
+    ["train", "--data", "d", "--method", "privaterec", "--basis", "-1", "--out", "o"],
+    ["privacy", "calibrate", "--mechanism", "dpa", "--epsilon", "1", "--basis", "1"],
+])
+def test_basis_below_two_is_refused_everywhere_with_one_rule(argv, capsys):
+    # bug 1: --basis 0 silently trained with B = 5, --basis 1 was accepted
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "--basis" in err and "integer >= 2" in err and "default, 5" in err
+
+
+def test_basis_rule_in_the_configuration():
+    from privaterec.config import ModelConfig
+    from privaterec.errors import ConfigError
+
+    assert ModelConfig(basis_size=0).basis_size == 0  # unset: privaterec uses 5
+    assert ModelConfig(basis_size=2).basis_size == 2
+    with pytest.raises(ConfigError, match="basis_size.*integer >= 2"):
+        ModelConfig(basis_size=1)
+
+
+def test_failed_train_creates_nothing_and_refusals_name_the_keys(synth_dir, tmp_path, capsys):
+    # bug 2: a train that failed on a missing --data left config.yaml behind
+    run = tmp_path / "r"
+    assert main(["train", "--data", str(tmp_path / "missing"), "--method", "popularity",
+                 "--out", str(run), "--no-progress"]) == 2
+    assert "missing" in capsys.readouterr().err
+    assert not run.exists()
+    assert main(["train", "--data", str(synth_dir), "--method", "popularity", "--out",
+                 str(run), "--no-progress"]) == 0
+    # a different configuration in the same --out: the message names what differs
+    assert main(["train", "--data", str(synth_dir), "--method", "popularity", "--seed", "7",
+                 "--out", str(run), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "different configuration" in err and "train.seed: 0 in the run, 7 now" in err
+
+
+def test_evaluate_an_untrained_run_says_so(tmp_path, capsys):
+    from privaterec.config import RunConfig, TrainConfig
+    from privaterec.training.run import RunDirectory
+
+    run = tmp_path / "r"
+    RunDirectory(run).start(RunConfig(data=str(tmp_path / "gone"),
+                                      train=TrainConfig(method="centralized")))
+    assert main(["evaluate", "--run", str(run), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "no trained model yet" in err and "checkpoint.pt" in err
+
+
+def _write_behaviors(directory, bad_lines: int) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "news.tsv").write_text("N1\tcat\tsub\ttitle\tabstract\turl\t[]\t[]\n")
+    rows = ["1\tU1\t11/11/2019 9:00:00 AM\t\tN1-1"]
+    rows += [f"{i}\tU1\tnot-a-time\t\tN1-1" for i in range(2, 2 + bad_lines)]
+    (directory / "behaviors.tsv").write_text("\n".join(rows) + "\n")
+
+
+def test_data_check_reports_every_bad_line(tmp_path, capsys):
+    # bug 3: only the first bad line (2) was reported
+    _write_behaviors(tmp_path / "a", 3)
+    assert main(["data", "check", str(tmp_path / "a"), "--json"]) == 1
+    errors = json.loads(capsys.readouterr().out)["errors"]
+    assert [e.split(": ")[0].rsplit(":", 1)[1] for e in errors] == ["2", "3", "4"]
+    _write_behaviors(tmp_path / "b", 25)
+    assert main(["data", "check", str(tmp_path / "b"), "--json"]) == 1
+    errors = json.loads(capsys.readouterr().out)["errors"]
+    assert len(errors) == 21 and "... and 5 more bad lines (25 in all)" in errors[-1]
+
+
+def test_data_check_of_a_missing_path_is_a_user_error(tmp_path, capsys):
+    # bug 3: exited 1 ("INVALID") where the README promises 2 for a user error
+    assert main(["data", "check", str(tmp_path / "nope")]) == 2
+    assert "nope: does not exist" in capsys.readouterr().err
+
+
+def test_privacy_report_of_an_unfinished_federated_run(tmp_path, capsys):
+    # bug 4: said "this run is centralized" for a privaterec run before its first checkpoint
+    from privaterec.config import FedConfig, RunConfig, TrainConfig
+    from privaterec.training.run import RunDirectory
+
+    run = tmp_path / "pr"
+    RunDirectory(run).start(RunConfig(data=str(tmp_path), train=TrainConfig(method="privaterec"),
+                                      fed=FedConfig(rounds=5)))
+    assert main(["privacy", "report", "--run", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert "no round of this privaterec run has been checkpointed yet" in err
+    assert "centralized" not in err
+    central = tmp_path / "c"
+    RunDirectory(central).start(RunConfig(data=str(tmp_path),
+                                          train=TrainConfig(method="centralized")))
+    assert main(["privacy", "report", "--run", str(central)]) == 2
+    assert "centralized run has no privacy report" in capsys.readouterr().err

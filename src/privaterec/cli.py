@@ -24,6 +24,20 @@ from privaterec.errors import PrivateRecError
 EXIT_OK, EXIT_CHECK_FAILED, EXIT_USAGE = 0, 1, 2
 
 
+def basis_arg(text: str) -> int:
+    """``--basis B``: an integer >= 2 (:data:`privaterec.config.BASIS_RULE`), never 0."""
+    from privaterec.config import BASIS_RULE, MIN_BASIS
+
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or value < MIN_BASIS:
+        raise argparse.ArgumentTypeError(f"got {text!r}; {BASIS_RULE}. Omit --basis for the "
+                                         f"default, 5")
+    return value
+
+
 def _print_json(payload: Any) -> None:
     print(json.dumps(payload, indent=2, sort_keys=True, default=str))
 
@@ -41,7 +55,12 @@ def _metrics_table(rows: Sequence[tuple[str, dict[str, Any]]]) -> str:
 # ----------------------------------------------------------------------------- data
 def cmd_data_check(args: argparse.Namespace) -> int:
     from privaterec.data.stats import check_dataset, format_statistics
+    from privaterec.errors import DataFormatError
 
+    if not Path(args.path).exists():  # a wrong path is a user error (2), not invalid data (1)
+        raise DataFormatError(args.path, None, "does not exist; pass a MIND data directory "
+                                               "(news.tsv and behaviors.tsv, or train/ and "
+                                               "test/)")
     valid, report = check_dataset(args.path, drop_missing=args.drop_missing)
     if args.json:
         _print_json(report)
@@ -307,6 +326,7 @@ def cmd_privacy_report(args: argparse.Namespace) -> int:
     from privaterec.privacy.report import (format_privacy_report, read_privacy_json,
                                            recompose_privacy_summary, to_json_safe)
 
+    _explain_missing_privacy_json(Path(args.run))
     summary = read_privacy_json(Path(args.run))
     summary = recompose_privacy_summary(summary, delta=args.delta, composition=args.composition)
     if args.json:
@@ -315,6 +335,30 @@ def cmd_privacy_report(args: argparse.Namespace) -> int:
     else:
         print(format_privacy_report(summary))
     return EXIT_OK
+
+
+def _explain_missing_privacy_json(run: Path) -> None:
+    """A run directory without ``privacy.json``: say why, from its ``config.yaml``.
+
+    A federated run writes ``privacy.json`` at its first checkpoint, so before that there is
+    no report yet (issue 17: an unfinished privaterec run was called centralized).
+    """
+    from privaterec.config import FEDERATED_METHODS
+    from privaterec.errors import CheckpointError
+    from privaterec.training.run import RunDirectory
+
+    directory = RunDirectory(run)
+    if not run.is_dir() or directory.privacy_path.exists() or not directory.config_path.exists():
+        return  # read_privacy_json names the problem
+    method = directory.config().train.method
+    if method in FEDERATED_METHODS:
+        raise CheckpointError(f"{run}: no round of this {method} run has been checkpointed "
+                              f"yet, so it has no privacy report; it is written with the first "
+                              f"checkpoint. Resume training with 'privaterec train --out {run}' "
+                              f"and the same options")
+    raise CheckpointError(f"{run}: a {method} run has no privacy report: its training data "
+                          f"are collected centrally, so there is no privacy guarantee "
+                          f"(epsilon = inf). Private serving (evaluate --serving) adds one")
 
 
 def cmd_privacy_calibrate(args: argparse.Namespace) -> int:
@@ -362,8 +406,9 @@ def _add_privacy_parser(sub: Any) -> None:
                            help="L1 (laplace) or L2 (gaussian) sensitivity of one release")
     calibrate.add_argument("--padding-p", type=float, default=0.0,
                            help="dpa: behaviour padding probability p (PrivateRec Alg. 2)")
-    calibrate.add_argument("--basis", type=int, default=None,
-                           help="dpa: number B of basic vectors (the released alpha's size)")
+    calibrate.add_argument("--basis", type=basis_arg, default=None,
+                           help="dpa: number B >= 2 of basic vectors (the released alpha's "
+                                "size)")
     calibrate.add_argument("--sensitivity-mode", choices=["true", "paper"], default="true",
                            help="dpa: the simplex's true sensitivity (default) or the paper's "
                                 "S = 1, which is NOT a valid guarantee")
@@ -489,8 +534,8 @@ def build_parser() -> argparse.ArgumentParser:
     fed.add_argument("--engine", choices=ENGINES, default=None,
                      help="simulator (vectorized, default) or flower")
     private = train.add_argument_group("PrivateRec (--method privaterec)")
-    private.add_argument("--basis", type=int, default=None,
-                         help="B basic vectors (default 5 for privaterec)")
+    private.add_argument("--basis", type=basis_arg, default=None,
+                         help="B basic vectors, an integer >= 2 (default 5)")
     private.add_argument("--padding-p", type=float, default=None,
                          help="behaviour padding probability p (default 0.5)")
     private.add_argument("--privacy-mode", choices=PRIVACY_MODES, default=None,

@@ -38,6 +38,13 @@ DEFAULT_USER_ENCODER = {"nrms": "nrms", "naml": "naml", "fednewsrec": "fednewsre
                         "plm": "nrms", "id": "nrms"}
 
 
+MIN_BASIS = 2
+BASIS_RULE = ("B, the number of PrivateRec's basic vectors, is an integer >= 2 (alpha is a "
+              "softmax over the B vectors: with B = 1 it is always 1 and carries nothing)")
+"""The one rule for B (``ModelConfig.basis_size``, ``train --basis``, ``privacy calibrate
+--basis``)."""
+
+
 def _check(condition: bool, name: str, message: str) -> None:
     if not condition:
         raise ConfigError(f"invalid configuration value '{name}': {message}")
@@ -102,8 +109,10 @@ class ModelConfig:
             _check(isinstance(value, int) and value > 0, name,
                    f"got {value!r}, expected a positive integer")
         _check(0.0 <= self.dropout < 1.0, "dropout", f"got {self.dropout!r}, expected 0 <= p < 1")
-        _check(isinstance(self.basis_size, int) and self.basis_size >= 0, "basis_size",
-               f"got {self.basis_size!r}, expected an integer >= 0 (0: no basic vectors)")
+        _check(isinstance(self.basis_size, int)
+               and (self.basis_size == 0 or self.basis_size >= MIN_BASIS), "basis_size",
+               f"got {self.basis_size!r}; {BASIS_RULE}, or 0 (unset: no basic vectors, "
+               f"and --method privaterec uses 5)")
         _check(self.plm_trainable_layers >= 0, "plm_trainable_layers",
                f"got {self.plm_trainable_layers!r}, expected >= 0")
 

@@ -78,10 +78,12 @@ _FIELD_BREAKS = str.maketrans({"\t": " ", "\n": " ", "\r": " "})
 
 
 # ----------------------------------------------------------------------------- low level
-def _lines(path: Path) -> Iterator[tuple[int, str]]:
+def _lines(path: Path, errors: list[DataFormatError] | None = None
+           ) -> Iterator[tuple[int, str]]:
     """Yield ``(line number, text without line end)``; skips blank lines.
 
-    Lines end only at ``\\n`` (a lone ``\\r`` inside a field does not split a line).
+    Lines end only at ``\\n`` (a lone ``\\r`` inside a field does not split a line). With
+    ``errors``, a line that is not UTF-8 is recorded there and skipped instead of raising.
     """
     try:
         handle = open(path, "rb")
@@ -100,8 +102,12 @@ def _lines(path: Path) -> Iterator[tuple[int, str]]:
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as exc:
-                raise DataFormatError(path, lineno, f"not valid UTF-8 text ({exc.reason} at "
-                                      f"byte {exc.start} of the line)") from None
+                error = DataFormatError(path, lineno, f"not valid UTF-8 text ({exc.reason} at "
+                                        f"byte {exc.start} of the line)")
+                if errors is None:
+                    raise error from None
+                errors.append(error)
+                continue
             yield lineno, line
 
 
@@ -141,13 +147,17 @@ def format_time(time: datetime) -> str:
 
 
 # ----------------------------------------------------------------------------- news.tsv
-def read_news(path: str | Path) -> dict[str, NewsRecord]:
+def read_news(path: str | Path, *, errors: list[DataFormatError] | None = None
+              ) -> dict[str, NewsRecord]:
     """Read and validate a MIND ``news.tsv``.
 
     Parameters
     ----------
     path:
         The file.
+    errors:
+        If given, every bad line is appended here (as its :class:`DataFormatError`) and
+        skipped, so one pass finds all of them (``data check``); otherwise the first raises.
 
     Returns
     -------
@@ -163,23 +173,35 @@ def read_news(path: str | Path) -> dict[str, NewsRecord]:
     path = Path(path)
     news: dict[str, NewsRecord] = {}
     first_line: dict[str, int] = {}
-    for lineno, line in _lines(path):
-        fields = line.split("\t")
-        if len(fields) != 8:
-            raise DataFormatError(
-                path, lineno, f"expected 8 tab-separated columns ({', '.join(NEWS_COLUMNS)}), "
-                f"found {len(fields)}")
-        news_id = fields[0]
-        if not news_id:
-            raise DataFormatError(path, lineno, "empty news id in column 1")
-        if _has_space(news_id):
-            raise DataFormatError(path, lineno, f"news id {news_id!r} contains whitespace")
-        if news_id in first_line:
-            raise DataFormatError(path, lineno, f"duplicate news id {news_id!r}: first on line "
-                                  f"{first_line[news_id]}, again on line {lineno}")
-        first_line[news_id] = lineno
-        news[news_id] = NewsRecord(*fields)
+    for lineno, line in _lines(path, errors):
+        try:
+            record = _news_line(path, lineno, line, first_line)
+        except DataFormatError as exc:
+            if errors is None:
+                raise
+            errors.append(exc)
+            continue
+        news[record.news_id] = record
     return news
+
+
+def _news_line(path: Path, lineno: int, line: str, first_line: dict[str, int]) -> NewsRecord:
+    """One validated ``news.tsv`` line (``first_line``: news id → line, updated)."""
+    fields = line.split("\t")
+    if len(fields) != 8:
+        raise DataFormatError(
+            path, lineno, f"expected 8 tab-separated columns ({', '.join(NEWS_COLUMNS)}), "
+            f"found {len(fields)}")
+    news_id = fields[0]
+    if not news_id:
+        raise DataFormatError(path, lineno, "empty news id in column 1")
+    if _has_space(news_id):
+        raise DataFormatError(path, lineno, f"news id {news_id!r} contains whitespace")
+    if news_id in first_line:
+        raise DataFormatError(path, lineno, f"duplicate news id {news_id!r}: first on line "
+                              f"{first_line[news_id]}, again on line {lineno}")
+    first_line[news_id] = lineno
+    return NewsRecord(*fields)
 
 
 def _clean(text: str) -> str:
@@ -235,13 +257,17 @@ def _parse_candidates(path: Path, lineno: int, field: str
                           f"unlabelled (e.g. {bare!r}) tokens; label all (NID-0/NID-1) or none")
 
 
-def read_behaviors(path: str | Path) -> list[Impression]:
+def read_behaviors(path: str | Path, *, errors: list[DataFormatError] | None = None
+                   ) -> list[Impression]:
     """Read and validate a MIND ``behaviors.tsv``.
 
     Parameters
     ----------
     path:
         The file.
+    errors:
+        If given, every bad line is appended here (as its :class:`DataFormatError`) and
+        skipped, so one pass finds all of them (``data check``); otherwise the first raises.
 
     Returns
     -------
@@ -261,34 +287,45 @@ def read_behaviors(path: str | Path) -> list[Impression]:
     # A user's history repeats on each of their impressions: share one tuple per distinct
     # history string (less memory, and lets checks skip histories they have already seen).
     histories: dict[str, tuple[str, ...]] = {}
-    for lineno, line in _lines(path):
-        fields = line.split("\t")
-        if len(fields) != 5:
-            raise DataFormatError(
-                path, lineno, f"expected 5 tab-separated columns ({', '.join(BEHAVIORS_COLUMNS)}"
-                f"), found {len(fields)}")
-        impression_id, user_id, time_text, history, candidates = fields
-        if not impression_id or _has_space(impression_id):
-            raise DataFormatError(path, lineno, f"impression id {impression_id!r} is empty or "
-                                  "contains whitespace")
-        if impression_id in first_line:
-            raise DataFormatError(path, lineno, f"duplicate impression id {impression_id!r}: "
-                                  f"first on line {first_line[impression_id]}, again on line "
-                                  f"{lineno}")
-        first_line[impression_id] = lineno
-        if not user_id or _has_space(user_id):
-            raise DataFormatError(path, lineno, f"user id {user_id!r} is empty or contains "
-                                  "whitespace")
+    for lineno, line in _lines(path, errors):
         try:
-            time = parse_time(time_text)
-        except ValueError as exc:
-            raise DataFormatError(path, lineno, str(exc)) from None
-        cands, labels = _parse_candidates(path, lineno, candidates)
-        hist = histories.get(history)
-        if hist is None:
-            hist = histories[history] = tuple(history.split())
-        behaviors.append(Impression(impression_id, user_id, time, hist, cands, labels))
+            behaviors.append(_behavior_line(path, lineno, line, first_line, histories))
+        except DataFormatError as exc:
+            if errors is None:
+                raise
+            errors.append(exc)
     return behaviors
+
+
+def _behavior_line(path: Path, lineno: int, line: str, first_line: dict[str, int],
+                   histories: dict[str, tuple[str, ...]]) -> Impression:
+    """One validated ``behaviors.tsv`` line (``first_line``, ``histories`` updated)."""
+    fields = line.split("\t")
+    if len(fields) != 5:
+        raise DataFormatError(
+            path, lineno, f"expected 5 tab-separated columns ({', '.join(BEHAVIORS_COLUMNS)}"
+            f"), found {len(fields)}")
+    impression_id, user_id, time_text, history, candidates = fields
+    if not impression_id or _has_space(impression_id):
+        raise DataFormatError(path, lineno, f"impression id {impression_id!r} is empty or "
+                              "contains whitespace")
+    if impression_id in first_line:
+        raise DataFormatError(path, lineno, f"duplicate impression id {impression_id!r}: "
+                              f"first on line {first_line[impression_id]}, again on line "
+                              f"{lineno}")
+    first_line[impression_id] = lineno
+    if not user_id or _has_space(user_id):
+        raise DataFormatError(path, lineno, f"user id {user_id!r} is empty or contains "
+                              "whitespace")
+    try:
+        time = parse_time(time_text)
+    except ValueError as exc:
+        raise DataFormatError(path, lineno, str(exc)) from None
+    cands, labels = _parse_candidates(path, lineno, candidates)
+    hist = histories.get(history)
+    if hist is None:
+        hist = histories[history] = tuple(history.split())
+    return Impression(impression_id, user_id, time, hist, cands, labels)
 
 
 def write_behaviors(path: str | Path, behaviors: Iterable[Impression]) -> None:

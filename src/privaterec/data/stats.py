@@ -262,6 +262,18 @@ def format_statistics(stats: dict[str, Any]) -> str:
 
 
 # ----------------------------------------------------------------------------- checking
+MAX_ERRORS_PER_FILE = 20
+"""``data check`` lists at most this many bad lines of a file, then counts the rest."""
+
+
+def _report_line_errors(bad: list[DataFormatError], errors: list[str]) -> None:
+    """Append the first :data:`MAX_ERRORS_PER_FILE` bad lines and the count of the rest."""
+    errors.extend(str(e) for e in bad[:MAX_ERRORS_PER_FILE])
+    if len(bad) > MAX_ERRORS_PER_FILE:
+        errors.append(f"{bad[0].path}: ... and {len(bad) - MAX_ERRORS_PER_FILE} more bad "
+                      f"lines ({len(bad)} in all)")
+
+
 def _check_split(name: str, directory: Path, drop_missing: bool, errors: list[str],
                  warnings: list[str]) -> tuple[dict[str, Any] | None, MindSplit | None]:
     for file in (NEWS_FILE, BEHAVIORS_FILE):
@@ -270,11 +282,17 @@ def _check_split(name: str, directory: Path, drop_missing: bool, errors: list[st
                                               f"split directory needs {NEWS_FILE} and "
                                               f"{BEHAVIORS_FILE}")))
             return None, None
-    try:
-        news = read_news(directory / NEWS_FILE)
-        behaviors = read_behaviors(directory / BEHAVIORS_FILE)
+    news_errors: list[DataFormatError] = []
+    behavior_errors: list[DataFormatError] = []
+    try:  # every bad line of both files is reported, not only the first
+        news = read_news(directory / NEWS_FILE, errors=news_errors)
+        behaviors = read_behaviors(directory / BEHAVIORS_FILE, errors=behavior_errors)
     except DataFormatError as exc:
         errors.append(str(exc))
+        return None, None
+    _report_line_errors(news_errors, errors)
+    _report_line_errors(behavior_errors, errors)
+    if news_errors or behavior_errors:
         return None, None
     raw = MindSplit(news, behaviors, directory)
     try:

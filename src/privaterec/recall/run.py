@@ -235,19 +235,23 @@ def train_recall_run(config: RecallRunConfig, out: str | Path, *, progress: bool
     ranker_config = RunDirectory(Path(config.ranker)).config()
     data = config.data or ranker_config.data
     saved = run_dir / RECALL_CONFIG_FILE
-    if saved.exists() and RecallRunConfig.from_yaml(saved) != dataclasses.replace(
-            config, data=data):
-        raise CheckpointError(f"{run_dir}: holds a different Uni-FedRec run ({saved}); use "
-                              f"another --out directory")
+    if saved.exists() and (previous := RecallRunConfig.from_yaml(saved)) != (
+            requested := dataclasses.replace(config, data=data)):
+        from privaterec.training.run import config_differences
+        changes = "; ".join(f"{key}: {old!r} in the run, {new!r} now"
+                            for key, old, new in config_differences(previous, requested))
+        raise CheckpointError(f"{run_dir}: holds a different Uni-FedRec run ({saved}: "
+                              f"{changes}); use another --out directory")
     config = dataclasses.replace(config, data=data)
     metrics_path = run_dir / "metrics.json"
     if saved.exists() and metrics_path.exists():
         # Finished: nothing to train, and privacy.json may hold recorded queries since.
         return json.loads(metrics_path.read_text())
-    run_dir.mkdir(parents=True, exist_ok=True)
-    config.to_yaml(saved)
+    # load (and validate) the data and the ranker before the run directory exists
     dataset = load_dataset(data, drop_missing=drop_missing)
     ranker = load_ranker_news(config.ranker, dataset.all_news(), progress=progress)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    config.to_yaml(saved)
     clients = build_client_dataset(dataset.train, ranker.features,
                                    history_len=ranker.history_len)
     torch.manual_seed(config.seed)

@@ -100,8 +100,11 @@ def train_run(config: RunConfig, out: str | Path, *, drop_missing: bool = False,
 def _train_run(config: RunConfig, out: str | Path, *, drop_missing: bool, progress: bool,
                evaluate_each_epoch: bool) -> dict[str, Any]:
     run = RunDirectory(Path(out))
-    run.start(config)
+    run.check(config)  # refuse a different run before loading anything
+    # load and validate the data before the run directory exists: a bad --data must not
+    # leave behind a run that later retries are refused by
     prepared = prepare_data(config, drop_missing=drop_missing)
+    run.start(config)
     prepared.vocabs.save(run.vocab_path)
     test = prepared.dataset.test
     started = time.perf_counter()
@@ -197,11 +200,17 @@ def evaluate_run(run_dir: str | Path, data_dir: str | Path | None = None, *,
     """
     run = RunDirectory(Path(run_dir))
     config = run.config()
+    # the run's own files first: an unfinished run is reported as such, not by its data path
+    model_file = (run.popularity_path if config.train.method == "popularity"
+                  else run.checkpoint_path)
+    if not model_file.exists():
+        raise CheckpointError(f"{run.path}: has no trained model yet ({model_file.name} is "
+                              f"missing): its training never reached a checkpoint; run "
+                              f"'privaterec train --out {run.path}' with the same options to "
+                              f"train it")
     dataset = load_dataset(data_dir or config.data, drop_missing=drop_missing)
     target = evaluation_split(dataset, split)
     if config.train.method == "popularity":
-        if not run.popularity_path.exists():
-            raise CheckpointError(f"{run.popularity_path}: missing; train the run first")
         return evaluate_popularity(PopularityModel.load(run.popularity_path), target)
     config, vocabs, model = load_run_model(run_dir)
     with flush_denormals():

@@ -9,6 +9,7 @@ report). The popularity baseline writes ``popularity.json`` instead of a checkpo
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +17,23 @@ from typing import Any
 
 from privaterec.config import RunConfig
 from privaterec.errors import CheckpointError
+
+
+def config_differences(old: Any, new: Any) -> list[tuple[str, Any, Any]]:
+    """The dotted keys (``train.lr``, ``fed.rounds``, ``data``) whose values differ between
+    two (nested) dataclass configurations, with the old and the new value."""
+
+    def flat(value: Any, prefix: str = "") -> dict[str, Any]:
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            out: dict[str, Any] = {}
+            for f in dataclasses.fields(value):
+                out.update(flat(getattr(value, f.name), f"{prefix}{f.name}."))
+            return out
+        return {prefix.rstrip("."): value}
+
+    a, b = flat(old), flat(new)
+    return [(key, a.get(key), b.get(key)) for key in sorted(a.keys() | b.keys())
+            if a.get(key) != b.get(key)]
 
 
 @dataclass(frozen=True)
@@ -48,22 +66,41 @@ class RunDirectory:
     def popularity_path(self) -> Path:
         return self.path / "popularity.json"
 
+    def check(self, config: RunConfig) -> bool:
+        """Whether ``config`` can train here, without creating anything.
+
+        Returns ``True`` when the directory holds this run (training resumes), ``False``
+        when it holds none.
+
+        Raises
+        ------
+        CheckpointError
+            If the directory holds a run with a different configuration; the message names
+            every differing key with both values.
+        """
+        if not self.config_path.exists():
+            return False
+        previous = RunConfig.from_yaml(self.config_path)
+        if previous != config:
+            changes = "; ".join(f"{key}: {old!r} in the run, {new!r} now"
+                                for key, old, new in config_differences(previous, config))
+            raise CheckpointError(
+                f"{self.config_path}: this run directory holds a run with a different "
+                f"configuration ({changes}); choose another --out, delete the directory, "
+                f"or train with the run's values")
+        return True
+
     def start(self, config: RunConfig) -> bool:
         """Create the directory for ``config``; return ``True`` when resuming a previous run.
 
         Raises
         ------
         CheckpointError
-            If the directory holds a run with a different configuration.
+            If the directory holds a run with a different configuration (see :meth:`check`).
         """
-        self.path.mkdir(parents=True, exist_ok=True)
-        if self.config_path.exists():
-            previous = RunConfig.from_yaml(self.config_path)
-            if previous != config:
-                raise CheckpointError(
-                    f"{self.config_path}: this run directory holds a run with a different "
-                    f"configuration; choose another --out or delete the directory")
+        if self.check(config):
             return True
+        self.path.mkdir(parents=True, exist_ok=True)
         config.to_yaml(self.config_path)
         return False
 
