@@ -39,7 +39,9 @@ def fuzz_app(recall_service):
 OPERATIONS = [("GET", "/v1/health"), ("GET", "/v1/model"), ("GET", "/v1/model/parameters"),
               ("GET", "/v1/model/recall-parameters"), ("POST", "/v1/recommend/privaterec"),
               ("POST", "/v1/recommend/vdp"), ("POST", "/v1/recall/unifedrec"),
-              ("POST", "/v1/news"), ("GET", "/v1/news/{news_id}")]
+              ("POST", "/v1/news"), ("GET", "/v1/news/{news_id}"),
+              ("GET", "/v1/pool/{space}"), ("GET", "/v1/pool/{space}/delta"),
+              ("POST", "/v1/news/lookup")]
 
 
 def test_every_operation_is_fuzzed(fuzz_app):
@@ -49,7 +51,8 @@ def test_every_operation_is_fuzzed(fuzz_app):
 
 
 # Negative cases exist only for operations with a body (a GET here takes no input but a
-# free-form string path parameter, which nothing violates).
+# free-form string path parameter, which nothing violates; the pool downloads' refusals of bad
+# query parameters are tested in test_local_ranking.py).
 CASES = [(m, p, mode) for m, p in OPERATIONS
          for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE)
          if m == "POST" or mode == GenerationMode.POSITIVE]

@@ -8,6 +8,12 @@ user vector → exact inner products over R, PrivateRec §3.2.1), ``POST /v1/rec
 (per-channel weights and quotas → R candidates, Uni-FedRec §3.4 Eq. 4, scores αᵢᵀP_r in the
 value embeddings' score space), ``POST /v1/news`` (ingest) and ``GET /v1/news/{news_id}``.
 
+Local ranking (:mod:`.pool_format`): ``GET /v1/pool/{space}`` downloads the whole pool — P =
+b·Rᵀ (``scores``) or R (``vectors``) in float32, float16 or int8 — with its content hash as
+ETag (``If-None-Match`` → 304, no body); ``GET /v1/pool/{space}/delta?since=V&pool_id=…``
+sends only what changed since version V; ``POST /v1/news/lookup`` returns articles by id
+(title lookups of a local-ranking device, possibly with decoys).
+
 Bad input never produces a 5xx: bodies are validated by :mod:`.schemas` (422 with
 ``{"detail": [{"loc", "msg", "type"}]}``, without echoing the input), bodies larger than
 ``max_body_bytes`` get 413 before they are parsed, unknown model parts answer 404 with a
@@ -21,16 +27,18 @@ each query reads exactly once.
 # No ``from __future__ import annotations``: FastAPI must see the per-app request models
 # (built in create_app) as real annotation objects, not as names to resolve globally.
 import json
-from typing import Any, Awaitable, Callable, MutableMapping
+from typing import Any, Awaitable, Callable, Literal, MutableMapping
 
 import numpy as np
-from fastapi import FastAPI, HTTPException, Request
+from fastapi import FastAPI, Header, HTTPException, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
 from privaterec import __version__
 from privaterec.serving import schemas
 from privaterec.serving.bundle import ServingModels
+from privaterec.serving.pool_download import VersionError, delta_pool, full_pool
+from privaterec.serving.pool_format import PoolFormatError
 from privaterec.serving.store import Article, NewsPool, NewsStore, top_k_positions
 
 DEFAULT_MAX_BODY_BYTES = 1_000_000
@@ -64,6 +72,17 @@ def _check_count(value: int, pool: NewsPool, field: str) -> int:
         raise _invalid(field, f"{field} = {value} exceeds the number of news in the pool "
                               f"({len(pool)})")
     return value
+
+
+def etag_matches(header: str | None, etag: str) -> bool:
+    """Whether an ``If-None-Match`` header matches ``etag`` (weak comparison, ``*``)."""
+    if not header:
+        return False
+    for tag in header.split(","):
+        tag = tag.strip()
+        if tag == "*" or tag.removeprefix("W/") == etag:
+            return True
+    return False
 
 
 def _finite_or_422(scores: np.ndarray, field: str) -> np.ndarray:
@@ -309,6 +328,94 @@ def create_app(store: NewsStore, models: ServingModels, *,
         return json_response({"added": result.added, "updated": result.updated,
                               "num_news": result.num_news})
 
+    PoolSpace = Literal["scores", "vectors"]
+    PoolDtype = Literal["float32", "float16", "int8"]
+    binary = {200: {"content": {"application/octet-stream": {}},
+                    "description": "A privaterec pool body (privaterec.serving.pool_format): "
+                                   "magic, JSON header, zlib ids (and titles), int8 scales, "
+                                   "[n, rows] records. Headers: ETag (content hash of the "
+                                   "full pool), X-Pool-Version, X-Pool-Id."},
+              304: {"description": "Not Modified: If-None-Match holds the current ETag; no "
+                                   "body."}}
+    dtype_doc = "float32 (exact), float16, or int8 with one float32 scale per record"
+    titles_doc = "also send every article's title and category (zlib)"
+
+    def _pool_headers(full: Any, pool_version: int) -> dict[str, str]:
+        return {"ETag": full.etag, "X-Pool-Version": str(pool_version),
+                "X-Pool-Id": full.state.pool_id, "Cache-Control": "no-cache"}
+
+    def _full(pool: NewsPool, space: str, dtype: str, titles: bool) -> Any:
+        if space == "scores" and models.basis is None:
+            raise HTTPException(404, NO_BASIS + " (download space 'vectors' instead)")
+        try:
+            return full_pool(pool, space=space, dtype=dtype, titles=titles,
+                             model_version=version)
+        except PoolFormatError as exc:
+            raise _invalid("dtype", str(exc)) from None
+
+    @app.get("/v1/pool/{space}", response_class=Response, responses={**ERRORS, **binary},
+             summary="Download the whole news pool (local ranking)")
+    def pool_download(space: PoolSpace,
+                      dtype: PoolDtype = Query("float32", description=dtype_doc),
+                      titles: bool = Query(False, description=titles_doc),
+                      if_none_match: str | None = Header(None)) -> Response:
+        """The pool's score matrix P = b·Rᵀ (``scores``: the rows of Pᵀ, B per news; needs
+        basic vectors) or its d-dim news vectors (``vectors``: any ranker), the same bytes for
+        every device. A device that holds it ranks locally and sends nothing about its user.
+        Conditional: ``If-None-Match`` with the current ETag → 304 without a body."""
+        pool = store.pool
+        full = _full(pool, space, dtype, titles)
+        headers = _pool_headers(full, pool.version)
+        if etag_matches(if_none_match, full.etag):
+            return Response(status_code=304, headers=headers)
+        return Response(full.body, media_type="application/octet-stream", headers=headers)
+
+    @app.get("/v1/pool/{space}/delta", response_class=Response,
+             responses={**ERRORS, **binary,
+                        409: {"model": schemas.ErrorResponse,
+                              "description": "since is after the pool's version"},
+                        410: {"model": schemas.ErrorResponse,
+                              "description": "since is before the base version, or pool_id "
+                                             "names another store: download the full pool"}},
+             summary="Incremental sync of the news pool since a version")
+    def pool_delta(space: PoolSpace,
+                   since: int = Query(..., ge=0, le=2 ** 62,
+                                      description="the pool version the device holds"),
+                   pool_id: str = Query(..., min_length=1, max_length=64,
+                                        pattern=r"^[0-9a-f]+$",
+                                        description="X-Pool-Id of the device's pool"),
+                   dtype: PoolDtype = Query("float32", description=dtype_doc),
+                   titles: bool = Query(False, description=titles_doc),
+                   if_none_match: str | None = Header(None)) -> Response:
+        """Only the records written after ``since`` (new and updated news, in pool order) and
+        the ids removed since. The body's ``hash`` is the content hash of the full pool after
+        it, which the device checks on its updated state. ``If-None-Match`` with the current
+        ETag (nothing changed) → 304 without a body."""
+        pool = store.pool
+        full = _full(pool, space, dtype, titles)
+        headers = _pool_headers(full, pool.version)
+        if etag_matches(if_none_match, full.etag):
+            return Response(status_code=304, headers=headers)
+        try:
+            body = delta_pool(pool, since=since, pool_id=pool_id, space=space, dtype=dtype,
+                              titles=titles, model_version=version)
+        except VersionError as exc:
+            raise HTTPException(exc.status, exc.message) from None
+        return Response(body, media_type="application/octet-stream", headers=headers)
+
+    @app.post("/v1/news/lookup", response_model=schemas.LookupResponse, responses=ERRORS)
+    async def lookup_news(request: schemas.LookupRequest) -> Response:
+        """Articles by id (1..1000 ids; unknown ids are listed in ``missing``)."""
+        pool = store.pool
+        found, missing = [], []
+        for news_id in request.ids:
+            article = pool.get(news_id)
+            if article is None:
+                missing.append(news_id)
+            else:
+                found.append(article.to_dict())
+        return json_response({"news": found, "missing": missing})
+
     @app.get("/v1/news/{news_id}", response_model=schemas.Article, responses=ERRORS)
     async def get_news(news_id: str) -> Response:
         article = store.pool.get(news_id)
@@ -320,4 +427,4 @@ def create_app(store: NewsStore, models: ServingModels, *,
 
 
 __all__ = ["BodyLimit", "DEFAULT_MAX_BODY_BYTES", "NO_BASIS", "NO_RECALL", "create_app",
-           "json_response"]
+           "etag_matches", "json_response"]

@@ -64,3 +64,6 @@ __all__ = ["DEVICE_USER", "DeviceBudget", "DeviceModel", "DpaRelease", "MAX_K",
            "ServerProcess", "Transport", "UniFedRecDevice", "VDPDevice", "build_recall_model",
            "demo_query", "download_model", "dpa_release", "fetch_model", "free_port",
            "json_body"]
+
+from privaterec.serving.local_device import LocalRankingDevice  # noqa: E402  (local ranking)
+__all__ += ["LocalRankingDevice"]

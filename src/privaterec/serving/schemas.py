@@ -120,6 +120,19 @@ class Article(_Response):
     abstract: str
 
 
+class LookupRequest(_Request):
+    """``POST /v1/news/lookup``: 1..1000 news ids (a device's title lookups, maybe with
+    decoys mixed in)."""
+
+    ids: Annotated[list[Annotated[StrictStr, Field(min_length=1, max_length=MAX_ID_LENGTH)]],
+                   Field(min_length=1, max_length=MAX_K)]
+
+
+class LookupResponse(_Response):
+    news: list[Article]
+    missing: list[str]
+
+
 class IngestResponse(_Response):
     added: int
     updated: int
@@ -263,7 +276,7 @@ class ErrorResponse(_Response):
 
 
 __all__ = ["Article", "ErrorResponse", "FiniteFloat", "HealthResponse", "IngestRequest",
-           "IngestResponse", "MAX_K", "MAX_NEWS_PER_REQUEST", "ModelInfo", "NewsItem",
+           "IngestResponse", "LookupRequest", "LookupResponse", "MAX_K", "MAX_NEWS_PER_REQUEST", "ModelInfo", "NewsItem",
            "RecallCandidate", "RecallInfo", "RecallResponse", "RecommendResponse",
            "RecommendedItem", "RequestModels", "SIMPLEX_TOLERANCE", "check_simplex",
            "request_models"]

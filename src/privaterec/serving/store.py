@@ -23,6 +23,14 @@ generation switch (compaction, a new news encoder, new bases) is also one SQLite
 In memory the pool is an immutable :class:`NewsPool` snapshot; ingestion builds the next one
 and swaps the reference, so concurrent readers see the old or the new pool, never a mix.
 A store directory is used by one process at a time (``store.lock``).
+
+Versions (local ranking, :mod:`privaterec.serving.pool_format`): every committed change of the
+pool's content advances ``pool_version`` (meta) by one, in the same SQLite transaction; each
+article stores the version its current record was written at and removed ids are kept as
+tombstones (table ``removed``), so a device at version v can be sent only what changed since
+v. Compaction keeps the version (same content); a re-encode or new bases rewrite every record
+at a new version that also becomes ``base_version`` (older devices then need the full pool).
+``pool_id`` (random, made once) names the store, so versions of different stores never mix.
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ import json
 import os
 import sqlite3
 import threading
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Mapping, Sequence
@@ -147,16 +156,40 @@ class NewsPool:
         ``float32[N, d]`` news vectors R (read-only).
     scores:
         Space name → ``float32[B, N]`` score matrix P = b·Rᵀ (read-only, C-contiguous).
+    version:
+        The pool version (monotone; see the module docstring).
+    versions:
+        ``int64[N]``: the version each article's record was written at (read-only).
+    pool_id:
+        The store's identity.
+    base_version:
+        Oldest version a device may sync from incrementally.
+    removed:
+        Tombstones ``(version, news_id)`` of removed articles, oldest first.
+    cache:
+        Encodings of this snapshot (downloads), filled lazily by the server.
     """
 
     def __init__(self, articles: Sequence[Article], vectors: np.ndarray,
                  scores: Mapping[str, np.ndarray],
-                 positions: dict[str, int] | None = None) -> None:
+                 positions: dict[str, int] | None = None, *, version: int = 0,
+                 versions: np.ndarray | None = None, pool_id: str = "",
+                 base_version: int = 0,
+                 removed: Sequence[tuple[int, str]] = ()) -> None:
         self.articles: tuple[Article, ...] = tuple(articles)
         self.positions = (positions if positions is not None else
                           {a.news_id: i for i, a in enumerate(self.articles)})
         self.vectors = _frozen(vectors)
         self.scores = {name: _frozen(np.ascontiguousarray(p)) for name, p in scores.items()}
+        self.version = int(version)
+        versions = (np.full(len(self.articles), self.version, np.int64) if versions is None
+                    else np.asarray(versions, dtype=np.int64))
+        versions.flags.writeable = False
+        self.versions = versions
+        self.pool_id = pool_id
+        self.base_version = int(base_version)
+        self.removed: tuple[tuple[int, str], ...] = tuple(removed)
+        self.cache: dict[object, object] = {}
 
     def __len__(self) -> int:
         return len(self.articles)
@@ -306,6 +339,43 @@ class NewsStore:
                 self._rewrite(self._pool.vectors)
             return result
 
+    def remove(self, news_ids: Iterable[str]) -> int:
+        """Remove articles by id, atomically (unknown ids are ignored); return how many.
+
+        The others keep their order (positions close the gap); the removal is a new pool
+        version whose tombstones tell syncing devices to drop the ids.
+        """
+        with self._lock:
+            pool = self._pool
+            gone = {i for i in news_ids if i in pool.positions}
+            if not gone:
+                return 0
+            keep = np.asarray([p for p, a in enumerate(pool.articles)
+                               if a.news_id not in gone], dtype=np.int64)
+            version = pool.version + 1
+            articles = [pool.articles[p] for p in keep.tolist()]
+            ordered = sorted(gone, key=pool.positions.__getitem__)
+            db = self._db
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                db.executemany("DELETE FROM news WHERE news_id = ?", [(i,) for i in ordered])
+                db.execute("UPDATE news SET position = -1 - position")
+                db.executemany("UPDATE news SET position = ? WHERE position = ?",
+                               [(new, -1 - int(old)) for new, old in enumerate(keep.tolist())])
+                db.executemany("INSERT INTO removed (news_id, version) VALUES (?, ?)",
+                               [(i, version) for i in ordered])
+                self._set_meta(pool_version=version)
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            self._pool = NewsPool(articles, pool.vectors[keep],
+                                  {name: p[:, keep] for name, p in pool.scores.items()},
+                                  version=version, versions=pool.versions[keep],
+                                  pool_id=pool.pool_id, base_version=pool.base_version,
+                                  removed=pool.removed + tuple((version, i) for i in ordered))
+            return len(gone)
+
     def add_missing(self, articles: Iterable[Article], *,
                     batch_size: int = INGEST_BATCH) -> int:
         """Upsert the articles whose id is not in the pool yet (batches of ``batch_size``,
@@ -369,6 +439,11 @@ class NewsStore:
                    "news_id TEXT NOT NULL UNIQUE, category TEXT NOT NULL, "
                    "subcategory TEXT NOT NULL, title TEXT NOT NULL, abstract TEXT NOT NULL, "
                    "slot INTEGER NOT NULL UNIQUE)")
+        columns = {row[1] for row in db.execute("PRAGMA table_info(news)").fetchall()}
+        if "version" not in columns:  # stores written before pool versions
+            db.execute("ALTER TABLE news ADD COLUMN version INTEGER NOT NULL DEFAULT 0")
+        db.execute("CREATE TABLE IF NOT EXISTS removed (news_id TEXT NOT NULL, "
+                   "version INTEGER NOT NULL)")
         meta = self._meta()
         if not meta:
             self._set_meta(format=FORMAT_VERSION, dim=self.dim,
@@ -376,13 +451,21 @@ class NewsStore:
                            spaces=json.dumps(self._kinds(), sort_keys=True),
                            basis_digest=basis_digest(self.bases), generation=0, slots=0)
             meta = self._meta()
+        if "pool_id" not in meta:
+            self._set_meta(pool_id=uuid.uuid4().hex[:16], pool_version=0, base_version=0)
+            meta = self._meta()
         db.execute("COMMIT")
         if int(meta["format"]) != FORMAT_VERSION:
             raise StoreError(f"{self.path}: news store format {meta['format']}, this version "
                              f"reads format {FORMAT_VERSION}; use another --store")
         self._generation = int(meta["generation"])
         self._slots = int(meta["slots"])
-        articles, slots = self._read_articles()
+        articles, slots, versions = self._read_articles()
+        removed = self._db.execute("SELECT version, news_id FROM removed "
+                                   "ORDER BY version, rowid").fetchall()
+        versioning = dict(version=int(meta["pool_version"]), versions=versions,
+                          pool_id=meta["pool_id"], base_version=int(meta["base_version"]),
+                          removed=[(int(v), str(i)) for v, i in removed])
         self._remove_stale_files()
         same_encoder = (meta["encoder_version"] == self.encoder_version
                         and int(meta["dim"]) == self.dim)
@@ -395,27 +478,28 @@ class NewsStore:
             vectors = (self._encode(articles) if articles else
                        np.zeros((0, self.dim), np.float32))
             vectors = self._check_vectors(vectors, len(articles))
-            self._pool = NewsPool(articles, vectors, {})
-            self._rewrite(vectors)
+            self._pool = NewsPool(articles, vectors, {}, **versioning)
+            self._rewrite(vectors, new_content=True)
             return
         if (meta["spaces"] != json.dumps(self._kinds(), sort_keys=True)
                 or meta["basis_digest"] != basis_digest(self.bases)):
-            self._pool = NewsPool(articles, vectors, {})
-            self._rewrite(vectors)  # same vectors, new score matrices
+            self._pool = NewsPool(articles, vectors, {}, **versioning)
+            self._rewrite(vectors, new_content=True)  # same vectors, new score matrices
             return
         scores = {name: self._read_rows(f"scores-{name}", int(b.shape[0]), slots).T
                   for name, b in self.bases.items()}
         if any(s is None for s in scores.values()):
-            self._pool = NewsPool(articles, vectors, {})
-            self._rewrite(vectors)
+            self._pool = NewsPool(articles, vectors, {}, **versioning)
+            self._rewrite(vectors)  # the same score matrices, recomputed
             return
-        self._pool = NewsPool(articles, vectors, scores)
+        self._pool = NewsPool(articles, vectors, scores, **versioning)
 
-    def _read_articles(self) -> tuple[list[Article], np.ndarray]:
-        rows = self._db.execute("SELECT news_id, category, subcategory, title, abstract, slot "
-                                "FROM news ORDER BY position").fetchall()
+    def _read_articles(self) -> tuple[list[Article], np.ndarray, np.ndarray]:
+        rows = self._db.execute("SELECT news_id, category, subcategory, title, abstract, slot, "
+                                "version FROM news ORDER BY position").fetchall()
         articles = [Article(*row[:5]) for row in rows]
-        return articles, np.asarray([row[5] for row in rows], dtype=np.int64)
+        return (articles, np.asarray([row[5] for row in rows], dtype=np.int64),
+                np.asarray([row[6] for row in rows], dtype=np.int64))
 
     def _read_rows(self, kind: str, width: int, slots: np.ndarray) -> np.ndarray | None:
         """Rows ``slots`` of a file of the current generation, or ``None`` if it is damaged.
@@ -479,17 +563,21 @@ class NewsStore:
                 with open(path, "r+b") as handle:
                     handle.truncate(slots * width * 4)
 
-    def _commit_rows(self, inserts: list[tuple], updates: list[tuple], slots: int) -> None:
-        """One SQLite transaction: insert/update articles, advance the committed slots."""
+    def _commit_rows(self, inserts: list[tuple], updates: list[tuple], slots: int,
+                     version: int) -> None:
+        """One SQLite transaction: insert/update articles (written at ``version``), advance
+        the committed slots and the pool version."""
         db = self._db
         db.execute("BEGIN IMMEDIATE")
         try:
             db.executemany("INSERT INTO news (position, news_id, category, subcategory, "
-                           "title, abstract, slot) VALUES (?, ?, ?, ?, ?, ?, ?)", inserts)
+                           "title, abstract, slot, version) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                           [(*row, version) for row in inserts])
             # new slots are beyond every committed slot, so UNIQUE(slot) holds throughout
             db.executemany("UPDATE news SET category = ?, subcategory = ?, title = ?, "
-                           "abstract = ?, slot = ? WHERE position = ?", updates)
-            self._set_meta(slots=slots)
+                           "abstract = ?, slot = ?, version = ? WHERE position = ?",
+                           [(*row[:5], version, row[5]) for row in updates])
+            self._set_meta(slots=slots, pool_version=version)
             db.execute("COMMIT")
         except BaseException:
             db.execute("ROLLBACK")
@@ -531,10 +619,17 @@ class NewsStore:
             new_vectors[at] = vectors[src]
             for name in self.bases:
                 new_scores[name][:, at] = rows[f"scores-{name}"][src].T
-        snapshot = NewsPool(new_articles, new_vectors, new_scores, positions)
+        version = pool.version + 1
+        new_versions = np.concatenate([pool.versions,
+                                       np.full(len(added_rows), version, np.int64)])
+        if updated_rows:
+            new_versions[at] = version
+        snapshot = NewsPool(new_articles, new_vectors, new_scores, positions, version=version,
+                            versions=new_versions, pool_id=pool.pool_id,
+                            base_version=pool.base_version, removed=pool.removed)
         self._append(rows, start)
         try:
-            self._commit_rows(inserts, updates, start + len(articles))
+            self._commit_rows(inserts, updates, start + len(articles), version)
         except BaseException:
             self._truncate(start)
             raise
@@ -542,9 +637,18 @@ class NewsStore:
         self._pool = snapshot
         return IngestResult(len(inserts), len(updates), len(snapshot))
 
-    def _rewrite(self, vectors: np.ndarray) -> None:
+    def _rewrite(self, vectors: np.ndarray, *, new_content: bool = False) -> None:
         """Write a new file generation holding ``vectors`` (pool order) and their score
-        matrices, switch to it in one commit, delete the old generation."""
+        matrices, switch to it in one commit, delete the old generation.
+
+        ``new_content`` (re-encoded vectors or new bases): every record is rewritten at a new
+        pool version, which becomes the base version (incremental syncs from before it are
+        refused). Otherwise (compaction, recomputed matrices) the version is unchanged.
+        """
+        pool = self._pool
+        version, base = pool.version, pool.base_version
+        if new_content:
+            version = base = pool.version + 1
         generation = self._generation + 1
         rows = self._rows(vectors)
         written = []
@@ -562,7 +666,10 @@ class NewsStore:
             try:
                 db.execute("UPDATE news SET slot = -1 - position")
                 db.execute("UPDATE news SET slot = position")
+                if new_content:
+                    db.execute("UPDATE news SET version = ?", (version,))
                 self._set_meta(generation=generation, slots=len(vectors), dim=self.dim,
+                               pool_version=version, base_version=base,
                                encoder_version=self.encoder_version,
                                spaces=json.dumps(self._kinds(), sort_keys=True),
                                basis_digest=basis_digest(self.bases))
@@ -577,10 +684,12 @@ class NewsStore:
         self._generation = generation
         self._slots = len(vectors)
         self._remove_stale_files()
-        pool = self._pool
         self._pool = NewsPool(pool.articles, vectors,
                               {name: rows[f"scores-{name}"].T for name in self.bases},
-                              pool.positions)
+                              pool.positions, version=version,
+                              versions=(np.full(len(pool), version, np.int64) if new_content
+                                        else pool.versions),
+                              pool_id=pool.pool_id, base_version=base, removed=pool.removed)
 
 
 def read_articles(path: str | Path) -> list[Article]:
