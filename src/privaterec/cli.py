@@ -239,7 +239,14 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         return EXIT_OK
     label = str(args.run) if serving is None else f"{args.run} [{serving.kind} serving]"
     print(_metrics_table([(label, result)]))
-    if serving is not None:
+    if serving is not None and serving.kind == "local":
+        info = result["serving"]
+        print(f"local ranking: epsilon_s = 0 ({info['queries']} queries of {info['users']} "
+              f"users, 0 bytes sent per query; the device downloads the pool of "
+              f"{info['pool_news']} news once: {info['bytes_downloaded']} bytes in float32, "
+              f"{info['bytes_downloaded_float16']} in float16); recorded in "
+              f"{args.run}/privacy.json")
+    elif serving is not None:
         info = result["serving"]
         print(f"serving {serving.kind} at epsilon_s = {serving.epsilon:g} per query "
               f"({info['queries']} queries of {info['users']} users, {info['bytes_per_query']} "
@@ -586,7 +593,9 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--no-progress", action="store_true")
     evaluate.add_argument("--serving", choices=SERVING_KINDS, default=None,
                           help="private serving: each test impression is a query (PrivateRec "
-                               "Alg. 1) released under --epsilon-serve")
+                               "Alg. 1) released under --epsilon-serve; local: the device "
+                               "ranks the downloaded score matrix itself and sends nothing "
+                               "(epsilon_s = 0)")
     evaluate.add_argument("--epsilon-serve", type=float, default=math.inf,
                           help="epsilon_s per query (default inf: no noise)")
     evaluate.add_argument("--delta-serve", type=float, default=0.0,

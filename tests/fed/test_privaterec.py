@@ -87,10 +87,12 @@ def test_client_inputs_pad_with_row_zero_and_draw_b_noise(client_method, clients
     again = client_inputs(data, method, basis_size=4, generator=client_generator(0, 0, u))
     torch.testing.assert_close(again.attention_noise, inputs.attention_noise)
     assert torch.equal(again.candidates, inputs.candidates)
-    # Every row keeps its candidates (DPL only moves one of them into column 0).
-    base = client_inputs(data, client_method("fedrec"), basis_size=4,
-                         generator=client_generator(0, 0, u))
-    assert torch.equal(base.candidates.sort(dim=1).values, inputs.candidates.sort(dim=1).values)
+    # Every row's candidates come from one of the client's impressions (drawn blind to the
+    # clicks, so a row need not hold a clicked news).
+    rows, _, counts = data.impressions()
+    shown = [set(r[:c].tolist()) for r, c in zip(rows, counts)]
+    for row in inputs.candidates.tolist():
+        assert any(set(row) <= s for s in shown)
 
 
 def test_infinite_epsilon_keeps_the_clicked_label_and_adds_no_noise(client_method, clients):
@@ -99,7 +101,14 @@ def test_infinite_epsilon_keeps_the_clicked_label_and_adds_no_noise(client_metho
     inputs = client_inputs(data, method, basis_size=3, generator=client_generator(0, 1, 5))
     assert torch.equal(inputs.history, data.history)
     assert bool((inputs.attention_noise == 0).all())
-    assert torch.equal(inputs.candidates[:, 0], data.positives[: inputs.candidates.shape[0]])
+    # Without label noise, column 0 is a clicked news of the row's impression, and exactly
+    # the impressions whose drawn candidates hold a click are kept.
+    rows, clicks, counts = data.impressions()
+    clicked = [set(r[k].tolist()) for r, k in zip(rows, clicks)]
+    assert inputs.candidates.shape[0] >= 1
+    for row in inputs.candidates.tolist():
+        assert any(row[0] in c and set(row) <= set(r[:n].tolist())
+                   for c, r, n in zip(clicked, rows, counts))
 
 
 def test_dpa_noise_of_a_client_has_the_amplified_laplace_scale(client_method, clients):
@@ -183,6 +192,10 @@ def test_paper_round_uses_each_clients_noise(make_objective, clients, client_met
                        for x in inputs])
     torch.testing.assert_close(g, (counts[:, None] * per).sum(0) / counts.sum(),
                                rtol=1e-4, atol=1e-7)
+    # A private method's server weighs clients equally (a client without kept samples
+    # contributes 0): the uniform round gradient is the plain mean of the client gradients.
+    uniform, _ = objective.round_gradient(theta, batch, uniform_clients=True)
+    torch.testing.assert_close(uniform, per.mean(0), rtol=1e-4, atol=1e-7)
     # Without the noise the round gradient differs: the noise really enters the loss.
     clean = ClientBatch.stack([x.history for x in inputs], [x.history_mask for x in inputs],
                               [x.candidates for x in inputs],
@@ -193,17 +206,22 @@ def test_paper_round_uses_each_clients_noise(make_objective, clients, client_met
 # -------------------------------------------------------------------------------- events
 def test_paper_mode_event_is_marked_not_covering_the_upload(client_method):
     method = client_method("privaterec", epsilon_train=10.0, padding_p=0.5)
-    (dpa,) = method.events(1000)
+    dpa, labels, shown = method.events(1000)
     assert dpa.epsilon == 10.0 and dpa.padding_p == 0.5 and dpa.phase == "train"
     assert dpa.sensitivity == 2.0  # simplex L1 sensitivity, not the paper's θ
     assert dpa.valid is False and dpa.note == PAPER_MODE_NOTE
+    assert dpa.data == "history" and labels.data == "labels"
+    assert labels.mechanism == "randomized_response" and labels.epsilon == 10.0
+    assert shown.epsilon == 0.0 and shown.epsilon_user == math.inf
 
 
 def test_strict_mode_splits_the_budget_between_dpa_and_the_history_gradient(client_method):
     method = client_method("privaterec", epsilon_train=10.0, privacy_mode="strict",
                            history_budget=0.3, clip=0.01)
-    dpa, hist = method.events(500)
-    assert dpa.valid and hist.valid
+    dpa, hist, labels, shown = method.events(500)
+    assert dpa.valid and hist.valid and labels.valid
+    assert (dpa.data, hist.data, labels.data) == ("history", "history", "labels")
+    assert hist.at_adjacency("user").epsilon == hist.epsilon  # the clip bounds any change
     assert dpa.epsilon == pytest.approx(7.0) and hist.epsilon == pytest.approx(3.0)
     assert hist.sensitivity == pytest.approx(0.02) and hist.dimension == 500
     assert hist.noise_scale == pytest.approx(0.02 / 3.0)
@@ -228,7 +246,7 @@ def test_strict_update_noise_follows_the_history_gradient_budget(make_objective,
     scale = 2 * 0.01 / 2.0
     d = objective.dimension
     assert float(noise.abs().mean()) == pytest.approx(scale, rel=6 / math.sqrt(d))
-    assert [e.epsilon for e in update.privacy_events] == [2.0, 2.0]
+    assert [e.epsilon for e in update.privacy_events] == [2.0, 2.0, 4.0, 0.0]
 
 
 def test_release_description_names_uncovered_parameters(client_method, make_objective):

@@ -18,8 +18,9 @@ EVENT = PrivacyEvent(mechanism="none", epsilon=math.inf, phase="train")
 
 
 def _update(payload, n: int) -> ClientUpdate:
+    # Weighted by its sample count, as fedrec's server does (a private method's weight is 1).
     return ClientUpdate(payload=torch.as_tensor(payload, dtype=torch.float64), num_examples=n,
-                        privacy_events=(EVENT,))
+                        privacy_events=(EVENT,), weight=n, sends_metadata=True)
 
 
 def test_weighted_mean_two_clients_by_hand():

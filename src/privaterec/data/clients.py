@@ -35,6 +35,13 @@ class ClientDataset:
     offsets: ``LongTensor[U + 1]``: samples of user ``u`` are ``offsets[u]:offsets[u+1]``.
     skipped: counts of what could not become a sample (e.g. impressions without a
         non-clicked candidate), reported, never silent.
+    impression_rows: ``LongTensor[I, C]`` feature rows of every displayed news of each
+        impression that produced samples (padded with 0); impression_clicks: ``BoolTensor[I,
+        C]`` which of them were clicked; impression_counts: ``LongTensor[I]``;
+        impression_offsets: ``LongTensor[U + 1]``: impressions of user ``u`` are
+        ``impression_offsets[u]:impression_offsets[u+1]``. PrivateRec's label release draws
+        its candidates from whole impressions (:mod:`privaterec.privacy.labels`); ``None``
+        when the dataset was built by hand (each sample then counts as a one-click impression).
     """
 
     user_ids: list[str]
@@ -47,6 +54,10 @@ class ClientDataset:
     impression_size: torch.Tensor
     offsets: torch.Tensor
     skipped: dict[str, int]
+    impression_rows: torch.Tensor | None = None
+    impression_clicks: torch.Tensor | None = None
+    impression_counts: torch.Tensor | None = None
+    impression_offsets: torch.Tensor | None = None
 
     @property
     def num_users(self) -> int:
@@ -80,11 +91,18 @@ class ClientDataset:
     def client(self, user: int) -> "ClientData":
         """The data that client (user index) ``user`` holds on its device."""
         lo, hi = int(self.offsets[user]), int(self.offsets[user + 1])
+        impressions: dict[str, torch.Tensor] = {}
+        if (self.impression_rows is not None and self.impression_clicks is not None
+                and self.impression_counts is not None and self.impression_offsets is not None):
+            a, b = int(self.impression_offsets[user]), int(self.impression_offsets[user + 1])
+            impressions = {"impression_rows": self.impression_rows[a:b],
+                           "impression_clicks": self.impression_clicks[a:b],
+                           "impression_counts": self.impression_counts[a:b]}
         return ClientData(index=user, user_id=self.user_ids[user],
                           history=self.history[user], history_mask=self.history_mask[user],
                           positives=self.positives[lo:hi], negatives=self.negatives[lo:hi],
                           negative_counts=self.negative_counts[lo:hi],
-                          impression_size=self.impression_size[lo:hi])
+                          impression_size=self.impression_size[lo:hi], **impressions)
 
 
 @dataclass(frozen=True)
@@ -107,10 +125,29 @@ class ClientData:
     negatives: torch.Tensor
     negative_counts: torch.Tensor
     impression_size: torch.Tensor
+    impression_rows: torch.Tensor | None = None
+    impression_clicks: torch.Tensor | None = None
+    impression_counts: torch.Tensor | None = None
 
     @property
     def num_samples(self) -> int:
         return int(self.positives.shape[0])
+
+    def impressions(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(rows [I, C], clicks [I, C], counts [I])`` of this client's impressions.
+
+        Built by hand without impressions, each sample counts as one impression holding its
+        clicked news and its non-clicked pool (exact for one-click impressions).
+        """
+        if (self.impression_rows is not None and self.impression_clicks is not None
+                and self.impression_counts is not None):
+            return self.impression_rows, self.impression_clicks, self.impression_counts
+        rows = torch.cat([self.positives[:, None], self.negatives], dim=1)
+        counts = 1 + self.negative_counts
+        clicks = torch.zeros_like(rows, dtype=torch.bool)
+        clicks[:, 0] = True
+        clicks &= torch.arange(rows.shape[1]) < counts[:, None]
+        return rows, clicks, counts
 
 
 def draw_candidates(positives: torch.Tensor, pool: torch.Tensor, counts: torch.Tensor, *,
@@ -158,6 +195,9 @@ def build_client_dataset(split: MindSplit, features: NewsFeatures, *,
     user_ids = sorted(by_user)
     histories, masks = [], []
     sample_user, positives, negs, sizes = [], [], [], []
+    imp_user: list[int] = []
+    imp_rows: list[list[int]] = []
+    imp_clicks: list[list[bool]] = []
     skipped = {"unlabelled_impressions": 0, "impressions_without_click": 0,
                "impressions_without_non_click": 0}
     for u, user in enumerate(user_ids):
@@ -178,6 +218,9 @@ def build_client_dataset(split: MindSplit, features: NewsFeatures, *,
                 skipped["impressions_without_non_click"] += 1
                 continue
             other_rows = features.rows_of(others)
+            imp_user.append(u)
+            imp_rows.append(features.rows_of(list(imp.candidates)))
+            imp_clicks.append([y == 1 for y in imp.labels])
             for row in features.rows_of(clicked):
                 sample_user.append(u)
                 positives.append(row)
@@ -191,6 +234,16 @@ def build_client_dataset(split: MindSplit, features: NewsFeatures, *,
     counts = torch.bincount(sample_user_t, minlength=len(user_ids))
     offsets = torch.zeros(len(user_ids) + 1, dtype=torch.long)
     offsets[1:] = counts.cumsum(0)
+    imp_width = max((len(r) for r in imp_rows), default=1)
+    impression_rows = torch.zeros(len(imp_rows), imp_width, dtype=torch.long)
+    impression_clicks = torch.zeros(len(imp_rows), imp_width, dtype=torch.bool)
+    for i, (r, c) in enumerate(zip(imp_rows, imp_clicks)):
+        impression_rows[i, : len(r)] = torch.tensor(r, dtype=torch.long)
+        impression_clicks[i, : len(c)] = torch.tensor(c, dtype=torch.bool)
+    imp_counts_per_user = torch.bincount(torch.tensor(imp_user, dtype=torch.long),
+                                         minlength=len(user_ids))
+    impression_offsets = torch.zeros(len(user_ids) + 1, dtype=torch.long)
+    impression_offsets[1:] = imp_counts_per_user.cumsum(0)
     return ClientDataset(
         user_ids=user_ids,
         history=torch.stack(histories) if histories else torch.zeros(0, history_len,
@@ -204,4 +257,8 @@ def build_client_dataset(split: MindSplit, features: NewsFeatures, *,
         impression_size=torch.tensor(sizes, dtype=torch.long),
         offsets=offsets,
         skipped=skipped,
+        impression_rows=impression_rows,
+        impression_clicks=impression_clicks,
+        impression_counts=torch.tensor([len(r) for r in imp_rows], dtype=torch.long),
+        impression_offsets=impression_offsets,
     )

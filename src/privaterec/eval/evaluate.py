@@ -43,6 +43,10 @@ HistoryTransform = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, to
 UserEncoderFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 """``(vectors [b, H, d], mask [b, H]) -> user [b, d]``, in place of ``model.encode_user``."""
 
+CandidateTransform = Callable[[torch.Tensor], torch.Tensor]
+"""``news [U, d] -> news' [U, D]``: the candidates' vectors in the space the user vectors of
+``user_encoder`` live in (local ranking: the columns of P = b·Rᵀ, D = B)."""
+
 _MAX_EXAMPLES = 5
 
 
@@ -120,7 +124,9 @@ def score_impressions(model: Recommender, split: MindSplit, features: NewsFeatur
                       history_len: int, batch_size: int = 256, progress: bool = False,
                       user_transform: UserTransform | None = None,
                       history_transform: HistoryTransform | None = None,
-                      user_encoder: UserEncoderFn | None = None) -> ScoredImpressions:
+                      user_encoder: UserEncoderFn | None = None,
+                      candidate_transform: CandidateTransform | None = None
+                      ) -> ScoredImpressions:
     """Click scores ŷ = uᵀr of every candidate of every labelled impression of ``split``.
 
     The model is put in eval mode (and restored afterwards) and run under ``torch.no_grad()``.
@@ -188,6 +194,7 @@ def score_impressions(model: Recommender, split: MindSplit, features: NewsFeatur
     try:
         with torch.no_grad():
             cache = _encode_news(model, features, used, batch_size, progress)  # [U, d]
+            scored = cache if candidate_transform is None else candidate_transform(cache)
             hist_idx = compact[hist_rows]
             cand_idx = compact[cand_rows]
             n = len(labelled)
@@ -207,7 +214,7 @@ def score_impressions(model: Recommender, split: MindSplit, features: NewsFeatur
                                          f"{tuple(user.shape)}, got {tuple(transformed.shape)}")
                     user = transformed
                 owners = torch.repeat_interleave(torch.arange(end - start), counts[start:end])
-                cands = cache[cand_idx[offsets[start]:offsets[end]]]  # [Σ C_i, d]
+                cands = scored[cand_idx[offsets[start]:offsets[end]]]  # [Σ C_i, d or D]
                 scores = (user[owners] * cands).sum(dim=-1).numpy()
                 for i in range(start, end):
                     lo, hi = offsets[i] - offsets[start], offsets[i + 1] - offsets[start]
@@ -224,7 +231,9 @@ def evaluate_model(model: Recommender, split: MindSplit, features: NewsFeatures,
                    history_len: int, batch_size: int = 256, progress: bool = False,
                    user_transform: UserTransform | None = None,
                    history_transform: HistoryTransform | None = None,
-                   user_encoder: UserEncoderFn | None = None) -> dict[str, float | int]:
+                   user_encoder: UserEncoderFn | None = None,
+                   candidate_transform: CandidateTransform | None = None
+                   ) -> dict[str, float | int]:
     """MIND metrics of ``model`` over all labelled impressions of ``split``.
 
     Scores with :func:`score_impressions` (same parameters) and averages per impression with
@@ -246,7 +255,8 @@ def evaluate_model(model: Recommender, split: MindSplit, features: NewsFeatures,
                                batch_size=batch_size, progress=progress,
                                user_transform=user_transform,
                                history_transform=history_transform,
-                               user_encoder=user_encoder)
+                               user_encoder=user_encoder,
+                               candidate_transform=candidate_transform)
     if not scored.pairs:
         raise ValueError(f"{_where(split)}: no labelled impression to evaluate "
                          f"({scored.unlabelled_impressions} unlabelled impressions skipped)")

@@ -10,7 +10,11 @@ candidates with it. :func:`private_user_encoder` returns the device side as the
   α = softmax(u·bᵀ/√d), α̃ = softplus-normalised α + DPA noise at the amplified budget
   (true simplex sensitivity), server ũ = Σ α̃ᵢ bᵢ (Alg. 1 line 3). :func:`dpa_release` is
   this device computation, shared with the device SDK (:mod:`privaterec.serving.client`);
-* ``vdp`` — §3.2.1: clip the d-dim user vector to θ and add noise calibrated to ε_s.
+* ``vdp`` — §3.2.1: clip the d-dim user vector to θ and add noise calibrated to ε_s;
+* ``local`` — local ranking (issue 16): the device holds the pool's score matrix P = b·Rᵀ
+  (or, without basic vectors, the news vectors R) and ranks with its exact α (or u); nothing
+  is sent, ε_s = 0. :func:`local_ranking_seams` scores candidates as the device does, α·P with
+  P computed like the server's store.
 
 ε_s = ∞ means no noise (and no padding for ``privaterec``: padding only buys amplification).
 Every query is one release; :func:`serving_event` is its privacy event.
@@ -22,6 +26,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
+import numpy as np
 import torch
 
 from privaterec.config import SERVING_KINDS, _check, _check_choice
@@ -33,6 +38,10 @@ from privaterec.privacy.ledger import PrivacyEvent
 from privaterec.privacy.samplers import NoiseSource, SimulationNoise
 
 UserEncoder = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+CandidateTransform = Callable[[torch.Tensor], torch.Tensor]
+
+LOCAL_NOTE = ("local ranking: the device ranks the downloaded pool itself; nothing "
+              "user-dependent is sent (the server sees only that the device synced the pool)")
 
 
 @dataclass(frozen=True)
@@ -41,8 +50,8 @@ class ServingConfig:
 
     Attributes
     ----------
-    kind: ``none``, ``privaterec`` or ``vdp``.
-    epsilon: ε_s of one query (``inf``: no noise).
+    kind: ``none``, ``privaterec``, ``vdp`` or ``local`` (nothing sent: ε_s = 0).
+    epsilon: ε_s of one query (``inf``: no noise; ``local`` takes no ε).
     delta: δ_s (0 with Laplace; in (0, 1) with Gaussian).
     padding_p: PrivateRec's padding probability p (ignored by ``vdp`` and ``none``).
     mechanism: ``laplace`` or ``gaussian``.
@@ -70,6 +79,9 @@ class ServingConfig:
         _check_choice(self.sensitivity_mode, "sensitivity_mode", ("true", "paper"))
         _check_choice(self.normalization, "serving normalization", ("softplus", "relu"))
         _check(self.epsilon > 0, "epsilon_serve", f"got {self.epsilon!r}, expected > 0")
+        _check(self.kind != "local" or math.isinf(self.epsilon), "epsilon_serve",
+               f"got {self.epsilon!r}; local ranking sends nothing (epsilon_s = 0) and adds "
+               f"no noise: drop --epsilon-serve")
         _check(0 <= self.padding_p < 1, "padding_p",
                f"got {self.padding_p!r}, expected a probability 0 <= p < 1")
         _check(0 < self.vdp_clip < math.inf, "vdp_clip",
@@ -91,6 +103,9 @@ class ServingConfig:
 
 def serving_event(config: ServingConfig, *, basis_size: int, dim: int) -> PrivacyEvent:
     """The privacy event of one query under ``config`` (no noise drawn)."""
+    if config.kind == "local":
+        return PrivacyEvent(mechanism="none", epsilon=0.0, phase="serve", dimension=1,
+                            note=LOCAL_NOTE)
     if config.kind == "none":
         return PrivacyEvent(mechanism="none", epsilon=math.inf, phase="serve", dimension=dim,
                             note="user vector sent in the clear")
@@ -236,6 +251,9 @@ def private_user_encoder(model: Recommender, features: NewsFeatures, config: Ser
     """
     if config.kind == "none":
         return model.encode_user
+    if config.kind == "local":
+        raise ConfigError("local ranking scores candidates on the device: use "
+                          "local_ranking_seams(model)")
     if config.kind == "vdp":
         def vdp(vectors: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
             released, _ = vdp_release(model.encode_user(vectors, mask), clip=config.vdp_clip,
@@ -258,5 +276,45 @@ def private_user_encoder(model: Recommender, features: NewsFeatures, config: Ser
     return privaterec
 
 
-__all__ = ["SERVING_KINDS", "DpaRelease", "ServingConfig", "dpa_release", "noise_source",
+def _store_scores(vectors: torch.Tensor, basis: torch.Tensor) -> torch.Tensor:
+    """Rows of Pᵀ = R·bᵀ ``[n, B]``, in float64 then float32, as the server's store computes
+    them (:func:`privaterec.serving.store._space_scores`)."""
+    return (vectors.double() @ basis.double().T).float()
+
+
+def local_ranking_seams(model: Recommender) -> tuple[UserEncoder, CandidateTransform]:
+    """The ``user_encoder`` and ``candidate_transform`` seams of
+    :func:`privaterec.eval.evaluate.score_impressions` for local ranking.
+
+    With basic vectors: the device's exact α = softmax(u·bᵀ/√d) ``[b, B]`` (no padding, no
+    noise) against the candidates' columns of P = b·Rᵀ ``[C, B]`` (float64 → float32, like the
+    downloaded matrix), so a score is α·P_c. Without: u ``[b, d]`` against the float32 news
+    vectors. Nothing is sent: each query's event is :func:`serving_event` of ``local``.
+    """
+    basis = model.basis
+    if basis is None:
+        return model.encode_user, lambda vectors: vectors
+    weight = basis.weight.detach()
+
+    def alpha(vectors: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return basis.attention(model.interest(vectors, mask))
+
+    return alpha, lambda vectors: _store_scores(vectors, weight)
+
+
+def local_download_bytes(news_ids: list[str], rows: int, dtype: str = "float32") -> int:
+    """Bytes of the full pool download (:mod:`privaterec.serving.pool_format`) of a pool
+    of ``news_ids`` with ``rows`` floats per news (B, or d without a basis): the records are
+    raw, so only the ids' compression and a few header bytes vary."""
+    from privaterec.serving.pool_format import PoolState, encode_full, quantize
+
+    data, scales = quantize(np.zeros((len(news_ids), rows), np.float32), dtype)
+    state = PoolState(space="scores", dtype=dtype, rows=rows, model_version="0" * 12,
+                      pool_id="0" * 16, version=1, ids=tuple(news_ids), data=data,
+                      scales=scales)
+    return len(encode_full(state, "0" * 64))
+
+
+__all__ = ["LOCAL_NOTE", "local_download_bytes", "local_ranking_seams",
+           "SERVING_KINDS", "DpaRelease", "ServingConfig", "dpa_release", "noise_source",
            "private_user_encoder", "serving_event"]

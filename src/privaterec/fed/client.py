@@ -5,9 +5,17 @@ The vectorized simulator computes exactly this for many clients at once (same ge
 use, batched gradients) and the Flower ClientApp calls it directly on the device.
 
 A client's generator is used in a fixed order: (1) choose at most ``max_samples`` of its
-samples, (2) draw k non-clicked candidates per sample, then for PrivateRec (Alg. 2-3)
-(3) the behaviour padding of its history, (4) the DPA noise on α, (5) the DPL labels; last
-(6) the noise on its gradient (FedNewsRec, DP-FedRec, PrivateRec strict).
+samples, (2) draw k non-clicked candidates per sample; PrivateRec (Alg. 2-3) instead chooses
+at most ``max_samples`` of its impressions and then draws (3) the behaviour padding of its
+history, (4) the DPA noise on α, (5) the label release of its impressions
+(:mod:`privaterec.privacy.labels`: candidates drawn blind to the clicks, randomized response
+on which was clicked); last (6) the noise on its gradient (FedNewsRec, DP-FedRec, PrivateRec
+strict).
+
+What a client sends (:meth:`ClientUpdate.sent`) is its released update only, for every
+private method: its loss and its number of samples are private data (an unaccounted release)
+and the server weighs every client's update equally. Only ``fedrec``, which releases its raw
+gradient anyway, also sends them (FedNewsRec Eq. 6's weights).
 """
 
 from __future__ import annotations
@@ -21,8 +29,8 @@ from privaterec.data.clients import ClientData, draw_candidates
 from privaterec.errors import ConfigError
 from privaterec.fed.methods import ClientMethod, privatize, privatize_history
 from privaterec.fed.objective import ClientBatch, LocalObjective
-from privaterec.privacy.dpa import (dpa_noise, dpl_choose, pad_history, padding_mask,
-                                    permute_columns)
+from privaterec.privacy.dpa import dpa_noise, pad_history, padding_mask, permute_columns
+from privaterec.privacy.labels import release_labels
 from privaterec.privacy.ledger import PrivacyEvent
 
 
@@ -34,15 +42,35 @@ class ClientUpdate:
     ----------
     payload: ``Tensor[D]``: the clipped/noised gradient (FedSGD) or pseudo-gradient θ − θ_u
         (FedAvg, E > 1). Strategies subtract it.
-    num_examples: |B_u|, the number of samples used (the aggregation weight, Eq. 6).
-    privacy_events: the releases this upload spent (for the user's ledger).
-    metrics: e.g. ``{"loss": mean loss before the update}``.
+    num_examples: |B_u|, the number of samples used (kept on the device by private methods).
+    privacy_events: the releases this upload spent (for the user's ledger; a function of the
+        public run configuration only, the same for every client and round).
+    metrics: e.g. ``{"loss": mean loss before the update}`` (kept on the device by private
+        methods; the simulator logs it as a simulation-only diagnostic).
+    weight: the update's weight in the server's mean (``num_examples`` for ``fedrec``, else 1;
+        :meth:`~privaterec.fed.methods.ClientMethod.aggregation_weight`).
+    sends_metadata: whether ``num_examples`` and the loss are part of what the client sends.
     """
 
     payload: torch.Tensor
     num_examples: int
     privacy_events: tuple[PrivacyEvent, ...]
     metrics: dict[str, Any] = field(default_factory=dict)
+    weight: float = 1.0
+    sends_metadata: bool = False
+
+    def sent(self) -> dict[str, Any]:
+        """Everything the client transmits to the server (besides its public events).
+
+        ``{"payload": Tensor[D]}``, plus ``num_examples`` and ``loss`` for a method that sends
+        metadata (``fedrec``). The Flower ClientApp sends exactly this; the end-to-end
+        privacy audit distinguishes neighbours on exactly this.
+        """
+        out: dict[str, Any] = {"payload": self.payload}
+        if self.sends_metadata:
+            out["num_examples"] = self.num_examples
+            out["loss"] = float(self.metrics["loss"])
+        return out
 
 
 def _draw_samples(data: ClientData, method: ClientMethod, *,
@@ -92,12 +120,17 @@ def client_inputs(data: ClientData, method: ClientMethod, *, basis_size: int,
     basis_size: B of the model (PrivateRec; ignored by the other methods).
     generator: the client's generator.
     """
-    chosen, candidates = _draw_samples(data, method, generator=generator)
     if not method.is_privaterec:
+        _, candidates = _draw_samples(data, method, generator=generator)
         return ClientInputs(data.history, data.history_mask, candidates)
     if basis_size < 1:
         raise ConfigError("privaterec needs a model with basic vectors (ModelConfig."
                           "basis_size >= 1; resolve_run_config sets 5)")
+    rows, clicks, counts = data.impressions()
+    n = rows.shape[0]
+    if n > method.max_samples:
+        chosen = torch.randperm(n, generator=generator)[: method.max_samples].sort().values
+        rows, clicks, counts = rows[chosen], clicks[chosen], counts[chosen]
     pad = padding_mask(data.history_mask, padding_p=method.padding_p, generator=generator)
     history = pad_history(data.history, pad)
     (eps, delta), _ = method.budget_split()
@@ -105,10 +138,12 @@ def client_inputs(data: ClientData, method: ClientMethod, *, basis_size: int,
                          padding_p=method.padding_p, mechanism=method.noise,  # type: ignore[arg-type]
                          sensitivity=method.sensitivity_mode,  # type: ignore[arg-type]
                          generator=generator)
-    column, _ = dpl_choose(data.impression_size[chosen], negatives=method.negatives,
-                           epsilon=method.epsilon, generator=generator)
-    return ClientInputs(history, data.history_mask, permute_columns(candidates, column),
-                        noise[0])
+    size = method.label_candidates
+    positions, released = release_labels(clicks, counts, size=size, epsilon=method.epsilon,
+                                         generator=generator)
+    keep = released < size
+    candidates = permute_columns(rows.gather(1, positions)[keep], released[keep])
+    return ClientInputs(history, data.history_mask, candidates, noise[0])
 
 
 def client_update(objective: LocalObjective, params: torch.Tensor, data: ClientData,
@@ -140,18 +175,24 @@ def client_update(objective: LocalObjective, params: torch.Tensor, data: ClientD
         raise ValueError(f"client {data.user_id!r} has no training sample")
     inputs = client_inputs(data, method, basis_size=objective.basis_size, generator=generator)
     candidates = inputs.candidates
+    n = int(candidates.shape[0])
+    common = dict(num_examples=n, weight=method.aggregation_weight(n),
+                  sends_metadata=method.sends_metadata)
     if method.is_privaterec:
+        # A client whose label release dropped every impression computes a zero gradient
+        # (and, in strict mode, still releases the noised history part): its upload has the
+        # same form as anyone's.
         strict = method.privacy_mode == "strict"
         grad, loss = objective.client_gradient(params, inputs.history, inputs.history_mask,
                                                candidates, attention_noise=inputs.attention_noise,
                                                split_history=strict)
         events = method.events(objective.dimension)
         if not strict:
-            return ClientUpdate(payload=grad, num_examples=int(candidates.shape[0]),
-                                privacy_events=events, metrics={"loss": loss})
+            return ClientUpdate(payload=grad, privacy_events=events, metrics={"loss": loss},
+                                **common)
         noised, _ = privatize_history(grad[1][None], method, [generator])
-        return ClientUpdate(payload=grad[0] + noised[0], num_examples=int(candidates.shape[0]),
-                            privacy_events=events, metrics={"loss": loss})
+        return ClientUpdate(payload=grad[0] + noised[0], privacy_events=events,
+                            metrics={"loss": loss}, **common)
     if method.local_steps == 1:
         grad, loss = objective.client_gradient(params, inputs.history, inputs.history_mask,
                                                candidates)
@@ -162,5 +203,5 @@ def client_update(objective: LocalObjective, params: torch.Tensor, data: ClientD
                                                 lr=method.local_lr)
         loss = float(losses[0])
     released, event = privatize(update, method, [generator])
-    return ClientUpdate(payload=released[0], num_examples=int(candidates.shape[0]),
-                        privacy_events=(event,), metrics={"loss": loss})
+    return ClientUpdate(payload=released[0], privacy_events=(event,), metrics={"loss": loss},
+                        **common)

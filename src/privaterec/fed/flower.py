@@ -58,6 +58,7 @@ os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")  # silences a F
 
 import contextvars  # noqa: E402
 import hashlib  # noqa: E402
+import math  # noqa: E402
 import json  # noqa: E402
 import logging  # noqa: E402
 import tempfile  # noqa: E402
@@ -275,17 +276,20 @@ def _client_train(message: Message, context: Context) -> Message:
                          else client_generator(seed, round_index, int(user)))
             update = client_update(device.objective, theta, data, device.method,
                                    generator=generator)
-            payloads.append(update.payload)
-            counts.append(update.num_examples)
-            losses.append(float(update.metrics["loss"]))
+            sent = update.sent()  # a private method sends its released update only
+            payloads.append(sent["payload"])
+            if device.method.sends_metadata:
+                counts.append(int(sent["num_examples"]))
+                losses.append(float(sent["loss"]))
             events.append(json.dumps([e.to_dict() for e in update.privacy_events]))
-    content = RecordDict({
-        "updates": ArrayRecord({"payloads": Array(torch.stack(payloads).detach().numpy())}),
-        "result": ConfigRecord({"users": list(config["users"]), "num-examples": counts,
-                                "events": events}),
-        "metrics": MetricRecord({"loss": losses}),
-    })
-    return Message(content, reply_to=message)
+    result = {"users": list(config["users"]), "events": events}
+    records: dict[str, Any] = {
+        "updates": ArrayRecord({"payloads": Array(torch.stack(payloads).detach().numpy())})}
+    if device.method.sends_metadata:
+        result["num-examples"] = counts
+        records["metrics"] = MetricRecord({"loss": losses})
+    records["result"] = ConfigRecord(result)
+    return Message(RecordDict(records), reply_to=message)
 
 
 def make_client_app() -> ClientApp:
@@ -384,26 +388,35 @@ def discover_nodes(grid: Grid, clients: ClientDataset, run: ConfigRecord, *,
         time.sleep(0.2)
 
 
-def _parse_reply(reply: Message, expected: Sequence[int],
-                 clients: ClientDataset) -> dict[int, ClientUpdate]:
+def _parse_reply(reply: Message, expected: Sequence[int], clients: ClientDataset,
+                 method: ClientMethod) -> dict[int, ClientUpdate]:
     """The updates in one SuperNode's reply, keyed by user index."""
     if reply.has_error():
         raise PrivateRecError(_reply_error(reply))
     result = reply.content["result"]
     payloads = torch.from_numpy(np.array(reply.content["updates"]["payloads"].numpy(),
                                          dtype=np.float32, copy=True))
-    losses = list(reply.content["metrics"]["loss"])
+    users = list(result["users"])
+    with_metadata = "num-examples" in result
+    if with_metadata != method.sends_metadata:
+        raise PrivateRecError(
+            f"SuperNode {reply.metadata.src_node_id} "
+            + ("sent its clients' sample counts and losses, which a private method's client "
+               "must not release" if with_metadata else
+               "did not send the sample counts and losses that fedrec aggregates with"))
+    counts = list(result["num-examples"]) if with_metadata else [0] * len(users)
+    losses = list(reply.content["metrics"]["loss"]) if with_metadata else [math.nan] * len(users)
     index = {clients.user_ids[u]: u for u in expected}
     updates: dict[int, ClientUpdate] = {}
-    for row, (uid, n, events, loss) in enumerate(zip(result["users"], result["num-examples"],
-                                                     result["events"], losses)):
+    for row, (uid, n, events, loss) in enumerate(zip(users, counts, result["events"], losses)):
         if uid not in index:
             raise PrivateRecError(f"SuperNode {reply.metadata.src_node_id} replied for "
                                   f"user {uid!r}, which it was not asked for")
         updates[index[uid]] = ClientUpdate(
             payload=payloads[row], num_examples=int(n),
             privacy_events=tuple(PrivacyEvent.from_dict(e) for e in json.loads(events)),
-            metrics={"loss": float(loss)})
+            metrics={"loss": float(loss)}, weight=method.aggregation_weight(int(n)),
+            sends_metadata=with_metadata)
     return updates
 
 
@@ -430,7 +443,7 @@ def _round_fn(grid: Grid, clients: ClientDataset, owner: Mapping[int, int],
         updates: dict[int, ClientUpdate] = {}
         for reply in replies:
             updates.update(_parse_reply(reply, by_node.get(reply.metadata.src_node_id, []),
-                                        clients))
+                                        clients, method))
         missing = sorted(set(selected) - updates.keys())
         if missing:
             raise PrivateRecError(f"round {t + 1}: {len(missing)} of {len(selected)} clients "
@@ -438,7 +451,8 @@ def _round_fn(grid: Grid, clients: ClientDataset, owner: Mapping[int, int],
                                   f"(e.g. user {clients.user_ids[missing[0]]!r})")
         ordered = [updates[u] for u in sorted(selected)]
         for u, update in zip(sorted(selected), ordered):
-            if update.num_examples != int(expected_samples[u]):
+            if (method.sends_metadata
+                    and update.num_examples != int(expected_samples[u])):
                 raise PrivateRecError(
                     f"round {t + 1}: user {clients.user_ids[u]!r} used {update.num_examples} "
                     f"samples, the server's data says {int(expected_samples[u])}: the device "
@@ -447,8 +461,10 @@ def _round_fn(grid: Grid, clients: ClientDataset, owner: Mapping[int, int],
                 raise PrivateRecError(f"round {t + 1}: user {clients.user_ids[u]!r} reported "
                                       f"privacy events {update.privacy_events} but the run's "
                                       f"method releases {expected_events}")
-        return RoundResult(aggregate(ordered), [x.num_examples for x in ordered],
-                           [float(x.metrics["loss"]) for x in ordered],
+        known = method.sends_metadata  # a private method's server learns neither
+        return RoundResult(aggregate(ordered),
+                           [x.num_examples for x in ordered] if known else None,
+                           [float(x.metrics["loss"]) for x in ordered] if known else None,
                            [x.privacy_events for x in ordered])
 
     return round_fn

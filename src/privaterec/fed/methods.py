@@ -22,6 +22,7 @@ from privaterec.config import FedConfig, RunConfig, replace
 from privaterec.errors import ConfigError
 from privaterec.privacy.calibration import fednewsrec_coordinate_epsilon
 from privaterec.privacy.dpa import dpa_noise
+from privaterec.privacy.labels import candidate_set_event, label_event
 from privaterec.privacy.ledger import PrivacyEvent
 from privaterec.privacy.mechanisms import (clip_elementwise, clip_l1, clip_l2,
                                            gaussian_mechanism,
@@ -155,6 +156,24 @@ class ClientMethod:
         return self.name == "privaterec"
 
     @property
+    def sends_metadata(self) -> bool:
+        """Whether a client also sends its loss and number of samples (only ``fedrec``,
+        whose upload is not private anyway; a private method's client sends its released
+        update only: a count or a loss would be an unaccounted release)."""
+        return self.name == "fedrec"
+
+    def aggregation_weight(self, num_examples: int) -> float:
+        """The weight of a client's update in the server's mean: its number of samples
+        (FedNewsRec Eq. 6) when that number is sent, else 1 (a private method's server must
+        not depend on a private count)."""
+        return float(num_examples) if self.sends_metadata else 1.0
+
+    @property
+    def label_candidates(self) -> int:
+        """Candidates per impression of PrivateRec's label release (1 + k)."""
+        return 1 + self.negatives
+
+    @property
     def per_client_release(self) -> bool:
         """Whether each client clips or noises its own update (needs per-client gradients)."""
         if self.is_privaterec:
@@ -165,9 +184,11 @@ class ClientMethod:
         """PrivateRec: ((ε, δ) of DPA, (ε, δ) of the history-path gradient or None).
 
         Paper mode gives DPA the whole (ε_t, δ_t). Strict mode spends the share
-        ``history_budget`` on the history-path gradient and the rest on DPA; both see the
-        history, so they compose to (ε_t, δ_t) per round; DPL acts on the clicks of the
-        candidates, a disjoint part of the data (parallel composition, PrivateRec Thm. 3).
+        ``history_budget`` on the history-path gradient and the rest on DPA; both read the
+        history, so they compose to (ε_t, δ_t) per round. The label release
+        (:mod:`privaterec.privacy.labels`) acts on the clicks of the impressions, a disjoint
+        part of the data, at ε_t: everything else depends on those clicks only through it
+        (parallel composition for one click; the ledger composes the parts separately).
         """
         if self.privacy_mode != "strict":
             return (self.epsilon, self.delta), None
@@ -218,10 +239,15 @@ class ClientMethod:
                     "sensitivity_mode": self.sensitivity_mode,
                     "sensitivity": dpa.sensitivity, "noise_scale": dpa.noise_scale,
                     "valid": dpa.valid},
-            "dpl": {"epsilon": self.epsilon, "negatives": self.negatives,
-                    "note": "exponential mechanism on which candidate is labelled positive, "
-                            "parallel to DPA (disjoint data); the sampled candidate set "
-                            "always holds the clicked news and is not covered"},
+            "labels": {"epsilon": self.epsilon, "candidates": self.label_candidates,
+                       "max_impressions": self.max_samples,
+                       "note": f"{self.label_candidates} candidates drawn uniformly from each "
+                               f"impression independently of the clicks, "
+                               f"{self.label_candidates + 1}-ary randomized response on which "
+                               f"was clicked (or none); epsilon per impression's clicks"},
+            "candidate_sets": "the candidate-path gradient reveals which displayed news were "
+                              "drawn (not which were clicked): public for one-click "
+                              "adjacency, not private for user-level adjacency",
             "uncovered_parameters": uncovered if self.privacy_mode == "paper" else [],
             "noised_parameters": list(parameters) if history else [],
             "clients_per_round": clients_per_round, "client_fraction": client_fraction,
@@ -265,21 +291,31 @@ def privaterec_train_events(method: ClientMethod, *, dimension: int
                             ) -> tuple[PrivacyEvent, ...]:
     """The per-round events of one PrivateRec client, without drawing noise.
 
-    DPA's release of α̃ (padding-amplified), and in strict mode the noised history-path
-    gradient. DPL is parallel to them (disjoint data, PrivateRec Thm. 3) at the same ε_t, so
-    it adds nothing to a user's total and is described in the release instead.
+    DPA's release of α̃ (padding-amplified; reads the history), in strict mode the noised
+    history-path gradient (reads the history), the label release (reads the clicks of the
+    impressions, :mod:`privaterec.privacy.labels`) and the candidate sets the unnoised
+    candidate-path gradient reveals (public for one click, not private for a whole user).
+    Under one-click adjacency the history events and the label event bound disjoint data, so
+    a round costs max(ε_DPA + ε_hist, ε_label) = ε_t; the ledger composes them that way.
     """
     (eps_dpa, delta_dpa), history = method.budget_split()
     _, dpa = dpa_noise((1, 1), epsilon=eps_dpa, delta=delta_dpa, padding_p=method.padding_p,
                        mechanism=method.noise, sensitivity=method.sensitivity_mode,  # type: ignore[arg-type]
                        generator=torch.Generator(), draw_noise=False)
+    dpa = replace(dpa, data="history")
     if method.privacy_mode == "paper" and dpa.is_private:
-        dpa = replace(dpa, valid=False, note=PAPER_MODE_NOTE)
+        note = PAPER_MODE_NOTE if dpa.valid else f"{dpa.note}; {PAPER_MODE_NOTE}"
+        dpa = replace(dpa, valid=False, note=note)
+    labels = ((label_event(epsilon=method.epsilon, size=method.label_candidates,
+                           max_impressions=method.max_samples), candidate_set_event())
+              if math.isfinite(method.epsilon) else
+              (PrivacyEvent(mechanism="none", epsilon=math.inf, phase="train", data="labels",
+                            note="labels released without protection (epsilon_train = inf)"),))
     if history is None:
-        return (dpa,)
+        return (dpa, *labels)
     _, hist = privatize_history(torch.zeros(1, dimension), method, [torch.Generator()],
                                 draw_noise=False)
-    return (dpa, hist)
+    return (dpa, replace(hist, data="history"), *labels)
 
 
 def privatize_history(updates: torch.Tensor, method: ClientMethod,

@@ -98,10 +98,12 @@ class _RoundLoss(nn.Module):
         vectors = self.recommender.encode_rows(rows, deduplicate=deduplicate)
         users = self.users(vectors[: m * h].reshape(m, h, -1), history_mask, attention_noise,
                            detach_attention)
-        news = vectors[m * h:].reshape(s, c, -1)
+        news = vectors[m * h:].reshape(s, c, vectors.shape[-1])
         logits = torch.einsum("sd,scd->sc", users[sample_client], news)
         losses = F.cross_entropy(logits, torch.zeros(s, dtype=torch.long), reduction="none")
-        return (losses * weights).sum() / weights.sum()
+        # A client without samples (every impression dropped by the label release) has
+        # loss and gradient 0.
+        return (losses * weights).sum() / weights.sum().clamp_min(torch.finfo(weights.dtype).tiny)
 
 
 @dataclass(frozen=True)
@@ -155,7 +157,7 @@ class ClientBatch:
 
         ``attention_noise``: optional per-client DPA noise ``[B]`` (PrivateRec).
         """
-        width = max(c.shape[0] for c in candidates)
+        width = max(1, max(c.shape[0] for c in candidates))
         cols = candidates[0].shape[1]
         padded = torch.zeros(len(candidates), width, cols, dtype=torch.long)
         weights = torch.zeros(len(candidates), width)
@@ -307,23 +309,36 @@ class LocalObjective:
                 for i in range(chunk.num_clients)]
         return torch.stack([o[0] for o in outs]), torch.stack([o[1] for o in outs])
 
-    def round_gradient(self, flat: torch.Tensor, batch: ClientBatch) -> tuple[torch.Tensor, float]:
+    def round_gradient(self, flat: torch.Tensor, batch: ClientBatch, *,
+                       uniform_clients: bool = False) -> tuple[torch.Tensor, float]:
         """Σ_u (n_u/N) g_u and the mean loss, with one backward pass (DESIGN §6).
 
         The weighted sum of client gradients, weights n_u/N (FedNewsRec Eq. 6), is the
         gradient of the mean loss over all the round's samples, so the round costs one
         forward and one backward over its samples; the news of the round are encoded once.
-        Per-client inputs (PrivateRec's padded histories, DPA noise, DPL labels) are part of
-        the batch, so PrivateRec's paper mode also takes this path.
+        Per-client inputs (PrivateRec's padded histories, DPA noise, released labels) are
+        part of the batch, so PrivateRec's paper mode also takes this path.
+
+        ``uniform_clients``: (1/m) Σ_u g_u instead (a private method's server weighs every
+        client equally; a client without samples contributes 0): each sample is weighted
+        1/n_u.
         """
         real = batch.weights > 0
         sample_client = torch.arange(batch.num_clients)[:, None].expand_as(real)[real]
         candidates = batch.candidates[real]
+        if candidates.shape[0] == 0:
+            return torch.zeros_like(flat), 0.0
+        weights = torch.ones(candidates.shape[0])
+        scale = 1.0
+        if uniform_clients:
+            per_client = real.sum(1)
+            weights = 1.0 / per_client[sample_client].float()
+            scale = int((per_client > 0).sum()) / batch.num_clients
         flat = flat.detach().requires_grad_(True)
         loss = self._call(flat, batch.history, batch.history_mask, candidates, sample_client,
-                          torch.ones(candidates.shape[0]), True, batch.attention_noise, False)
+                          weights, True, batch.attention_noise, False)
         (g,) = torch.autograd.grad(loss, flat)
-        return g, float(loss.detach())
+        return (g * scale if scale != 1.0 else g), float(loss.detach())
 
     def local_deltas(self, flat: torch.Tensor, batch: ClientBatch, *, steps: int, lr: float,
                      chunk_clients: int = 16) -> tuple[torch.Tensor, torch.Tensor]:

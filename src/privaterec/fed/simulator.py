@@ -39,11 +39,16 @@ from privaterec.training.determinism import deterministic_algorithms, flush_deno
 
 @dataclass
 class RoundResult:
-    """A round's aggregate: direction ḡ ``[D]``, and per client its samples, loss, events."""
+    """A round's aggregate: direction ḡ ``[D]``, and per client its samples, loss, events.
+
+    ``num_examples`` and ``losses`` are what the server knows: a private method's clients do
+    not send them (:meth:`~privaterec.fed.client.ClientUpdate.sent`), so the Flower engine
+    leaves them ``None``; the simulator computes them as a simulation-only diagnostic.
+    """
 
     direction: torch.Tensor
-    num_examples: list[int]
-    losses: list[float]
+    num_examples: list[int] | None
+    losses: list[float] | None
     events: list[tuple[PrivacyEvent, ...]]
 
 
@@ -91,15 +96,17 @@ def simulate_round(objective: LocalObjective, params: torch.Tensor, clients: Cli
     batch = ClientBatch.stack([x.history for x in inputs], [x.history_mask for x in inputs],
                               [x.candidates for x in inputs], noise)
     counts = torch.tensor([x.candidates.shape[0] for x in inputs])
+    weights = torch.tensor([method.aggregation_weight(int(n)) for n in counts])
     events = method.events(objective.dimension)
     if not method.per_client_release and method.local_steps == 1:
-        direction, loss = objective.round_gradient(params, batch)
+        direction, loss = objective.round_gradient(params, batch,
+                                                   uniform_clients=not method.sends_metadata)
         losses = [loss] * len(selected)  # per-client losses are not computed on this path
     elif method.is_privaterec:  # strict: candidate path raw, history path clipped + noised
         split, loss_t = objective.client_gradients(params, batch, chunk_clients=chunk_clients,
                                                    split_history=True)
         noised, _ = privatize_history(split[:, 1], method, generators)
-        direction = weighted_mean(split[:, 0] + noised, counts)
+        direction = weighted_mean(split[:, 0] + noised, weights)
         losses = [float(x) for x in loss_t]
     else:
         if method.local_steps == 1:
@@ -110,7 +117,7 @@ def simulate_round(objective: LocalObjective, params: torch.Tensor, clients: Cli
                                                      lr=method.local_lr,
                                                      chunk_clients=chunk_clients)
         released, _ = privatize(updates, method, generators)
-        direction = weighted_mean(released, counts)
+        direction = weighted_mean(released, weights)
         losses = [float(x) for x in loss_t]
     return RoundResult(direction, counts.tolist(), losses, [events] * len(selected))
 
@@ -240,10 +247,12 @@ def _train(objective: LocalObjective, clients: ClientDataset, fed: FedConfig,
                 by_event.setdefault(event, []).append(clients.user_ids[u])
         for event, users in by_event.items():
             state.ledger.record_many(users, event)
-        n = sum(result.num_examples)
-        entry: dict[str, Any] = {
-            "round": t + 1, "clients": len(selected), "samples": n,
-            "loss": sum(l * k for l, k in zip(result.losses, result.num_examples)) / n}
+        entry: dict[str, Any] = {"round": t + 1, "clients": len(selected)}
+        if result.num_examples is not None and result.losses is not None:
+            n = sum(result.num_examples)
+            entry["samples"] = n
+            entry["loss"] = (sum(l * k for l, k in zip(result.losses, result.num_examples)) / n
+                             if n else float("nan"))
         state.round_index = t + 1
         rounds_run += 1
         last = state.round_index == fed.rounds
@@ -253,7 +262,8 @@ def _train(objective: LocalObjective, clients: ClientDataset, fed: FedConfig,
             entry.update(on_evaluate(state.round_index, state) or {})
         state.log.append(entry)
         bar.update(1)
-        bar.set_postfix(loss=f"{entry['loss']:.4f}")
+        if "loss" in entry:
+            bar.set_postfix(loss=f"{entry['loss']:.4f}")
         stopping = stop_after_rounds is not None and rounds_run >= stop_after_rounds
         if last or stopping or state.round_index % fed.checkpoint_every == 0:
             checkpoint()

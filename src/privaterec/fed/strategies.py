@@ -29,7 +29,11 @@ State = dict[str, torch.Tensor]
 
 
 def weighted_mean(payloads: torch.Tensor, num_examples: torch.Tensor) -> torch.Tensor:
-    """ḡ = Σ n_u g_u / Σ n_u: payloads ``[m, D]``, num_examples ``[m]`` → ``[D]``."""
+    """ḡ = Σ n_u g_u / Σ n_u: payloads ``[m, D]``, weights n_u ``[m]`` → ``[D]``.
+
+    n_u is the number of samples for ``fedrec`` (FedNewsRec Eq. 6) and 1 for a private
+    method (the server must not depend on a private count; ``ClientUpdate.weight``).
+    """
     if payloads.shape[0] == 0:
         raise ValueError("cannot aggregate an empty round")
     weights = num_examples.to(payloads.dtype)
@@ -39,11 +43,11 @@ def weighted_mean(payloads: torch.Tensor, num_examples: torch.Tensor) -> torch.T
 
 
 def aggregate(updates: Sequence[ClientUpdate]) -> torch.Tensor:
-    """Weighted mean of the updates' payloads (weights: their ``num_examples``)."""
+    """Weighted mean of the updates' payloads (weights: their ``weight``)."""
     if not updates:
         raise ValueError("cannot aggregate an empty round")
     return weighted_mean(torch.stack([u.payload for u in updates]),
-                         torch.tensor([u.num_examples for u in updates]))
+                         torch.tensor([u.weight for u in updates]))
 
 
 class Strategy(Protocol):

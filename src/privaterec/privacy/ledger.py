@@ -53,13 +53,22 @@ from dp_accounting.privacy_accountant import NeighboringRelation
 from dp_accounting.rdp import rdp_privacy_accountant as rdp_lib
 
 from privaterec.errors import CheckpointError, ConfigError, PrivacyBudgetExceeded
-from privaterec.privacy.calibration import padding_amplification
+from privaterec.privacy.calibration import amplified_budget, padding_amplification
 
 PHASES = ("train", "serve")
 COMPOSITIONS = ("basic", "pld", "rdp")
 NOISE_MECHANISMS = ("laplace", "gaussian")
 
 Phase = Literal["train", "serve"]
+DataPart = Literal["history", "labels", "all"]
+Adjacency = Literal["click", "user"]
+DATA_PARTS = ("history", "labels", "all")
+ADJACENCIES = ("click", "user")
+ADJACENCY_TEXT = {
+    "click": "one click: one history click substituted at its position, or the clicks of "
+             "one impression changed (the news displayed fixed)",
+    "user": "one user: the user's whole data (history and impressions) replaced",
+}
 Composition = Literal["basic", "pld", "rdp"]
 UserId = str | int
 
@@ -124,6 +133,21 @@ class PrivacyEvent:
     valid:
         False when the stated guarantee does not hold (e.g. ``dpa_sensitivity(mode="paper")``);
         every report then carries a warning.
+    data:
+        Which part of the user's data the release reads: ``"history"`` (the clicked news
+        before the logged period), ``"labels"`` (which candidates of the impressions were
+        clicked, given the displayed news), or ``"all"`` (anything of the user's).
+    epsilon_user, delta_user:
+        The (ε, δ) of this release for **user-level** adjacency (the user's whole data
+        replaced); ``None``: the same as ``epsilon``/``delta`` (the mechanism's sensitivity
+        already covers any change of the data it reads, e.g. a clipped update).
+
+    Adjacency. ``epsilon``/``delta`` are the guarantee for **one click**: one history click
+    substituted at its position, or the clicks of one impression changed (the news displayed
+    are fixed). Padding amplification (``padding_p``) holds for that substitution only; a
+    whole history replaced, or a click added to a short history, pays the base ε′
+    (``epsilon_user``). See :meth:`PrivacyLedger.user_epsilon` for how totals compose under
+    each adjacency (docs/privacy.md).
     """
 
     mechanism: str
@@ -137,6 +161,9 @@ class PrivacyEvent:
     padding_p: float = 0.0
     coordinate_epsilon: float | None = None
     valid: bool = True
+    data: DataPart = "all"
+    epsilon_user: float | None = None
+    delta_user: float | None = None
 
     def __post_init__(self) -> None:
         if not (isinstance(self.mechanism, str) and self.mechanism):
@@ -153,6 +180,15 @@ class PrivacyEvent:
             _fail("padding_p", self.padding_p, "a probability in [0, 1)")
         if not isinstance(self.note, str):
             _fail("note", self.note, "a string")
+        if self.data not in DATA_PARTS:
+            _fail("data", self.data, f"one of {DATA_PARTS}")
+        if self.epsilon_user is not None and not (isinstance(self.epsilon_user, numbers.Real)
+                                                  and self.epsilon_user >= self.epsilon):
+            _fail("epsilon_user", self.epsilon_user, "None or a number >= epsilon (a user-level "
+                  "guarantee cannot be stronger than the one-click guarantee)")
+        if self.delta_user is not None and not (isinstance(self.delta_user, numbers.Real)
+                                                and self.delta <= self.delta_user < 1):
+            _fail("delta_user", self.delta_user, "None or a number in [delta, 1)")
         for name in ("noise_scale", "sensitivity", "coordinate_epsilon"):
             value = getattr(self, name)
             if value is not None and not (isinstance(value, numbers.Real) and value >= 0):
@@ -160,13 +196,21 @@ class PrivacyEvent:
         # Normalise numeric types so equal events hash equally (np.float64(1) == 1.0 anyway).
         for name in ("epsilon", "delta", "padding_p"):
             object.__setattr__(self, name, float(getattr(self, name)))
-        for name in ("noise_scale", "sensitivity", "coordinate_epsilon"):
+        for name in ("noise_scale", "sensitivity", "coordinate_epsilon", "epsilon_user",
+                     "delta_user"):
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, float(getattr(self, name)))
         object.__setattr__(self, "dimension", int(self.dimension))
         object.__setattr__(self, "valid", bool(self.valid))
         if self.mechanism in NOISE_MECHANISMS:
             self._check_noise_fields()
+        if self.padding_p > 0 and self.epsilon_user is None and math.isfinite(self.epsilon):
+            # Amplification holds for one substituted click; any other change of the history
+            # pays the base budget the noise was calibrated to.
+            base_eps, base_delta = amplified_budget(epsilon=self.epsilon, delta=self.delta,
+                                                    padding_p=self.padding_p)
+            object.__setattr__(self, "epsilon_user", float(base_eps))
+            object.__setattr__(self, "delta_user", float(base_delta))
 
     def _check_noise_fields(self) -> None:
         if self.noise_scale is None or self.sensitivity is None or self.sensitivity <= 0:
@@ -184,6 +228,24 @@ class PrivacyEvent:
                 _fail("epsilon", self.epsilon,
                       f"{expected!r} = sensitivity/noise_scale (amplified by padding_p="
                       f"{self.padding_p}) for a Laplace event")
+
+    def at_adjacency(self, adjacency: Adjacency) -> "PrivacyEvent":
+        """This release seen under ``adjacency`` (``"click"``: itself).
+
+        Under ``"user"`` the event carries its user-level (ε, δ) and no padding amplification
+        (the noise was calibrated to the base budget, which is what a whole-history change
+        pays), so the accountants compose the base mechanism.
+        """
+        if adjacency == "click":
+            return self
+        if adjacency != "user":
+            raise ConfigError(f"invalid adjacency {adjacency!r}; expected one of {ADJACENCIES}")
+        if self.epsilon_user is None and self.delta_user is None and self.padding_p == 0:
+            return self
+        eps = self.epsilon if self.epsilon_user is None else self.epsilon_user
+        dlt = self.delta if self.delta_user is None else self.delta_user
+        return _replace_event(self, epsilon=eps, delta=dlt, padding_p=0.0, epsilon_user=None,
+                              delta_user=None)
 
     @property
     def noise_multiplier(self) -> float | None:
@@ -230,10 +292,34 @@ class PrivacyEvent:
             raise CheckpointError(f"privacy event has unknown fields {sorted(unknown)}; "
                                   f"expected a subset of {sorted(names)}")
         float_fields = ("epsilon", "delta", "noise_scale", "sensitivity", "padding_p",
-                        "coordinate_epsilon")
+                        "coordinate_epsilon", "epsilon_user", "delta_user")
         values = {k: _decode_float(v) if k in float_fields and v is not None else v
                   for k, v in data.items()}
         return cls(**values)
+
+
+def _replace_event(event: PrivacyEvent, **changes: Any) -> PrivacyEvent:
+    values = {f.name: getattr(event, f.name) for f in fields(PrivacyEvent)}
+    values.update(changes)
+    return PrivacyEvent(**values)
+
+
+def adjacency_view(events: EventCounts, adjacency: Adjacency) -> list[list[tuple[PrivacyEvent, int]]]:
+    """The groups of events whose composition bounds a total under ``adjacency``.
+
+    ``"user"``: one group, every event at its user-level guarantee (everything composes).
+    ``"click"``: one group per part of the data a single click can lie in — the history, or
+    one impression's labels; a click changes one of them, so the total is the largest
+    group's composition. Events that read ``"all"`` belong to every group.
+    """
+    if adjacency == "user":
+        return [[(e.at_adjacency("user"), c) for e, c in events]]
+    if adjacency != "click":
+        raise ConfigError(f"invalid adjacency {adjacency!r}; expected one of {ADJACENCIES}")
+    parts = sorted({e.data for e, _ in events if e.data != "all"})
+    if not parts:
+        return [list(events)]
+    return [[(e, c) for e, c in events if e.data in (part, "all")] for part in parts]
 
 
 def _encode_float(x: float) -> float | str:
@@ -467,15 +553,18 @@ class PrivacyLedger:
                             if phase is None or self._events[eid].phase == phase))
 
     # -- composition ----------------------------------------------------------------------
-    def _compose_signature(self, signature: Signature, delta: float, composition: str) -> float:
-        key = (signature, float(delta), composition)
+    def _compose_signature(self, signature: Signature, delta: float, composition: str,
+                           adjacency: Adjacency = "click") -> float:
+        key = (signature, float(delta), composition, adjacency)
         cached = self._cache.get(key)
         if cached is None:
-            cached = compose_events(
-                [(self._events[eid], c) for eid, c in signature], delta=delta,
+            cached = max((compose_events(
+                group, delta=delta,
                 composition=composition,  # type: ignore[arg-type]
                 value_discretization_interval=self.value_discretization_interval,
                 rdp_orders=self.rdp_orders)
+                for group in adjacency_view([(self._events[eid], c) for eid, c in signature],
+                                            adjacency)), default=0.0)
             if len(self._cache) > 100_000:
                 self._cache.clear()
             self._cache[key] = cached
@@ -489,14 +578,18 @@ class PrivacyLedger:
         return groups
 
     def user_epsilon(self, user_id: UserId, *, delta: float, phase: Phase | None = None,
-                     composition: Composition = "pld") -> float:
+                     composition: Composition = "pld", adjacency: Adjacency = "click") -> float:
         """ε of everything ``user_id`` released (in ``phase``, or all phases) at target δ.
+
+        ``adjacency``: ``"click"`` (one click of the user changes; the default) or ``"user"``
+        (the user's whole data changes), see :func:`adjacency_view`.
 
         ``"basic"`` returns Σε when Σδ ≤ ``delta`` and ∞ otherwise; see
         :meth:`user_budget` for the (Σε, Σδ) pair. Unknown users have ε = 0. See
         :func:`compose_events` for the compositions.
         """
-        return self._compose_signature(self._signature(user_id, phase), delta, composition)
+        return self._compose_signature(self._signature(user_id, phase), delta, composition,
+                                       adjacency)
 
     def user_budget(self, user_id: UserId, *, phase: Phase | None = None) -> tuple[float, float]:
         """Basic-composition pair (Σε, Σδ) of the user's releases."""
@@ -504,7 +597,8 @@ class PrivacyLedger:
 
     def epsilons(self, *, delta: float, phase: Phase | None = None,
                  composition: Composition = "pld",
-                 user_ids: Iterable[UserId] | None = None) -> dict[UserId, float]:
+                 user_ids: Iterable[UserId] | None = None,
+                 adjacency: Adjacency = "click") -> dict[UserId, float]:
         """ε per user, composing each distinct event multiset once.
 
         Parameters
@@ -518,14 +612,16 @@ class PrivacyLedger:
         for signature, members in groups.items():
             if skip_empty and not signature:
                 continue
-            eps = self._compose_signature(signature, delta, composition)
+            eps = self._compose_signature(signature, delta, composition, adjacency)
             for user_id in members:
                 out[user_id] = eps
         return out
 
     def spend(self, user_id: UserId, event: PrivacyEvent, *, epsilon_cap: float, delta: float,
-              composition: Composition = "pld", count: int = 1) -> float:
-        """Record the release only if the user's total ε (all phases) stays ≤ ``epsilon_cap``.
+              composition: Composition = "pld", count: int = 1,
+              adjacency: Adjacency = "click") -> float:
+        """Record the release only if the user's total ε (all phases) stays ≤ ``epsilon_cap``
+        (under ``adjacency``).
 
         Returns the new total ε; raises :class:`PrivacyBudgetExceeded` (recording nothing)
         otherwise. Re-sending a cached release is post-processing: do not call this for it.
@@ -536,7 +632,8 @@ class PrivacyLedger:
         eid = self._event_id(event)
         merged = dict(self._users.get(user_id, {}))
         merged[eid] = merged.get(eid, 0) + int(count)
-        eps = self._compose_signature(tuple(sorted(merged.items())), delta, composition)
+        eps = self._compose_signature(tuple(sorted(merged.items())), delta, composition,
+                                      adjacency)
         if eps > epsilon_cap * (1 + 1e-12):
             raise PrivacyBudgetExceeded(
                 f"user {user_id!r}: this {event.phase} release ({event.mechanism}, "
@@ -561,32 +658,8 @@ class PrivacyLedger:
             ``notes``: releases composed by basic composition because their ε exceeds
             :data:`PLD_MAX_EPSILON` (module docstring).
         """
-        phases: dict[str, Any] = {}
-        for name, phase in (("train", "train"), ("serve", "serve"), ("total", None)):
-            values: list[float] = []
-            basic_eps: list[float] = []
-            basic_delta: list[float] = []
-            releases: list[int] = []
-            groups = self._groups(self._users, phase)  # type: ignore[arg-type]
-            for signature, members in groups.items():
-                if not signature:
-                    continue
-                eps = self._compose_signature(signature, delta, composition)
-                b_eps, b_delta = basic_composition([(self._events[i], c) for i, c in signature])
-                n = len(members)
-                values += [eps] * n
-                basic_eps.append(b_eps)
-                basic_delta.append(b_delta)
-                releases.append(sum(c for _, c in signature))
-            phases[name] = {
-                "num_users": len(values),
-                "epsilon_max": max(values, default=0.0),
-                "epsilon_median": float(statistics.median(values)) if values else 0.0,
-                "epsilon_mean": float(np.mean(values)) if values else 0.0,
-                "basic_epsilon_max": max(basic_eps, default=0.0),
-                "basic_delta_max": max(basic_delta, default=0.0),
-                "releases_max": max(releases, default=0),
-            }
+        phases = self._phase_totals(delta, composition, "click")
+        phases_user = self._phase_totals(delta, composition, "user")
         users_per_event = [0] * len(self._events)
         releases_per_event = [0] * len(self._events)
         for per_user in self._users.values():
@@ -611,8 +684,44 @@ class PrivacyLedger:
                  if composition != "basic" and users_per_event[i] and e.is_private
                  and e.epsilon > PLD_MAX_EPSILON]
         return {"composition": composition, "delta": delta, "num_users": len(self._users),
-                "phases": phases, "mechanisms": mechanisms, "warnings": warnings,
-                "notes": notes}
+                "adjacency": {"phases": "click", "phases_user": "user",
+                              "click": ADJACENCY_TEXT["click"], "user": ADJACENCY_TEXT["user"]},
+                "phases": phases, "phases_user": phases_user, "mechanisms": mechanisms,
+                "warnings": warnings, "notes": notes}
+
+    def _phase_totals(self, delta: float, composition: Composition,
+                      adjacency: Adjacency) -> dict[str, Any]:
+        phases: dict[str, Any] = {}
+        for name, phase in (("train", "train"), ("serve", "serve"), ("total", None)):
+            values: list[float] = []
+            basic_eps: list[float] = []
+            basic_delta: list[float] = []
+            releases: list[int] = []
+            groups = self._groups(self._users, phase)  # type: ignore[arg-type]
+            for signature, members in groups.items():
+                if not signature:
+                    continue
+                eps = self._compose_signature(signature, delta, composition, adjacency)
+                events = [(self._events[i], c) for i, c in signature]
+                pairs = [basic_composition(g) for g in adjacency_view(events, adjacency)]
+                b_eps = max(p[0] for p in pairs)
+                b_delta = max(p[1] for p in pairs)
+                n = len(members)
+                values += [eps] * n
+                basic_eps.append(b_eps)
+                basic_delta.append(b_delta)
+                releases.append(sum(c for _, c in signature))
+            phases[name] = {
+                "adjacency": adjacency,
+                "num_users": len(values),
+                "epsilon_max": max(values, default=0.0),
+                "epsilon_median": float(statistics.median(values)) if values else 0.0,
+                "epsilon_mean": float(np.mean(values)) if values else 0.0,
+                "basic_epsilon_max": max(basic_eps, default=0.0),
+                "basic_delta_max": max(basic_delta, default=0.0),
+                "releases_max": max(releases, default=0),
+            }
+        return phases
 
     # -- serialisation --------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

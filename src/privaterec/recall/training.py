@@ -568,8 +568,12 @@ def recall_client_update(objective: RecallObjective, params: Tensor, data: Clien
     inputs = recall_client_inputs(objective, data, config, generator=generator)
     g, loss = objective.client_gradient(params, inputs, score_clip=config.score_clip)
     released, event = privatize_recall(g[None], config, [generator])
-    return ClientUpdate(payload=released[0], num_examples=int(inputs.candidates.shape[0]),
-                        privacy_events=(event,), metrics={"loss": loss})
+    n = int(inputs.candidates.shape[0])
+    private = event.is_private
+    # A private upload's count and loss stay on the device; the server weighs clients equally.
+    return ClientUpdate(payload=released[0], num_examples=n, privacy_events=(event,),
+                        metrics={"loss": loss}, weight=1.0 if private else float(n),
+                        sends_metadata=not private)
 
 
 def recall_round(objective: RecallObjective, params: Tensor, clients: ClientDataset,
@@ -585,7 +589,8 @@ def recall_round(objective: RecallObjective, params: Tensor, clients: ClientData
                                                score_clip=config.score_clip)
     released, event = privatize_recall(grads, config, generators)
     counts = torch.tensor([x.candidates.shape[0] for x in inputs])
-    return RoundResult(weighted_mean(released, counts), counts.tolist(),
+    weights = torch.ones_like(counts) if event.is_private else counts
+    return RoundResult(weighted_mean(released, weights), counts.tolist(),
                        [float(x) for x in losses], [(event,)] * len(selected))
 
 

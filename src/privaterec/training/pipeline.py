@@ -227,11 +227,17 @@ def _evaluate_model_run(run: RunDirectory, config: RunConfig, vocabs: TextVocabu
     if serving is None:
         return evaluate_model(model, target, features, history_len=config.model.history_len,
                               batch_size=config.train.eval_batch_size, progress=progress)
-    encoder = private_user_encoder(model, features, serving,
-                                   generator=torch.Generator().manual_seed(serving.seed))
+    if serving.kind == "local":  # issue 16: the device ranks P = b·Rᵀ itself, sends nothing
+        from privaterec.eval.serving import local_ranking_seams
+        encoder, candidates = local_ranking_seams(model)
+    else:
+        encoder = private_user_encoder(model, features, serving,
+                                       generator=torch.Generator().manual_seed(serving.seed))
+        candidates = None
     result: dict[str, Any] = dict(evaluate_model(
         model, target, features, history_len=config.model.history_len,
-        batch_size=config.train.eval_batch_size, progress=progress, user_encoder=encoder))
+        batch_size=config.train.eval_batch_size, progress=progress, user_encoder=encoder,
+        candidate_transform=candidates))
     basis = 0 if model.basis is None else int(model.basis.size)
     event = serving_event(serving, basis_size=basis, dim=model.dim)
     queries = Counter(imp.user_id for imp in target.behaviors if imp.labels is not None)
@@ -243,6 +249,14 @@ def _evaluate_model_run(run: RunDirectory, config: RunConfig, vocabs: TextVocabu
                                                  else model.dim),
                          "epsilon_serve_user_max": serve["epsilon_max"],
                          "privacy_delta": summary["delta"]}
+    if serving.kind == "local":
+        from privaterec.eval.serving import local_download_bytes
+        ids = list(dataset.all_news())
+        rows = basis or model.dim
+        result["serving"].update(
+            bytes_per_query=0, pool_news=len(ids),
+            bytes_downloaded=local_download_bytes(ids, rows, "float32"),
+            bytes_downloaded_float16=local_download_bytes(ids, rows, "float16"))
     return result
 
 
