@@ -266,3 +266,31 @@ def test_privacy_report_of_an_unfinished_federated_run(tmp_path, capsys):
                                           train=TrainConfig(method="centralized")))
     assert main(["privacy", "report", "--run", str(central)]) == 2
     assert "centralized run has no privacy report" in capsys.readouterr().err
+
+
+def _subparsers(parser):
+    import argparse
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield name, sub
+                yield from ((f"{name} {n}", s) for n, s in _subparsers(sub))
+
+
+def test_train_evaluate_demo_flags_all_have_help_and_defaults(capsys):
+    # issue 17: train --help showed no defaults and --drop-missing/--no-progress/--json had
+    # no help text
+    from privaterec.cli import build_parser
+
+    parsers = dict(_subparsers(build_parser()))
+    for name in ("train", "evaluate", "demo", "data check"):
+        missing = [a.dest for a in parsers[name]._actions if not a.help]
+        assert not missing, f"{name}: flags without help: {missing}"
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for flag, default in (("--method", "centralized"), ("--model", "nrms"),
+                          ("--epochs", "3"), ("--lr", "0.005"), ("--batch-size", "32")):
+        assert f"(default {default})" in text.split(flag, 2)[2].split(" --", 1)[0], flag
+    assert "dp-fedrec, privaterec; unset" in text
+    assert "--epsilon-train EPSILON_TRAIN dp-fedrec, privaterec:" in text

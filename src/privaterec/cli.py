@@ -419,7 +419,7 @@ def _add_privacy_parser(sub: Any) -> None:
     calibrate.add_argument("--sensitivity-mode", choices=["true", "paper"], default="true",
                            help="dpa: the simplex's true sensitivity (default) or the paper's "
                                 "S = 1, which is NOT a valid guarantee")
-    calibrate.add_argument("--json", action="store_true")
+    calibrate.add_argument("--json", action="store_true", help="print the result as JSON")
     calibrate.set_defaults(func=cmd_privacy_calibrate)
 
 
@@ -478,7 +478,7 @@ def build_parser() -> argparse.ArgumentParser:
         synth.add_argument(f"--{name}", type=int, default=None)
     synth.add_argument("--news-from", default=None,
                        help="a news.tsv whose real news form the pool (simulated clicks)")
-    synth.add_argument("--json", action="store_true")
+    synth.add_argument("--json", action="store_true", help="print the summary as JSON")
     synth.set_defaults(func=cmd_data_synth)
 
     convert = data_sub.add_parser("convert", help="convert another format to MIND format")
@@ -495,22 +495,37 @@ def build_parser() -> argparse.ArgumentParser:
     convert.set_defaults(func=cmd_data_convert)
 
     train = sub.add_parser("train", help="train a recommender into a run directory")
+    # None defaults keep --config values unless a flag is given; the help shows the built-in
+    # default, read from the configuration dataclasses so that it stays true
+    model_defaults, train_defaults = ModelConfig(), TrainConfig()
     train.add_argument("--data", help="data directory (train/ and test/)")
-    train.add_argument("--method", choices=(*METHODS, "unifedrec"), default=None)
-    train.add_argument("--model", choices=NEWS_ENCODERS, default=None, help="news encoder")
-    train.add_argument("--user-encoder", choices=USER_ENCODERS, default=None)
-    train.add_argument("--embeddings", choices=EMBEDDINGS, default=None)
-    train.add_argument("--history-len", type=int, default=None)
+    train.add_argument("--method", choices=(*METHODS, "unifedrec"), default=None,
+                       help=f"training method (default {train_defaults.method})")
+    train.add_argument("--model", choices=NEWS_ENCODERS, default=None,
+                       help=f"news encoder (default {model_defaults.news_encoder})")
+    train.add_argument("--user-encoder", choices=USER_ENCODERS, default=None,
+                       help="user encoder (default: the news encoder's own)")
+    train.add_argument("--embeddings", choices=EMBEDDINGS, default=None,
+                       help=f"word vectors (default {model_defaults.embeddings})")
+    train.add_argument("--history-len", type=int, default=None,
+                       help=f"H, clicks of a user's history used (default "
+                            f"{model_defaults.history_len})")
     train.add_argument("--plm-layers", type=int, default=None,
                        help="plm: top MiniLM layers fine-tuned (default 1; 0 = MiniLM frozen)")
-    train.add_argument("--epochs", type=int, default=None)
-    train.add_argument("--lr", type=float, default=None)
+    train.add_argument("--epochs", type=int, default=None,
+                       help=f"centralized: passes over the training samples (default "
+                            f"{train_defaults.epochs})")
+    train.add_argument("--lr", type=float, default=None,
+                       help=f"centralized: Adam learning rate (default {train_defaults.lr:g})")
     train.add_argument("--plm-lr", type=float, default=None,
                        help="plm: Adam step size of the fine-tuned MiniLM layers (default 3e-5)")
-    train.add_argument("--batch-size", type=int, default=None)
-    train.add_argument("--seed", type=int, default=None)
+    train.add_argument("--batch-size", type=int, default=None,
+                       help=f"centralized: samples per step (default {train_defaults.batch_size})")
+    train.add_argument("--seed", type=int, default=None,
+                       help=f"seed of every random draw (default {train_defaults.seed})")
     fed = train.add_argument_group(
-        "federated training (fedrec, fednewsrec, dp-fedrec; unset = the method's default)")
+        "federated training (fedrec, fednewsrec, dp-fedrec, privaterec; unset = the "
+        "method's default)")
     fed.add_argument("--rounds", type=int, default=None, help="T communication rounds")
     fed.add_argument("--client-fraction", type=float, default=None,
                      help="r, fraction of users sampled per round (default 0.02)")
@@ -529,7 +544,8 @@ def build_parser() -> argparse.ArgumentParser:
     fed.add_argument("--noise-scale", type=float, default=None,
                      help="fednewsrec: Laplace scale lambda (0.015)")
     fed.add_argument("--epsilon-train", type=float, default=None,
-                     help="dp-fedrec: per-round epsilon of a client update (inf: no noise)")
+                     help="dp-fedrec, privaterec: per-round epsilon of a client's upload "
+                          "(dp-fedrec inf: no noise)")
     fed.add_argument("--delta-train", "--delta", dest="delta_train", type=float, default=None,
                      help="dp-fedrec with gaussian noise: per-round delta (1e-5)")
     fed.add_argument("--noise", choices=NOISE_KINDS, default=None,
@@ -579,18 +595,25 @@ def build_parser() -> argparse.ArgumentParser:
                         help="clip decomposition scores in training as in serving (on)")
     train.add_argument("--config", default=None, help="YAML run configuration; flags override it")
     train.add_argument("--out", required=True, help="run directory (resumed if it exists)")
-    train.add_argument("--drop-missing", action="store_true")
-    train.add_argument("--no-progress", action="store_true")
-    train.add_argument("--json", action="store_true")
+    train.add_argument("--drop-missing", action="store_true",
+                       help="drop references to news absent from news.tsv (and report them) "
+                            "instead of refusing the data")
+    train.add_argument("--no-progress", action="store_true", help="no progress bars")
+    train.add_argument("--json", action="store_true",
+                       help="print the run's metrics as JSON instead of a table")
     train.set_defaults(func=cmd_train)
 
     evaluate = sub.add_parser("evaluate", help="evaluate a run directory")
-    evaluate.add_argument("--run", required=True)
+    evaluate.add_argument("--run", required=True, help="run directory written by train --out")
     evaluate.add_argument("--data", default=None, help="data directory (default: the run's)")
-    evaluate.add_argument("--split", default="test", choices=["train", "test"])
-    evaluate.add_argument("--json", action="store_true")
-    evaluate.add_argument("--drop-missing", action="store_true")
-    evaluate.add_argument("--no-progress", action="store_true")
+    evaluate.add_argument("--split", default="test", choices=["train", "test"],
+                          help="split to evaluate on (default test)")
+    evaluate.add_argument("--json", action="store_true",
+                          help="print the metrics as JSON instead of a table")
+    evaluate.add_argument("--drop-missing", action="store_true",
+                          help="drop references to news absent from news.tsv (and report "
+                               "them)")
+    evaluate.add_argument("--no-progress", action="store_true", help="no progress bars")
     evaluate.add_argument("--serving", choices=SERVING_KINDS, default=None,
                           help="private serving: each test impression is a query (PrivateRec "
                                "Alg. 1) released under --epsilon-serve; local: the device "
@@ -602,8 +625,12 @@ def build_parser() -> argparse.ArgumentParser:
                           help="delta_s (Gaussian only)")
     evaluate.add_argument("--padding-p", type=float, default=0.5,
                           help="PrivateRec serving padding probability p")
-    evaluate.add_argument("--noise", choices=NOISE_KINDS, default="laplace")
-    evaluate.add_argument("--sensitivity-mode", choices=SENSITIVITY_MODES, default="true")
+    evaluate.add_argument("--noise", choices=NOISE_KINDS, default="laplace",
+                          help="serving noise: laplace (default) or gaussian (needs "
+                               "--delta-serve)")
+    evaluate.add_argument("--sensitivity-mode", choices=SENSITIVITY_MODES, default="true",
+                          help="PrivateRec serving: true simplex sensitivity (default) or "
+                               "the paper's (not a guarantee)")
     evaluate.add_argument("--vdp-clip", type=float, default=0.001,
                           help="VDP clipping norm theta of the user vector")
     evaluate.add_argument("--seed", type=int, default=0, help="seed of the simulated devices")
@@ -640,14 +667,14 @@ def build_parser() -> argparse.ArgumentParser:
     experiment.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     experiment.add_argument("--quick", action="store_true",
                             help="small data, few rounds, nrms only: runs in minutes")
-    experiment.add_argument("--no-progress", action="store_true")
+    experiment.add_argument("--no-progress", action="store_true", help="no progress bars")
     experiment.set_defaults(func=cmd_experiment)
 
     demo = sub.add_parser("demo", help="synthesise data, train, evaluate, print a table")
     demo.add_argument("--out", default=None, help="where to keep data and runs "
                       "(default: ~/.cache/privaterec/demo)")
     demo.add_argument("--quick", action="store_true", help="smaller, for a smoke test")
-    demo.add_argument("--no-progress", action="store_true")
+    demo.add_argument("--no-progress", action="store_true", help="no progress bars")
     demo.set_defaults(func=cmd_demo)
 
     _add_privacy_parser(sub)
