@@ -422,6 +422,10 @@ def _add_privacy_parser(sub: Any) -> None:
     calibrate.add_argument("--json", action="store_true", help="print the result as JSON")
     calibrate.set_defaults(func=cmd_privacy_calibrate)
 
+    from privaterec.privacy.e2e_audit_cli import add_audit_parser
+
+    add_audit_parser(privacy_sub)
+
 
 # ----------------------------------------------------------------------------- main
 def cmd_serve(args: argparse.Namespace) -> int:

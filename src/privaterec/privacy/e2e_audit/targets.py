@@ -1,0 +1,185 @@
+"""The audited client updates: each method's REAL upload function on a tiny model.
+
+A :class:`Target` wraps the function a device runs in one round —
+:func:`privaterec.fed.client.client_update` (FedRec, FedNewsRec, DP-FedRec, PrivateRec:
+the one both engines call) or :func:`privaterec.recall.training.recall_client_update`
+(Uni-FedRec's recall model) — as ``upload(data, generator) -> Release``: everything the
+server receives (:func:`sent_fields`) and the privacy events the client records.
+
+The models are tiny so that thousands of uploads take seconds: an ``id`` news encoder
+(d = 4) with NAML's additive-attention user encoder (Fed*/PrivateRec, D ≈ 190), and a
+Uni-FedRec recall model over fixed random 4-d news vectors.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+import torch
+
+from privaterec.config import FedConfig, ModelConfig, RunConfig, TrainConfig
+from privaterec.data.clients import ClientData
+from privaterec.errors import ConfigError
+from privaterec.privacy.e2e_audit.world import AuditWorld
+
+METHODS = ("fedrec", "fednewsrec", "dp-fedrec", "privaterec", "unifedrec")
+MODES = ("paper", "strict")
+FEDNEWSREC_CLIP = 0.005  # FedNewsRec's δ (its default)
+RECALL_CLIP = 0.1  # Uni-FedRec's θ (its default)
+
+TINY_MODEL = ModelConfig(news_encoder="id", user_encoder="naml", num_heads=1, head_dim=4,
+                         attention_dim=4, title_len=4, abstract_len=4, history_len=5,
+                         word_dim=4, dropout=0.0)
+
+
+@dataclass(frozen=True)
+class Release:
+    """One upload: ``sent`` maps every field the server receives to its value (tensors,
+    numbers, strings); ``events`` are the client's privacy events for it."""
+
+    sent: Mapping[str, Any]
+    events: tuple[Any, ...]
+
+
+Upload = Callable[[ClientData, torch.Generator], Release]
+
+
+@dataclass(frozen=True)
+class Target:
+    """An audited client: its name, mode (``"-"`` when the method has none), upload."""
+
+    method: str
+    mode: str
+    upload: Upload
+    note: str = ""
+
+
+def sent_fields(update: Any) -> dict[str, Any]:
+    """Everything the server receives from a :class:`~privaterec.fed.client.ClientUpdate`.
+
+    ``update.sent()`` when the update defines it (the client's own statement of what it
+    transmits: payload and every metadata field); otherwise the payload, ``num_examples``
+    and ``metrics["loss"]`` (what the engines transmit, issue 13 hole 5).
+    """
+    sent = getattr(update, "sent", None)
+    if callable(sent):
+        return dict(sent())
+    out: dict[str, Any] = {"payload": update.payload, "num_examples": update.num_examples}
+    if "loss" in getattr(update, "metrics", {}):
+        out["loss"] = update.metrics["loss"]
+    return out
+
+
+def _release(update: Any) -> Release:
+    return Release(sent_fields(update), tuple(update.privacy_events))
+
+
+def fed_run_config(method: str, *, mode: str, epsilon: float, noise: str = "laplace",
+                   delta: float = 1e-5, dimension: int | None = None,
+                   model: ModelConfig = TINY_MODEL) -> RunConfig:
+    """The resolved run configuration of a federated method at per-round budget ε.
+
+    FedNewsRec has no ε parameter: its λ is set so that the whole D-dim update is ε-DP,
+    λ = 2δD/ε (needs ``dimension`` D).
+    """
+    from privaterec.fed.methods import resolve_run_config
+
+    fed: dict[str, Any] = {}
+    if method == "fednewsrec":
+        if dimension is None:
+            raise ConfigError("fednewsrec's audit needs the model dimension D")
+        fed = {"clip": FEDNEWSREC_CLIP, "noise_scale": 2 * FEDNEWSREC_CLIP * dimension / epsilon}
+    elif method in ("dp-fedrec", "privaterec"):
+        fed = {"epsilon_train": epsilon, "noise": noise, "delta_train": delta}
+        if method == "privaterec":
+            fed["privacy_mode"] = mode
+    config = RunConfig(data="unused", model=model, train=TrainConfig(method=method, seed=0),
+                       fed=FedConfig(**fed))
+    return resolve_run_config(config)
+
+
+def _federated_target(method: str, world: AuditWorld, *, mode: str, epsilon: float,
+                      noise: str, delta: float) -> Target:
+    from privaterec.fed.client import client_update
+    from privaterec.fed.methods import ClientMethod
+    from privaterec.fed.objective import LocalObjective
+    from privaterec.models.factory import build_recommender
+
+    def objective_for(config: RunConfig) -> LocalObjective:
+        torch.manual_seed(0)
+        return LocalObjective(build_recommender(config.model, world.vocabs, world.features))
+
+    config = fed_run_config(method, mode=mode, epsilon=epsilon, noise=noise, delta=delta,
+                            dimension=1)
+    objective = objective_for(config)
+    if method == "fednewsrec":
+        config = fed_run_config(method, mode=mode, epsilon=epsilon, noise=noise, delta=delta,
+                                dimension=objective.dimension)
+    client = ClientMethod.from_config(config)
+    params = objective.parameters()
+
+    def upload(data: ClientData, generator: torch.Generator) -> Release:
+        return _release(client_update(objective, params, data, client, generator=generator))
+
+    return Target(method, mode if method == "privaterec" else "-", upload,
+                  note=f"D = {objective.dimension}")
+
+
+def recall_config(*, epsilon: float):
+    """Uni-FedRec's recall training config at per-round ε: L1 clip θ, λ_g = 2θ/ε."""
+    from privaterec.recall.training import RecallTrainConfig
+
+    return RecallTrainConfig(clipping="l1", clip=RECALL_CLIP,
+                             noise_scale=2 * RECALL_CLIP / epsilon if math.isfinite(epsilon)
+                             else 0.0)
+
+
+def _recall_target(world: AuditWorld, *, epsilon: float) -> Target:
+    from privaterec.recall.model import UniFedRecRecall
+    from privaterec.recall.training import RecallObjective, recall_client_update
+
+    dim = 4
+    torch.manual_seed(0)
+    model = UniFedRecRecall(dim, num_heads=1, head_dim=4, attention_dim=4, num_basis=3,
+                            max_channels=2, distance_threshold=0.5)
+    vectors = torch.randn(len(world.features), dim, generator=torch.Generator().manual_seed(0))
+    vectors[0] = 0
+    objective = RecallObjective(model, vectors)
+    config = recall_config(epsilon=epsilon)
+    params = objective.parameters()
+
+    def upload(data: ClientData, generator: torch.Generator) -> Release:
+        return _release(recall_client_update(objective, params, data, config,
+                                             generator=generator))
+
+    return Target("unifedrec", "-", upload, note=f"recall model, D = {objective.dimension}")
+
+
+def make_target(method: str, world: AuditWorld, *, mode: str = "strict", epsilon: float,
+                noise: str = "laplace", delta: float = 1e-5) -> Target:
+    """The audited client of ``method`` (``mode``: PrivateRec's ``paper`` or ``strict``).
+
+    Raises
+    ------
+    ConfigError
+        For an unknown method or mode, or ε ≤ 0.
+    """
+    if method not in METHODS:
+        raise ConfigError(f"invalid audit parameter 'method': got {method!r}, expected one "
+                          f"of {', '.join(METHODS)}")
+    if mode not in MODES:
+        raise ConfigError(f"invalid audit parameter 'mode': got {mode!r}, expected 'paper' "
+                          f"or 'strict'")
+    if not (isinstance(epsilon, (int, float)) and epsilon > 0):
+        raise ConfigError(f"invalid audit parameter 'epsilon': got {epsilon!r}, expected a "
+                          f"number > 0")
+    if method == "unifedrec":
+        return _recall_target(world, epsilon=float(epsilon))
+    return _federated_target(method, world, mode=mode, epsilon=float(epsilon), noise=noise,
+                             delta=delta)
+
+
+__all__ = ["METHODS", "MODES", "Release", "Target", "TINY_MODEL", "Upload", "fed_run_config",
+           "make_target", "recall_config", "sent_fields"]
