@@ -12,6 +12,7 @@ import dataclasses
 import io
 import json
 import math
+import time
 
 import httpx
 import numpy as np
@@ -28,6 +29,7 @@ from privaterec.errors import ConfigError, PrivacyBudgetExceeded
 from privaterec.eval.serving import ServingConfig, private_user_encoder
 from privaterec.models.factory import build_recommender
 from privaterec.privacy.calibration import amplified_budget
+from privaterec.privacy.mechanisms import clip_l1
 from privaterec.recall.index import ScoreSpaceIndex
 from privaterec.recall.run import RecallModelConfig
 from privaterec.privacy.samplers import SIMULATED_NOTE, SecureNoise, SimulationNoise
@@ -415,3 +417,206 @@ def test_device_over_the_real_app_as_transport(served_app, serving_news):
     assert len(items) == 4 and d.basis_size == 5
     assert d.model_version == served_app.get("/v1/health").json()["model_version"]
     assert d.bytes_sent == len(json_body(d.last_query["sent"]))
+
+
+# ------------------------------------------- issue 13, hole 1: randomness on devices
+def test_two_devices_set_up_as_documented_draw_different_noise(world, server, tmp_path):
+    # Regression: the docs built every device with torch.Generator().manual_seed(0), so two
+    # devices drew identical padding and noise, replayable by the server.
+    history = world.histories[0]
+    sent = []
+    for user in ("alice", "bob"):
+        d = PrivateRecDevice(epsilon=1.0, padding_p=0.0, cache_dir=tmp_path / user,
+                             transport=server)
+        assert isinstance(d.noise, SecureNoise) and not d.simulated
+        alpha, cached = d.release(history)
+        assert not cached
+        sent.append(alpha)
+    assert sent[0] != sent[1]  # same history, no padding: only the noise differs
+
+
+def vdp_noise(world, d, history) -> torch.Tensor:
+    """What the server can compute if it knows the history: released − clipped user vector."""
+    released, _ = d.release(history)
+    vectors, mask = world.history_tensors(history)
+    with torch.no_grad():
+        clipped = clip_l1(world.model.encode_user(vectors, mask), d.config.vdp_clip)[0]
+    return torch.tensor(released) - clipped
+
+
+def test_a_restart_does_not_replay_the_previous_sessions_noise(world, server, tmp_path):
+    # Regression: after a restart with cache_dir, a seeded device started its stream over and
+    # a new history got the noise of the previous session (here seen through VDP, whose
+    # release is the clipped user vector + noise, so the noise is the difference).
+    first = VDPDevice(epsilon=1.0, clip=0.5, transport=server, cache_dir=tmp_path)
+    noise1 = vdp_noise(world, first, world.histories[0])
+    again = VDPDevice(epsilon=1.0, clip=0.5, transport=server, cache_dir=tmp_path)
+    assert again.spent() == pytest.approx(1.0)  # the same device, restarted
+    noise2 = vdp_noise(world, again, world.histories[1])  # a new history
+    assert noise1.abs().mean() > 0.1 and noise2.abs().mean() > 0.1  # noise scale 2θ/ε = 1
+    assert not torch.allclose(noise1, noise2, atol=1e-3)
+    # Two devices of two users (as the docs build them) do not share noise either.
+    other = VDPDevice(epsilon=1.0, clip=0.5, transport=server, cache_dir=tmp_path / "other")
+    assert not torch.allclose(vdp_noise(world, other, world.histories[0]), noise1, atol=1e-3)
+
+
+def test_devices_take_no_generator_and_simulation_is_explicit_and_marked(world, server,
+                                                                         caplog):
+    with pytest.raises(TypeError, match="generator"):
+        PrivateRecDevice(epsilon=1.0, transport=server,
+                         generator=torch.Generator())  # type: ignore[call-arg]
+    with pytest.raises(ConfigError, match="SimulationNoise"):
+        device(server, insecure_simulation_noise=torch.Generator())
+    with pytest.raises(ConfigError, match="SimulationNoise"):
+        device(server, insecure_simulation_noise=SecureNoise())
+    real = device(server, cache_dir=None)
+    real.recommend(world.histories[0])
+    [(event, _)] = real.budget.events()
+    assert SIMULATED_NOTE not in event.note
+    with caplog.at_level("WARNING", logger="privaterec.serving.device"):
+        sim = VDPDevice(epsilon=1.0, clip=0.5, transport=server,
+                        insecure_simulation_noise=simulated(0), cache_dir=None)
+    assert sim.simulated and "seeded noise" in caplog.text
+    sim.recommend(world.histories[1])
+    events = [e for e, _ in sim.budget.events()]  # one ledger per user: both devices
+    assert sum(SIMULATED_NOTE in e.note for e in events) == 1  # the VDP release only
+    # A simulated device never re-sends a real device's cached release, nor the reverse.
+    sim_pr = device(server, insecure_simulation_noise=simulated(1))
+    sim_pr.recommend(world.histories[0])
+    assert sim_pr.last_query["cached"] is False
+
+
+def test_vdp_device_release_is_vdp_release(world, server):
+    from privaterec.privacy.dpa import vdp_release
+
+    for mechanism, delta in (("laplace", 0.0), ("gaussian", 1e-5)):
+        d = VDPDevice(epsilon=1.5, delta=delta, clip=0.5, mechanism=mechanism,
+                      transport=server, insecure_simulation_noise=simulated(5), budget=math.inf)
+        sent, _ = d.release(world.histories[1])
+        vectors, mask = world.history_tensors(world.histories[1])
+        with torch.no_grad():
+            want, _ = vdp_release(world.model.encode_user(vectors, mask), clip=0.5,
+                                  epsilon=1.5, delta=delta, mechanism=mechanism,
+                                  generator=torch.Generator().manual_seed(5))
+        assert sent == pytest.approx(want[0].tolist(), abs=1e-6)
+
+
+@pytest.mark.parametrize("quota_noise", [None, 0.7])
+def test_recall_release_is_the_recall_models_query(world, quota_noise):
+    from privaterec.serving.device import recall_release
+
+    vectors, mask = world.history_tensors(world.histories[4])
+    alpha, quotas, released, events = recall_release(world.recall_model, vectors, mask,
+                                                     simulated(8), quota_noise_scale=quota_noise)
+    g = torch.Generator().manual_seed(8)
+    with torch.no_grad():
+        q = world.recall_model.query(vectors, mask, generator=g, quota_noise_scale=quota_noise,
+                                     quota_generator=None if quota_noise is None else g)
+    torch.testing.assert_close(alpha, q.alpha[0])
+    torch.testing.assert_close(quotas, q.quotas[0])
+    assert torch.equal(released, q.released[0]) and events == q.events[0]
+    # On a device the same computation runs on SecureNoise.
+    alpha, _, _, _ = recall_release(world.recall_model, vectors, mask, SecureNoise(),
+                                    quota_noise_scale=quota_noise)
+    assert not torch.allclose(alpha, q.alpha[0])
+
+
+# ---------------------------------------------------- issue 13, hole 6: device budget
+def test_default_budget_is_finite_and_persists_without_cache_dir(world, server,
+                                                                 _device_state_dir):
+    # Regression: the default budget was infinite and, without cache_dir, the ledger lived
+    # in memory: every restart started from zero.
+    d = device(server, epsilon=4.0)
+    assert d.budget.cap == 10.0 and d.budget.path.parent == _device_state_dir
+    d.recommend(world.histories[0])
+    d.recommend(world.histories[1])
+    restarted = device(server, epsilon=4.0)
+    assert restarted.spent() == pytest.approx(8.0)
+    with pytest.raises(PrivacyBudgetExceeded, match="budget=10"):
+        restarted.recommend(world.histories[2])
+    assert server.count("/v1/recommend/privaterec") == 2
+
+
+def test_default_state_dir(monkeypatch, tmp_path):
+    from privaterec.serving.budget import default_state_dir
+
+    monkeypatch.setenv("PRIVATEREC_DEVICE_DIR", str(tmp_path / "mine"))
+    assert default_state_dir() == tmp_path / "mine"
+    monkeypatch.delenv("PRIVATEREC_DEVICE_DIR")
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    assert default_state_dir() == tmp_path / "state" / "privaterec" / "device"
+    monkeypatch.delenv("XDG_STATE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert default_state_dir() == tmp_path / "home" / ".local" / "state" / "privaterec" / "device"
+
+
+def test_two_racing_spenders_cannot_both_pass_the_cap(tmp_path, monkeypatch):
+    # Regression: the state file had no lock, so two processes (here: two budgets on one file
+    # in two threads, each with its own file handle as two processes have) could both read
+    # the old ledger, both pass the cap and both spend.
+    import threading
+
+    from privaterec.privacy.ledger import PrivacyEvent
+    from privaterec.serving import budget as budget_module
+
+    real_compose = budget_module.compose_events
+
+    def slow_compose(*args, **kwargs):  # widen the read-check-write window
+        time.sleep(0.3)
+        return real_compose(*args, **kwargs)
+
+    monkeypatch.setattr(budget_module, "compose_events", slow_compose)
+    path = tmp_path / "device_state.json"
+    event = PrivacyEvent(mechanism="laplace", epsilon=1.0, noise_scale=2.0, sensitivity=2.0,
+                         phase="serve")
+    outcomes: list[str] = []
+    barrier = threading.Barrier(2)
+
+    def spender() -> None:
+        b = budget_module.DeviceBudget(cap=1.5, path=path)
+        barrier.wait()
+        try:
+            b.spend([(event, 1)])
+            outcomes.append("spent")
+        except PrivacyBudgetExceeded:
+            outcomes.append("refused")
+
+    threads = [threading.Thread(target=spender) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(outcomes) == ["refused", "spent"]
+    on_disk = budget_module.DeviceBudget(cap=1.5, path=path)
+    assert on_disk.spent() == pytest.approx(1.0)
+    assert (tmp_path / "device_state.json.lock").exists()
+
+
+def test_model_changes_cannot_force_unbounded_fresh_releases(world, server):
+    # Regression: the server controls model_version; each new version forced a fresh,
+    # charged release of an unchanged history, without limit.
+    from privaterec.serving.budget import ReleaseLimitExceeded
+
+    now = [1_000_000.0]
+    d = device(server, epsilon=0.5)
+    d.budget.clock = lambda: now[0]
+    history = world.histories[0]
+    d.recommend(history)
+    d.recommend(history)  # unchanged: the cached release, not a fresh one
+    for version in ("v2", "v3"):
+        server.version = version
+        server.bundles[version] = world.parameters_of(version)
+        d.refresh()
+        if version == "v2":
+            d.recommend(history)  # second fresh release of this history today: allowed
+    assert server.count("/v1/recommend/privaterec") == 3
+    with pytest.raises(ReleaseLimitExceeded, match="max_fresh_releases=2"):
+        d.recommend(history)
+    assert server.count("/v1/recommend/privaterec") == 3  # nothing sent
+    assert d.spent() == pytest.approx(1.0)  # two charged releases
+    d.recommend(world.histories[1])  # another history is not limited
+    now[0] += 86_400.0  # a day later the window has passed
+    d.recommend(history)
+    assert server.count("/v1/recommend/privaterec") == 5 and d.spent() == pytest.approx(2.0)
+    with pytest.raises(ConfigError, match="max_fresh_releases"):
+        device(server, max_fresh_releases=0)
