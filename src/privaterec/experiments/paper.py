@@ -161,7 +161,8 @@ def run_table1(out: Path, *, data: str | None = None,
         "FedRec (no noise). '-': data collected centrally.",
         "PrivateRec (paper mode) follows Alg. 3 as published: the gradient of the user and "
         "news encoders through the history path is uploaded without noise and is NOT "
-        "covered by ε_t (DESIGN §4 erratum 4). PrivateRec (strict mode), an extra row not "
+        "covered by ε_t (docs/privacy.md#paper-mode-and-strict-mode). PrivateRec (strict "
+        "mode), an extra row not "
         "in the paper, clips and noises that gradient too, so ε_t covers the whole upload."]
     markdown = "\n".join(["## Table 1: private training (ε_s = ∞)", "", table, "",
                           *[f"- {n}" for n in notes]])
@@ -228,8 +229,8 @@ def run_table2(out: Path, *, data: str | None = None,
         "VDP (§3.2.1): the d-dim user vector is L1-clipped to θ = 0.001 and noised with "
         "Δ₁ = 2θ; it sends d floats. PrivateRec (Alg. 1-2): padding p = "
         f"{SERVE_PADDING:g}, Laplace noise on the B attention weights with the simplex "
-        "sensitivity Δ₁ = 2 (DESIGN §4 erratum 1) at the padding-amplified budget "
-        "(erratum 2); it sends B floats. bytes / query = 4 × floats sent (float32).",
+        "sensitivity Δ₁ = 2 (docs/privacy.md#dpa-sensitivity) at the padding-amplified "
+        "budget (docs/privacy.md#padding-amplification); it sends B floats. bytes / query = 4 × floats sent (float32).",
         "Per-user serving ε composes over that user's queries: see "
         "'privaterec privacy report --run RUN'."]
     markdown = "\n".join([f"## Table 2: private serving (ε_s = {SERVE_EPSILON:g})", "", table,

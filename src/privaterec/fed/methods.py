@@ -283,7 +283,8 @@ PAPER_MODE_NOTE = (
     "PrivateRec paper mode (Alg. 3 as published): epsilon covers alpha~ (DPA) and the "
     "positive label (DPL), but the uploaded gradient of every trainable parameter (news "
     "encoder and e0 on the clicked news, user encoder, basic vectors through alpha) also "
-    "flows through the raw history and is NOT covered (DESIGN §4 erratum 4); use "
+    "flows through the raw history and is NOT covered "
+    "(docs/privacy.md#paper-mode-and-strict-mode); use "
     "privacy_mode='strict'")
 
 

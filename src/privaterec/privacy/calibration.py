@@ -30,7 +30,7 @@ PAPER_SENSITIVITY_WARNING = (
     "DPA noise calibrated with the paper's sensitivity theta (PrivateRec Alg. 2 line 1); "
     "the attention vector lies on the probability simplex, whose L1 sensitivity is 2 and "
     "L2 sensitivity is sqrt(2), so the stated (epsilon, delta) guarantee does NOT hold "
-    "(DESIGN section 4, erratum 1)."
+    "(docs/privacy.md#dpa-sensitivity)."
 )
 
 

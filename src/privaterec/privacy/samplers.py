@@ -10,7 +10,8 @@ A release is only as private as its randomness. Two sources share one small inte
   Laplace and Gaussian releases are **float-safe**: they go through OpenDP's ``make_laplace``
   / ``make_gaussian`` on ``vector_domain(atom_domain(T=float))``, which round the input to a
   public grid of spacing 2^k and add discrete Laplace / discrete Gaussian noise on that grid
-  (Canonne, Kamath & Steinke 2020), sampled exactly with the OS CSPRNG. Every output is a
+  (Canonne, Kamath & Steinke 2020), sampled exactly from cryptographically secure bits
+  (OpenSSL's ``RAND_bytes``, which the PyPI wheel of OpenDP links). Every output is a
   multiple of 2^k whatever the input, so the low-order bits of the output cannot reveal the
   input as they do for textbook floating-point Laplace (Mironov, CCS 2012).
 * :class:`SimulationNoise` — for simulation, experiments and tests only: the fast seeded

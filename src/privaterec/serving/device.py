@@ -138,7 +138,7 @@ class _Device:
                  max_fresh_releases: int | None, release_window: float,
                  insecure_simulation_noise: SimulationNoise | None) -> None:
         self.noise = _noise_source(insecure_simulation_noise)
-        self.cache_dir = None if cache_dir is None else Path(cache_dir)
+        self.cache_dir = None if cache_dir is None else Path(cache_dir).expanduser()
         state_dir = self.cache_dir if self.cache_dir is not None else default_state_dir()
         self._http = HttpSession(base_url, transport, timeout)
         self.budget = DeviceBudget(cap=budget, delta=budget_delta, composition=composition,
