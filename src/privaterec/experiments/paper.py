@@ -161,7 +161,7 @@ def run_table1(out: Path, *, data: str | None = None,
         "FedRec (no noise). '-': data collected centrally.",
         "PrivateRec (paper mode) follows Alg. 3 as published: the gradient of the user and "
         "news encoders through the history path is uploaded without noise and is NOT "
-        "covered by ε_t (docs/privacy.md#paper-mode-and-strict-mode). PrivateRec (strict "
+        "covered by ε_t (docs/privacy.md#paper-and-strict-mode). PrivateRec (strict "
         "mode), an extra row not "
         "in the paper, clips and noises that gradient too, so ε_t covers the whole upload."]
     markdown = "\n".join(["## Table 1: private training (ε_s = ∞)", "", table, "",

@@ -347,7 +347,7 @@ def run_tradeoff(out: Path, *, data: str | None = None, model: str = "nrms",
               "seeds (n = 1: no std). ε = ∞ is drawn as a dashed line.",
               "- Budgets are per query (ε_s) and per round and client (ε_t), Laplace, δ = 0; "
               "PrivateRec runs in paper mode (the history-path gradient is not covered by ε_t: "
-              "docs/privacy.md#paper-mode-and-strict-mode).", ""]
+              "docs/privacy.md#paper-and-strict-mode).", ""]
     markdown = "\n".join(header + sections)
     md_path = write_text(out / "tradeoff.md", markdown)
     print(markdown)

@@ -284,7 +284,7 @@ PAPER_MODE_NOTE = (
     "positive label (DPL), but the uploaded gradient of every trainable parameter (news "
     "encoder and e0 on the clicked news, user encoder, basic vectors through alpha) also "
     "flows through the raw history and is NOT covered "
-    "(docs/privacy.md#paper-mode-and-strict-mode); use "
+    "(docs/privacy.md#paper-and-strict-mode); use "
     "privacy_mode='strict'")
 
 

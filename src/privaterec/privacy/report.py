@@ -528,7 +528,8 @@ def _calibrate_gaussian(*, epsilon: float, delta: float | None,
                 "formula": "S * sqrt(2 ln(1.25/delta)) / epsilon (Dwork & Roth Thm A.1)",
                 "remark": "for comparison only" if valid else
                           "INVALID for epsilon >= 1 (no DP guarantee); for comparison only"}],
-            "notes": ["noise N(0, sigma^2) per coordinate (DESIGN section 4 erratum 3)"]}
+            "notes": ["noise N(0, sigma^2) per coordinate (analytic calibration: "
+                      "docs/privacy.md#gaussian-calibration)"]}
 
 
 def _calibrate_dpa(*, epsilon: float, delta: float | None, sensitivity: float | None,
@@ -558,7 +559,7 @@ def _calibrate_dpa(*, epsilon: float, delta: float | None, sensitivity: float | 
         parameter, formula = "b", "b = S / epsilon'"
     notes = [f"released: alpha, {basis} floats on the probability simplex (PrivateRec Alg. 2)",
              f"padding p = {padding_p:g}: base budget epsilon' = {eps_base:.6g}, "
-             f"delta' = {delta_base:.6g} (DESIGN section 4 erratum 2); adjacency: one item of "
+             f"delta' = {delta_base:.6g} (docs/privacy.md#padding-amplification); adjacency: one item of "
              f"the fixed-length history substituted"]
     if sensitivity_mode == "paper":
         notes.append(PAPER_SENSITIVITY_WARNING)
