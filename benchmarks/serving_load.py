@@ -179,6 +179,7 @@ def cpu_seconds(pid: int) -> float:
 def bytes_per_query(url: str, models: Any, articles: list, *, queries: int,
                     seed: int) -> dict[str, Any]:
     """Body sizes of real SDK queries (PrivateRec, VDP, Uni-FedRec) for random histories."""
+    from privaterec.privacy.samplers import SimulationNoise
     from privaterec.serving.client import (PrivateRecDevice, UniFedRecDevice, VDPDevice,
                                            json_body)
 
@@ -189,15 +190,20 @@ def bytes_per_query(url: str, models: Any, articles: list, *, queries: int,
                  for _ in range(queries)]
     out: dict[str, Any] = {"queries": queries, "history_len": h, "k": 10,
                            "basis_size": models.basis_size, "dim": models.dim}
-    g = torch.Generator().manual_seed(seed)
-    with PrivateRecDevice(url, epsilon=1.0, generator=g) as device:
+    # One simulated device plays many users to measure body sizes: seeded simulation noise,
+    # no budget or re-release limit, state in a temporary directory (never a real device's).
+    state = tempfile.mkdtemp(prefix="serving-load-devices-")
+    sim = dict(insecure_simulation_noise=SimulationNoise(torch.Generator().manual_seed(seed)),
+               budget=math.inf, max_fresh_releases=None)
+    g = sim["insecure_simulation_noise"].generator
+    with PrivateRecDevice(url, epsilon=1.0, cache_dir=f"{state}/privaterec", **sim) as device:
         sizes = []
         for history in histories:
             device.recommend(history, k=10)
             sizes.append(device.bytes_sent)
         out["privaterec"] = {"floats": models.basis_size, "bytes_mean": statistics.mean(sizes),
                              "bytes_max": max(sizes), "example": device.last_query["sent"]}
-    with VDPDevice(url, epsilon=1.0, clip=0.001, generator=g) as device:
+    with VDPDevice(url, epsilon=1.0, clip=0.001, cache_dir=f"{state}/vdp", **sim) as device:
         sizes = []
         for history in histories:
             device.recommend(history, k=10)
@@ -206,7 +212,8 @@ def bytes_per_query(url: str, models: Any, articles: list, *, queries: int,
                       "bytes_max": max(sizes)}
     total = 100
     if models.recall is not None:
-        with UniFedRecDevice(url, generator=g, total=total) as device:
+        with UniFedRecDevice(url, total=total, cache_dir=f"{state}/unifedrec",
+                             **sim) as device:
             sizes, channels = [], []
             for history in histories:
                 device.recommend(history, k=10)
