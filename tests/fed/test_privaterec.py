@@ -266,3 +266,37 @@ def test_release_description_names_uncovered_parameters(client_method, make_obje
                          clients_per_round=4, client_fraction=0.1)
     assert rel["uncovered_parameters"] == []
     assert rel["history_gradient"]["epsilon"] == pytest.approx(5.0)
+
+
+def test_paper_mode_keeps_the_paper_sensitivity_warning(client_method):
+    """Issue 13 hole 7: with sensitivity_mode='paper' in paper mode, the paper-mode note
+    overwrote the note that the sensitivity itself is invalid."""
+    from privaterec.privacy.dpa import PAPER_MODE_NOTE as SENSITIVITY_NOTE
+    method = client_method("privaterec", epsilon_train=4.0, sensitivity_mode="paper")
+    dpa = method.events(100)[0]
+    assert not dpa.valid
+    assert SENSITIVITY_NOTE in dpa.note and PAPER_MODE_NOTE in dpa.note
+
+
+def test_report_states_adjacency_and_warns_about_user_level(client_method):
+    """Issue 13 hole 4: the report opens with the adjacency of every total and prints both
+    the click-level and the user-level totals; PrivateRec's candidate sets get a WARNING."""
+    from privaterec.privacy.ledger import PrivacyLedger
+    from privaterec.privacy.report import build_privacy_summary, format_privacy_report
+    method = client_method("privaterec", epsilon_train=2.0, privacy_mode="strict")
+    ledger = PrivacyLedger()
+    for _ in range(3):
+        for event in method.events(50):
+            ledger.record("u1", event)
+    release = method.release(dimension=50, noised_parameters=["a.w"], clients_per_round=1,
+                             client_fraction=0.5)
+    text = format_privacy_report(build_privacy_summary(ledger, release=release, delta=1e-5,
+                                                       rounds=3))
+    assert "Adjacency: every epsilon below is stated for one of" in text
+    assert "[click-level] total epsilon per user" in text
+    assert "[user-level] total epsilon per user   max ∞" in text
+    assert "NOT for a whole user" in text.split("Privacy report")[0]  # in the WARNINGS block
+    # One click per round costs max(eps_DPA + eps_hist, eps_label) = 2, three rounds: 6.
+    assert ledger.user_epsilon("u1", delta=0.0, composition="basic") == pytest.approx(6.0)
+    assert ledger.user_epsilon("u1", delta=0.0, composition="basic",
+                               adjacency="user") == math.inf

@@ -23,7 +23,7 @@ from privaterec.errors import ConfigError
 from privaterec.privacy.calibration import fednewsrec_coordinate_epsilon
 from privaterec.privacy.dpa import dpa_noise
 from privaterec.privacy.labels import candidate_set_event, label_event
-from privaterec.privacy.ledger import PrivacyEvent
+from privaterec.privacy.ledger import PrivacyEvent, adjacency_view, basic_composition
 from privaterec.privacy.mechanisms import (clip_elementwise, clip_l1, clip_l2,
                                            gaussian_mechanism,
                                            laplace_mechanism, laplace_noise)
@@ -202,9 +202,26 @@ class ClientMethod:
             return privaterec_train_events(self, dimension=dimension)
         return (self.event(dimension),)
 
+    def round_epsilon(self, dimension: int, adjacency: str) -> tuple[float, float]:
+        """(ε, δ) of one client's round under ``adjacency`` by basic composition (the
+        ledger composes the run more tightly)."""
+        events = [(e, 1) for e in self.events(dimension)]
+        pairs = [basic_composition(g) for g in adjacency_view(events, adjacency)]  # type: ignore[arg-type]
+        return max(p[0] for p in pairs), max(p[1] for p in pairs)
+
     def release(self, *, dimension: int, noised_parameters: Sequence[str],
                 clients_per_round: int, client_fraction: float) -> dict[str, Any]:
         """Description of one client's per-round release, for ``privacy.json``."""
+        out = self._release(dimension=dimension, noised_parameters=noised_parameters,
+                            clients_per_round=clients_per_round, client_fraction=client_fraction)
+        out["epsilon_per_round_user"], out["delta_per_round_user"] = self.round_epsilon(
+            dimension, "user")
+        out["sends"] = ("released update, sample count, loss" if self.sends_metadata
+                        else "released update only")
+        return out
+
+    def _release(self, *, dimension: int, noised_parameters: Sequence[str],
+                 clients_per_round: int, client_fraction: float) -> dict[str, Any]:
         if self.is_privaterec:
             return self._privaterec_release(dimension=dimension,
                                             parameters=noised_parameters,

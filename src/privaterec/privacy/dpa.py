@@ -14,8 +14,12 @@ the engines compose the two.
   §3.3, guarded against an all-zero sum: DESIGN §4 erratum 5).
 * :func:`vdp_release` — §3.2.1's baseline: clip the d-dim user vector to θ, add noise
   calibrated to ε_s with Δ = 2θ.
-* :func:`dpl_choose` — Alg. 3 lines 16-18: the exponential mechanism that picks the positive
-  label among the k + 1 candidates with p ∝ e^{β yᵢ}, β = max{0, ln(k/(C − 1)·e^ε)}.
+* :func:`dpl_choose` — Alg. 3 lines 16-18 as published: the exponential mechanism that picks
+  the positive label among the k + 1 candidates with p ∝ e^{β yᵢ}, β = ln(k/(C − 1)·e^ε)
+  (no clamp at 0: :func:`~privaterec.privacy.calibration.dpl_beta`). Kept to reproduce and
+  audit the paper's mechanism only: its candidate set always holds the clicked news, so the
+  upload names the click (ε = ∞ for the click). Training uses
+  :mod:`privaterec.privacy.labels` instead.
 
 Alg. 2 line 8's clipping α/max(1, ‖α‖₂) is the identity on the simplex (‖α‖₂ ≤ ‖α‖₁ = 1),
 so it is omitted.
@@ -221,17 +225,18 @@ def vdp_release(user: Tensor, *, clip: float, epsilon: float, delta: float = 0.0
 
 def dpl_choose(impression_size: Tensor, *, negatives: int, epsilon: float,
                generator: torch.Generator) -> tuple[Tensor, Tensor]:
-    """DP label permutation (PrivateRec Alg. 3 lines 16-18): the column to label positive.
+    """The published DP label permutation (PrivateRec Alg. 3 lines 16-18) — NOT DP for the click.
 
     Each sample holds its clicked news in column 0 followed by k sampled non-clicked news.
     The positive is drawn with p ∝ e^{β yᵢ}: column 0 with e^β/(k + e^β), each other column
-    with 1/(k + e^β), where β = max{0, ln(k/(C − 1)·e^ε)} and C is the sample's impression
-    size. With the k non-clicked drawn uniformly from the C − 1 (expected multiplicity
-    k/(C − 1) each, with or without replacement), the identity of the news labelled positive
-    is ε-DP with respect to which news of the impression was clicked. The set of k + 1
-    candidates itself always contains the clicked news (Alg. 3 line 16), so which news were
-    sampled is NOT covered, only which of them is labelled positive; the privacy report says
-    so (DESIGN §4 erratum 8 scopes label DP to "given the candidate set").
+    with 1/(k + e^β), where β = ln(k/(C − 1)·e^ε) (not clamped at 0, see
+    :func:`~privaterec.privacy.calibration.dpl_beta`) and C is the sample's impression size.
+    The identity of the news labelled positive alone would be ε-DP for which news of the
+    impression was clicked, but the set of k + 1 candidates always contains the clicked news
+    (Alg. 3 line 16), so the release (set, label) identifies the click: ε = ∞ whenever
+    C − 1 > k. The engine does not use this function (it uses
+    :func:`privaterec.privacy.labels.release_labels`); it is kept to reproduce the paper's
+    mechanism and as the broken variant the end-to-end audit must catch.
 
     Parameters
     ----------
@@ -269,13 +274,6 @@ def dpl_choose(impression_size: Tensor, *, negatives: int, epsilon: float,
     return torch.where(u < keep, torch.zeros(n, dtype=torch.long), other), beta.float()
 
 
-def dpl_event(*, epsilon: float, phase: Phase = "train") -> PrivacyEvent:
-    """The event of DP label permutation on one client's samples of one round (ε per click)."""
-    return PrivacyEvent(mechanism="exponential", epsilon=epsilon, phase=phase,
-                        note="PrivateRec DPL: exponential mechanism on the positive label "
-                             "(candidate set not covered)")
-
-
 def permute_columns(candidates: Tensor, chosen: Tensor) -> Tensor:
     """Swap column ``chosen[i]`` of row i into column 0 (the label column of the loss).
 
@@ -290,5 +288,5 @@ def permute_columns(candidates: Tensor, chosen: Tensor) -> Tensor:
 
 
 __all__ = ["Mechanism", "PAPER_MODE_NOTE", "SensitivityMode", "dpa_noise", "dpl_choose",
-           "dpl_event", "pad_history", "padding_mask", "permute_columns", "relu_normalize",
+           "pad_history", "padding_mask", "permute_columns", "relu_normalize",
            "softplus_normalize", "vdp_release"]

@@ -676,7 +676,13 @@ class PrivacyLedger:
                                 f"not a valid DP bound){': ' + e.note if e.note else ''}")
             if not e.is_private and users_per_event[i]:
                 warnings.append(f"{releases_per_event[i]} {e.phase} '{e.mechanism}' releases "
-                                f"are not private (epsilon = inf)")
+                                f"are not private (epsilon = inf)"
+                                f"{': ' + e.note if e.note else ''}")
+            elif (users_per_event[i] and e.is_private
+                  and not e.at_adjacency("user").is_private):
+                warnings.append(f"{releases_per_event[i]} {e.phase} '{e.mechanism}' releases "
+                                f"are private for one click but NOT for a whole user "
+                                f"(user-level epsilon = inf){': ' + e.note if e.note else ''}")
         notes = [f"{releases_per_event[i]} {e.phase} '{e.mechanism}' releases with epsilon = "
                  f"{e.epsilon:.6g} > {PLD_MAX_EPSILON:g} per release are composed by basic "
                  f"composition ({composition} is no tighter at such epsilon)"

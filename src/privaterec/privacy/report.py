@@ -49,7 +49,8 @@ _NON_FINITE = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}
 _KNOWN_RELEASE_KEYS = (
     "method", "mechanism", "clipping", "clip_bound", "noise_scale", "sensitivity_l1",
     "sensitivity_l2", "dimension", "epsilon_per_round", "delta_per_round", "coordinate_epsilon",
-    "noised_parameters", "clients_per_round", "client_fraction", "uncovered_parameters")
+    "noised_parameters", "clients_per_round", "client_fraction", "uncovered_parameters",
+    "epsilon_per_round_user")
 _REL_TOL = 1e-6
 
 
@@ -387,8 +388,8 @@ def format_privacy_report(summary: Mapping[str, Any]) -> str:
         lines += ["!" * 78,
                   f"!! WARNING: the gradients of {len(uncovered)} parameter group(s) are NOT "
                   f"covered by the DP guarantee",
-                  "!! (PrivateRec paper mode, DESIGN section 4 erratum 4): the epsilon below "
-                  "does not protect them:"]
+                  "!! (PrivateRec paper mode, docs/privacy.md \"Paper and strict mode\"): the "
+                  "epsilon below does not protect them:"]
         lines += [f"!!   {name}" for name in uncovered]
         lines += ["!" * 78, ""]
     if warnings:
@@ -398,6 +399,14 @@ def format_privacy_report(summary: Mapping[str, Any]) -> str:
 
     lines.append(f"Privacy report: method {release['method']}, {summary['rounds']} round(s) "
                  f"completed")
+    adjacency = report.get("adjacency")
+    if adjacency:
+        lines.append("Adjacency: every epsilon below is stated for one of")
+        lines.append(f"  click-level: {adjacency['click']}")
+        lines.append(f"  user-level:  {adjacency['user']}")
+    else:
+        lines.append("Adjacency: this privacy.json predates per-adjacency totals; its totals "
+                     "are for one click (see docs/privacy.md)")
     lines.append("")
     lines.append("Release of one client per round")
     rows: list[tuple[str, str]] = [("mechanism", str(release["mechanism"]))]
@@ -429,7 +438,11 @@ def format_privacy_report(summary: Mapping[str, Any]) -> str:
                      f"2*clip/lambda (FedNewsRec sec. 3.3): one coordinate only, NOT a "
                      f"guarantee for the update"))
     else:
-        rows.append(("epsilon per round", format_epsilon(release.get("epsilon_per_round"))))
+        rows.append(("epsilon per round", format_epsilon(release.get("epsilon_per_round"))
+                     + (" (click-level)" if "epsilon_per_round_user" in release else "")))
+        if "epsilon_per_round_user" in release:
+            rows.append(("epsilon per round", format_epsilon(release["epsilon_per_round_user"])
+                         + " (user-level)"))
         if release.get("coordinate_epsilon") is not None:
             rows.append(("per-coordinate eps", f"{format_epsilon(release['coordinate_epsilon'])}"
                          f"  (one coordinate only, NOT the guarantee)"))
@@ -460,19 +473,23 @@ def format_privacy_report(summary: Mapping[str, Any]) -> str:
     shown = [p for p in ("train", "serve") if phases.get(p, {}).get("num_users")]
     if len(shown) > 1 or not shown:
         shown.append("total")
-    for phase in shown:
-        ph = phases[phase]
-        label = "" if len(shown) == 1 else f"[{phase}] "
-        lines += _table([
-            (f"{label}users who spent budget", str(ph["num_users"])),
-            (f"{label}releases per user", f"max {ph['releases_max']}"),
-            (f"{label}total epsilon per user",
-             f"max {format_epsilon(ph['epsilon_max'])}, median "
-             f"{format_epsilon(ph['epsilon_median'])} ({composition})"),
-            (f"{label}basic composition bound",
-             f"max epsilon {format_epsilon(ph['basic_epsilon_max'])}, max delta "
-             f"{ph['basic_delta_max']:g} (sums over releases: an upper bound)"),
-        ])
+    blocks = [("click-level", phases)]
+    if report.get("phases_user"):
+        blocks.append(("user-level", report["phases_user"]))
+    for level, by_phase in blocks:
+        for phase in shown:
+            ph = by_phase[phase]
+            label = f"[{level}] " if len(shown) == 1 else f"[{level}, {phase}] "
+            rows = [(f"{label}total epsilon per user",
+                     f"max {format_epsilon(ph['epsilon_max'])}, median "
+                     f"{format_epsilon(ph['epsilon_median'])} ({composition})"),
+                    (f"{label}basic composition bound",
+                     f"max epsilon {format_epsilon(ph['basic_epsilon_max'])}, max delta "
+                     f"{ph['basic_delta_max']:g} (sums over releases: an upper bound)")]
+            if level == "click-level":
+                rows = [(f"{label}users who spent budget", str(ph["num_users"])),
+                        (f"{label}releases per user", f"max {ph['releases_max']}")] + rows
+            lines += _table(rows)
     notes = report.get("notes", [])
     if notes:
         lines.append("")
