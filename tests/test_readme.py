@@ -21,6 +21,13 @@ def test_readme_starts_with_exactly_two_commands():
     assert "pytest" in commands[1]
 
 
+def test_install_commands_show_progress():
+    # issue 17: `pip install -q` left the first command silent for minutes
+    for command in _readme_commands():
+        install = command.split("&&")[1]
+        assert "pip install" in install and " -q" not in install, command
+
+
 def test_ci_runs_the_readme_test_command():
     ci = (ROOT / ".ci" / "run").read_text()
     assert _readme_commands()[1] in ci
