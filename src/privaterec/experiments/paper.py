@@ -47,20 +47,25 @@ class ServedRow:
     """A Table 2 row: a trained configuration and the mechanism serving it."""
 
     run: RunSpec
-    serving: str  # "vdp" or "privaterec"
+    serving: str  # "vdp", "privaterec" or "local" (ranked on the device: ε_s = 0)
 
     @property
     def label(self) -> str:
+        if self.serving == "local":
+            return f"{self.run.label} + local ranking"
         serving = "VDP" if self.serving == "vdp" else f"PrivateRec (p = {SERVE_PADDING:g})"
         return f"{self.run.label} + {serving} serving"
 
     def serving_config(self) -> ServingConfig:
         """The serving mechanism (its seed is replaced by each run's seed)."""
+        if self.serving == "local":
+            return ServingConfig(kind="local")
         return ServingConfig(kind=self.serving, epsilon=SERVE_EPSILON, padding_p=SERVE_PADDING)
 
 
 TABLE2_ROWS: tuple[ServedRow, ...] = (ServedRow(FEDREC, "vdp"), ServedRow(DP_FEDREC, "vdp"),
-                                      ServedRow(PRIVATEREC, "privaterec"))
+                                      ServedRow(PRIVATEREC, "privaterec"),
+                                      ServedRow(PRIVATEREC, "local"))
 
 _METRIC_HEADERS = [f"{METRIC_LABELS[m]} (×{SCALE:g})" for m in METRICS]
 
@@ -208,10 +213,14 @@ def run_table2(out: Path, *, data: str | None = None,
             sizes = sorted({int(r["serving"]["bytes_per_query"]) for r in results})
             size = sizes[0] if len(sizes) == 1 else None
             size_cell = str(size) if size is not None else "/".join(map(str, sizes))
+            local = served.serving == "local"
+            if local:  # nothing is sent per query; the pool is downloaded instead
+                down = sorted({int(r["serving"]["bytes_downloaded"]) for r in results})
+                size_cell = f"0 (↓ {'/'.join(map(str, down))} B pool)"
             cells.append([MODEL_LABELS.get(model, model), _train_epsilon_cell(spec),
-                          format_epsilon(SERVE_EPSILON), served.label,
+                          "0" if local else format_epsilon(SERVE_EPSILON), served.label,
                           *_metric_cells(summaries), size_cell, str(len(seeds))])
-            extra = {"serving": served.serving, "epsilon_serve": SERVE_EPSILON,
+            extra = {"serving": served.serving, "epsilon_serve": 0.0 if local else SERVE_EPSILON,
                      "padding_p": SERVE_PADDING if served.serving == "privaterec" else None,
                      "bytes_per_query": size_cell}
             records.append(_summary_record(model, spec, seeds, summaries, **extra))
@@ -231,6 +240,10 @@ def run_table2(out: Path, *, data: str | None = None,
         f"{SERVE_PADDING:g}, Laplace noise on the B attention weights with the simplex "
         "sensitivity Δ₁ = 2 (docs/privacy.md#dpa-sensitivity) at the padding-amplified "
         "budget (docs/privacy.md#padding-amplification); it sends B floats. bytes / query = 4 × floats sent (float32).",
+        "Local ranking (docs/serving.md#three-ways-to-serve): the device downloads the pool's "
+        "score matrix P = b·Rᵀ once (float32: ↓ bytes for this test pool, then deltas as news "
+        "arrive), ranks it with its exact α and sends nothing, so ε_s = 0 and the metrics "
+        "are those of serving without noise.",
         "Per-user serving ε composes over that user's queries: see "
         "'privaterec privacy report --run RUN'."]
     markdown = "\n".join([f"## Table 2: private serving (ε_s = {SERVE_EPSILON:g})", "", table,
