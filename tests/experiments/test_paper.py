@@ -202,12 +202,17 @@ def test_tables_end_to_end(tmp_path: Path, tiny_data: Path, monkeypatch: pytest.
     rows2 = read_csv(out / "table2.csv")
     assert [(r["row"], r["serving"]) for r in rows2] == \
         [(r.run.slug, r.serving) for r in TABLE2_ROWS]
-    # 4 bytes per float: d = 8 heads x 16 = 128 floats for VDP, B = 5 for PrivateRec.
-    assert [r["bytes_per_query"] for r in rows2] == ["512", "512", "20"]
-    assert [r["bytes_per_query"] for r in t2["rows"]] == [512, 512, 20]
+    # 4 bytes per float: d = 8 heads x 16 = 128 floats for VDP, B = 5 for PrivateRec; local
+    # ranking sends nothing and downloads the pool's B x N score matrix instead.
+    assert [r["bytes_per_query"] for r in rows2[:3]] == ["512", "512", "20"]
+    assert [r["bytes_per_query"] for r in t2["rows"]] == [512, 512, 20, 0]
+    assert rows2[3]["bytes_per_query"].startswith("0 (↓ ") and rows2[3]["epsilon_serve"] == "0.0"
+    # local ranking (ε_s = 0) has exactly the metrics of the same run served without noise
+    assert rows2[3]["auc_mean"] == rows[TABLE1_ROWS.index(TABLE2_ROWS[3].run)]["auc_mean"]
     private = run_dir(out, "nrms", TABLE2_ROWS[2].run, 0, quick=True)
     ledger = (private / "privacy.json").read_bytes()
-    assert json.loads(ledger)["release"]["serving"][-1]["epsilon"] == 10.0
+    served = json.loads(ledger)["release"]["serving"]
+    assert served[-2]["epsilon"] == 10.0 and served[-1]["kind"] == "local"
 
     again = run_table2(out, data=str(tiny_data), models=("nrms",), seeds=(0,), quick=True,
                        progress=False)
