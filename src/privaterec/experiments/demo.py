@@ -57,7 +57,8 @@ def demo_entries(quick: bool) -> list[DemoEntry]:
     entries.append(DemoEntry(
         "privaterec eps_t=10 / nrms", nrms, TrainConfig(method="privaterec"),
         FedConfig(rounds=rounds, epsilon_train=10.0),
-        serve=(ServingConfig(kind="privaterec", epsilon=DEMO_SERVE_EPSILON),)))
+        serve=(ServingConfig(kind="privaterec", epsilon=DEMO_SERVE_EPSILON),
+               ServingConfig(kind="local"))))
     return entries
 
 
@@ -97,14 +98,22 @@ def run_demo(*, out: str | Path | None = None, quick: bool = False,
             started = time.perf_counter()
             result = evaluate_run(run_dir, progress=False, serving=serving)
             info = result["serving"]
-            rows.append((f"{entry.name} → {serving.kind} serving", {
-                **result, **_privacy_columns(run_dir), "epsilon_query": serving.epsilon,
+            rows.append((_serving_label(entry.name, serving, result), {
+                **result, **_privacy_columns(run_dir), "epsilon_query": 0.0 if serving.kind == "local" else serving.epsilon,
                 "bytes_per_query": info["bytes_per_query"]}, time.perf_counter() - started))
     print(format_demo_table(rows))
     from privaterec.experiments.demo_recall import run_recall_demo
     print(run_recall_demo(root, root / "runs" / "fedrec-nrms", quick=quick, progress=progress))
     print(http_demo(root / "runs" / "privaterec_eps_t=10-nrms", data_dir, root))
     return 0
+
+
+def _serving_label(name: str, serving: ServingConfig, result: dict[str, Any]) -> str:
+    """The demo row of a serving evaluation; local ranking names the bytes it downloads."""
+    if serving.kind == "local":  # nothing is sent per query: the pool is downloaded once
+        return (f"{name} → local ranking, ε_s = 0 (↓ "
+                f"{result['serving']['bytes_downloaded']} B pool)")
+    return f"{name} → {serving.kind} serving"
 
 
 def http_demo(run_dir: Path, data_dir: Path, root: Path) -> str:
