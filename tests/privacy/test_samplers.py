@@ -209,3 +209,19 @@ def test_audit_secure_laplace_release(secure):
                              torch.tensor(1.0, dtype=torch.float64), trials=20_000,
                              generator=torch.Generator())
     assert broken.epsilon_lower_bound > eps
+
+
+def test_per_row_scales_release_each_row_at_its_own_scale(secure):
+    # A batch of releases with per-client scales [n, 1], as SimulationNoise accepts.
+    scales = torch.tensor([[0.5], [2.0], [0.5]], dtype=torch.float64)
+    x = torch.zeros(3, 20_000, dtype=torch.float64)
+    y = secure.release_laplace(x, scale=scales)
+    assert y.shape == x.shape
+    for row, b in enumerate((0.5, 2.0, 0.5)):
+        assert stats.kstest(y[row].numpy(), "laplace", args=(0, b)).pvalue > 1e-4
+    assert not torch.equal(y[0], y[2])
+    # Rows 0 and 2 share a scale: one release of 40,000 coordinates on its grid.
+    assert bool(on_grid(y[[0, 2]], grid_exponent(0.5, 40_000)).all())
+    assert torch.equal(secure.release_gaussian(x[:1], sigma=torch.zeros(1, 1)), x[:1])
+    with pytest.raises(ConfigError, match="broadcast"):
+        secure.release_laplace(x, scale=torch.ones(2, 1))

@@ -117,10 +117,10 @@ class NoiseSource(Protocol):
 
     secure: bool
 
-    def release_laplace(self, x: Tensor, *, scale: float) -> Tensor:
+    def release_laplace(self, x: Tensor, *, scale: float | Tensor) -> Tensor:
         """``x`` + i.i.d. Laplace(0, ``scale``) per coordinate (same shape and dtype)."""
 
-    def release_gaussian(self, x: Tensor, *, sigma: float) -> Tensor:
+    def release_gaussian(self, x: Tensor, *, sigma: float | Tensor) -> Tensor:
         """``x`` + i.i.d. N(0, ``sigma``²) per coordinate (same shape and dtype)."""
 
     def uniform(self, shape: Sequence[int]) -> Tensor:
@@ -226,10 +226,12 @@ class SecureNoise:
         return f"SecureNoise(workers={self.workers})"
 
     # -- float-safe releases ------------------------------------------------------------
-    def _release(self, kind: str, x: Tensor, scale: float, name: str) -> Tensor:
-        scale = _check_scale(scale, name)
+    def _release(self, kind: str, x: Tensor, scale: float | Tensor, name: str) -> Tensor:
         if not isinstance(x, Tensor):
             raise ConfigError(f"release_{kind} needs a Tensor, got {type(x).__name__}")
+        if isinstance(scale, Tensor):
+            return self._release_per_scale(kind, x, scale, name)
+        scale = _check_scale(scale, name)
         if scale == 0 or x.numel() == 0:
             return x.clone()
         values = x.detach().to(device="cpu", dtype=torch.float64).reshape(-1).numpy()
@@ -251,7 +253,21 @@ class SecureNoise:
         released = torch.tensor(out, dtype=torch.float64).reshape(x.shape)
         return released.to(device=x.device, dtype=x.dtype)
 
-    def release_laplace(self, x: Tensor, *, scale: float) -> Tensor:
+    def _release_per_scale(self, kind: str, x: Tensor, scale: Tensor, name: str) -> Tensor:
+        """Coordinates grouped by their scale (e.g. per-client ``[n, 1]``), one release each."""
+        try:
+            scales = scale.detach().to(device="cpu", dtype=torch.float64).expand(x.shape)
+        except RuntimeError:
+            raise ConfigError(f"'{name}' of shape {tuple(scale.shape)} does not broadcast to "
+                              f"the released shape {tuple(x.shape)}") from None
+        out = x.clone()
+        flat_x, flat_s, flat_out = x.reshape(-1), scales.reshape(-1), out.view(-1)
+        for value in torch.unique(flat_s).tolist():
+            where = (flat_s == value).nonzero().squeeze(-1).to(x.device)
+            flat_out[where] = self._release(kind, flat_x[where], float(value), name)
+        return out
+
+    def release_laplace(self, x: Tensor, *, scale: float | Tensor) -> Tensor:
         """The released value of ``x`` with Laplace(0, ``scale``) per coordinate, float-safe.
 
         Parameters
@@ -259,7 +275,9 @@ class SecureNoise:
         x:
             Any shape, finite values (clipped by the caller to its sensitivity).
         scale:
-            b ≥ 0 (0: ``x`` returned unchanged).
+            b ≥ 0 (0: ``x`` returned unchanged), or a tensor broadcastable to ``x`` (e.g.
+            per-client ``[n, 1]``): the coordinates of each distinct scale are one release,
+            on the grid of their own count.
 
         Returns
         -------
@@ -269,12 +287,12 @@ class SecureNoise:
         """
         return self._release("laplace", x, scale, "scale")
 
-    def release_gaussian(self, x: Tensor, *, sigma: float) -> Tensor:
+    def release_gaussian(self, x: Tensor, *, sigma: float | Tensor) -> Tensor:
         """The released value of ``x`` with N(0, ``sigma``²) per coordinate, float-safe.
 
         Discrete Gaussian on the grid 2^k (k = :func:`grid_exponent` (σ, x.numel())),
         which at this resolution has the continuous Gaussian's privacy up to OpenDP's
-        rounding term (Canonne, Kamath & Steinke 2020). Shapes as in
+        rounding term (Canonne, Kamath & Steinke 2020). Shapes and tensor ``sigma`` as in
         :meth:`release_laplace`.
         """
         return self._release("gaussian", x, sigma, "sigma")
