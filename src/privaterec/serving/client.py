@@ -25,8 +25,15 @@ the release cached for an unchanged (truncated) history is post-processing: it c
 and records no event. A release is recorded before it is sent, so a failed request can be
 retried with the cached release at no cost. With ``cache_dir`` the downloaded parameters, the
 ledger and the release cache survive restarts (one ledger per ``cache_dir``: use one
-directory per user). Adjacency is substitution of one item of the fixed-length (truncated)
-history, as in :func:`privaterec.privacy.calibration.amplified_budget`.
+directory per user); without it the ledger persists in :func:`default_state_dir`. The default
+cap is ε = 10 per device; the state file is locked for every spend; one history is freshly
+released at most twice a day whatever the server's model version
+(:class:`ReleaseLimitExceeded`). Adjacency is substitution of one item of the fixed-length
+(truncated) history, as in :func:`privaterec.privacy.calibration.amplified_budget`.
+
+Randomness: devices draw from :class:`SecureNoise` (OS CSPRNG, float-safe OpenDP noise) and
+take no seed; :class:`SimulationNoise` is accepted only as ``insecure_simulation_noise=`` for
+simulations and tests (:mod:`privaterec.privacy.samplers`).
 
 Public API, by module (imports flow one way: client → process → device → budget, download →
 transport; the DPA computation is :mod:`privaterec.eval.serving`'s, shared with the offline
@@ -37,7 +44,10 @@ evaluation):
 * PrivateRec Alg. 2 (:mod:`privaterec.eval.serving`): :func:`dpa_release`,
   :class:`DpaRelease`;
 * privacy account (:mod:`~privaterec.serving.budget`): :class:`DeviceBudget`,
-  :data:`DEVICE_USER`;
+  :data:`DEVICE_USER`, :data:`DEFAULT_DEVICE_BUDGET`, :class:`ReleaseLimitExceeded`,
+  :func:`default_state_dir`;
+* randomness (:mod:`privaterec.privacy.samplers`): :class:`SecureNoise`,
+  :class:`SimulationNoise`;
 * model download (:mod:`~privaterec.serving.download`): :func:`fetch_model`,
   :func:`download_model`, :class:`DeviceModel`, :func:`build_recall_model`;
 * HTTP (:mod:`~privaterec.serving.transport`): :class:`Transport` (any object with httpx's
@@ -52,16 +62,19 @@ evaluation):
 from __future__ import annotations
 
 from privaterec.eval.serving import DpaRelease, dpa_release
-from privaterec.serving.budget import DEVICE_USER, DeviceBudget
+from privaterec.privacy.samplers import SecureNoise, SimulationNoise
+from privaterec.serving.budget import (DEFAULT_DEVICE_BUDGET, DEVICE_USER, DeviceBudget,
+                                       ReleaseLimitExceeded, default_state_dir)
 from privaterec.serving.device import MAX_K, PrivateRecDevice, UniFedRecDevice, VDPDevice
 from privaterec.serving.download import (DeviceModel, build_recall_model, download_model,
                                          fetch_model)
 from privaterec.serving.process import ServerProcess, demo_query, free_port
 from privaterec.serving.transport import ModelChangedError, ServerError, Transport, json_body
 
-__all__ = ["DEVICE_USER", "DeviceBudget", "DeviceModel", "DpaRelease", "MAX_K",
-           "ModelChangedError", "PrivateRecDevice", "ServerError",
-           "ServerProcess", "Transport", "UniFedRecDevice", "VDPDevice", "build_recall_model",
+__all__ = ["DEFAULT_DEVICE_BUDGET", "DEVICE_USER", "DeviceBudget", "DeviceModel", "DpaRelease",
+           "MAX_K", "ModelChangedError", "PrivateRecDevice", "ReleaseLimitExceeded",
+           "SecureNoise", "ServerError", "ServerProcess", "SimulationNoise", "Transport",
+           "UniFedRecDevice", "VDPDevice", "build_recall_model", "default_state_dir",
            "demo_query", "download_model", "dpa_release", "fetch_model", "free_port",
            "json_body"]
 
