@@ -30,7 +30,9 @@ runs in its own process (``privaterec.serving.server.serve``, what ``privaterec 
    cycle: all download the full pool (float16) at once; conditional requests with the
    ETag they hold (must be 304 with an empty body); 1,000 news ingested; all sync the delta
    at once (applied and hash-checked); conditional again (304). Errors = any other status,
-   a 304 with a body, a hash mismatch or a transport failure.
+   a 304 with a body, a hash mismatch or a transport failure after one retry (a GET whose
+   keep-alive connection the server closed while the device was idle is retried once, as
+   :class:`LocalRankingDevice` does; retries are counted separately).
 
 Results are printed and written as JSON to ``benchmarks/results/local_ranking.json``.
 """
@@ -222,6 +224,7 @@ async def load_phase(url: str, http: Any, vocabs: Any, devices: int, cycles: int
     clients = [httpx.AsyncClient(base_url=url, timeout=120.0, limits=limits)
                for _ in range(devices)]
     errors: list[str] = []
+    retries: list[str] = []
     lat: dict[str, list[float]] = {"full": [], "304": [], "delta": []}
     wall: dict[str, list[float]] = {"full": [], "304": [], "delta": []}
     not_modified_body_bytes = 0
@@ -239,11 +242,15 @@ async def load_phase(url: str, http: Any, vocabs: Any, devices: int, cycles: int
             path += "/delta"
             params.update(since=state.version, pool_id=state.pool_id)
         t = time.perf_counter()
-        try:
-            r = await client.get(path, params=params, headers=headers)
-        except httpx.TransportError as exc:
-            errors.append(f"{kind}: {type(exc).__name__}")
-            return
+        for attempt in (0, 1):  # a GET is retried once on a closed connection, as the SDK does
+            try:
+                r = await client.get(path, params=params, headers=headers)
+                break
+            except httpx.TransportError as exc:
+                if attempt:
+                    errors.append(f"{kind}: {type(exc).__name__}")
+                    return
+                retries.append(f"{kind}: {type(exc).__name__}")
         lat[kind].append((time.perf_counter() - t) * 1e3)
         try:
             if kind == "304":
@@ -276,7 +283,8 @@ async def load_phase(url: str, http: Any, vocabs: Any, devices: int, cycles: int
         for client in clients:
             await client.aclose()
     return {"devices": devices, "cycles": cycles, "errors": len(errors),
-            "error_examples": errors[:5],
+            "error_examples": errors[:5], "retried_once": len(retries),
+            "retry_examples": sorted(set(retries))[:5],
             "requests": {k: len(v) for k, v in lat.items()},
             "latency_ms_median": {k: median(v) for k, v in lat.items() if v},
             "latency_ms_p99": {k: percentile(v, 99) for k, v in lat.items() if v},

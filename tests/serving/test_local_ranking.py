@@ -304,3 +304,29 @@ def test_int8_vectors_path_for_a_ranker_without_basis(serving_news, serving_mode
         assert all(abs(i["score"] - reference[i["news_id"]]) <= bound + 1e-6
                    for i in quantised)
         assert len({i["news_id"] for i in quantised} & {i["news_id"] for i in top}) >= 7
+
+
+def test_a_get_on_a_connection_closed_while_idle_is_retried_once(served_app, history):
+    import httpx
+
+    class Flaky:
+        """Fails the next pool request once, as a keep-alive connection the server closed."""
+
+        def __init__(self) -> None:
+            self.fail = 0
+
+        def request(self, method, url, **kwargs):
+            if self.fail and "/v1/pool/" in str(url):
+                self.fail -= 1
+                raise httpx.RemoteProtocolError("Server disconnected without a response")
+            return served_app.request(method, url, **kwargs)
+
+    flaky = Flaky()
+    device = LocalRankingDevice(transport=flaky)
+    flaky.fail = 1
+    device.sync()
+    assert device.last_sync["kind"] == "full"
+    flaky.fail = 2  # fails twice: the error reaches the caller
+    from privaterec.serving.transport import ServerError
+    with pytest.raises(ServerError, match="could not reach"):
+        device.sync()

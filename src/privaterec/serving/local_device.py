@@ -235,11 +235,16 @@ class LocalRankingDevice:
 
     # ------------------------------------------------------------------ sync
     def _get(self, path: str, etag: str | None) -> Any:
+        """An (idempotent) GET, retried once when the connection failed — e.g. a keep-alive
+        connection the server closed while the device was idle."""
         headers = {"If-None-Match": etag} if etag else None
-        try:
-            response = self._http.transport.request("GET", path, headers=headers)
-        except httpx.TransportError as exc:
-            raise ServerError("GET", path, 0, f"{type(exc).__name__}: {exc}") from None
+        for attempt in (0, 1):
+            try:
+                response = self._http.transport.request("GET", path, headers=headers)
+                break
+            except httpx.TransportError as exc:
+                if attempt:
+                    raise ServerError("GET", path, 0, f"{type(exc).__name__}: {exc}") from None
         self.bytes_downloaded += len(response.content)
         return response
 
