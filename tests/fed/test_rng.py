@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from privaterec.fed.rng import client_generator, device_generator, round_generator
+from privaterec.fed.rng import client_generator, round_generator
 
 
 def _draw(generator: torch.Generator) -> torch.Tensor:
@@ -48,9 +48,4 @@ def test_streams_do_not_touch_the_global_generator():
     torch.manual_seed(123)
     _draw(client_generator(0, 0, 0))
     _draw(round_generator(0, 0))
-    _draw(device_generator())
     assert torch.equal(torch.rand(4), expected)
-
-
-def test_device_generators_are_seeded_from_the_os():
-    assert not torch.equal(_draw(device_generator()), _draw(device_generator()))

@@ -16,6 +16,7 @@ import torch
 from privaterec.data.features import NewsFeatures
 from privaterec.data.history import history_rows
 from privaterec.data.records import MindSplit
+from privaterec.privacy.randomness import Randomness, rand
 
 
 @dataclass
@@ -151,7 +152,7 @@ class ClientData:
 
 
 def draw_candidates(positives: torch.Tensor, pool: torch.Tensor, counts: torch.Tensor, *,
-                    negatives: int, generator: torch.Generator) -> torch.Tensor:
+                    negatives: int, generator: Randomness) -> torch.Tensor:
     """Candidates ``LongTensor[s, 1 + k]``: each clicked news followed by k non-clicked ones.
 
     Parameters
@@ -160,14 +161,14 @@ def draw_candidates(positives: torch.Tensor, pool: torch.Tensor, counts: torch.T
         non-clicked rows (padded). counts: ``LongTensor[s]`` valid entries of ``pool`` (≥ 1).
     negatives: k, drawn without replacement when an impression has at least k, with
         replacement otherwise (DESIGN §3).
-    generator: the only source of randomness.
+    generator: the only source of randomness (a seeded generator, or a device's secure
+        source: :mod:`privaterec.privacy.randomness`).
     """
     s, m = pool.shape
-    keys = torch.rand(s, m, generator=generator)
+    keys = rand(generator, (s, m))
     keys = keys.masked_fill(torch.arange(m) >= counts[:, None], 2.0)
     without = keys.argsort(dim=1)[:, :negatives] if negatives <= m else None
-    with_repl = (torch.rand(s, negatives, generator=generator)
-                 * counts[:, None]).long().clamp(max=m - 1)
+    with_repl = (rand(generator, (s, negatives)) * counts[:, None]).long().clamp(max=m - 1)
     if without is None:
         choice = with_repl
     else:

@@ -31,6 +31,7 @@ from privaterec.fed.methods import ClientMethod, privatize, privatize_history
 from privaterec.fed.objective import ClientBatch, LocalObjective
 from privaterec.privacy.dpa import dpa_noise, pad_history, padding_mask, permute_columns
 from privaterec.privacy.labels import release_labels
+from privaterec.privacy.randomness import Randomness, as_source, is_secure, randperm
 from privaterec.privacy.ledger import PrivacyEvent
 
 
@@ -74,11 +75,11 @@ class ClientUpdate:
 
 
 def _draw_samples(data: ClientData, method: ClientMethod, *,
-                  generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+                  generator: Randomness) -> tuple[torch.Tensor, torch.Tensor]:
     """Steps (1)-(2): chosen sample indices ``[n]`` and their candidates ``[n, 1 + k]``."""
     n = data.num_samples
     if n > method.max_samples:
-        chosen = torch.randperm(n, generator=generator)[: method.max_samples].sort().values
+        chosen = randperm(generator, n)[: method.max_samples].sort().values
     else:
         chosen = torch.arange(n)
     return chosen, draw_candidates(data.positives[chosen], data.negatives[chosen],
@@ -87,7 +88,7 @@ def _draw_samples(data: ClientData, method: ClientMethod, *,
 
 
 def client_candidates(data: ClientData, method: ClientMethod, *,
-                      generator: torch.Generator) -> torch.Tensor:
+                      generator: Randomness) -> torch.Tensor:
     """Steps (1)-(2) of a client round: its samples' candidates ``LongTensor[n, 1 + k]``.
 
     A client with more than ``method.max_samples`` samples uses a random subset of that size.
@@ -101,7 +102,9 @@ class ClientInputs:
 
     history: ``LongTensor[H]`` (PrivateRec: padded positions hold row 0, the anonymous news
     r₀); history_mask: ``BoolTensor[H]``; candidates: ``LongTensor[n, 1 + k]`` with the
-    (DPL-chosen) positive in column 0; attention_noise: DPA noise ``[B]`` or None.
+    released positive in column 0; attention_noise: DPA noise ``[B]`` or None (None for
+    PrivateRec on a secure source too: the device releases α̃ itself, float-safe, once α is
+    computed: :func:`client_update`).
     """
 
     history: torch.Tensor
@@ -111,7 +114,7 @@ class ClientInputs:
 
 
 def client_inputs(data: ClientData, method: ClientMethod, *, basis_size: int,
-                  generator: torch.Generator) -> ClientInputs:
+                  generator: Randomness) -> ClientInputs:
     """Steps (1)-(5) of a client round (PrivateRec Alg. 2 lines 2-5 and 9, Alg. 3 16-18).
 
     Parameters
@@ -129,25 +132,42 @@ def client_inputs(data: ClientData, method: ClientMethod, *, basis_size: int,
     rows, clicks, counts = data.impressions()
     n = rows.shape[0]
     if n > method.max_samples:
-        chosen = torch.randperm(n, generator=generator)[: method.max_samples].sort().values
+        chosen = randperm(generator, n)[: method.max_samples].sort().values
         rows, clicks, counts = rows[chosen], clicks[chosen], counts[chosen]
     pad = padding_mask(data.history_mask, padding_p=method.padding_p, generator=generator)
     history = pad_history(data.history, pad)
     (eps, delta), _ = method.budget_split()
-    noise, _ = dpa_noise((1, basis_size), epsilon=eps, delta=delta,
-                         padding_p=method.padding_p, mechanism=method.noise,  # type: ignore[arg-type]
-                         sensitivity=method.sensitivity_mode,  # type: ignore[arg-type]
-                         generator=generator)
+    noise: torch.Tensor | None = None
+    if not is_secure(generator):
+        drawn, _ = dpa_noise((1, basis_size), epsilon=eps, delta=delta,
+                             padding_p=method.padding_p, mechanism=method.noise,  # type: ignore[arg-type]
+                             sensitivity=method.sensitivity_mode,  # type: ignore[arg-type]
+                             generator=generator)  # type: ignore[arg-type]
+        noise = drawn[0]
     size = method.label_candidates
     positions, released = release_labels(clicks, counts, size=size, epsilon=method.epsilon,
                                          generator=generator)
     keep = released < size
     candidates = permute_columns(rows.gather(1, positions)[keep], released[keep])
-    return ClientInputs(history, data.history_mask, candidates, noise[0])
+    return ClientInputs(history, data.history_mask, candidates, noise)
+
+
+def _released_attention(objective: LocalObjective, params: torch.Tensor,
+                        inputs: ClientInputs, method: ClientMethod,
+                        source: Randomness) -> torch.Tensor:
+    """A device's float-safe DPA release α̃ = α + noise ``[B]`` (Alg. 2 lines 6-9), drawn from
+    its secure source at the calibration of the method's DPA event."""
+    alpha = objective.attention(params, inputs.history, inputs.history_mask)
+    dpa = method.events(objective.dimension)[0]
+    scale = float(dpa.noise_scale or 0.0)
+    noise = as_source(source)
+    if method.noise == "gaussian":
+        return noise.release_gaussian(alpha, sigma=scale)
+    return noise.release_laplace(alpha, scale=scale)
 
 
 def client_update(objective: LocalObjective, params: torch.Tensor, data: ClientData,
-                  method: ClientMethod, *, generator: torch.Generator) -> ClientUpdate:
+                  method: ClientMethod, *, generator: Randomness) -> ClientUpdate:
     """One client's round (FedNewsRec Eq. 3-5; DP-FedRec; PrivateRec Alg. 3 lines 14-21).
 
     PrivateRec uploads the gradient of the loss on ũ = Σ α̃ᵢ bᵢ (raw in paper mode; in strict
@@ -164,7 +184,9 @@ def client_update(objective: LocalObjective, params: torch.Tensor, data: ClientD
     method:
         Clipping, noise and local-training settings.
     generator:
-        The client's only source of randomness.
+        The client's only source of randomness: its seeded generator in simulation, or on a
+        real device a secure source (:class:`~privaterec.privacy.samplers.SecureNoise`: OS
+        CSPRNG, float-safe releases; :mod:`privaterec.privacy.randomness`).
 
     Raises
     ------
@@ -183,9 +205,13 @@ def client_update(objective: LocalObjective, params: torch.Tensor, data: ClientD
         # (and, in strict mode, still releases the noised history part): its upload has the
         # same form as anyone's.
         strict = method.privacy_mode == "strict"
+        released = inputs.attention_noise is None
+        attention = (_released_attention(objective, params, inputs, method, generator)
+                     if released else inputs.attention_noise)
         grad, loss = objective.client_gradient(params, inputs.history, inputs.history_mask,
-                                               candidates, attention_noise=inputs.attention_noise,
-                                               split_history=strict)
+                                               candidates, attention_noise=attention,
+                                               split_history=strict,
+                                               released_attention=released)
         events = method.events(objective.dimension)
         if not strict:
             return ClientUpdate(payload=grad, privacy_events=events, metrics={"loss": loss},

@@ -81,11 +81,12 @@ from privaterec.errors import ConfigError, PrivateRecError  # noqa: E402
 from privaterec.fed.client import ClientUpdate, client_update  # noqa: E402
 from privaterec.fed.methods import ClientMethod, resolve_run_config  # noqa: E402
 from privaterec.fed.objective import LocalObjective  # noqa: E402
-from privaterec.fed.rng import client_generator, device_generator  # noqa: E402
+from privaterec.fed.rng import client_generator  # noqa: E402
 from privaterec.fed.simulator import (FederatedState, RoundCallback,  # noqa: E402
                                       RoundResult, eligible_clients, train_federated)
 from privaterec.fed.strategies import Strategy, aggregate  # noqa: E402
 from privaterec.privacy.ledger import PrivacyEvent  # noqa: E402
+from privaterec.privacy.samplers import SecureNoise  # noqa: E402
 from privaterec.training.determinism import (deterministic_algorithms,  # noqa: E402
                                              flush_denormals)
 
@@ -260,11 +261,13 @@ def _client_train(message: Message, context: Context) -> Message:
                           f"{device.objective.dimension}")
     seed, round_index = int(config["seed"]), int(config["round"])
     held = set(_held_users(device, context.node_config))
-    # A real device (node option user-id) draws its samples and noise from the operating
-    # system's entropy: with (seed, round, user) seeding the server could subtract the noise.
-    # Simulated partitions are seeded so that engines can be compared; os-entropy overrides.
+    # A real device (node option user-id) draws everything from the OS CSPRNG with
+    # float-safe noise (SecureNoise): with (seed, round, user) seeding the server could
+    # subtract the noise. Simulated partitions are seeded so that engines can be compared;
+    # the node option os-entropy=true forces the secure source there too.
     os_entropy = bool(context.node_config.get("os-entropy",
                                               bool(context.node_config.get("user-id", ""))))
+    secure = SecureNoise() if os_entropy else None
     payloads, counts, losses, events = [], [], [], []
     with deterministic_algorithms(), flush_denormals():  # as the simulator computes
         for user_id, user in zip(config["users"], config["user-indices"]):
@@ -272,7 +275,7 @@ def _client_train(message: Message, context: Context) -> Message:
                 raise PrivateRecError(f"the server asked this SuperNode for user "
                                       f"{user_id!r}, which it does not hold")
             data = device.clients.client(device.index[user_id])
-            generator = (device_generator() if os_entropy
+            generator = (secure if secure is not None
                          else client_generator(seed, round_index, int(user)))
             update = client_update(device.objective, theta, data, device.method,
                                    generator=generator)

@@ -27,6 +27,7 @@ from privaterec.privacy.ledger import PrivacyEvent, adjacency_view, basic_compos
 from privaterec.privacy.mechanisms import (clip_elementwise, clip_l1, clip_l2,
                                            gaussian_mechanism,
                                            laplace_mechanism, laplace_noise)
+from privaterec.privacy.randomness import as_source, is_secure
 
 # Defaults a method gives to the FedConfig fields left at None.
 # FedAdam's τ: 1e-6 for raw updates (fedrec; smaller τ turns rounding-level coordinates into
@@ -347,6 +348,11 @@ def privatize_history(updates: torch.Tensor, method: ClientMethod,
     """
     _, history = method.budget_split()
     assert history is not None and method.clip is not None
+    if any(is_secure(g) for g in generators):
+        clipped, event = privatize_history(updates, method,
+                                           [torch.Generator()] * len(generators),
+                                           draw_noise=False)
+        return release_rows(clipped, event, generators, draw_noise=draw_noise), event
     eps, delta = history
     clip = clip_l1 if method.clipping == "l1" else clip_l2
     clipped = clip(updates, method.clip, dim=-1)
@@ -362,6 +368,25 @@ def privatize_history(updates: torch.Tensor, method: ClientMethod,
                                            generator=generators, batched=True, note=note,
                                            draw_noise=draw_noise)
     return noised, event
+
+
+def release_rows(clipped: torch.Tensor, event: PrivacyEvent, sources: Sequence[Any], *,
+                 draw_noise: bool = True) -> torch.Tensor:
+    """Row i of ``clipped`` released with ``sources[i]`` at the calibration of ``event``.
+
+    The deployed path: a secure source (:class:`~privaterec.privacy.samplers.SecureNoise`)
+    returns the float-safe release of the clipped row itself (issue 13, hole 1).
+    """
+    if not draw_noise or not event.is_private or event.mechanism not in ("laplace",
+                                                                          "gaussian"):
+        return clipped
+    scale = float(event.noise_scale or 0.0)
+    rows = []
+    for row, source in zip(clipped, sources):
+        noise = as_source(source)
+        rows.append(noise.release_gaussian(row, sigma=scale) if event.mechanism == "gaussian"
+                    else noise.release_laplace(row, scale=scale))
+    return torch.stack(rows)
 
 
 def privatize(updates: torch.Tensor, method: ClientMethod,
@@ -389,6 +414,10 @@ def privatize(updates: torch.Tensor, method: ClientMethod,
     if len(generators) != updates.shape[0]:
         raise ValueError(f"need one generator per client: {len(generators)} for "
                          f"{updates.shape[0]} updates")
+    if any(is_secure(g) for g in generators):
+        clipped, event = privatize(updates, method, [torch.Generator()] * len(generators),
+                                   draw_noise=False)
+        return release_rows(clipped, event, generators, draw_noise=draw_noise), event
     dimension = int(updates.shape[1])
     if method.clipping == "none":
         event = PrivacyEvent(mechanism="none", epsilon=math.inf, phase="train",

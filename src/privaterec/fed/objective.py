@@ -78,12 +78,20 @@ class _RoundLoss(nn.Module):
         self.recommender = recommender
 
     def users(self, vectors: torch.Tensor, mask: torch.Tensor,
-              attention_noise: torch.Tensor | None, detach_attention: bool) -> torch.Tensor:
+              attention_noise: torch.Tensor | None, detach_attention: bool,
+              released_attention: bool = False) -> torch.Tensor:
         rec = self.recommender
         if rec.basis is None or attention_noise is None:
             return rec.encode_user(vectors, mask)
-        alpha = relu_normalize(rec.basis.attention(rec.interest(vectors, mask))
-                               + attention_noise)
+        alpha = rec.basis.attention(rec.interest(vectors, mask))
+        if released_attention:
+            # ``attention_noise`` holds the released α̃ itself (a device's float-safe release):
+            # the forward value is exactly α̃ ((α − α) + α̃ = α̃ in floating point) and the
+            # gradient reaches α as through α + n.
+            noisy = (alpha - alpha.detach()) + attention_noise
+        else:
+            noisy = alpha + attention_noise
+        alpha = relu_normalize(noisy)
         if detach_attention:
             alpha = alpha.detach()
         return rec.basis.reconstruct(alpha)
@@ -91,19 +99,36 @@ class _RoundLoss(nn.Module):
     def forward(self, history: torch.Tensor, history_mask: torch.Tensor,
                 candidates: torch.Tensor, sample_client: torch.Tensor, weights: torch.Tensor,
                 deduplicate: bool, attention_noise: torch.Tensor | None = None,
-                detach_attention: bool = False) -> torch.Tensor:
+                detach_attention: bool = False,
+                released_attention: bool = False) -> torch.Tensor:
         m, h = history.shape
         s, c = candidates.shape
         rows = torch.cat([history.reshape(-1), candidates.reshape(-1)])
         vectors = self.recommender.encode_rows(rows, deduplicate=deduplicate)
         users = self.users(vectors[: m * h].reshape(m, h, -1), history_mask, attention_noise,
-                           detach_attention)
+                           detach_attention, released_attention)
         news = vectors[m * h:].reshape(s, c, vectors.shape[-1])
         logits = torch.einsum("sd,scd->sc", users[sample_client], news)
         losses = F.cross_entropy(logits, torch.zeros(s, dtype=torch.long), reduction="none")
         # A client without samples (every impression dropped by the label release) has
         # loss and gradient 0.
         return (losses * weights).sum() / weights.sum().clamp_min(torch.finfo(weights.dtype).tiny)
+
+
+class _Attention(nn.Module):
+    """α = softmax(u·bᵀ/√d) ``[m, B]`` of histories ``[m, H]`` (PrivateRec Alg. 2 line 7);
+    shares the recommender (and so the parameter names) of :class:`_RoundLoss`."""
+
+    def __init__(self, recommender: Recommender) -> None:
+        super().__init__()
+        self.recommender = recommender
+
+    def forward(self, history: torch.Tensor, history_mask: torch.Tensor) -> torch.Tensor:
+        rec = self.recommender
+        assert rec.basis is not None
+        m, h = history.shape
+        vectors = rec.encode_rows(history.reshape(-1), deduplicate=False)
+        return rec.basis.attention(rec.interest(vectors.reshape(m, h, -1), history_mask))
 
 
 @dataclass(frozen=True)
@@ -183,6 +208,7 @@ class LocalObjective:
         model.prepare_news_table()  # before reading supports_vmap (PLM: needs the table)
         self.model = model
         self._loss_module = _RoundLoss(model)
+        self._attention_module = _Attention(model)
         self.spec = ParamSpec.of(self._loss_module)
         trainable = set(self.spec.names)
         self._frozen = {n: t.detach() for n, t in
@@ -231,19 +257,32 @@ class LocalObjective:
     def _client_loss(self, flat: torch.Tensor, history: torch.Tensor, mask: torch.Tensor,
                      candidates: torch.Tensor, weights: torch.Tensor,
                      attention_noise: torch.Tensor | None = None,
-                     detach_attention: bool = False) -> torch.Tensor:
+                     detach_attention: bool = False,
+                     released_attention: bool = False) -> torch.Tensor:
         """One client's mean loss: history ``[H]``, mask ``[H]``, candidates ``[n, 1+k]``,
-        optional DPA noise ``[B]``."""
+        optional DPA noise ``[B]`` (or, with ``released_attention``, the released α̃)."""
         owner = torch.zeros(candidates.shape[0], dtype=torch.long)
         noise = None if attention_noise is None else attention_noise[None]
         return self._call(flat, history[None], mask[None], candidates, owner, weights, False,
-                          noise, detach_attention)
+                          noise, detach_attention, released_attention)
+
+    def attention(self, flat: torch.Tensor, history: torch.Tensor,
+                  mask: torch.Tensor) -> torch.Tensor:
+        """α ``[B]`` of one client's history ``[H]`` at θ = ``flat`` (no gradient): the value a
+        device releases with DPA (PrivateRec Alg. 2 lines 6-9)."""
+        keep = int(mask.sum()) or int(mask.shape[0])
+        with torch.no_grad():
+            alpha = functional_call(self._attention_module,
+                                    {**self._frozen, **self.spec.unflatten(flat)},
+                                    (history[None, -keep:], mask[None, -keep:]))
+        return alpha[0]
 
     # -- gradients -------------------------------------------------------------------------
     def client_gradient(self, flat: torch.Tensor, history: torch.Tensor, mask: torch.Tensor,
                         candidates: torch.Tensor, *,
                         attention_noise: torch.Tensor | None = None,
-                        split_history: bool = False) -> tuple[torch.Tensor, float]:
+                        split_history: bool = False,
+                        released_attention: bool = False) -> tuple[torch.Tensor, float]:
         """∇θ of one client's mean InfoNCE loss (FedNewsRec Eq. 3) and the loss.
 
         Parameters
@@ -253,6 +292,8 @@ class LocalObjective:
         attention_noise: PrivateRec's DPA noise ``[B]`` (the model needs basic vectors).
         split_history: return ``[2, D]``: the candidate-path gradient (α̃ held constant) and
             the history-path rest (PrivateRec strict mode, DESIGN §4 erratum 4).
+        released_attention: ``attention_noise`` holds the released α̃ ``[B]`` instead of the
+            noise (a device's float-safe release, :meth:`attention`); same gradient.
 
         Returns
         -------
@@ -262,17 +303,20 @@ class LocalObjective:
         # Left padding carries no weight (see ClientBatch.chunks), except in an empty history.
         keep = int(mask.sum()) or int(mask.shape[0])
         fn = self._split_grad if split_history else grad_and_value(self._client_loss)
-        g, loss = fn(flat, history[-keep:], mask[-keep:], candidates, weights, attention_noise)
+        g, loss = fn(flat, history[-keep:], mask[-keep:], candidates, weights, attention_noise,
+                     False, released_attention)
         return g, float(loss)
 
     def _split_grad(self, flat: torch.Tensor, history: torch.Tensor, mask: torch.Tensor,
                     candidates: torch.Tensor, weights: torch.Tensor,
-                    attention_noise: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+                    attention_noise: torch.Tensor | None, detach_attention: bool = False,
+                    released_attention: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """``[2, D]``: (candidate-path gradient, history-path gradient) and the loss."""
         full, loss = grad_and_value(self._client_loss)(flat, history, mask, candidates,
-                                                       weights, attention_noise, False)
+                                                       weights, attention_noise, False,
+                                                       released_attention)
         candidate_path = grad(self._client_loss)(flat, history, mask, candidates, weights,
-                                                 attention_noise, True)
+                                                 attention_noise, True, released_attention)
         return torch.stack([candidate_path, full - candidate_path]), loss
 
     def client_gradients(self, flat: torch.Tensor, batch: ClientBatch, *,

@@ -4,8 +4,10 @@ Randomness is a pure function of (seed, round, client): the server's draws of ro
 :func:`round_generator`, client u's draws in round t use :func:`client_generator`. A run
 resumed from a checkpoint at round t therefore continues with exactly the streams of an
 uninterrupted run, and the in-process simulator and the Flower engine draw the same numbers.
-In a real deployment each device seeds its generator from the operating system instead
-(:func:`device_generator`): the server must not know a client's noise.
+In a real deployment a device draws nothing from these: it uses
+:class:`~privaterec.privacy.samplers.SecureNoise` (OS CSPRNG, float-safe noise), so the
+server cannot know a client's noise (the Flower ClientApp does so on a node holding a real
+user, node option ``user-id``).
 """
 
 from __future__ import annotations
@@ -30,10 +32,3 @@ def round_generator(seed: int, round_index: int) -> torch.Generator:
 def client_generator(seed: int, round_index: int, client: int) -> torch.Generator:
     """Client ``client``'s generator in round ``round_index`` (samples, negatives, noise)."""
     return torch.Generator().manual_seed(_derived_seed(seed, _CLIENT, round_index, client))
-
-
-def device_generator() -> torch.Generator:
-    """A generator seeded from the operating system's entropy, for real devices."""
-    generator = torch.Generator()
-    generator.seed()
-    return generator

@@ -39,6 +39,8 @@ from privaterec.privacy.calibration import dpa_sensitivity, dpl_beta
 from privaterec.privacy.ledger import Phase, PrivacyEvent
 from privaterec.privacy.mechanisms import (Generators, clip_l1, clip_l2, gaussian_mechanism,
                                            laplace_mechanism)
+from privaterec.privacy.randomness import rand
+from privaterec.privacy.samplers import NoiseSource
 
 Mechanism = Literal["laplace", "gaussian"]
 SensitivityMode = Literal["true", "paper"]
@@ -59,7 +61,8 @@ def _check_mechanism(mechanism: str) -> None:
                           f"'gaussian'")
 
 
-def padding_mask(mask: Tensor, *, padding_p: float, generator: Generators) -> Tensor:
+def padding_mask(mask: Tensor, *, padding_p: float,
+                 generator: Generators | NoiseSource) -> Tensor:
     """Which history positions are replaced by the anonymous news r₀ (Alg. 2 lines 2-5).
 
     Parameters
@@ -69,7 +72,7 @@ def padding_mask(mask: Tensor, *, padding_p: float, generator: Generators) -> Te
     padding_p:
         p in [0, 1): each real click is independently replaced with probability p.
     generator:
-        One generator, or one per row (client) of ``mask``.
+        One generator (or a device's secure source), or one generator per row of ``mask``.
 
     Returns
     -------
@@ -79,8 +82,8 @@ def padding_mask(mask: Tensor, *, padding_p: float, generator: Generators) -> Te
     _check_probability(padding_p, "padding_p")
     if padding_p == 0:
         return torch.zeros_like(mask, dtype=torch.bool)
-    if isinstance(generator, torch.Generator):
-        u = torch.rand(mask.shape, generator=generator, dtype=torch.float64)
+    if not isinstance(generator, (list, tuple)):  # one generator or one secure source
+        u = rand(generator, mask.shape, dtype=torch.float64)
     else:
         gens = list(generator)
         if mask.ndim < 2 or mask.shape[0] != len(gens):

@@ -32,6 +32,7 @@ from torch import Tensor
 
 from privaterec.errors import ConfigError
 from privaterec.privacy.ledger import Phase, PrivacyEvent
+from privaterec.privacy.randomness import Randomness, rand, randint
 
 
 def _check(size: int, epsilon: float) -> None:
@@ -51,7 +52,7 @@ def keep_probability(*, epsilon: float, size: int) -> float:
     return 1.0 / (1.0 + size * math.exp(-epsilon))
 
 
-def draw_positions(counts: Tensor, *, size: int, generator: torch.Generator) -> Tensor:
+def draw_positions(counts: Tensor, *, size: int, generator: Randomness) -> Tensor:
     """Uniform candidate positions ``LongTensor[n, size]`` in each impression, label-blind.
 
     ``counts``: ``LongTensor[n]`` number of displayed news of each impression (≥ 1). Without
@@ -59,16 +60,16 @@ def draw_positions(counts: Tensor, *, size: int, generator: torch.Generator) -> 
     """
     n = counts.shape[0]
     width = max(int(counts.max()) if n else 1, size)
-    keys = torch.rand(n, width, generator=generator, dtype=torch.float64)
+    keys = rand(generator, (n, width), dtype=torch.float64)
     keys = keys.masked_fill(torch.arange(width) >= counts[:, None], 2.0)
     without = keys.argsort(dim=1)[:, :size]
-    with_repl = (torch.rand(n, size, generator=generator, dtype=torch.float64)
+    with_repl = (rand(generator, (n, size), dtype=torch.float64)
                  * counts[:, None]).long().clamp(max=width - 1)
     return torch.where((counts >= size)[:, None], without, with_repl)
 
 
 def release_labels(clicks: Tensor, counts: Tensor, *, size: int, epsilon: float,
-                   generator: torch.Generator) -> tuple[Tensor, Tensor]:
+                   generator: Randomness) -> tuple[Tensor, Tensor]:
     """The label release of n impressions (module docstring, steps 1-3).
 
     Parameters
@@ -83,7 +84,8 @@ def release_labels(clicks: Tensor, counts: Tensor, *, size: int, epsilon: float,
     epsilon:
         ε of one impression's release (> 0; ``math.inf``: t̃ = t).
     generator:
-        The client's generator (simulation) — the draws are the only randomness.
+        The client's generator (simulation) or its device's secure source
+        (:mod:`privaterec.privacy.randomness`) — the draws are the only randomness.
 
     Returns
     -------
@@ -96,13 +98,13 @@ def release_labels(clicks: Tensor, counts: Tensor, *, size: int, epsilon: float,
     drawn_clicked = clicks.gather(1, positions.clamp(max=clicks.shape[1] - 1)) & (
         positions < counts[:, None])
     # t: a uniformly chosen clicked slot (random keys, largest among clicked), else `size`.
-    keys = torch.rand(n, size, generator=generator, dtype=torch.float64)
+    keys = rand(generator, (n, size), dtype=torch.float64)
     keys = keys.masked_fill(~drawn_clicked, -1.0)
     truth = torch.where(drawn_clicked.any(dim=1), keys.argmax(dim=1),
                         torch.full((n,), size, dtype=torch.long))
     keep = keep_probability(epsilon=epsilon, size=size)
-    u = torch.rand(n, generator=generator, dtype=torch.float64)
-    shift = torch.randint(1, size + 1, (n,), generator=generator)
+    u = rand(generator, (n,), dtype=torch.float64)
+    shift = randint(generator, 1, size + 1, (n,))
     other = (truth + shift) % (size + 1)
     released = torch.where(u < keep, truth, other)
     return positions, released

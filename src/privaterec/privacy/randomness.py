@@ -1,0 +1,80 @@
+"""Every random draw of a client round, from a seeded generator or from a deployed source.
+
+A client's round draws samples, candidates, padding, labels and noise. In simulation these
+come from its seeded ``torch.Generator`` (:func:`~privaterec.fed.rng.client_generator`), so
+both engines draw the same numbers; on a real device (a Flower SuperNode holding a user's
+data) they must come from the operating system's CSPRNG and the noise must be float-safe
+(issue 13, hole 1). The functions below take either:
+
+* a ``torch.Generator`` (or a :class:`~privaterec.privacy.samplers.SimulationNoise`
+  wrapping one): exactly the torch calls the simulation always made, bit for bit;
+* a secure :class:`~privaterec.privacy.samplers.NoiseSource`
+  (:class:`~privaterec.privacy.samplers.SecureNoise`): CSPRNG uniforms and integers, and
+  float-safe Laplace/Gaussian releases.
+
+The split is explicit: :func:`is_secure` says which path a draw takes.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence, Union
+
+import torch
+from torch import Tensor
+
+from privaterec.privacy.samplers import NoiseSource, SimulationNoise
+
+Randomness = Union[torch.Generator, NoiseSource]
+"""A seeded generator (simulation) or a noise source (secure on a device)."""
+
+
+def _generator(source: Randomness) -> torch.Generator | None:
+    if isinstance(source, torch.Generator):
+        return source
+    if isinstance(source, SimulationNoise):
+        return source.generator
+    return None
+
+
+def is_secure(source: Randomness) -> bool:
+    """Whether draws from ``source`` are fit for a deployed release (OS CSPRNG, float-safe)."""
+    return _generator(source) is None and bool(getattr(source, "secure", False))
+
+
+def as_source(source: Randomness) -> NoiseSource:
+    """A :class:`NoiseSource` view of ``source`` (a generator becomes ``SimulationNoise``)."""
+    return SimulationNoise(source) if isinstance(source, torch.Generator) else source
+
+
+def rand(source: Randomness, shape: Sequence[int], *,
+         dtype: torch.dtype = torch.float32) -> Tensor:
+    """Uniforms in [0, 1) of ``shape`` (``torch.rand`` with the generator in simulation)."""
+    g = _generator(source)
+    if g is not None:
+        return torch.rand(tuple(shape), generator=g, dtype=dtype)
+    u = source.uniform(tuple(shape))  # float64 on 53 bits
+    if dtype == torch.float64:
+        return u
+    # Keep as many bits as the dtype's significand holds, so the value stays < 1 after the
+    # cast (float32: 24, bfloat16: 8, float16: 11).
+    bits = {torch.float32: 24, torch.float16: 11, torch.bfloat16: 8}[dtype]
+    return (torch.floor(u * 2.0 ** bits) / 2.0 ** bits).to(dtype)
+
+
+def randperm(source: Randomness, n: int) -> Tensor:
+    """A uniform random permutation of ``range(n)`` (``LongTensor[n]``)."""
+    g = _generator(source)
+    if g is not None:
+        return torch.randperm(n, generator=g)
+    return torch.argsort(source.uniform((n,)))
+
+
+def randint(source: Randomness, low: int, high: int, shape: Sequence[int]) -> Tensor:
+    """Integers uniform in [low, high) of ``shape`` (int64)."""
+    g = _generator(source)
+    if g is not None:
+        return torch.randint(low, high, tuple(shape), generator=g)
+    return low + source.randint(high - low, tuple(shape))
+
+
+__all__ = ["Randomness", "as_source", "is_secure", "rand", "randint", "randperm"]
