@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from privaterec.eval.serving import ServingConfig
+from privaterec.fed.methods import ClientMethod, resolve_run_config
 from privaterec.experiments.common import (DIGITS, METRIC_LABELS, METRICS, MODEL_LABELS, SCALE,
                                            RunSpec, Stopwatch, Summary, check_models,
                                            check_seeds, format_epsilon, format_summary, log,
@@ -72,6 +73,38 @@ _METRIC_HEADERS = [f"{METRIC_LABELS[m]} (×{SCALE:g})" for m in METRICS]
 
 def _train_epsilon_cell(spec: RunSpec) -> str:
     return "-" if spec.method == "centralized" else format_epsilon(spec.epsilon_train)
+
+
+def round_epsilons(spec: RunSpec) -> tuple[float, float, bool] | None:
+    """ε per round and client of a row at one-click and at user-level adjacency (basic
+    composition of the client's events), and whether the events' guarantees hold (False for
+    PrivateRec's paper mode: its history-path gradient is uploaded unnoised); ``None`` for
+    centralized. None of these rows' per-round ε depends on the model's dimension."""
+    if spec.method == "centralized":
+        return None
+    config = resolve_run_config(spec.run_config(data="-", model="nrms", seed=0, quick=True))
+    method = ClientMethod.from_config(config)
+    valid = all(e.valid for e in method.events(1))
+    return (method.round_epsilon(1, "click")[0], method.round_epsilon(1, "user")[0], valid)
+
+
+def _adjacency_cells(spec: RunSpec) -> list[str]:
+    eps = round_epsilons(spec)
+    if eps is None:
+        return ["-", "-"]
+    click, user, valid = eps
+    if not valid:  # the stated ε does not cover the whole upload
+        return [f"∞ (claimed {format_epsilon(click)})", format_epsilon(math.inf)]
+    return [format_epsilon(click), format_epsilon(user)]
+
+
+ADJACENCY_NOTE = (
+    "ε/round is what one client's upload costs per round at each adjacency "
+    "(docs/privacy.md): **click** = one history click substituted or one impression's "
+    "clicks changed; **user** = the user's whole data replaced. Methods are compared at the "
+    "same adjacency: PrivateRec's candidate-path gradient reveals which displayed news were "
+    "drawn, so it is not private for a whole user (∞), while DP-FedRec's clipped, noised "
+    "update covers any change of the user's data.")
 
 
 def _metric_cells(summaries: dict[str, Summary]) -> list[str]:
@@ -152,15 +185,17 @@ def run_table1(out: Path, *, data: str | None = None,
             log(f"[table1 {watch}] {model} / {spec.slug}", progress=progress)
             results, summaries = over_seeds(out, data_dir, model, spec, seeds, quick=quick,
                                             progress=progress)
-            cells.append([MODEL_LABELS.get(model, model), _train_epsilon_cell(spec), spec.label,
+            cells.append([MODEL_LABELS.get(model, model), _train_epsilon_cell(spec),
+                          *_adjacency_cells(spec), spec.label,
                           *_metric_cells(summaries), str(len(seeds))])
             records.append(_summary_record(model, spec, seeds, summaries))
             seed_rows += _seed_rows("table1", model, spec, seeds, results)
             rows.append({"model": model, "row": spec.slug, "label": spec.label,
                          "seeds": list(seeds),
                          "metrics": {m: s.to_dict() for m, s in summaries.items()}})
-    table = markdown_table(["Model", "ε_t", "Method", *_METRIC_HEADERS, "n"], cells)
-    notes = _common_notes(data_dir, seeds, quick) + [
+    table = markdown_table(["Model", "ε_t", "ε/round (click)", "ε/round (user)", "Method",
+                            *_METRIC_HEADERS, "n"], cells)
+    notes = _common_notes(data_dir, seeds, quick) + [ADJACENCY_NOTE, 
         "ε_s = ∞: the model's own user vector (PrivateRec: ũ = Σ αᵢ bᵢ without noise). "
         "ε_t is per round and per client (Laplace mechanism, δ = 0); DP-FedRec ε_t = ∞ is "
         "FedRec (no noise). '-': data collected centrally.",
