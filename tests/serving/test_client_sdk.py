@@ -592,6 +592,51 @@ def test_two_racing_spenders_cannot_both_pass_the_cap(tmp_path, monkeypatch):
     assert (tmp_path / "device_state.json.lock").exists()
 
 
+RACER = """
+import sys, time
+from pathlib import Path
+from privaterec.errors import PrivacyBudgetExceeded
+from privaterec.privacy.ledger import PrivacyEvent
+from privaterec.serving import budget as b
+real = b.compose_events
+def slow(*args, **kwargs):  # widen the read-check-write window
+    time.sleep(0.5)
+    return real(*args, **kwargs)
+b.compose_events = slow
+state, go, ready = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
+budget = b.DeviceBudget(cap=1.5, path=state)
+ready.touch()
+while not go.exists():
+    time.sleep(0.01)
+try:
+    budget.spend([(PrivacyEvent(mechanism="laplace", epsilon=1.0, noise_scale=2.0,
+                                sensitivity=2.0, phase="serve"), 1)])
+    print("spent")
+except PrivacyBudgetExceeded:
+    print("refused")
+"""
+
+
+def test_two_processes_racing_cannot_both_pass_the_cap(tmp_path):
+    import subprocess
+    import sys
+
+    from privaterec.serving.budget import DeviceBudget
+
+    # Regression (two real processes): both load the empty ledger before either spends.
+    state, go = tmp_path / "device_state.json", tmp_path / "go"
+    ready = [tmp_path / f"ready{i}" for i in range(2)]
+    racers = [subprocess.Popen([sys.executable, "-c", RACER, str(state), str(go), str(r)],
+                               stdout=subprocess.PIPE, text=True) for r in ready]
+    deadline = time.monotonic() + 120
+    while not all(r.exists() for r in ready) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    go.touch()  # both spend now; each spend's check takes 0.5 s
+    outcomes = sorted(p.communicate(timeout=120)[0].strip() for p in racers)
+    assert outcomes == ["refused", "spent"]
+    assert DeviceBudget(cap=1.5, path=state).spent() == pytest.approx(1.0)
+
+
 def test_model_changes_cannot_force_unbounded_fresh_releases(world, server):
     # Regression: the server controls model_version; each new version forced a fresh,
     # charged release of an unchanged history, without limit.
