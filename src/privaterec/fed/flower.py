@@ -12,10 +12,12 @@ that holds the client's data:
   checkpoints and evaluation stay in ``train_federated``.
 * **ClientApp** (``@app.train()``): for each requested user it calls
   :func:`privaterec.fed.client.client_update` — the same function the simulator's reference
-  round calls — with ``client_generator(seed, round, user)`` (or, with the node option
-  ``os-entropy = true``, a generator seeded by the device itself) and replies with the
-  payloads ``[k, D]``, the numbers of samples, the losses and the privacy events
-  (:meth:`PrivacyEvent.to_dict` as JSON; non-finite floats are strings).
+  round calls — with ``client_generator(seed, round, user)`` in a simulation, or on a real
+  device (node option ``user-id``, or ``os-entropy = true``) with
+  :class:`~privaterec.privacy.samplers.SecureNoise` (OS CSPRNG, float-safe releases), and
+  replies with what :meth:`~privaterec.fed.client.ClientUpdate.sent` holds: the payloads
+  ``[k, D]`` (plus the numbers of samples and the losses for ``fedrec`` only) and the
+  privacy events (:meth:`PrivacyEvent.to_dict` as JSON; non-finite floats are strings).
 
 Users and SuperNodes: a SuperNode holds one user (node option ``user-id``, a real device)
 or, in a simulation, the contiguous block of users ``[p·U/P, (p+1)·U/P)`` where ``p`` is its
