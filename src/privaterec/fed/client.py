@@ -31,8 +31,8 @@ from privaterec.fed.methods import ClientMethod, privatize, privatize_history
 from privaterec.fed.objective import ClientBatch, LocalObjective
 from privaterec.privacy.dpa import dpa_noise, pad_history, padding_mask, permute_columns
 from privaterec.privacy.labels import release_labels
-from privaterec.privacy.randomness import Randomness, as_source, is_secure, randperm
 from privaterec.privacy.ledger import PrivacyEvent
+from privaterec.privacy.randomness import Randomness, as_source, is_secure, randperm
 
 
 @dataclass(frozen=True)
@@ -121,7 +121,7 @@ def client_inputs(data: ClientData, method: ClientMethod, *, basis_size: int,
     ----------
     data: the client's data. method: the resolved client method.
     basis_size: B of the model (PrivateRec; ignored by the other methods).
-    generator: the client's generator.
+    generator: the client's generator, or its device's secure source.
     """
     if not method.is_privaterec:
         _, candidates = _draw_samples(data, method, generator=generator)
