@@ -32,6 +32,7 @@ claim above its ceiling.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Callable, Sequence
 
 import numpy as np
@@ -77,10 +78,17 @@ def bound_ceiling(n: int, *, alpha: float = 0.05, delta: float = 0.0) -> float:
     return float(epsilon_from_rates(upper, upper, delta))
 
 
+@lru_cache(maxsize=64)
+def _cp_upper(n: int, alpha: float) -> np.ndarray:
+    """One-sided (level α/2) Clopper–Pearson upper bounds of k/n for k = 0 … n."""
+    _, upper = clopper_pearson_interval(np.arange(n + 1), np.full(n + 1, n), alpha)
+    return np.asarray(upper, dtype=float)
+
+
 def _bounds(fp: np.ndarray, n0: int, fn: np.ndarray, n1: int, alpha: float,
             delta: float) -> np.ndarray:
-    _, fpr_u = clopper_pearson_interval(fp, np.full_like(fp, n0), alpha)
-    _, fnr_u = clopper_pearson_interval(fn, np.full_like(fn, n1), alpha)
+    fpr_u = _cp_upper(n0, alpha)[fp.astype(int)]
+    fnr_u = _cp_upper(n1, alpha)[fn.astype(int)]
     return np.asarray(epsilon_from_rates(fpr_u, fnr_u, delta), dtype=float).reshape(-1)
 
 

@@ -11,8 +11,11 @@ what a device would hold. Adjacencies (stated per pair, :class:`NeighbourPair`):
   ``label-2click``: one of the two clicks of a two-click impression moved to another
   candidate of that impression.
 * ``user`` — the whole user's data (history and impressions) replaced:
-  ``same-count``: by a user with the same number of training samples;
-  ``other-count``: by a user with a different number of samples and a shorter history.
+  ``one-impression``: a user with one history click and one impression of C = k + 1
+  candidates, by another such user on other news (the gradients of small users are
+  concentrated on few coordinates, which is where additive noise that is too small shows);
+  ``other-count``: the base user by a user with another number of samples and a shorter
+  history.
 
 The base user has a full history of H = 5 clicks and three impressions: a single-click
 impression of C = 8 candidates (C − 1 = 7 > k = 4, so a candidate set that always holds the
@@ -111,6 +114,12 @@ BASE_USER = UserRecord(
     ))
 
 
+SMALL_USER = UserRecord(history=_ids(1), impressions=(
+    (_ids(6, 7, 8, 9, 10), frozenset(_ids(6))),))
+OTHER_USER = UserRecord(history=_ids(27), impressions=(
+    (_ids(30, 31, 32, 33, 34), frozenset(_ids(30))),))
+
+
 def _replace_impression(user: UserRecord, index: int, clicked: Sequence[int]) -> UserRecord:
     impressions = list(user.impressions)
     impressions[index] = (impressions[index][0], frozenset(_ids(*clicked)))
@@ -134,19 +143,13 @@ def neighbour_pairs(world: AuditWorld, adjacency: str) -> list[NeighbourPair]:
                           "two-click impression: click N15 -> N16", base,
                           world.client(_replace_impression(BASE_USER, 1, [14, 16]))),
         ]
-    same = UserRecord(_ids(27, 28, 29), (
-        (_ids(30, 31, 32, 33, 34, 35, 36, 37), frozenset(_ids(30))),
-        (_ids(38, 39, 40, 6, 7, 8, 9), frozenset(_ids(38, 39))),
-        (_ids(10, 11, 12, 13, 14), frozenset(_ids(10))),
-    ))
-    other = UserRecord(_ids(27, 28), (
-        (_ids(30, 31, 32, 33, 34, 35), frozenset(_ids(30))),
-    ))
     return [
-        NeighbourPair("user", "same-count", "whole data replaced, 4 samples each", base,
-                      world.client(same)),
-        NeighbourPair("user", "other-count", "whole data replaced, 4 samples -> 1", base,
-                      world.client(other)),
+        NeighbourPair("user", "one-impression",
+                      "one-impression user (1 history click, C = k + 1) replaced by another "
+                      "on other news", world.client(SMALL_USER), world.client(OTHER_USER)),
+        NeighbourPair("user", "other-count",
+                      "the 4-sample user replaced by a one-impression user on other news",
+                      base, world.client(OTHER_USER)),
     ]
 
 

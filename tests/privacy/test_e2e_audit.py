@@ -1,0 +1,188 @@
+"""End-to-end privacy audit of the real client updates (issue 13).
+
+Every method's real upload is audited on a tiny model and must stay at or below its claim;
+broken variants of the real code — a label mechanism whose candidate set always holds the
+click (the published DPL), noise 10x smaller than calibrated, a reply that carries the raw
+loss — must be caught (lower bound above the claim), so the audit can fail.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import privaterec.fed.client as fed_client
+import privaterec.privacy.mechanisms as mechanisms
+import privaterec.recall.training as recall_training
+from privaterec.cli import main
+from privaterec.fed.client import ClientUpdate
+from privaterec.privacy.audit import epsilon_from_rates
+from privaterec.privacy.e2e_audit import (AuditWorld, PairAudit, audit_pair, bound_ceiling,
+                                          claimed_budget, distinguish, make_target,
+                                          make_world, neighbour_pairs)
+from privaterec.privacy.labels import keep_probability
+from privaterec.privacy.ledger import PrivacyEvent
+
+RUNS = 160  # per neighbour: 80 test runs, bound ceiling ln(80/3.7) = 3.05
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def world() -> AuditWorld:
+    return make_world()
+
+
+def pair(world: AuditWorld, adjacency: str, name: str):
+    return next(p for p in neighbour_pairs(world, adjacency) if p.name == name)
+
+
+def audit(world: AuditWorld, method: str, adjacency: str, name: str, *, mode: str = "strict",
+          epsilon: float = 1.0, runs: int = RUNS) -> PairAudit:
+    target = make_target(method, world, mode=mode, epsilon=epsilon)
+    return audit_pair(target.upload, pair(world, adjacency, name), method=method, mode=mode,
+                      runs=runs, seed=1)
+
+
+# --------------------------------------------------------------------------- distinguisher
+def laplace_runs(shift: float, n: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).laplace(shift, 1.0, size=(n, 3))
+
+
+def test_distinguisher_bound_holds_at_its_confidence_and_comes_near_a_known_epsilon():
+    # Laplace(b = 1) shifted by ε in one of 3 coordinates: exactly ε-DP, and tight (the
+    # likelihood ratio is e^ε on a whole tail), so the 95% bound exceeds ε in about 5% of
+    # repetitions and no more.
+    epsilon, n, repetitions = 2.0, 1000, 40
+    bounds = []
+    for r in range(repetitions):
+        parts = [(laplace_runs(0, n, 6 * r + 2 * i),
+                  laplace_runs(0, n, 6 * r + 2 * i + 1) + np.array([epsilon, 0, 0]))
+                 for i in range(3)]
+        bounds.append(distinguish(*parts, ["payload[0]", "payload[1]", "payload[2]"])
+                      .epsilon_lower_bound)
+    bounds = np.array(bounds)
+    assert (bounds > epsilon).sum() <= 6  # P(Binomial(40, 0.05) > 6) = 1.3%
+    assert np.median(bounds) > 0.6 * epsilon
+
+
+def test_distinguisher_finds_nothing_between_identical_distributions():
+    parts = [(laplace_runs(0, 400, 2 * i), laplace_runs(0, 400, 2 * i + 1)) for i in range(3)]
+    assert distinguish(*parts, ["a", "b", "c"]).epsilon_lower_bound < 0.3
+
+
+def test_bound_ceiling_is_the_bound_of_a_perfect_test():
+    assert bound_ceiling(500) == pytest.approx(math.log((1 - (1 - 0.025 ** (1 / 500)))
+                                                        / (1 - 0.025 ** (1 / 500))))
+    assert bound_ceiling(500) == pytest.approx(
+        epsilon_from_rates(1 - 0.025 ** (1 / 500), 1 - 0.025 ** (1 / 500)))
+
+
+def test_claim_uses_the_user_level_epsilon_under_user_adjacency():
+    event = PrivacyEvent(mechanism="randomized_response", epsilon=1.0, epsilon_user=4.0,
+                         phase="train")
+    assert claimed_budget([event], "click").epsilon == 1.0
+    assert claimed_budget([event], "user").epsilon == 4.0
+
+
+# ------------------------------------------------------------------ the real client updates
+@pytest.mark.parametrize("method,adjacency,name", [
+    ("dp-fedrec", "user", "one-impression"),
+    ("fednewsrec", "user", "one-impression"),
+    ("unifedrec", "user", "one-impression"),
+    ("privaterec", "click", "history"),
+    ("privaterec", "click", "label"),
+])
+def test_real_client_update_stays_below_its_claim(world, method, adjacency, name):
+    result = audit(world, method, adjacency, name)
+    assert result.claim_valid and math.isfinite(result.claimed_epsilon)
+    assert not result.violated, result.to_dict()
+
+
+def test_fedrec_upload_is_told_apart_perfectly_and_claims_nothing(world):
+    result = audit(world, "fedrec", "click", "history")
+    assert math.isinf(result.claimed_epsilon) and not result.violated
+    assert result.epsilon_lower_bound == pytest.approx(result.result.ceiling)
+
+
+def test_privaterec_paper_mode_leaks_the_history_and_says_its_claim_is_invalid(world):
+    result = audit(world, "privaterec", "click", "history", mode="paper")
+    assert not result.claim_valid and not result.violated
+    assert result.epsilon_lower_bound > result.claimed_epsilon  # the raw gradient leaks
+
+
+# ------------------------------------------------------------------------- broken variants
+def published_dpl(clicks, counts, *, size, epsilon, generator):
+    """The published DPL's candidates (PrivateRec Alg. 3 line 16): a clicked news always in
+    slot 0, the other slots drawn from the non-clicked; randomized response on the label."""
+    n, width = clicks.shape
+    clicked = clicks.float().argmax(dim=1)
+    keys = torch.rand(n, width, generator=generator, dtype=torch.float64)
+    keys = keys.masked_fill(clicks | (torch.arange(width) >= counts[:, None]), 2.0)
+    positions = torch.cat([clicked[:, None], keys.argsort(dim=1)[:, : size - 1]], dim=1)
+    keep = keep_probability(epsilon=epsilon, size=size - 1)
+    u = torch.rand(n, generator=generator, dtype=torch.float64)
+    other = torch.randint(1, size, (n,), generator=generator)
+    return positions, torch.where(u < keep, torch.zeros(n, dtype=torch.long), other)
+
+
+def test_a_label_release_whose_candidates_always_hold_the_click_is_caught(world, monkeypatch):
+    monkeypatch.setattr(fed_client, "release_labels", published_dpl)
+    result = audit(world, "privaterec", "click", "label", runs=400)
+    assert result.violated, result.to_dict()
+    assert result.epsilon_lower_bound > 2 * result.claimed_epsilon
+
+
+def scaled_laplace(factor: float):
+    original = mechanisms.laplace_noise
+
+    def noise(shape, *, scale, generator, **kwargs):
+        return original(shape, scale=scale * factor, generator=generator, **kwargs)
+
+    return noise
+
+
+@pytest.mark.parametrize("method", ["dp-fedrec", "unifedrec"])
+def test_noise_ten_times_smaller_than_calibrated_is_caught(world, monkeypatch, method):
+    small = scaled_laplace(0.1)
+    monkeypatch.setattr(mechanisms, "laplace_noise", small)
+    monkeypatch.setattr(recall_training, "laplace_noise", small)
+    result = audit(world, method, "user", "one-impression")
+    assert result.claimed_epsilon == 1.0
+    assert result.violated, result.to_dict()
+
+
+def test_a_reply_carrying_the_raw_loss_is_caught(world, monkeypatch):
+    sent = ClientUpdate.sent
+    monkeypatch.setattr(ClientUpdate, "sent",
+                        lambda self: {**sent(self), "loss": float(self.metrics["loss"])})
+    result = audit(world, "dp-fedrec", "user", "one-impression")
+    assert result.violated and result.result.statistic == "loss", result.to_dict()
+
+
+# ------------------------------------------------------------------------------------ CLI
+def test_cli_prints_the_table_and_exits_zero_when_claims_hold(capsys):
+    code = main(["privacy", "audit", "--method", "dp-fedrec", "--adjacency", "user",
+                 "--epsilon", "1", "--runs", "32"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "| dp-fedrec | - | user: one-impression | 1 |" in out
+    assert "no lower bound above its claim" in out
+
+
+def test_cli_exits_one_when_a_bound_exceeds_its_claim(capsys, monkeypatch):
+    monkeypatch.setattr(ClientUpdate, "sent", lambda self: {
+        "payload": self.payload, "loss": float(self.metrics["loss"])})
+    code = main(["privacy", "audit", "--method", "dp-fedrec", "--adjacency", "user",
+                 "--epsilon", "1", "--runs", "64", "--json"])
+    assert code == 1
+    assert '"violated": true' in capsys.readouterr().out
