@@ -665,3 +665,11 @@ def test_model_changes_cannot_force_unbounded_fresh_releases(world, server):
     assert server.count("/v1/recommend/privaterec") == 5 and d.spent() == pytest.approx(2.0)
     with pytest.raises(ConfigError, match="max_fresh_releases"):
         device(server, max_fresh_releases=0)
+
+
+def test_unwritable_state_dir_is_a_clear_error(world, server, tmp_path, monkeypatch):
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    monkeypatch.setenv("PRIVATEREC_DEVICE_DIR", str(blocker / "device"))
+    with pytest.raises(ConfigError, match="cache_dir=.*PRIVATEREC_DEVICE_DIR"):
+        device(server)

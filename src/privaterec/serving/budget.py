@@ -164,8 +164,14 @@ class DeviceBudget:
         if self.path is None:
             yield
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        with open(self.lock_path, "a+") as handle:  # type: ignore[arg-type]
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            handle = open(self.lock_path, "a+")  # type: ignore[arg-type]  # noqa: SIM115
+        except OSError as exc:
+            raise ConfigError(f"cannot keep the device's privacy ledger in {self.path.parent} "
+                              f"({exc.strerror}): pass cache_dir=<a writable directory, one per "
+                              f"user>, or set ${STATE_DIR_ENV}") from None
+        with handle:
             fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
             try:
                 yield
