@@ -1,4 +1,4 @@
-"""Device-side cost of a release: SecureNoise (OS CSPRNG, float-safe) vs SimulationNoise (seeded torch).
+"""Device-side cost of a release: SecureNoise (CSPRNG, float-safe) vs SimulationNoise (seeded).
 
 Usage::
 

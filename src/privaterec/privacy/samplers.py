@@ -1,4 +1,4 @@
-"""Randomness sources for releases: deployed (:class:`SecureNoise`) vs simulated (:class:`SimulationNoise`).
+"""Randomness for releases: deployed (:class:`SecureNoise`) vs simulated (:class:`SimulationNoise`).
 
 A release is only as private as its randomness. Two sources share one small interface
 (:class:`NoiseSource`), and the split between them is explicit:
@@ -55,7 +55,7 @@ from privaterec.errors import ConfigError
 from privaterec.privacy.mechanisms import gaussian_noise, laplace_noise
 
 GRID_MARGIN_BITS = 40
-"""The grid is 2^−40 times finer than scale/d: rounding adds ≤ 2^−40 to a Laplace release's ε."""
+"""The grid is 2^−40 times finer than scale/d: rounding adds ≤ 2^−40 to a Laplace ε."""
 
 MIN_GRID_EXPONENT = -1074
 """Smallest ``k`` (float64's smallest subnormal is 2^−1074)."""
