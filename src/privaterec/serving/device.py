@@ -35,8 +35,9 @@ model or drawing noise, so it is faster (the device-side work of a fresh Private
 measured in ``benchmarks/device_noise_cost.py``). A server that times requests can tell a
 cache hit — but the cached payload is byte-identical to the previous one, so the server
 learns the same fact (this history did not change under this model) from the payload itself;
-timing adds nothing beyond it, and it is not padded. That fact is outside the DP guarantee:
-to hide it, use a new history or ``max_fresh_releases`` to bound how often it can be probed.
+timing adds nothing beyond it, and it is not padded. That fact is outside the DP guarantee;
+``max_fresh_releases`` bounds how often a server can probe it by switching models. A fresh
+release's time also grows with the number of clicks encoded (at most H); not padded either.
 """
 
 from __future__ import annotations
