@@ -243,3 +243,14 @@ def test_audit_secure_gaussian_release(secure):
                              torch.tensor(1.0, dtype=torch.float64), trials=20_000,
                              generator=torch.Generator(), delta=delta)
     assert broken.epsilon_lower_bound > eps
+
+
+def test_secure_release_passes_the_gradient_and_keeps_its_value(secure):
+    # As x + noise: d(release)/dx = identity; the value is still OpenDP's grid point.
+    x = torch.tensor([0.1, 0.7, -0.3], dtype=torch.float64, requires_grad=True)
+    y = secure.release_laplace(x, scale=2.0 ** 20)
+    assert bool(on_grid(y.detach(), grid_exponent(2.0 ** 20, 3)).all())
+    (y * torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64)).sum().backward()
+    assert x.grad.tolist() == [1.0, 2.0, 3.0]
+    z = secure.release_gaussian(x, sigma=torch.full((3,), 0.5, dtype=torch.float64))
+    assert z.requires_grad

@@ -175,6 +175,16 @@ class SimulationNoise:
         return torch.randint(0, _check_high(high), _shape(shape), generator=self.generator)
 
 
+def _pass_gradient(x: Tensor, released: Tensor) -> Tensor:
+    """``released`` with the gradient of x + noise w.r.t. ``x``; its value is unchanged.
+
+    ``x − x.detach()`` is exactly 0 in value, so adding it keeps every output on the grid.
+    """
+    if not (isinstance(x, Tensor) and x.requires_grad):
+        return released
+    return released + (x - x.detach())
+
+
 @lru_cache(maxsize=1)
 def _opendp() -> Any:
     try:
@@ -260,8 +270,8 @@ class SecureNoise:
         except RuntimeError:
             raise ConfigError(f"'{name}' of shape {tuple(scale.shape)} does not broadcast to "
                               f"the released shape {tuple(x.shape)}") from None
-        out = x.clone()
-        flat_x, flat_s, flat_out = x.reshape(-1), scales.reshape(-1), out.view(-1)
+        out = x.detach().clone()
+        flat_x, flat_s, flat_out = out.reshape(-1).clone(), scales.reshape(-1), out.view(-1)
         for value in torch.unique(flat_s).tolist():
             where = (flat_s == value).nonzero().squeeze(-1).to(x.device)
             flat_out[where] = self._release(kind, flat_x[where], float(value), name)
@@ -279,13 +289,16 @@ class SecureNoise:
             per-client ``[n, 1]``): the coordinates of each distinct scale are one release,
             on the grid of their own count.
 
+        The released value carries the gradient of ``x`` (d/dx = identity, as for
+        ``x + noise``) while its value stays exactly OpenDP's output.
+
         Returns
         -------
         Tensor
             Shape and dtype of ``x``: OpenDP's output (a multiple of 2^k,
             k = :func:`grid_exponent` (b, x.numel())), cast to ``x.dtype`` (post-processing).
         """
-        return self._release("laplace", x, scale, "scale")
+        return _pass_gradient(x, self._release("laplace", x, scale, "scale"))
 
     def release_gaussian(self, x: Tensor, *, sigma: float | Tensor) -> Tensor:
         """The released value of ``x`` with N(0, ``sigma``²) per coordinate, float-safe.
@@ -295,7 +308,7 @@ class SecureNoise:
         rounding term (Canonne, Kamath & Steinke 2020). Shapes and tensor ``sigma`` as in
         :meth:`release_laplace`.
         """
-        return self._release("gaussian", x, sigma, "sigma")
+        return _pass_gradient(x, self._release("gaussian", x, sigma, "sigma"))
 
     # -- uniforms and integers ---------------------------------------------------------
     def uniform(self, shape: Sequence[int]) -> Tensor:
