@@ -53,9 +53,9 @@ def main() -> int:
             for adjacency in ("click", "user"):
                 audits += run_audit(method, adjacency=adjacency, epsilon=epsilon, mode=mode,
                                     runs=args.runs, seed=args.seed)
-            seconds[f"{method}/{mode}/eps={epsilon:g}"] = round(time.perf_counter() - t0, 1)
-            print(f"{method} {mode} eps={epsilon:g}: {seconds[f'{method}/{mode}/eps={epsilon:g}']} s",
-                  file=sys.stderr, flush=True)
+            key = f"{method}/{mode}/eps={epsilon:g}"
+            seconds[key] = round(time.perf_counter() - t0, 1)
+            print(f"{key}: {seconds[key]} s", file=sys.stderr, flush=True)
     total = time.perf_counter() - start
     by_epsilon = []
     for epsilon in args.epsilons:

@@ -6,9 +6,10 @@ the one both engines call) or :func:`privaterec.recall.training.recall_client_up
 (Uni-FedRec's recall model) — as ``upload(data, generator) -> Release``: everything the
 server receives (:func:`sent_fields`) and the privacy events the client records.
 
-The models are tiny so that thousands of uploads take seconds: an ``id`` news encoder
-(d = 4) with NAML's additive-attention user encoder (Fed*/PrivateRec, d = 1, D = 45; PrivateRec adds B = 5 basic vectors), and a
-Uni-FedRec recall model over fixed random 2-d news vectors (D = 23).
+The models are tiny so that thousands of uploads take seconds: a 1-d ``id`` news encoder
+with NAML's additive-attention user encoder (FedRec, FedNewsRec, DP-FedRec: D = 45;
+PrivateRec adds B = 5 basic vectors), and a Uni-FedRec recall model over fixed random 2-d
+news vectors.
 """
 
 from __future__ import annotations
