@@ -67,17 +67,17 @@ import math
 from dataclasses import asdict, dataclass, field, fields, replace
 from datetime import date, datetime, timedelta
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 import numpy as np
 
-from privaterec.data.mind import write_dataset
 from privaterec.data.records import (
     Impression,
     MindDataset,
     MindSplit,
     NewsRecord,
 )
+from privaterec.data.synth_writer import Histories, ImpressionChunk, write_streaming
 from privaterec.errors import ConfigError
 
 __all__ = ["SynthConfig", "generate", "write_synthetic", "summarize", "TOPIC_NAMES"]
@@ -370,8 +370,13 @@ def _real_news(pool: Mapping[str, NewsRecord]
     return records, news_cell, np.asarray(cell_topic, dtype=np.int64), list(topics)
 
 
-def _simulate(config: SynthConfig, news_pool: Mapping[str, NewsRecord] | None = None
-              ) -> tuple[MindDataset, _Latent]:
+def _prepare(config: SynthConfig, news_pool: Mapping[str, NewsRecord] | None
+             ) -> tuple[list[NewsRecord], _Latent, np.random.Generator]:
+    """News records (in row = publication order), the latent state and the random stream.
+
+    Draws everything but the histories and impressions; the stream is returned positioned
+    for :func:`_histories` then :func:`_impression_chunks` (the order fixes the output).
+    """
     c = config
     rng = np.random.default_rng(c.seed)
     if news_pool is None:
@@ -398,6 +403,7 @@ def _simulate(config: SynthConfig, news_pool: Mapping[str, NewsRecord] | None = 
     log_pop = rng.normal(0.0, c.popularity_sigma, size=n_news)
 
     # Users: sparse topic preferences, subtopic preferences inside each topic.
+    # Shapes [users, topics] and [users, cells]: O(users × cells), never O(users × news).
     n_topics = int(cell_topic.max()) + 1
     theta = _dirichlet_rows(c.users, np.zeros(n_topics, dtype=np.int64), c.topic_concentration,
                             rng)
@@ -408,30 +414,49 @@ def _simulate(config: SynthConfig, news_pool: Mapping[str, NewsRecord] | None = 
     user_ids = [f"U{u + 1}" for u in range(c.users)]
     latent = _Latent(c, user_ids, [r.news_id for r in records], news_cell, cell_topic, log_pop,
                      affinity, publish, expire)
+    return records, latent, rng
 
+
+def _start(config: SynthConfig) -> datetime:
+    return datetime.combine(date.fromisoformat(config.start_date), datetime.min.time())
+
+
+def _split_at(config: SynthConfig) -> float:
+    return float((config.days - config.test_days) * SECONDS_PER_DAY)
+
+
+def _simulate(config: SynthConfig, news_pool: Mapping[str, NewsRecord] | None = None
+              ) -> tuple[MindDataset, _Latent]:
+    c = config
+    records, latent, rng = _prepare(c, news_pool)
     histories = _histories(latent, rng)
-    impressions = _impressions(latent, rng)
-
-    start = datetime.combine(date.fromisoformat(c.start_date), datetime.min.time())
-    split_at = (c.days - c.test_days) * SECONDS_PER_DAY
+    start, split_at = _start(c), _split_at(c)
     train: list[Impression] = []
     test: list[Impression] = []
-    for k, (seconds, user, candidates, labels) in enumerate(impressions):
-        imp = Impression(impression_id=str(k + 1), user_id=user_ids[user],
-                         time=start + timedelta(seconds=int(seconds)),
-                         history=tuple(latent.news_ids[i] for i in histories[user]),
-                         candidates=tuple(latent.news_ids[i] for i in candidates),
-                         labels=tuple(int(y) for y in labels))
-        (test if seconds >= split_at else train).append(imp)
+    user_ids, news_ids = latent.user_ids, latent.news_ids
+    k = 0
+    for chunk in _impression_chunks(latent, rng):
+        for i in range(len(chunk.users)):
+            seconds, user, size = chunk.seconds[i], int(chunk.users[i]), chunk.sizes[i]
+            k += 1
+            imp = Impression(impression_id=str(k), user_id=user_ids[user],
+                             time=start + timedelta(seconds=int(seconds)),
+                             history=tuple(news_ids[r] for r in histories.of(user)),
+                             candidates=tuple(news_ids[r] for r in chunk.rows[i, :size]),
+                             labels=tuple(int(y) for y in chunk.labels[i, :size]))
+            (test if seconds >= split_at else train).append(imp)
     dataset = MindDataset(train=MindSplit(_referenced(records, train), train),
                           test=MindSplit(_referenced(records, test), test))
     return dataset, latent
 
 
-def _histories(latent: _Latent, rng: np.random.Generator) -> list[np.ndarray]:
+def _histories(latent: _Latent, rng: np.random.Generator) -> Histories:
     """Per user, the rows of the news clicked before the logged period (publication order).
 
-    Rows are in publication order, so sorting the chosen rows orders the history in time.
+    Each user's ``L_u`` clicks are the top ``L_u`` of utility + Gumbel noise over the pool of
+    news expired before the period (Plackett–Luce without replacement). Users are processed
+    in chunks of about 2·10⁶ (user, news) pairs, so memory is bounded whatever the population;
+    the random stream is consumed chunk by chunk in user order.
     """
     c = latent.config
     pool = np.flatnonzero(latent.expire <= 0)
@@ -444,23 +469,41 @@ def _histories(latent: _Latent, rng: np.random.Generator) -> list[np.ndarray]:
                                  size=c.users)).astype(np.int64).clip(c.min_history, c.max_history)
     lengths = np.minimum(lengths, len(pool))
     longest = int(lengths.max())
-    histories: list[np.ndarray] = []
+    parts: list[np.ndarray] = []
     chunk = max(1, 2_000_000 // len(pool))
+    sentinel = len(latent.news_ids)
     for lo in range(0, c.users, chunk):
         rows = np.arange(lo, min(lo + chunk, c.users))
-        utility = latent.utility(rows[:, None], pool[None, :])
-        noisy = utility + c.noise_scale * rng.gumbel(size=utility.shape)
-        top = np.argpartition(-noisy, longest - 1, axis=1)[:, :longest]
-        top_scores = np.take_along_axis(noisy, top, axis=1)
-        top = np.take_along_axis(top, np.argsort(-top_scores, axis=1, kind="stable"), axis=1)
-        for r, u in enumerate(rows):
-            histories.append(np.sort(pool[top[r, :lengths[u]]]))
-    return histories
+        noisy = rng.gumbel(size=(len(rows), len(pool)))
+        noisy *= c.noise_scale
+        noisy += latent.utility(rows[:, None], pool[None, :])
+        top = _largest(noisy, longest)
+        keep = np.arange(longest)[None, :] < lengths[rows][:, None]
+        chosen = np.where(keep, pool[top], sentinel)
+        chosen.sort(axis=1)  # publication order; the sentinel (not chosen) goes last
+        parts.append(chosen[keep])
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    return Histories(offsets=offsets, rows=np.concatenate(parts))
 
 
-def _impressions(latent: _Latent, rng: np.random.Generator
-                 ) -> list[tuple[float, int, np.ndarray, np.ndarray]]:
-    """Impressions ``(seconds, user row, candidate rows, labels)`` in time order."""
+def _largest(values: np.ndarray, k: int) -> np.ndarray:
+    """``int[R, k]``: column indices of the ``k`` largest values of each row, largest first.
+
+    ``values`` is ``float[R, N]``, ``k <= N``.
+    """
+    top = np.argpartition(-values, k - 1, axis=1)[:, :k]
+    scores = np.take_along_axis(values, top, axis=1)
+    return np.take_along_axis(top, np.argsort(-scores, axis=1, kind="stable"), axis=1)
+
+
+def _impression_chunks(latent: _Latent, rng: np.random.Generator
+                       ) -> Iterator[ImpressionChunk]:
+    """Impressions in time order, as blocks of at most 256 (only those with >= 2 candidates).
+
+    Each impression shows ``min_candidates..max_candidates`` news drawn uniformly among those
+    alive at its time, and clicks the top 1 (or 2) of utility + Gumbel noise. Memory per block
+    is O(256 × news alive in the block's time window).
+    """
     c = latent.config
     counts = 1 + rng.poisson(c.impressions_per_user - 1, size=c.users)
     owner = np.repeat(np.arange(c.users), counts)
@@ -470,7 +513,6 @@ def _impressions(latent: _Latent, rng: np.random.Generator
     sizes = rng.integers(c.min_candidates, c.max_candidates + 1, size=len(owner))
     two = rng.random(len(owner)) < c.two_click_prob
 
-    out: list[tuple[float, int, np.ndarray, np.ndarray]] = []
     chunk = 256
     for lo in range(0, len(owner), chunk):
         sl = slice(lo, min(lo + chunk, len(owner)))
@@ -496,11 +538,9 @@ def _impressions(latent: _Latent, rng: np.random.Generator
         rank = np.argsort(np.argsort(-noisy, axis=1, kind="stable"), axis=1, kind="stable")
         n_clicks = np.where(two[sl] & (k >= 3), 2, 1)
         labels = (rank < n_clicks[:, None]) & valid
-        for i in range(len(t)):
-            if k[i] < 2:  # too few news alive for a clicked and a non-clicked candidate
-                continue
-            out.append((float(t[i]), int(users[i]), rows[i, :k[i]], labels[i, :k[i]]))
-    return out
+        kept = k >= 2  # too few news alive for a clicked and a non-clicked candidate
+        yield ImpressionChunk(seconds=t[kept], users=users[kept], rows=rows[kept],
+                              labels=labels[kept], sizes=k[kept])
 
 
 def _oracle_scores(latent: _Latent, impression: Impression) -> np.ndarray:
@@ -610,11 +650,13 @@ def write_synthetic(out_dir: str | Path, config: SynthConfig,
     dict
         :func:`summarize` of the dataset, plus ``"config"`` and ``"path"``.
     """
-    out = Path(out_dir)
-    dataset = generate(config, news_pool)
-    write_dataset(out, dataset)
-    summary = summarize(dataset)
+    c = config
+    records, latent, rng = _prepare(c, news_pool)
+    histories = _histories(latent, rng)
+    summary = write_streaming(Path(out_dir), records, latent.user_ids, histories,
+                              _impression_chunks(latent, rng), start=_start(c),
+                              split_at=_split_at(c))
     summary["config"] = asdict(config)
     summary["news_from"] = "synthetic" if news_pool is None else "pool"
-    summary["path"] = str(out)
+    summary["path"] = str(Path(out_dir))
     return summary
