@@ -109,9 +109,23 @@ def test_resume_refuses_a_different_configuration(synth_dir, tmp_path, capsys):
 
 
 def test_demo_quick_prints_a_results_table(tmp_path, capsys):
+    from privaterec.experiments.demo_summary import demo_conclusion, parse_demo_output
+
     assert main(["demo", "--quick", "--out", str(tmp_path), "--no-progress"]) == 0
     out = capsys.readouterr().out
     assert "| popularity |" in out and "| centralized / nrms |" in out
+    # issue 17: the demo ends with closing lines computed from its printed tables
+    rows, recall, facts, conclusion = parse_demo_output(out)
+    assert out.rstrip().splitlines()[-len(conclusion):] == conclusion
+    assert conclusion == demo_conclusion(rows, recall, facts)
+    assert facts.runs == str((tmp_path / "runs").resolve())
+    assert {r.name for r in recall} == {"unifedrec", "youtubenet"}
+    # one definition of bytes per query: 4-byte floats sent (PrivateRec B = 5, VDP d = 128)
+    by_name = {r.name: r for r in rows}
+    assert by_name["privaterec eps_t=10 / nrms → privaterec serving"].bytes_per_query == 20
+    assert by_name["dp-fedrec eps_t=inf / nrms → vdp serving"].bytes_per_query == 512
+    assert "B = 5 floats = 20 bytes per query" in out
+    assert by_name["popularity"].epsilon_round == float("inf")  # ∞, the same as the README
 
 
 def test_privaterec_train_report_and_private_serving(synth_dir, tmp_path, capsys):

@@ -1,11 +1,13 @@
 """``privaterec demo``: the whole story on the embedded synthetic data set, in minutes.
 
 Synthesises (and caches) the default synthetic data, trains each method of the demo table,
-evaluates it on the test split and prints a results table.
+evaluates it on the test split, prints the results tables and ends with closing lines
+computed from them (:mod:`privaterec.experiments.demo_summary`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import shutil
@@ -16,8 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from privaterec.config import FedConfig, ModelConfig, RunConfig, TrainConfig
+from privaterec.data.mind import load_dataset
 from privaterec.data.synth import SynthConfig, write_synthetic
 from privaterec.eval.serving import ServingConfig
+from privaterec.experiments.demo_summary import (DemoFacts, DemoRow, chance_auc_se,
+                                                 demo_conclusion, format_main_footnotes,
+                                                 format_main_table, format_recall_footnote)
 from privaterec.training.pipeline import evaluate_run, train_run
 
 
@@ -74,7 +80,12 @@ def default_demo_root() -> Path:
 
 def run_demo(*, out: str | Path | None = None, quick: bool = False,
              progress: bool = True) -> int:
-    """Run the demo; print a markdown results table. Returns the process exit code."""
+    """Run the demo; print its tables and closing lines. Returns the process exit code.
+
+    Prints, in order: the ranking table with its footnotes, the Uni-FedRec recall part, one
+    private query over HTTP, and the closing lines ("What this shows:") computed from the
+    tables by :func:`~privaterec.experiments.demo_summary.demo_conclusion`.
+    """
     root = Path(out) if out is not None else default_demo_root()
     synth = demo_synth_config(quick)
     data_dir = root / ("synth-quick" if quick else "synth-default")
@@ -83,29 +94,77 @@ def run_demo(*, out: str | Path | None = None, quick: bool = False,
         write_synthetic(data_dir, synth)
     else:
         print(f"using cached synthetic data in {data_dir}", file=sys.stderr)
-    rows: list[tuple[str, dict[str, Any], float]] = []
+    rows: list[DemoRow] = []
+    noise: dict[str, float] = {}
+    clients_per_round = 0
+    delta: float | None = None
     for entry in demo_entries(quick):
-        run_dir = root / "runs" / entry.name.replace(" / ", "-").replace(" ", "_")
+        run_dir = root / "runs" / run_dir_name(entry.name)
         shutil.rmtree(run_dir, ignore_errors=True)  # the demo always trains afresh
         config = RunConfig(data=str(data_dir.resolve()), model=entry.model, train=entry.train,
                            fed=entry.fed)
         print(f"training {entry.name} ...", file=sys.stderr)
         started = time.perf_counter()
         metrics = train_run(config, run_dir, progress=progress)
-        rows.append((entry.name, {**metrics["test"], **_privacy_columns(run_dir)},
-                     time.perf_counter() - started))
+        privacy = _privacy_columns(run_dir)
+        rows.append(_row(entry.name, metrics["test"], privacy, time.perf_counter() - started))
+        if privacy.get("noise_ratio") is not None:
+            noise[entry.name] = privacy["noise_ratio"]
+        clients_per_round = privacy.get("clients_per_round") or clients_per_round
+        delta = privacy.get("privacy_delta", delta)
         for serving in entry.serve:
             started = time.perf_counter()
             result = evaluate_run(run_dir, progress=False, serving=serving)
-            info = result["serving"]
-            rows.append((_serving_label(entry.name, serving, result), {
-                **result, **_privacy_columns(run_dir), "epsilon_query": 0.0 if serving.kind == "local" else serving.epsilon,
-                "bytes_per_query": info["bytes_per_query"]}, time.perf_counter() - started))
-    print(format_demo_table(rows))
+            rows.append(_row(_serving_label(entry.name, serving, result), result,
+                             _privacy_columns(run_dir), time.perf_counter() - started,
+                             epsilon_query=0.0 if serving.kind == "local" else serving.epsilon,
+                             bytes_per_query=result["serving"]["bytes_per_query"]))
+    count, se = chance_auc_se(imp.labels for imp in load_dataset(data_dir).test.behaviors
+                              if imp.labels is not None)
+    facts = DemoFacts(impressions=count, chance_se=se, noise_ratio=noise,
+                      clients_per_round=clients_per_round, runs=_home(root / "runs"))
+    print(format_main_table(rows))
+    print()
+    print(format_main_footnotes(facts, delta=delta))
     from privaterec.experiments.demo_recall import run_recall_demo
-    print(run_recall_demo(root, root / "runs" / "fedrec-nrms", quick=quick, progress=progress))
+    recall = run_recall_demo(root, root / "runs" / "fedrec-nrms", quick=quick,
+                             progress=progress)
+    facts = dataclasses.replace(facts, recall_pool=recall.pool, recall_users=recall.users)
+    print(recall.text)
+    print(format_recall_footnote(facts))
     print(http_demo(root / "runs" / "privaterec_eps_t=10-nrms", data_dir, root))
+    print()
+    print("\n".join(demo_conclusion(rows, recall.rows, facts)))
     return 0
+
+
+def run_dir_name(name: str) -> str:
+    """The run directory of a demo row: ``dp-fedrec eps_t=10 / nrms`` → ``dp-fedrec_eps_t=10-nrms``."""
+    return name.replace(" / ", "-").replace(" ", "_")
+
+
+def _home(path: Path) -> str:
+    """``path`` with the home directory written ``~`` (the same text on every machine)."""
+    path = path.resolve()
+    try:
+        return "~/" + str(path.relative_to(Path.home().resolve()))
+    except ValueError:
+        return str(path)
+
+
+def _row(name: str, metrics: dict[str, Any], privacy: dict[str, Any], seconds: float, *,
+         epsilon_query: float | None = None, bytes_per_query: int | None = None) -> DemoRow:
+    return DemoRow(name=name, auc=metrics["auc"], mrr=metrics["mrr"],
+                   ndcg5=metrics["ndcg@5"], ndcg10=metrics["ndcg@10"],
+                   epsilon_round=_inf(privacy.get("epsilon_round")),
+                   epsilon_query=epsilon_query, bytes_per_query=bytes_per_query,
+                   epsilon_user=_inf(privacy.get("epsilon_user_max")),
+                   paper_mode=bool(privacy.get("epsilon_invalid")), seconds=seconds)
+
+
+def _inf(value: float | None) -> float:
+    """No ε recorded (centralized, popularity): no guarantee, ∞."""
+    return math.inf if value is None else float(value)
 
 
 def _serving_label(name: str, serving: ServingConfig, result: dict[str, Any]) -> str:
@@ -127,8 +186,9 @@ def http_demo(run_dir: Path, data_dir: Path, root: Path) -> str:
     alpha = ", ".join(f"{a:.4f}" for a in result["sent"]["alpha"])
     lines = ["", f"Private query over HTTP ({result['url']}, model {result['model_version']}):",
              f"- the device read {len(result['history'])} news (kept on the device); it sent "
-             f"only α̃ = [{alpha}] (B = {result['basis_size']} floats, "
-             f"{result['bytes_sent']} bytes of JSON) at ε_s = {DEMO_SERVE_EPSILON:g}; its "
+             f"only α̃ = [{alpha}] (B = {result['basis_size']} floats = "
+             f"{4 * result['basis_size']} bytes per query; the JSON request body is "
+             f"{result['bytes_sent']} bytes) at ε_s = {DEMO_SERVE_EPSILON:g}; its "
              f"device ledger now holds ε = {result['epsilon_spent']:g}",
              "- the server returned:", "", "| rank | news | category | score | title |",
              "|---|---|---|---|---|"]
@@ -139,42 +199,29 @@ def http_demo(run_dir: Path, data_dir: Path, root: Path) -> str:
 
 
 def _privacy_columns(run_dir: Path) -> dict[str, Any]:
-    """Per-round ε and the ledger's per-user total ε of a federated run (if any)."""
+    """Per-round ε, the ledger's per-user total ε and the upload noise of a federated run.
+
+    ``noise_ratio`` is E‖noise‖₁ of one upload over the largest ‖update‖₁ its clipping
+    allows: D·b/θ (L1 clipping to θ, Laplace scale b per coordinate) or b/δ (element-wise
+    clipping to δ). Runs whose uploads are not clipped and noised have none.
+    """
     path = run_dir / "privacy.json"
     if not path.exists():
         return {}
     from privaterec.privacy.report import read_privacy_json
     summary = read_privacy_json(path)
     total = summary["report"]["phases"]["total"]
+    release = summary["release"]
     invalid = any("does NOT hold" in w for w in summary["report"].get("warnings", []))
-    return {"epsilon_round": summary["release"].get("epsilon_per_round"),
+    ratio = None
+    if (release.get("mechanism") == "laplace" and release.get("clip_bound")
+            and release.get("noise_scale")):
+        b, clip, dim = release["noise_scale"], release["clip_bound"], release["dimension"]
+        if release.get("clipping") == "l1":
+            ratio = dim * b / clip
+        elif release.get("clipping") == "elementwise":
+            ratio = b / clip
+    return {"epsilon_round": release.get("epsilon_per_round"),
             "epsilon_user_max": total["epsilon_max"], "privacy_delta": summary["delta"],
-            "epsilon_invalid": invalid}
-
-
-def _eps(value: float | None) -> str:
-    if value is None:
-        return "∞"
-    return "∞" if math.isinf(value) else f"{value:.3g}"
-
-
-def format_demo_table(rows: list[tuple[str, dict[str, Any], float]]) -> str:
-    lines = ["| method | test AUC | MRR | nDCG@5 | nDCG@10 | ε_t per round | ε_s per query "
-             "| ε per user (max) | seconds |", "|---|---|---|---|---|---|---|---|---|"]
-    for name, m, seconds in rows:
-        query = ("–" if "epsilon_query" not in m else
-                 f"{_eps(m['epsilon_query'])} ({m['bytes_per_query']} B sent)")
-        lines.append(f"| {name} | {m['auc']:.4f} | {m['mrr']:.4f} | {m['ndcg@5']:.4f} | "
-                     f"{m['ndcg@10']:.4f} | {_eps(m.get('epsilon_round'))} | {query} | "
-                     f"{_eps(m.get('epsilon_user_max'))}{' †' if m.get('epsilon_invalid') else ''}"
-                     f" | {seconds:.0f} |")
-    impressions = rows[0][1]["impressions"] if rows else 0
-    delta = next((m["privacy_delta"] for _, m, _ in rows if "privacy_delta" in m), None)
-    lines.append(f"\n{impressions} test impressions. ε per user: the privacy ledger's total "
-                 f"over all rounds and queries (PLD composition"
-                 f"{f' at δ = {delta:g}' if delta else ''}); "
-                 f"fednewsrec's ε is for the whole update (2δD/λ), not per coordinate — see "
-                 f"'privaterec privacy report --run RUN'. ∞: no formal guarantee. †: PrivateRec "
-                 f"paper mode (Alg. 3 as published): ε covers α̃ and the labels, NOT the "
-                 f"uploaded gradient's history path (privacy report names the parameters).")
-    return "\n".join(lines)
+            "epsilon_invalid": invalid, "noise_ratio": ratio,
+            "clients_per_round": release.get("clients_per_round")}

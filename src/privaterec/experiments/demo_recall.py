@@ -8,8 +8,11 @@ from __future__ import annotations
 import dataclasses
 import shutil
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from privaterec.experiments.demo_summary import RecallRow, format_recall_table
 
 from privaterec.recall.evaluate import query_generator, recall_users
 from privaterec.recall.index import ScoreSpaceIndex
@@ -35,8 +38,18 @@ def demo_recall_config(ranker: Path, *, quick: bool) -> RecallRunConfig:
     return dataclasses.replace(config, train=train)
 
 
-def run_recall_demo(root: Path, ranker: Path, *, quick: bool, progress: bool) -> str:
-    """Train, query and evaluate; returns the markdown printed by the demo."""
+@dataclass(frozen=True)
+class RecallDemo:
+    """What the demo's recall part printed (``text``) and its table rows (recall ×100)."""
+
+    text: str
+    rows: tuple[RecallRow, ...]
+    pool: int
+    users: int
+
+
+def run_recall_demo(root: Path, ranker: Path, *, quick: bool, progress: bool) -> RecallDemo:
+    """Train, query and evaluate; returns the markdown printed by the demo and its rows."""
     out = root / "runs" / "unifedrec-recall"
     shutil.rmtree(out, ignore_errors=True)
     print("training unifedrec recall model ...", file=sys.stderr)
@@ -45,23 +58,24 @@ def run_recall_demo(root: Path, ranker: Path, *, quick: bool, progress: bool) ->
              _one_query(out), ""]
     results = {m: evaluate_recall_run(out, method=m, progress=False, record=m == "unifedrec")
                for m in ("unifedrec", "youtubenet")}
-    lines += ["| recall | future R@100 | future R@400 | history R@100 (leakage) | "
-              "AUC of ranking R = 400 | ε per query | bytes sent |",
-              "|---|---|---|---|---|---|---|"]
+    rows = []
     for method, r in results.items():
         eps = r["query_epsilon_max"]
-        eps_text = ("∞ (clear)" if eps == float("inf") else f"≤ {eps:g}") + (
-            " + clear quotas" if r["quotas_in_clear"] else "")
-        lines.append(f"| {method} | {r['future_recall@100']:.4f} | "
-                     f"{r['future_recall@400']:.4f} | {r['history_recall@100']:.4f} | "
-                     f"{r['auc']:.4f} | {eps_text} | {r['bytes_per_query']:.0f} |")
-    pool = results["unifedrec"]["pool_size"]
-    lines.append(f"\n{results['unifedrec']['users']} test users, one query each, over a pool "
-                 f"of {pool} news; Uni-FedRec queries are recorded in {out}/privacy.json. "
-                 f"Uni-FedRec's ε composes C channels of 2δB/λ_I; its quotas go in the clear "
-                 f"as in the paper (no guarantee; `evaluate --recall unifedrec --quota-noise "
-                 f"L` hides them).")
-    return "\n".join(lines)
+        eps_text = ("∞ (user vector sent in the clear)" if eps == float("inf")
+                    else f"≤ {eps:g}") + (
+            " + quotas sent unprotected" if r["quotas_in_clear"] else "")
+        rows.append(RecallRow(name=method, future100=100 * r["future_recall@100"],
+                              future400=100 * r["future_recall@400"],
+                              history100=100 * r["history_recall@100"], auc=r["auc"],
+                              epsilon=eps_text, bytes_per_query=round(r["bytes_per_query"])))
+    lines.append(format_recall_table(rows))
+    lines.append(f"\nUni-FedRec queries are recorded in {out}/privacy.json. Its ε composes "
+                 f"C channels of 2δB/λ_I; its quotas (each channel's share of the history) go "
+                 f"in the clear as in the paper (no guarantee; `evaluate --recall unifedrec "
+                 f"--quota-noise L` hides them).")
+    first = results["unifedrec"]
+    return RecallDemo("\n".join(lines), tuple(rows), int(first["pool_size"]),
+                      int(first["users"]))
 
 
 def _one_query(run_dir: Path) -> str:
