@@ -477,7 +477,7 @@ def _histories(latent: _Latent, rng: np.random.Generator) -> Histories:
         noisy = rng.gumbel(size=(len(rows), len(pool)))
         noisy *= c.noise_scale
         noisy += latent.utility(rows[:, None], pool[None, :])
-        top = _largest(noisy, longest)
+        top = _smallest(np.negative(noisy, out=noisy), longest)  # the largest noisy utilities
         keep = np.arange(longest)[None, :] < lengths[rows][:, None]
         chosen = np.where(keep, pool[top], sentinel)
         chosen.sort(axis=1)  # publication order; the sentinel (not chosen) goes last
@@ -486,14 +486,39 @@ def _histories(latent: _Latent, rng: np.random.Generator) -> Histories:
     return Histories(offsets=offsets, rows=np.concatenate(parts))
 
 
-def _largest(values: np.ndarray, k: int) -> np.ndarray:
-    """``int[R, k]``: column indices of the ``k`` largest values of each row, largest first.
+def _smallest(values: np.ndarray, k: int) -> np.ndarray:
+    """``int[R, k]``: column indices of the ``k`` smallest values of each row, smallest first.
 
-    ``values`` is ``float[R, N]``, ``k <= N``.
+    ``values`` is ``float[R, N]`` with ``k <= N``. Equal to a full ``argpartition`` followed
+    by a sort of the selected values (up to exact ties, which continuous random values do not
+    produce), at a fraction of its cost for ``k ≪ N``: the ``k``-th smallest value of the
+    first ``m = max(8k, 2√(kN))`` columns bounds the ``k``-th smallest of the row from above,
+    so only the values below that bound (≈ kN/m per row for exchangeable columns) are
+    sorted; ``m`` balances the two partitions (measured fastest among N/16, N/8, 4k, 8k).
     """
-    top = np.argpartition(-values, k - 1, axis=1)[:, :k]
-    scores = np.take_along_axis(values, top, axis=1)
-    return np.take_along_axis(top, np.argsort(-scores, axis=1, kind="stable"), axis=1)
+    rows, n = values.shape
+    m = max(8 * k, int(2 * math.sqrt(k * n)))
+    if 2 * m >= n:
+        top = np.argpartition(values, k - 1, axis=1)[:, :k] if k < n \
+            else np.tile(np.arange(n), (rows, 1))
+        order = np.argsort(np.take_along_axis(values, top, axis=1), axis=1, kind="stable")
+        return np.take_along_axis(top, order, axis=1)
+    bound = np.partition(values[:, :m], k - 1, axis=1)[:, k - 1]
+    flat = np.flatnonzero(values <= bound[:, None])  # >= k per row, row-major
+    row = flat // n
+    counts = np.bincount(row, minlength=rows)
+    width = int(counts.max())
+    slot = np.arange(len(flat)) - np.repeat(np.cumsum(counts) - counts, counts)
+    position = row * width + slot  # [row, slot] in a [rows, width] array, padded with inf
+    below = np.full(rows * width, np.inf)
+    below[position] = values.ravel()[flat]
+    column = np.zeros(rows * width, dtype=np.int64)
+    column[position] = flat - row * n
+    below, column = below.reshape(rows, width), column.reshape(rows, width)
+    top = np.argpartition(below, k - 1, axis=1)[:, :k] if k < width \
+        else np.tile(np.arange(width), (rows, 1))
+    order = np.argsort(np.take_along_axis(below, top, axis=1), axis=1, kind="stable")
+    return np.take_along_axis(column, np.take_along_axis(top, order, axis=1), axis=1)
 
 
 def _impression_chunks(latent: _Latent, rng: np.random.Generator
@@ -524,10 +549,7 @@ def _impression_chunks(latent: _Latent, rng: np.random.Generator
         k_max = min(c.max_candidates, len(cols))
         if k_max == 0:
             continue
-        top = np.argpartition(keys, k_max - 1, axis=1)[:, :k_max] if k_max < len(cols) \
-            else np.tile(np.arange(len(cols)), (len(t), 1))
-        top = np.take_along_axis(top, np.argsort(np.take_along_axis(keys, top, axis=1),
-                                                 axis=1, kind="stable"), axis=1)
+        top = _smallest(keys, k_max)  # alive news in random order (keys < 1) come first
         k = np.minimum(sizes[sl], alive.sum(axis=1))
         valid = np.arange(k_max)[None, :] < k[:, None]
         rows = cols[top]
