@@ -20,6 +20,7 @@ Definitions used everywhere in the demo and the README:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from dataclasses import dataclass, field
@@ -203,6 +204,12 @@ def demo_conclusion(rows: Sequence[DemoRow], recall: Sequence[RecallRow],
     0.5 ± 2 SE (:func:`chance_auc_se`); the reasons given come from the rows' budgets and
     from ``facts.noise_ratio``.
     """
+    # compute from the numbers as printed, so a copy of the output gives the same lines
+    rows = [dataclasses.replace(r, auc=round(r.auc, 4)) for r in rows]
+    recall = [dataclasses.replace(r, future100=round(r.future100, 2),
+                                  future400=round(r.future400, 2),
+                                  history100=round(r.history100, 2)) for r in recall]
+    facts = dataclasses.replace(facts, chance_se=round(facts.chance_se, 4))
     low, high = facts.band
     trained = [r for r in rows if "→" not in r.name]
     served = [r for r in rows if "→" in r.name]
@@ -213,7 +220,7 @@ def demo_conclusion(rows: Sequence[DemoRow], recall: Sequence[RecallRow],
     if learn:
         lines.append(f"- Learn (test AUC above the chance band {low:.3f}–{high:.3f}): "
                      f"{_names(learn)}."
-                     + (" popularity ranks by click counts alone (no personalisation)."
+                     + (" (popularity ranks by click counts alone: no personalisation.)"
                         if any(r.name == "popularity" for r in learn) else ""))
     plain = [r for r in learn if math.isinf(r.epsilon_round) and r.name != "popularity"]
     if len(plain) > 1:
@@ -260,9 +267,12 @@ def demo_conclusion(rows: Sequence[DemoRow], recall: Sequence[RecallRow],
         base = next((b for b in trained if b.name == base_name), None)
         if base is None or r.epsilon_query is None:
             continue
+        sent = (f"{r.bytes_per_query} bytes per query" if r.bytes_per_query else
+                "nothing sent per query (the device downloads the news pool and ranks it "
+                "itself)")
         lines.append(f"- {r.name}: test AUC {r.auc:.4f} against {base.auc:.4f} without "
                      f"serving noise, at ε_s = {fmt_eps(r.epsilon_query)} per query and "
-                     f"{r.bytes_per_query} bytes per query.")
+                     f"{sent}.")
     by_name = {r.name: r for r in recall}
     if "unifedrec" in by_name and facts.recall_pool:
         u = by_name["unifedrec"]
