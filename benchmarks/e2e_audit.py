@@ -3,6 +3,7 @@
 Usage::
 
     python benchmarks/e2e_audit.py [--runs 1000] [--epsilons 1 10] [--seed 0]
+    python benchmarks/e2e_audit.py --broken [--runs 1000]
 
 Audits fedrec, fednewsrec, dp-fedrec, privaterec (paper and strict modes) and unifedrec at
 each ε under click and user adjacency (every neighbouring pair of
@@ -10,6 +11,9 @@ each ε under click and user adjacency (every neighbouring pair of
 ``benchmarks/results/e2e_audit.md`` and ``.json``. The same as
 ``privaterec privacy audit --method ... --mode paper strict --adjacency click user
 --epsilon E --runs N``. Exits 1 if a lower bound exceeds a valid claim.
+
+``--broken`` audits the known-broken variants of :mod:`privaterec.privacy.e2e_audit.broken`
+at ε = 1 instead (each must exceed its claim) and saves ``e2e_audit_broken.md``/``.json``.
 """
 
 from __future__ import annotations
@@ -24,7 +28,8 @@ from pathlib import Path
 
 import torch
 
-from privaterec.privacy.e2e_audit import format_table, run_audit
+from privaterec.privacy.e2e_audit import broken, format_table, run_audit
+from privaterec.privacy.e2e_audit.runner import PairAudit
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TARGETS = [("fedrec", "strict"), ("fednewsrec", "strict"), ("dp-fedrec", "strict"),
@@ -44,7 +49,11 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=1000)
     parser.add_argument("--epsilons", type=float, nargs="+", default=[1.0, 10.0])
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--broken", action="store_true",
+                        help="audit the known-broken variants instead")
     args = parser.parse_args()
+    if args.broken:
+        return run_broken(args)
     audits, seconds = [], {}
     start = time.perf_counter()
     for epsilon in args.epsilons:
@@ -74,6 +83,47 @@ def main() -> int:
         "audits": [dict(_safe(a.to_dict()), configured_epsilon=e)
                    for a, e in zip(audits, _epsilons(audits, args))]}, indent=2))
     return 1 if any(a.violated for a in audits) else 0
+
+
+BROKEN = [  # (variant, context, method, mode, adjacency, pair)
+    ("published DPL (click always in the candidate set)", broken.published_dpl, "privaterec",
+     "strict", "click", "label"),
+    ("Laplace noise 10x smaller than calibrated", lambda: broken.scaled_noise(0.1),
+     "dp-fedrec", "strict", "user", "one-impression"),
+    ("Laplace noise 10x smaller than calibrated", lambda: broken.scaled_noise(0.1),
+     "unifedrec", "strict", "user", "one-impression"),
+    ("reply carries the raw loss", broken.reply_with_loss, "dp-fedrec", "strict", "user",
+     "one-impression"),
+]
+
+
+def run_broken(args: argparse.Namespace) -> int:
+    """Audit each broken variant at ε = 1 on its pair; exit 1 unless all are caught."""
+    rows: list[tuple[str, PairAudit]] = []
+    for variant, context, method, mode, adjacency, name in BROKEN:
+        with context():
+            audits = run_audit(method, adjacency=adjacency, epsilon=1.0, mode=mode,
+                               runs=args.runs, seed=args.seed)
+        rows.append((variant, next(a for a in audits if a.pair == name)))
+    command = f"python benchmarks/e2e_audit.py --broken --runs {args.runs} --seed {args.seed}"
+    lines = [f"# Broken variants ({command})", "",
+             "| variant | method | neighbours | claimed ε | lower bound | margin | test | "
+             "caught |", "|---|---|---|---|---|---|---|---|"]
+    for variant, a in rows:
+        r = a.result
+        lines.append(f"| {variant} | {a.method} | {a.adjacency}: {a.pair} | "
+                     f"{a.claimed_epsilon:g} | {r.epsilon_lower_bound:.2f} | "
+                     f"{r.epsilon_lower_bound - a.claimed_epsilon:+.2f} | {r.statistic}; FPR "
+                     f"{r.false_positive_rate:.3f}, FNR {r.false_negative_rate:.3f} | "
+                     f"{'yes' if a.violated else 'NO'} |")
+    text = "\n".join(lines) + "\n"
+    print(text)
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "e2e_audit_broken.md").write_text(text)
+    (RESULTS / "e2e_audit_broken.json").write_text(json.dumps({
+        "command": command, "audits": [dict(_safe(a.to_dict()), variant=v) for v, a in rows]},
+        indent=2))
+    return 0 if all(a.violated for _, a in rows) else 1
 
 
 def _epsilons(audits, args) -> list[float]:

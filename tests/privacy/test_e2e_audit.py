@@ -20,10 +20,10 @@ import privaterec.recall.training as recall_training
 from privaterec.cli import main
 from privaterec.fed.client import ClientUpdate
 from privaterec.privacy.audit import epsilon_from_rates
+from privaterec.privacy.e2e_audit import broken
 from privaterec.privacy.e2e_audit import (AuditWorld, PairAudit, audit_pair, bound_ceiling,
                                           claimed_budget, distinguish, make_target,
                                           make_world, neighbour_pairs)
-from privaterec.privacy.labels import keep_probability
 from privaterec.privacy.ledger import PrivacyEvent
 
 RUNS = 160  # per neighbour: 80 test runs, bound ceiling ln(80/3.7) = 3.05
@@ -121,52 +121,34 @@ def test_privaterec_paper_mode_leaks_the_history_and_says_its_claim_is_invalid(w
 
 
 # ------------------------------------------------------------------------- broken variants
-def published_dpl(clicks, counts, *, size, epsilon, generator):
-    """The published DPL's candidates (PrivateRec Alg. 3 line 16): a clicked news always in
-    slot 0, the other slots drawn from the non-clicked; randomized response on the label."""
-    n, width = clicks.shape
-    clicked = clicks.float().argmax(dim=1)
-    keys = torch.rand(n, width, generator=generator, dtype=torch.float64)
-    keys = keys.masked_fill(clicks | (torch.arange(width) >= counts[:, None]), 2.0)
-    positions = torch.cat([clicked[:, None], keys.argsort(dim=1)[:, : size - 1]], dim=1)
-    keep = keep_probability(epsilon=epsilon, size=size - 1)
-    u = torch.rand(n, generator=generator, dtype=torch.float64)
-    other = torch.randint(1, size, (n,), generator=generator)
-    return positions, torch.where(u < keep, torch.zeros(n, dtype=torch.long), other)
-
-
-def test_a_label_release_whose_candidates_always_hold_the_click_is_caught(world, monkeypatch):
-    monkeypatch.setattr(fed_client, "release_labels", published_dpl)
-    result = audit(world, "privaterec", "click", "label", runs=400)
+def test_a_label_release_whose_candidates_always_hold_the_click_is_caught(world):
+    with broken.published_dpl():
+        result = audit(world, "privaterec", "click", "label", runs=400)
     assert result.violated, result.to_dict()
     assert result.epsilon_lower_bound > 2 * result.claimed_epsilon
 
 
-def scaled_laplace(factor: float):
-    original = mechanisms.laplace_noise
-
-    def noise(shape, *, scale, generator, **kwargs):
-        return original(shape, scale=scale * factor, generator=generator, **kwargs)
-
-    return noise
-
-
 @pytest.mark.parametrize("method", ["dp-fedrec", "unifedrec"])
-def test_noise_ten_times_smaller_than_calibrated_is_caught(world, monkeypatch, method):
-    small = scaled_laplace(0.1)
-    monkeypatch.setattr(mechanisms, "laplace_noise", small)
-    monkeypatch.setattr(recall_training, "laplace_noise", small)
-    result = audit(world, method, "user", "one-impression")
+def test_noise_ten_times_smaller_than_calibrated_is_caught(world, method):
+    with broken.scaled_noise(0.1):
+        result = audit(world, method, "user", "one-impression")
     assert result.claimed_epsilon == 1.0
     assert result.violated, result.to_dict()
 
 
-def test_a_reply_carrying_the_raw_loss_is_caught(world, monkeypatch):
-    sent = ClientUpdate.sent
-    monkeypatch.setattr(ClientUpdate, "sent",
-                        lambda self: {**sent(self), "loss": float(self.metrics["loss"])})
-    result = audit(world, "dp-fedrec", "user", "one-impression")
+def test_a_reply_carrying_the_raw_loss_is_caught(world):
+    with broken.reply_with_loss():
+        result = audit(world, "dp-fedrec", "user", "one-impression")
     assert result.violated and result.result.statistic == "loss", result.to_dict()
+
+
+def test_the_broken_variants_are_undone_on_exit():
+    before = (fed_client.release_labels, mechanisms.laplace_noise,
+              recall_training.laplace_noise, ClientUpdate.sent)
+    with broken.published_dpl(), broken.scaled_noise(0.1), broken.reply_with_loss():
+        assert fed_client.release_labels is broken.published_dpl_labels
+    assert (fed_client.release_labels, mechanisms.laplace_noise,
+            recall_training.laplace_noise, ClientUpdate.sent) == before
 
 
 # ------------------------------------------------------------------------------------ CLI
@@ -179,10 +161,9 @@ def test_cli_prints_the_table_and_exits_zero_when_claims_hold(capsys):
     assert "no lower bound above its claim" in out
 
 
-def test_cli_exits_one_when_a_bound_exceeds_its_claim(capsys, monkeypatch):
-    monkeypatch.setattr(ClientUpdate, "sent", lambda self: {
-        "payload": self.payload, "loss": float(self.metrics["loss"])})
-    code = main(["privacy", "audit", "--method", "dp-fedrec", "--adjacency", "user",
-                 "--epsilon", "1", "--runs", "64", "--json"])
+def test_cli_exits_one_when_a_bound_exceeds_its_claim(capsys):
+    with broken.reply_with_loss():
+        code = main(["privacy", "audit", "--method", "dp-fedrec", "--adjacency", "user",
+                     "--epsilon", "1", "--runs", "64", "--json"])
     assert code == 1
     assert '"violated": true' in capsys.readouterr().out

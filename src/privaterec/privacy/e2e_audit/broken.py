@@ -1,0 +1,90 @@
+"""Known-broken variants of the real client code, to check that the audit can fail.
+
+Each is a context manager that patches the library for its duration (simulation only):
+
+* :func:`published_dpl` — PrivateRec's label release replaced by the published DP label
+  permutation's candidate set (Alg. 3 line 16): a clicked news always in the set (slot 0),
+  the other slots drawn from the non-clicked news, randomized response on the label. The set
+  itself then names the click (issue 13, hole 2).
+* :func:`scaled_noise` — every Laplace draw ``factor`` times its calibrated scale while the
+  events still claim the calibrated ε (e.g. 0.1: noise 10x too small).
+* :func:`reply_with_loss` — the client's reply also carries its raw training loss (hole 5).
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+import torch
+from torch import Tensor
+
+
+def published_dpl_labels(clicks: Tensor, counts: Tensor, *, size: int, epsilon: float,
+                         generator: torch.Generator) -> tuple[Tensor, Tensor]:
+    """Drop-in for :func:`privaterec.privacy.labels.release_labels` with the published
+    candidate set: positions ``[n, size]`` with a clicked position in slot 0 and ``size − 1``
+    non-clicked ones, and the label kept in slot 0 with probability e^ε/(e^ε + size − 1)."""
+    from privaterec.privacy.labels import keep_probability
+
+    n, width = clicks.shape
+    clicked = clicks.float().argmax(dim=1)
+    keys = torch.rand(n, width, generator=generator, dtype=torch.float64)
+    keys = keys.masked_fill(clicks | (torch.arange(width) >= counts[:, None]), 2.0)
+    positions = torch.cat([clicked[:, None], keys.argsort(dim=1)[:, : size - 1]], dim=1)
+    keep = keep_probability(epsilon=epsilon, size=size - 1)
+    u = torch.rand(n, generator=generator, dtype=torch.float64)
+    other = torch.randint(1, size, (n,), generator=generator)
+    return positions, torch.where(u < keep, torch.zeros(n, dtype=torch.long), other)
+
+
+@contextmanager
+def _patched(module: Any, name: str, value: Any) -> Iterator[None]:
+    original = getattr(module, name)
+    setattr(module, name, value)
+    try:
+        yield
+    finally:
+        setattr(module, name, original)
+
+
+@contextmanager
+def published_dpl() -> Iterator[None]:
+    """PrivateRec clients use :func:`published_dpl_labels` (module docstring)."""
+    import privaterec.fed.client as fed_client
+
+    with _patched(fed_client, "release_labels", published_dpl_labels):
+        yield
+
+
+@contextmanager
+def scaled_noise(factor: float) -> Iterator[None]:
+    """Every Laplace draw (mechanisms and Uni-FedRec's recall upload) at ``factor`` × scale."""
+    import privaterec.privacy.mechanisms as mechanisms
+    import privaterec.recall.training as recall_training
+
+    original = mechanisms.laplace_noise
+
+    def noise(shape: Any, *, scale: Any, generator: Any, **kwargs: Any) -> Tensor:
+        return original(shape, scale=scale * factor, generator=generator, **kwargs)
+
+    with _patched(mechanisms, "laplace_noise", noise), \
+            _patched(recall_training, "laplace_noise", noise):
+        yield
+
+
+@contextmanager
+def reply_with_loss() -> Iterator[None]:
+    """:meth:`ClientUpdate.sent` also returns ``metrics["loss"]``."""
+    from privaterec.fed.client import ClientUpdate
+
+    sent = ClientUpdate.sent
+
+    def with_loss(self: ClientUpdate) -> dict[str, Any]:
+        return {**sent(self), "loss": float(self.metrics["loss"])}
+
+    with _patched(ClientUpdate, "sent", with_loss):
+        yield
+
+
+__all__ = ["published_dpl", "published_dpl_labels", "reply_with_loss", "scaled_noise"]
