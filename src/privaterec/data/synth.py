@@ -472,11 +472,16 @@ def _histories(latent: _Latent, rng: np.random.Generator) -> Histories:
     parts: list[np.ndarray] = []
     chunk = max(1, 2_000_000 // len(pool))
     sentinel = len(latent.news_ids)
+    # latent.utility(rows[:, None], pool[None, :]), term by term (same floats), gathering
+    # through the [rows, cells] affinity block instead of a 2-D fancy index.
+    pool_cell = latent.news_cell[pool]
+    pool_popularity = c.popularity_weight * latent.log_popularity[pool]
     for lo in range(0, c.users, chunk):
         rows = np.arange(lo, min(lo + chunk, c.users))
         noisy = rng.gumbel(size=(len(rows), len(pool)))
         noisy *= c.noise_scale
-        noisy += latent.utility(rows[:, None], pool[None, :])
+        affinity = np.take(c.affinity_weight * latent.affinity[rows], pool_cell, axis=1)
+        noisy += affinity + pool_popularity
         top = _smallest(np.negative(noisy, out=noisy), longest)  # the largest noisy utilities
         keep = np.arange(longest)[None, :] < lengths[rows][:, None]
         chosen = np.where(keep, pool[top], sentinel)
