@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import zlib
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any, Iterable, Iterator, Mapping, Sequence
@@ -234,7 +235,8 @@ def _metadata_columns(names: Sequence[str]) -> list[int]:
 
 
 def _pair_key(pair: NeighbourPair) -> int:
-    return int.from_bytes(f"{pair.adjacency}:{pair.name}".encode()[:8].ljust(8, b"."), "big")
+    """A stable integer naming the pair (distinct pairs: distinct generator streams)."""
+    return zlib.crc32(f"{pair.adjacency}:{pair.name}".encode())
 
 
 def audit_pair(upload: Upload, pair: NeighbourPair, *, method: str = "", mode: str = "-",
