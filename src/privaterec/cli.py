@@ -120,6 +120,8 @@ def run_config_from_args(args: argparse.Namespace) -> RunConfig:
         "eval_every": args.eval_every, "engine": args.engine,
         "padding_p": args.padding_p, "privacy_mode": args.privacy_mode,
         "sensitivity_mode": args.sensitivity_mode, "history_budget": args.history_budget,
+        "noise_multiplier": args.noise_multiplier, "target_epsilon": args.target_epsilon,
+        "target_delta": args.target_delta,
     }.items() if v is not None}
     data = str(Path(args.data).resolve()) if args.data else config.data
     if not data:
@@ -137,7 +139,8 @@ def run_config_from_args(args: argparse.Namespace) -> RunConfig:
 _RECALL_IGNORED = ("model", "user_encoder", "embeddings", "history_len", "epochs", "lr",
                    "batch_size", "local_steps", "local_lr", "epsilon_train", "delta_train",
                    "noise", "eval_every", "engine", "basis", "padding_p", "privacy_mode",
-                   "sensitivity_mode", "history_budget")
+                   "sensitivity_mode", "history_budget", "noise_multiplier", "target_epsilon",
+                   "target_delta")
 
 
 def recall_config_from_args(args: argparse.Namespace) -> Any:
@@ -560,6 +563,18 @@ def build_parser() -> argparse.ArgumentParser:
                      help="evaluate on the test split every N rounds (0: at the end)")
     fed.add_argument("--engine", choices=ENGINES, default=None,
                      help="simulator (vectorized, default) or flower")
+    central = train.add_argument_group(
+        "central DP (--method dp-fedavg: user-level DP-FedAvg; Poisson sampling at rate "
+        "--client-fraction, each update clipped to L2 norm --clip (default 0.1), Gaussian "
+        "noise on the sum)")
+    central.add_argument("--target-epsilon", type=float, default=None,
+                         help="user-level epsilon of the whole run; the noise multiplier is "
+                              "calibrated from it (PLD accountant)")
+    central.add_argument("--noise-multiplier", type=float, default=None,
+                         help="z: noise std z*clip on the sum (instead of --target-epsilon; "
+                              "the report gives the epsilon)")
+    central.add_argument("--target-delta", type=float, default=None,
+                         help="delta of the run's guarantee (default 1e-5; must be < 1/N)")
     private = train.add_argument_group("PrivateRec (--method privaterec)")
     private.add_argument("--basis", type=basis_arg, default=None,
                          help="B basic vectors, an integer >= 2 (default 5)")

@@ -24,7 +24,7 @@ EMBEDDINGS = ("random", "glove50", "minilm")
 # Size of the word vectors each embedding kind brings (random vectors: ``word_dim``).
 PRETRAINED_WORD_DIM = {"glove50": 50, "minilm": 384}
 DEFAULT_RANDOM_WORD_DIM = 64
-FEDERATED_METHODS = ("fedrec", "fednewsrec", "dp-fedrec", "privaterec")
+FEDERATED_METHODS = ("fedrec", "fednewsrec", "dp-fedrec", "privaterec", "dp-fedavg")
 PRIVACY_MODES = ("paper", "strict")
 SENSITIVITY_MODES = ("true", "paper")
 SERVING_KINDS = ("none", "privaterec", "vdp", "local")
@@ -205,6 +205,12 @@ class FedConfig:
         guarantee; reproduction only).
     history_budget: strict mode's share of ε_t (and δ_t) spent on the history-path gradient;
         DPA gets the rest, so one round's upload is (ε_t, δ_t)-DP for the history.
+    noise_multiplier: ``dp-fedavg`` (central, user-level DP): z, the Gaussian noise on the sum
+        of the clipped updates has standard deviation z·``clip``.
+    target_epsilon: ``dp-fedavg``: the user-level ε of the whole run; z is calibrated from it
+        (with ``client_fraction`` as the Poisson sampling rate q and ``rounds``).
+    target_delta: ``dp-fedavg``: δ of the run's guarantee (default 1e-5; it must be below
+        1/N for N training users).
     """
 
     rounds: int = 100
@@ -232,6 +238,9 @@ class FedConfig:
     privacy_mode: str = "paper"
     sensitivity_mode: str = "true"
     history_budget: float = 0.5
+    noise_multiplier: float | None = None
+    target_epsilon: float | None = None
+    target_delta: float | None = None
 
     def __post_init__(self) -> None:
         if self.padding_p is not None:
@@ -272,6 +281,12 @@ class FedConfig:
         _check(0 <= self.adam_beta2 < 1, "adam_beta2", f"got {self.adam_beta2!r}, expected [0, 1)")
         if self.adam_tau is not None:
             _check_positive(self.adam_tau, "adam_tau")
+        for name in ("noise_multiplier", "target_epsilon"):
+            if getattr(self, name) is not None:
+                _check_positive(getattr(self, name), name)
+        if self.target_delta is not None:
+            _check(0 < self.target_delta < 1, "target_delta",
+                   f"got {self.target_delta!r}, expected 0 < delta < 1 (below 1/N)")
 
 
 @dataclass(frozen=True)

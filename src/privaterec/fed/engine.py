@@ -12,6 +12,7 @@ from typing import Any, Callable
 
 from privaterec.config import RunConfig
 from privaterec.data.clients import ClientDataset
+from privaterec.errors import ConfigError
 from privaterec.fed.methods import ClientMethod, resolve_run_config
 from privaterec.fed.objective import LocalObjective
 from privaterec.fed.simulator import (FederatedState, RoundCallback, clients_per_round,
@@ -44,7 +45,13 @@ def train_federated_run(config: RunConfig, model: Recommender, clients: ClientDa
     method = ClientMethod.from_config(config)
     strategy = with_pretrained_lr(build_strategy(fed), objective.pretrained_mask(),
                                   config.train.plm_lr)
-    m = clients_per_round(fed, len(eligible_clients(clients)))
+    population = len(eligible_clients(clients))
+    if method.is_central and not method.delta < 1 / max(1, population):
+        raise ConfigError(f"dp-fedavg's 'fed.target_delta' = {method.delta:g} is not below "
+                          f"1/N = {1 / max(1, population):.3g} for N = {population} training "
+                          f"users: a delta that large allows releasing a user's data "
+                          f"outright; pass --target-delta below {1 / max(1, population):.3g}")
+    m = clients_per_round(fed, population)
     release = method.release(dimension=objective.dimension,
                              noised_parameters=objective.parameter_names(),
                              clients_per_round=m,
@@ -54,6 +61,10 @@ def train_federated_run(config: RunConfig, model: Recommender, clients: ClientDa
         if on_checkpoint is not None:
             on_checkpoint(state, release)
 
+    if fed.engine == "flower" and method.is_central:
+        raise ConfigError("dp-fedavg (central DP) runs on the simulator only for now: on "
+                          "Flower the server's noise on the sum and secure aggregation are "
+                          "not wired yet; use --engine simulator")
     if fed.engine == "flower":
         from privaterec.fed.flower import train_with_flower
         return train_with_flower(config, objective, clients, method, strategy,

@@ -21,6 +21,8 @@ import torch
 from privaterec.config import FedConfig, RunConfig, replace
 from privaterec.errors import ConfigError
 from privaterec.privacy.calibration import fednewsrec_coordinate_epsilon
+from privaterec.privacy.central import (calibrate_noise_multiplier, central_epsilon,
+                                        central_round_event)
 from privaterec.privacy.dpa import dpa_noise
 from privaterec.privacy.labels import candidate_set_event, label_event
 from privaterec.privacy.ledger import PrivacyEvent, adjacency_view, basic_composition
@@ -29,6 +31,8 @@ from privaterec.privacy.mechanisms import (clip_elementwise, clip_l1, clip_l2,
                                            laplace_mechanism, laplace_noise)
 from privaterec.privacy.randomness import as_source, is_secure
 
+# DP-FedAvg's clip norm C of a client's update (central DP, issue 15); see BENCHMARKS.md.
+DP_FEDAVG_CLIP = 0.1
 # Defaults a method gives to the FedConfig fields left at None.
 # FedAdam's τ: 1e-6 for raw updates (fedrec; smaller τ turns rounding-level coordinates into
 # full steps); 1e-10 for dp-fedrec, whose L1-clipped updates are ~θ/D ≈ 5e-8 per coordinate
@@ -41,6 +45,8 @@ METHOD_DEFAULTS: dict[str, dict[str, Any]] = {
                   "adam_tau": 1e-10},
     "privaterec": {"strategy": "fedadam", "client_fraction": 0.02, "adam_tau": 1e-6,
                    "padding_p": 0.5},
+    "dp-fedavg": {"strategy": "fedadam", "client_fraction": 0.02, "clip": DP_FEDAVG_CLIP,
+                  "adam_tau": 1e-6, "target_delta": 1e-5},
 }
 # PrivateRec strict mode's clip bound C of the history-path gradient (DESIGN §4 erratum 4).
 # Its signal-to-noise ratio, C against Laplace noise of L1 norm 2CD/ε, does not depend on C,
@@ -70,6 +76,16 @@ def resolve_run_config(config: RunConfig) -> RunConfig:
     changes = {k: v for k, v in METHOD_DEFAULTS[method].items() if getattr(fed, k) is None}
     if fed.server_lr is None:
         changes["server_lr"] = STRATEGY_LR[changes.get("strategy", fed.strategy)]
+    central = ("noise_multiplier", "target_epsilon", "target_delta")
+    if method != "dp-fedavg" and any(getattr(fed, k) is not None for k in central):
+        raise ConfigError(f"'fed.noise_multiplier', 'fed.target_epsilon' and "
+                          f"'fed.target_delta' apply to dp-fedavg (central DP) only, not "
+                          f"{method}")
+    if method == "dp-fedavg":
+        changes.update(_resolve_central(fed, changes))
+        # The report composes at the guarantee's own delta.
+        changes["report_delta"] = (fed.target_delta if fed.target_delta is not None
+                                   else changes["target_delta"])
     if method != "fednewsrec" and fed.noise_scale is not None:
         raise ConfigError(f"'fed.noise_scale' applies to fednewsrec only; {method} "
                           f"calibrates its noise from epsilon_train")
@@ -90,6 +106,38 @@ def resolve_run_config(config: RunConfig) -> RunConfig:
     elif fed.padding_p is not None:
         raise ConfigError(f"'fed.padding_p' applies to privaterec only, not {method}")
     return replace(config, model=model, fed=replace(fed, **changes))
+
+
+def _resolve_central(fed: FedConfig, changes: dict[str, Any]) -> dict[str, Any]:
+    """DP-FedAvg's settings: z from ``target_epsilon`` (or as given), q = client_fraction."""
+    if fed.clients_per_round is not None:
+        raise ConfigError("dp-fedavg samples every user independently with probability "
+                          "'fed.client_fraction' (Poisson sampling, which the accounting "
+                          "assumes); 'fed.clients_per_round' does not apply")
+    if fed.noise_multiplier is None and fed.target_epsilon is None:
+        raise ConfigError("dp-fedavg needs 'fed.target_epsilon' (the user-level epsilon of the "
+                          "whole run; CLI --target-epsilon) or 'fed.noise_multiplier' (z; CLI "
+                          "--noise-multiplier)")
+    if fed.epsilon_train != math.inf or fed.noise_scale is not None:
+        raise ConfigError("dp-fedavg's noise follows from --target-epsilon or "
+                          "--noise-multiplier; 'fed.epsilon_train' and 'fed.noise_scale' do "
+                          "not apply")
+    out: dict[str, Any] = {}
+    q = fed.client_fraction if fed.client_fraction is not None else changes["client_fraction"]
+    delta = fed.target_delta if fed.target_delta is not None else changes["target_delta"]
+    if fed.noise_multiplier is None:
+        assert fed.target_epsilon is not None
+        out["noise_multiplier"] = calibrate_noise_multiplier(
+            target_epsilon=fed.target_epsilon, sampling_rate=q, rounds=fed.rounds, delta=delta)
+    elif fed.target_epsilon is not None:  # both given (e.g. a resolved config.yaml): check
+        reached = central_epsilon(noise_multiplier=fed.noise_multiplier, sampling_rate=q,
+                                  rounds=fed.rounds, delta=delta)
+        if reached > fed.target_epsilon * (1 + 1e-6):
+            raise ConfigError(f"'fed.noise_multiplier' {fed.noise_multiplier} gives a user-level "
+                              f"epsilon of {reached:.4g} over {fed.rounds} rounds at q = {q}, "
+                              f"delta = {delta}, above 'fed.target_epsilon' "
+                              f"{fed.target_epsilon}: give only one of the two")
+    return out
 
 
 @dataclass(frozen=True)
@@ -120,6 +168,9 @@ class ClientMethod:
     privacy_mode: str = "paper"
     sensitivity_mode: str = "true"
     history_budget: float = 0.5
+    noise_multiplier: float | None = None
+    sampling_rate: float | None = None
+    rounds: int = 1
 
     @classmethod
     def from_config(cls, config: RunConfig) -> "ClientMethod":
@@ -150,11 +201,30 @@ class ClientMethod:
                        privacy_mode=fed.privacy_mode,
                        sensitivity_mode=fed.sensitivity_mode,
                        history_budget=fed.history_budget)
+        if name == "dp-fedavg":
+            assert fed.noise_multiplier is not None and fed.client_fraction is not None
+            return cls(**common, clipping="l2", clip=fed.clip, noise="none",
+                       delta=float(fed.target_delta or 0.0),
+                       noise_multiplier=fed.noise_multiplier,
+                       sampling_rate=fed.client_fraction, rounds=fed.rounds)
         raise ConfigError(f"method {name!r} is not a federated method")
 
     @property
     def is_privaterec(self) -> bool:
         return self.name == "privaterec"
+
+    @property
+    def is_central(self) -> bool:
+        """Central DP (DP-FedAvg): clients clip, the aggregator noises the sum once."""
+        return self.noise_multiplier is not None
+
+    def central_event(self) -> PrivacyEvent:
+        """The ledger event of one central-DP round, recorded for every user."""
+        assert self.noise_multiplier is not None and self.sampling_rate is not None
+        assert self.clip is not None
+        return central_round_event(noise_multiplier=self.noise_multiplier,
+                                   sampling_rate=self.sampling_rate, clip=self.clip,
+                                   delta=self.delta)
 
     @property
     def sends_metadata(self) -> bool:
@@ -198,15 +268,23 @@ class ClientMethod:
                 (self.epsilon * f, self.delta * f))
 
     def events(self, dimension: int) -> tuple[PrivacyEvent, ...]:
-        """All events of one client's round (PrivateRec: DPA [+ history gradient])."""
+        """All events of one client's round (PrivateRec: DPA [+ history gradient]).
+
+        Central DP: none per client (its clipped update goes to the trusted aggregator); the
+        round's release is :meth:`central_event`, recorded for the whole population.
+        """
         if self.is_privaterec:
             return privaterec_train_events(self, dimension=dimension)
+        if self.is_central:
+            return ()
         return (self.event(dimension),)
 
     def round_epsilon(self, dimension: int, adjacency: str) -> tuple[float, float]:
         """(ε, δ) of one client's round under ``adjacency`` by basic composition (the
         ledger composes the run more tightly)."""
-        events = [(e, 1) for e in self.events(dimension)]
+        round_events = self.events(dimension) + ((self.central_event(),) if self.is_central
+                                                 else ())
+        events = [(e, 1) for e in round_events]
         pairs = [basic_composition(g) for g in adjacency_view(events, adjacency)]  # type: ignore[arg-type]
         return max(p[0] for p in pairs), max(p[1] for p in pairs)
 
@@ -223,6 +301,8 @@ class ClientMethod:
 
     def _release(self, *, dimension: int, noised_parameters: Sequence[str],
                  clients_per_round: int, client_fraction: float) -> dict[str, Any]:
+        if self.is_central:
+            return self._central_release(dimension=dimension, parameters=noised_parameters)
         if self.is_privaterec:
             return self._privaterec_release(dimension=dimension,
                                             parameters=noised_parameters,
@@ -240,6 +320,32 @@ class ClientMethod:
         key = "sensitivity_l2" if self.noise == "gaussian" else "sensitivity_l1"
         out[key] = event.sensitivity
         return out
+
+    def _central_release(self, *, dimension: int, parameters: Sequence[str]) -> dict[str, Any]:
+        assert self.noise_multiplier is not None and self.sampling_rate is not None
+        event = self.central_event()
+        totals = {acc: central_epsilon(noise_multiplier=self.noise_multiplier,
+                                       sampling_rate=self.sampling_rate, rounds=self.rounds,
+                                       delta=self.delta, accountant=acc)
+                  for acc in ("pld", "rdp")}
+        return {
+            "method": self.name, "mechanism": "gaussian",
+            "aggregation": "noise added once to the sum of the sampled clients' clipped "
+                           "updates (central DP), divided by the expected count qN",
+            "clipping": "l2 (each client)", "clip_bound": self.clip,
+            "noise_scale": event.noise_scale, "sensitivity_l2": self.clip,
+            "dimension": dimension, "epsilon_per_round": event.epsilon,
+            "delta_per_round": event.delta, "coordinate_epsilon": None,
+            "noised_parameters": list(parameters),
+            "central": {"noise_multiplier": self.noise_multiplier,
+                        "sampling_rate": self.sampling_rate, "rounds": self.rounds,
+                        "delta": self.delta, "epsilon_run_pld": totals["pld"],
+                        "epsilon_run_rdp": totals["rdp"],
+                        "adjacency": "user level: one user's data added or removed",
+                        "sampling": "Poisson: every user joins a round with probability q",
+                        "trust": "the server adds the noise and sees the clipped updates "
+                                 "(no secure aggregation in this engine yet)"},
+        }
 
     def _privaterec_release(self, *, dimension: int, parameters: Sequence[str],
                             clients_per_round: int, client_fraction: float) -> dict[str, Any]:
@@ -442,6 +548,11 @@ def privatize(updates: torch.Tensor, method: ClientMethod,
                                        dtype=clipped.dtype), event
     clip = clip_l1 if method.clipping == "l1" else clip_l2
     clipped = clip(updates, method.clip, dim=-1)
+    if method.noise == "none":  # central DP: the aggregator adds the noise to the sum
+        return clipped, PrivacyEvent(mechanism="none", epsilon=math.inf, phase="train",
+                                     dimension=dimension,
+                                     note=f"{method.name}: update clipped to L2 norm "
+                                          f"{method.clip}, noised centrally")
     sensitivity = 2.0 * method.clip
     note = (f"DP-FedRec: {method.clipping.upper()} clip to {method.clip}, "
             f"sensitivity 2*theta per client update")

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-_SERVER, _CLIENT = 0, 1
+_SERVER, _CLIENT, _CENTRAL_NOISE = 0, 1, 2
 
 
 def _derived_seed(*words: int) -> int:
@@ -32,3 +32,9 @@ def round_generator(seed: int, round_index: int) -> torch.Generator:
 def client_generator(seed: int, round_index: int, client: int) -> torch.Generator:
     """Client ``client``'s generator in round ``round_index`` (samples, negatives, noise)."""
     return torch.Generator().manual_seed(_derived_seed(seed, _CLIENT, round_index, client))
+
+
+def central_noise_generator(seed: int, round_index: int) -> torch.Generator:
+    """The aggregator's generator of round ``round_index`` in a simulated central-DP run (the
+    noise on the sum). Simulation only: a deployed aggregator draws from the OS CSPRNG."""
+    return torch.Generator().manual_seed(_derived_seed(seed, _CENTRAL_NOISE, round_index))

@@ -30,9 +30,10 @@ from privaterec.errors import TrainingDivergedError
 from privaterec.fed.client import client_inputs, client_update
 from privaterec.fed.methods import ClientMethod, privatize, privatize_history
 from privaterec.fed.objective import ClientBatch, LocalObjective
-from privaterec.fed.rng import client_generator, round_generator
+from privaterec.fed.rng import central_noise_generator, client_generator, round_generator
 from privaterec.fed.strategies import State, Strategy, aggregate, weighted_mean
 from privaterec.privacy.ledger import PrivacyEvent, PrivacyLedger
+from privaterec.privacy.mechanisms import gaussian_noise
 from privaterec.training.checkpoint import load_checkpoint, save_checkpoint
 from privaterec.training.determinism import deterministic_algorithms, flush_denormals
 
@@ -50,6 +51,9 @@ class RoundResult:
     num_examples: list[int] | None
     losses: list[float] | None
     events: list[tuple[PrivacyEvent, ...]]
+    population_events: tuple[PrivacyEvent, ...] = ()
+    """Central DP: the round's release, recorded for every user of the population (Poisson
+    sampling amplifies for everyone, sampled or not)."""
 
 
 RoundFn = Callable[[torch.Tensor, list[int], int], RoundResult]
@@ -67,6 +71,15 @@ def clients_per_round(fed: FedConfig, num_eligible: int) -> int:
         return min(fed.clients_per_round, num_eligible)
     assert fed.client_fraction is not None, "resolve the FedConfig first"
     return max(1, min(num_eligible, round(fed.client_fraction * num_eligible)))
+
+
+def poisson_round(eligible: torch.Tensor, q: float, *, seed: int,
+                  round_index: int) -> list[int]:
+    """Each eligible user independently with probability q (DP-FedAvg's Poisson sampling,
+    seeded by (seed, round)); the number of clients varies from round to round."""
+    u = torch.rand(len(eligible), generator=round_generator(seed, round_index),
+                   dtype=torch.float64)
+    return sorted(int(x) for x in eligible[u < q])
 
 
 def sample_round(eligible: torch.Tensor, m: int, *, seed: int, round_index: int) -> list[int]:
@@ -88,6 +101,10 @@ def simulate_round(objective: LocalObjective, params: torch.Tensor, clients: Cli
     method: what clients do. seed, round_index: select the clients' generators.
     chunk_clients: clients per ``vmap`` chunk (memory bound).
     """
+    if method.is_central:
+        return central_round(objective, params, clients, selected, method, seed=seed,
+                             round_index=round_index, chunk_clients=chunk_clients,
+                             population=len(eligible_clients(clients)))
     generators = [client_generator(seed, round_index, u) for u in selected]
     # Each client's own random draws (steps 1-5 of client_update), then batched compute.
     inputs = [client_inputs(clients.client(u), method, basis_size=objective.basis_size,
@@ -120,6 +137,48 @@ def simulate_round(objective: LocalObjective, params: torch.Tensor, clients: Cli
         direction = weighted_mean(released, weights)
         losses = [float(x) for x in loss_t]
     return RoundResult(direction, counts.tolist(), losses, [events] * len(selected))
+
+
+def central_round(objective: LocalObjective, params: torch.Tensor, clients: ClientDataset,
+                  selected: Sequence[int], method: ClientMethod, *, seed: int,
+                  round_index: int, chunk_clients: int = 16,
+                  population: int) -> RoundResult:
+    """One DP-FedAvg round (McMahan et al. 2018): (Σ clip(Δ_u, C) + N(0, z²C²I)) / (qN).
+
+    Each sampled client computes its update (gradient, or FedAvg pseudo-gradient) and clips it
+    to L2 norm C (:func:`privatize` with no local noise); the aggregator adds Gaussian noise
+    of standard deviation z·C once to the sum and divides by the expected number of clients
+    qN (a fixed denominator, so the noise calibration holds whatever the sampled count).
+    The noise here is the simulation's seeded draw (:func:`central_noise_generator`).
+    """
+    assert method.noise_multiplier is not None and method.sampling_rate is not None
+    assert method.clip is not None
+    dimension = objective.dimension
+    total = torch.zeros(dimension)
+    counts: list[int] = []
+    losses: list[float] = []
+    if selected:
+        generators = [client_generator(seed, round_index, u) for u in selected]
+        inputs = [client_inputs(clients.client(u), method, basis_size=objective.basis_size,
+                                generator=g) for u, g in zip(selected, generators)]
+        batch = ClientBatch.stack([x.history for x in inputs], [x.history_mask for x in inputs],
+                                  [x.candidates for x in inputs])
+        if method.local_steps == 1:
+            updates, loss_t = objective.client_gradients(params, batch,
+                                                         chunk_clients=chunk_clients)
+        else:
+            updates, loss_t = objective.local_deltas(params, batch, steps=method.local_steps,
+                                                     lr=method.local_lr,
+                                                     chunk_clients=chunk_clients)
+        clipped, _ = privatize(updates, method, generators)
+        total = clipped.sum(0)
+        counts = [int(x.candidates.shape[0]) for x in inputs]
+        losses = [float(x) for x in loss_t]
+    noise = gaussian_noise((dimension,), sigma=method.noise_multiplier * method.clip,
+                           generator=central_noise_generator(seed, round_index))
+    direction = (total + noise) / (method.sampling_rate * population)
+    return RoundResult(direction, counts, losses, [()] * len(selected),
+                       population_events=(method.central_event(),))
 
 
 def sequential_round(objective: LocalObjective, params: torch.Tensor, clients: ClientDataset,
@@ -229,7 +288,11 @@ def _train(objective: LocalObjective, clients: ClientDataset, fed: FedConfig,
                desc=f"{method.name} rounds", unit="round", leave=False)
     while state.round_index < fed.rounds:
         t = state.round_index
-        selected = sample_round(eligible, m, seed=seed, round_index=t)
+        if method.is_central:
+            assert method.sampling_rate is not None
+            selected = poisson_round(eligible, method.sampling_rate, seed=seed, round_index=t)
+        else:
+            selected = sample_round(eligible, m, seed=seed, round_index=t)
         result = round_fn(state.params, selected, t)
         params, strategy_state = strategy.step(state.params, state.strategy_state,
                                                result.direction)
@@ -247,6 +310,8 @@ def _train(objective: LocalObjective, clients: ClientDataset, fed: FedConfig,
                 by_event.setdefault(event, []).append(clients.user_ids[u])
         for event, users in by_event.items():
             state.ledger.record_many(users, event)
+        for event in result.population_events:
+            state.ledger.record_many([clients.user_ids[int(u)] for u in eligible], event)
         entry: dict[str, Any] = {"round": t + 1, "clients": len(selected)}
         if result.num_examples is not None and result.losses is not None:
             n = sum(result.num_examples)

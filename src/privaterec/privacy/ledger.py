@@ -141,6 +141,12 @@ class PrivacyEvent:
         The (ε, δ) of this release for **user-level** adjacency (the user's whole data
         replaced); ``None``: the same as ``epsilon``/``delta`` (the mechanism's sensitivity
         already covers any change of the data it reads, e.g. a clipped update).
+    sampling_rate:
+        Central DP (DP-FedAvg): the Poisson sampling rate q of a ``"gaussian"`` release on
+        the sum of the sampled users' clipped updates; the accountants compose it as the
+        Poisson-subsampled Gaussian (adjacency: one user's data added or removed), and
+        ``epsilon``/``delta`` are one round's guarantee at the run's target δ (used by basic
+        composition only).
 
     Adjacency. ``epsilon``/``delta`` are the guarantee for **one click**: one history click
     substituted at its position, or the clicks of one impression changed (the news displayed
@@ -164,6 +170,7 @@ class PrivacyEvent:
     data: DataPart = "all"
     epsilon_user: float | None = None
     delta_user: float | None = None
+    sampling_rate: float | None = None
 
     def __post_init__(self) -> None:
         if not (isinstance(self.mechanism, str) and self.mechanism):
@@ -202,6 +209,12 @@ class PrivacyEvent:
                 object.__setattr__(self, name, float(getattr(self, name)))
         object.__setattr__(self, "dimension", int(self.dimension))
         object.__setattr__(self, "valid", bool(self.valid))
+        if self.sampling_rate is not None:
+            if not (isinstance(self.sampling_rate, numbers.Real) and 0 < self.sampling_rate <= 1
+                    and self.mechanism == "gaussian" and self.padding_p == 0):
+                _fail("sampling_rate", self.sampling_rate, "None, or q in (0, 1] on an "
+                      "unpadded 'gaussian' event")
+            object.__setattr__(self, "sampling_rate", float(self.sampling_rate))
         if self.mechanism in NOISE_MECHANISMS:
             self._check_noise_fields()
         if self.padding_p > 0 and self.epsilon_user is None and math.isfinite(self.epsilon):
@@ -270,6 +283,10 @@ class PrivacyEvent:
             return dp_event.NoOpDpEvent()
         if self.padding_p == 0 and self.mechanism == "laplace":
             return dp_event.LaplaceDpEvent(noise_multiplier=self.noise_multiplier)
+        if self.sampling_rate is not None:
+            return dp_event.PoissonSampledDpEvent(
+                sampling_probability=self.sampling_rate,
+                event=dp_event.GaussianDpEvent(noise_multiplier=self.noise_multiplier))
         if self.padding_p == 0 and self.mechanism == "gaussian":
             return dp_event.GaussianDpEvent(noise_multiplier=self.noise_multiplier)
         if self.delta == 0:
@@ -292,7 +309,7 @@ class PrivacyEvent:
             raise CheckpointError(f"privacy event has unknown fields {sorted(unknown)}; "
                                   f"expected a subset of {sorted(names)}")
         float_fields = ("epsilon", "delta", "noise_scale", "sensitivity", "padding_p",
-                        "coordinate_epsilon", "epsilon_user", "delta_user")
+                        "coordinate_epsilon", "epsilon_user", "delta_user", "sampling_rate")
         values = {k: _decode_float(v) if k in float_fields and v is not None else v
                   for k, v in data.items()}
         return cls(**values)
@@ -355,6 +372,11 @@ def _pld_of(event: PrivacyEvent, count: int,
     if isinstance(dp, dp_event.LaplaceDpEvent):
         return pld_lib.from_laplace_mechanism(
             dp.noise_multiplier, value_discretization_interval=interval).self_compose(count)
+    if isinstance(dp, dp_event.PoissonSampledDpEvent):
+        assert isinstance(dp.event, dp_event.GaussianDpEvent)
+        return pld_lib.from_gaussian_mechanism(
+            dp.event.noise_multiplier, sampling_prob=dp.sampling_probability,
+            value_discretization_interval=interval).self_compose(count)
     if isinstance(dp, dp_event.GaussianDpEvent):
         # k Gaussian releases with multiplier s compose exactly to one with s/√k.
         return pld_lib.from_gaussian_mechanism(
