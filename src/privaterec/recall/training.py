@@ -680,9 +680,12 @@ def train_recall(model: UniFedRecRecall, news_vectors: Tensor, clients: ClientDa
 
 @dataclass(frozen=True)
 class _RecallClients:
-    """What the federated loop needs to know of the recall clients' method: its name."""
+    """What the federated loop needs to know of the recall clients' method: its name, and
+    that its clients are sampled per round (no central DP)."""
 
     name: str = "unifedrec"
+    is_central: bool = False
+    sampling_rate: float | None = None
 
 
 _RECALL_METHOD = _RecallClients()
