@@ -126,17 +126,21 @@ def simulate_round(objective: LocalObjective, params: torch.Tensor, clients: Cli
         direction = weighted_mean(split[:, 0] + noised, weights)
         losses = [float(x) for x in loss_t]
     else:
-        if method.local_steps == 1:
-            updates, loss_t = objective.client_gradients(params, batch,
-                                                         chunk_clients=chunk_clients)
-        else:
-            updates, loss_t = objective.local_deltas(params, batch, steps=method.local_steps,
-                                                     lr=method.local_lr,
-                                                     chunk_clients=chunk_clients)
+        updates, loss_t = _client_updates(objective, params, batch, method, chunk_clients)
         released, _ = privatize(updates, method, generators)
         direction = weighted_mean(released, weights)
         losses = [float(x) for x in loss_t]
     return RoundResult(direction, counts.tolist(), losses, [events] * len(selected))
+
+
+def _client_updates(objective: LocalObjective, params: torch.Tensor, batch: ClientBatch,
+                    method: ClientMethod, chunk_clients: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-client updates ``[m, D]`` (gradients, or FedAvg pseudo-gradients when
+    ``local_steps`` > 1) and losses ``[m]`` of a batch of clients."""
+    if method.local_steps == 1:
+        return objective.client_gradients(params, batch, chunk_clients=chunk_clients)
+    return objective.local_deltas(params, batch, steps=method.local_steps, lr=method.local_lr,
+                                  chunk_clients=chunk_clients)
 
 
 def central_round(objective: LocalObjective, params: torch.Tensor, clients: ClientDataset,
@@ -163,13 +167,7 @@ def central_round(objective: LocalObjective, params: torch.Tensor, clients: Clie
                                 generator=g) for u, g in zip(selected, generators)]
         batch = ClientBatch.stack([x.history for x in inputs], [x.history_mask for x in inputs],
                                   [x.candidates for x in inputs])
-        if method.local_steps == 1:
-            updates, loss_t = objective.client_gradients(params, batch,
-                                                         chunk_clients=chunk_clients)
-        else:
-            updates, loss_t = objective.local_deltas(params, batch, steps=method.local_steps,
-                                                     lr=method.local_lr,
-                                                     chunk_clients=chunk_clients)
+        updates, loss_t = _client_updates(objective, params, batch, method, chunk_clients)
         clipped, _ = privatize(updates, method, generators)
         total = clipped.sum(0)
         counts = [int(x.candidates.shape[0]) for x in inputs]
