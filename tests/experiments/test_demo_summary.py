@@ -94,6 +94,15 @@ def test_below_chance_rows_are_not_called_noise():
     assert "rank backwards" not in text
 
 
+def test_noised_rows_below_chance_are_explained_as_noise():
+    """Issue 17: dp-fedrec below 0.5 deserves a word (noise, not anti-learning)."""
+    rows = [DemoRow("dp-fedrec eps_t=10 / nrms", 0.48, 0.1, 0.1, 0.1, 10.0, None, None, 150.0)]
+    text = "\n".join(demo_conclusion(rows, [], FACTS))
+    assert "Below the chance band: dp-fedrec eps_t=10 / nrms 0.4800. Their uploads" in text
+    assert "not a model that learned to rank backwards" in text
+    assert "please report" not in text
+
+
 def test_printed_output_round_trips():
     rows, recall, facts, conclusion = parse_demo_output(_printed(_rows(), _recall(), FACTS))
     assert [r.name for r in rows] == [r.name for r in _rows()]

@@ -259,9 +259,18 @@ def demo_conclusion(rows: Sequence[DemoRow], recall: Sequence[RecallRow],
         if any(r.auc < CHANCE_AUC for r in near):
             lines.append("  An AUC just below 0.5 is that noise (it lies inside the band), not "
                          "a model that learned to rank backwards.")
-    if below:
-        lines.append(f"- Below the chance band: {_names(below)} (not explained by noise; "
-                     f"please report it).")
+    noised_below = [r for r in below if not math.isinf(r.epsilon_round)]
+    if noised_below:
+        lines.append(f"- Below the chance band: {_names(noised_below)}. Their uploads are "
+                     f"mostly noise, so the trained model is a fixed random scorer; unlike "
+                     f"independent random scores (what the band assumes), its scores are "
+                     f"correlated across impressions (the same news recur), so it can land "
+                     f"outside the band on either side. That is noise, not a model that "
+                     f"learned to rank backwards.")
+    plain_below = [r for r in below if math.isinf(r.epsilon_round)]
+    if plain_below:
+        lines.append(f"- Below the chance band: {_names(plain_below)} (no noise, so not "
+                     f"explained by noise; please report it).")
     for r in served:
         base_name = r.name.split(" → ")[0]
         base = next((b for b in trained if b.name == base_name), None)
