@@ -51,3 +51,14 @@ def tiny_split() -> MindSplit:
     behaviors = [Impression(i, u, t0 + timedelta(hours=h), hist, cands, labels)
                  for i, u, h, hist, cands, labels in rows]
     return MindSplit(news=news, behaviors=behaviors)
+
+
+@pytest.fixture
+def one_thread():
+    """One intra-op thread: on two cores shared with other jobs, two threads make tiny
+    kernels up to 100x slower (spinning workers); results do not depend on it. Modules of
+    tiny models use it for every test (``pytestmark = pytest.mark.usefixtures(...)``)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -45,13 +45,8 @@ class FedData:
 
 
 @pytest.fixture(autouse=True)
-def one_thread():
-    """One intra-op thread: on two cores shared with other jobs, two threads make these
-    tiny kernels up to 100x slower (spinning workers); results do not depend on it."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+def _fed_tests_on_one_thread(one_thread: None) -> None:
+    """Every federated test runs on one intra-op thread (tests/conftest.py: one_thread)."""
 
 
 @pytest.fixture(scope="session")

@@ -29,12 +29,7 @@ from privaterec.privacy.ledger import PrivacyEvent
 RUNS = 160  # per neighbour: 80 test runs, bound ceiling ln(80/3.7) = 3.05
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")

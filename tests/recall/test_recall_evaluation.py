@@ -20,12 +20,7 @@ from privaterec.recall.model import UniFedRecRecall
 T0 = datetime(2019, 11, 15, 9, 0, 0)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def table(n: int) -> NewsFeatures:

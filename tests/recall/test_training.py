@@ -25,12 +25,7 @@ from privaterec.recall.training import (RecallObjective, RecallTrainConfig, enco
 D, M, B, H = 8, 3, 6, 5
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def make_model(**kwargs) -> UniFedRecRecall:
