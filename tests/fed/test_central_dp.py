@@ -103,3 +103,16 @@ def test_training_accounts_every_user_of_the_population(fed_data, clients, make_
     with pytest.raises(ConfigError, match="simulator"):
         train_federated_run(replace(config, fed=replace(config.fed, engine="flower")),
                             make_model("nrms", seed=0), clients, progress=False)
+
+
+def test_a_refused_central_run_creates_no_run_directory(tmp_path, fed_data):
+    """Issue 17's rule for dp-fedavg: a delta >= 1/N is refused before the run exists."""
+    from privaterec.data.mind import write_dataset
+    from privaterec.training.pipeline import train_run
+    data = tmp_path / "data"
+    write_dataset(data, fed_data.dataset)
+    config = RunConfig(data=str(data), train=TrainConfig(method="dp-fedavg"),
+                       fed=FedConfig(rounds=1, noise_multiplier=1.0, target_delta=0.5))
+    with pytest.raises(ConfigError, match="1/N"):
+        train_run(config, tmp_path / "run", progress=False)
+    assert not (tmp_path / "run").exists()

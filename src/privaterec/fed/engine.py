@@ -23,6 +23,31 @@ from privaterec.models.recommender import Recommender
 CheckpointCallback = Callable[[FederatedState, dict[str, Any]], None]
 
 
+def check_run(config: RunConfig, clients: ClientDataset) -> None:
+    """Refuse a federated run whose settings cannot hold for these training users, before
+    anything is trained or written (central DP: δ must be below 1/N; simulator only).
+
+    Raises
+    ------
+    ConfigError
+        Naming the setting and what to pass instead.
+    """
+    config = resolve_run_config(config)
+    method = ClientMethod.from_config(config)
+    if not method.is_central:
+        return
+    if config.fed.engine == "flower":
+        raise ConfigError("dp-fedavg (central DP) runs on the simulator only for now: on "
+                          "Flower the server's noise on the sum and secure aggregation are "
+                          "not wired yet; use --engine simulator")
+    population = len(eligible_clients(clients))
+    if not method.delta < 1 / max(1, population):
+        raise ConfigError(f"dp-fedavg's 'fed.target_delta' = {method.delta:g} is not below "
+                          f"1/N = {1 / max(1, population):.3g} for N = {population} training "
+                          f"users: a delta that large allows releasing a user's data "
+                          f"outright; pass --target-delta below {1 / max(1, population):.3g}")
+
+
 def train_federated_run(config: RunConfig, model: Recommender, clients: ClientDataset, *,
                         checkpoint_path: str | Path | None = None, progress: bool = True,
                         on_evaluate: RoundCallback | None = None,
@@ -45,13 +70,8 @@ def train_federated_run(config: RunConfig, model: Recommender, clients: ClientDa
     method = ClientMethod.from_config(config)
     strategy = with_pretrained_lr(build_strategy(fed), objective.pretrained_mask(),
                                   config.train.plm_lr)
-    population = len(eligible_clients(clients))
-    if method.is_central and not method.delta < 1 / max(1, population):
-        raise ConfigError(f"dp-fedavg's 'fed.target_delta' = {method.delta:g} is not below "
-                          f"1/N = {1 / max(1, population):.3g} for N = {population} training "
-                          f"users: a delta that large allows releasing a user's data "
-                          f"outright; pass --target-delta below {1 / max(1, population):.3g}")
-    m = clients_per_round(fed, population)
+    check_run(config, clients)
+    m = clients_per_round(fed, len(eligible_clients(clients)))
     release = method.release(dimension=objective.dimension,
                              noised_parameters=objective.parameter_names(),
                              clients_per_round=m,
@@ -61,10 +81,6 @@ def train_federated_run(config: RunConfig, model: Recommender, clients: ClientDa
         if on_checkpoint is not None:
             on_checkpoint(state, release)
 
-    if fed.engine == "flower" and method.is_central:
-        raise ConfigError("dp-fedavg (central DP) runs on the simulator only for now: on "
-                          "Flower the server's noise on the sum and secure aggregation are "
-                          "not wired yet; use --engine simulator")
     if fed.engine == "flower":
         from privaterec.fed.flower import train_with_flower
         return train_with_flower(config, objective, clients, method, strategy,

@@ -104,6 +104,9 @@ def _train_run(config: RunConfig, out: str | Path, *, drop_missing: bool, progre
     # load and validate the data before the run directory exists: a bad --data must not
     # leave behind a run that later retries are refused by
     prepared = prepare_data(config, drop_missing=drop_missing)
+    if config.train.method in FEDERATED_METHODS:
+        from privaterec.fed.engine import check_run
+        check_run(config, prepared.train_clients)  # e.g. central DP's delta < 1/N
     run.start(config)
     prepared.vocabs.save(run.vocab_path)
     test = prepared.dataset.test
