@@ -14,24 +14,35 @@ from privaterec.privacy.central import (calibrate_noise_multiplier, central_epsi
 from privaterec.privacy.ledger import PrivacyLedger, compose_events
 
 
+SIGMA_1 = 3.7306316348159374  # analytic Gaussian, (1, 1e-5) at sensitivity 1
+
+
 def test_unsampled_round_is_the_analytic_gaussian():
     """q = 1, T = 1 is the Gaussian mechanism: Balle & Wang (2018)'s analytic calibration
-    gives sigma = 3.7306 for (1, 1e-5) at sensitivity 1 (pinned in test_calibration)."""
-    eps = central_epsilon(noise_multiplier=3.7306316348159374, sampling_rate=1.0, rounds=1,
-                          delta=1e-5)
-    assert eps == pytest.approx(1.0, abs=2e-3)
+    gives sigma = 3.7306 for (1, 1e-5) at sensitivity 1 (pinned in test_calibration). Added
+    or removed, one user moves the sum by C; replaced, by 2C, so replacement needs 2 sigma."""
+    add_remove = central_epsilon(noise_multiplier=SIGMA_1, sampling_rate=1.0, rounds=1,
+                                 delta=1e-5, neighbours="add_remove")
+    assert add_remove == pytest.approx(1.0, abs=2e-3)
+    replace = central_epsilon(noise_multiplier=2 * SIGMA_1, sampling_rate=1.0, rounds=1,
+                              delta=1e-5)
+    assert replace == pytest.approx(1.0, abs=2e-3)
     # T Gaussian rounds with multiplier z compose exactly to one with z/sqrt(T).
-    eps4 = central_epsilon(noise_multiplier=2 * 3.7306316348159374, sampling_rate=1.0,
-                           rounds=4, delta=1e-5)
+    eps4 = central_epsilon(noise_multiplier=4 * SIGMA_1, sampling_rate=1.0, rounds=4,
+                           delta=1e-5)
     assert eps4 == pytest.approx(1.0, abs=2e-3)
 
 
 def test_sampling_amplifies_and_rdp_is_looser_than_pld():
     kw = dict(noise_multiplier=1.0, rounds=20, delta=1e-5)
-    pld = central_epsilon(sampling_rate=0.02, **kw)
-    rdp = central_epsilon(sampling_rate=0.02, accountant="rdp", **kw)
-    full = central_epsilon(sampling_rate=1.0, **kw)
+    pld = central_epsilon(sampling_rate=0.02, neighbours="add_remove", **kw)
+    rdp = central_epsilon(sampling_rate=0.02, accountant="rdp", neighbours="add_remove", **kw)
+    full = central_epsilon(sampling_rate=1.0, neighbours="add_remove", **kw)
     assert pld < rdp < full
+    # Replacement costs more than add/remove; RDP has no replacement bound to offer.
+    assert central_epsilon(sampling_rate=0.02, **kw) > pld
+    with pytest.raises(ConfigError, match="replacement"):
+        central_epsilon(sampling_rate=0.02, accountant="rdp", **kw)
     assert central_epsilon(noise_multiplier=2.0, sampling_rate=0.02, rounds=20,
                            delta=1e-5) < pld
 
@@ -62,10 +73,8 @@ def test_ledger_composes_the_round_event_as_the_accountant_does():
     assert event.sampling_rate == 0.05 and event.noise_scale == pytest.approx(0.1)
     direct = central_epsilon(noise_multiplier=1.0, sampling_rate=0.05, rounds=50, delta=1e-5)
     assert compose_events([(event, 50)], delta=1e-5) == pytest.approx(direct, rel=1e-3)
-    rdp = central_epsilon(noise_multiplier=1.0, sampling_rate=0.05, rounds=50, delta=1e-5,
-                          accountant="rdp")
-    assert compose_events([(event, 50)], delta=1e-5, composition="rdp") == pytest.approx(
-        rdp, rel=1e-6)
+    with pytest.raises(ConfigError, match="replacement"):  # RDP cannot: refused, not wrong
+        compose_events([(event, 50)], delta=1e-5, composition="rdp")
     ledger = PrivacyLedger()
     ledger.record_many(["a", "b"], event, count=50)
     restored = PrivacyLedger.from_dict(ledger.to_dict())

@@ -324,10 +324,12 @@ class ClientMethod:
     def _central_release(self, *, dimension: int, parameters: Sequence[str]) -> dict[str, Any]:
         assert self.noise_multiplier is not None and self.sampling_rate is not None
         event = self.central_event()
-        totals = {acc: central_epsilon(noise_multiplier=self.noise_multiplier,
-                                       sampling_rate=self.sampling_rate, rounds=self.rounds,
-                                       delta=self.delta, accountant=acc)
-                  for acc in ("pld", "rdp")}
+        def total(accountant: str, neighbours: str) -> float:
+            assert self.noise_multiplier is not None and self.sampling_rate is not None
+            return central_epsilon(noise_multiplier=self.noise_multiplier,
+                                   sampling_rate=self.sampling_rate, rounds=self.rounds,
+                                   delta=self.delta, accountant=accountant,
+                                   neighbours=neighbours)
         return {
             "method": self.name, "mechanism": "gaussian",
             "aggregation": "noise added once to the sum of the sampled clients' clipped "
@@ -339,9 +341,12 @@ class ClientMethod:
             "noised_parameters": list(parameters),
             "central": {"noise_multiplier": self.noise_multiplier,
                         "sampling_rate": self.sampling_rate, "rounds": self.rounds,
-                        "delta": self.delta, "epsilon_run_pld": totals["pld"],
-                        "epsilon_run_rdp": totals["rdp"],
-                        "adjacency": "user level: one user's data added or removed",
+                        "delta": self.delta,
+                        "epsilon_run_pld": total("pld", "replace"),
+                        "epsilon_run_pld_add_remove": total("pld", "add_remove"),
+                        "epsilon_run_rdp_add_remove": total("rdp", "add_remove"),
+                        "adjacency": "one user's data replaced (covers one click and one "
+                                     "user); add/remove values for comparison only",
                         "sampling": "Poisson: every user joins a round with probability q",
                         "trust": "the server adds the noise and sees the clipped updates "
                                  "(no secure aggregation in this engine yet)"},

@@ -8,10 +8,15 @@ Gaussian mechanism with noise multiplier z, and T rounds compose it T times. The
 accountants of ``dp_accounting`` compose it tightly: privacy loss distributions (PLD, the
 default) or Rényi DP (RDP, for comparison; Mironov, Talwar & Zhang 2019).
 
-Adjacency: **one user's data added or removed** (user level), the adjacency under which
-Poisson sampling amplifies; every user of the population gets the guarantee whether or not
-it was sampled. Trust model: the party that adds the noise (the server, or the clients
-jointly with distributed noise) sees the clipped updates or their sum.
+Adjacency: **one user's data replaced** (``REPLACE_ONE``: a sampled user's clipped update
+may change by up to 2C), the adjacency of every other total in the ledger, so one click or
+one user's whole data changed are both covered; every user of the population gets the
+guarantee whether or not it was sampled. The add/remove-one ε (the adjacency DP-FedAvg
+papers usually state) and RDP's add/remove bound are reported next to it for comparison
+only (``dp_accounting`` has no RDP bound for a Poisson-sampled Gaussian under replacement).
+The denominator qN uses the population size N, which is public (the number of enrolled
+users). Trust model: the party that adds the noise (the server, or the clients jointly with
+distributed noise) sees the clipped updates or their sum.
 """
 
 from __future__ import annotations
@@ -53,10 +58,15 @@ def _round_event(noise_multiplier: float, sampling_rate: float) -> dp_event.DpEv
     return dp_event.PoissonSampledDpEvent(sampling_probability=sampling_rate, event=gaussian)
 
 
+NEIGHBOURS = {"replace": NeighboringRelation.REPLACE_ONE,
+              "add_remove": NeighboringRelation.ADD_OR_REMOVE_ONE}
+
+
 @lru_cache(maxsize=256)
 def central_epsilon(*, noise_multiplier: float, sampling_rate: float, rounds: int,
                     delta: float, accountant: str = "pld",
-                    value_discretization_interval: float = 1e-4) -> float:
+                    value_discretization_interval: float = 1e-4,
+                    neighbours: str = "replace") -> float:
     """User-level ε after ``rounds`` rounds of DP-FedAvg at target ``delta``.
 
     Parameters
@@ -74,15 +84,25 @@ def central_epsilon(*, noise_multiplier: float, sampling_rate: float, rounds: in
         Results are cached (a pure function of its arguments).
     value_discretization_interval:
         PLD grid (pessimistic: a coarser grid gives a larger, still valid ε).
+    neighbours:
+        ``"replace"`` (one user's data replaced: the guarantee the ledger reports) or
+        ``"add_remove"`` (comparison only); RDP supports ``"add_remove"`` only.
     """
     _check(noise_multiplier=noise_multiplier, sampling_rate=sampling_rate, rounds=rounds,
            delta=delta)
+    if neighbours not in NEIGHBOURS:
+        raise ConfigError(f"invalid neighbours {neighbours!r}; expected one of "
+                          f"{tuple(NEIGHBOURS)}")
     event = dp_event.SelfComposedDpEvent(_round_event(noise_multiplier, sampling_rate), rounds)
     if accountant == "pld":
         acc = pld_privacy_accountant.PLDAccountant(
-            NeighboringRelation.ADD_OR_REMOVE_ONE,
+            NEIGHBOURS[neighbours],
             value_discretization_interval=value_discretization_interval)
     elif accountant == "rdp":
+        if neighbours != "add_remove":
+            raise ConfigError("the RDP accountant has no bound for a Poisson-sampled Gaussian "
+                              "under replacement; use accountant='pld' (or "
+                              "neighbours='add_remove' for a comparison)")
         acc = rdp_privacy_accountant.RdpAccountant(
             neighboring_relation=NeighboringRelation.ADD_OR_REMOVE_ONE)
     else:
@@ -101,10 +121,8 @@ def calibrate_noise_multiplier(*, target_epsilon: float, sampling_rate: float, r
                                tolerance: float = 5e-3) -> float:
     """The smallest z (to ``tolerance``, relative) whose T-round user-level ε ≤ the target.
 
-    Bisection on z (ε falls as z grows); the returned z satisfies the target under
-    ``accountant`` (it is the upper end of the final bracket). For PLD the bracket starts at
-    the RDP calibration, which is cheap and never below the PLD one (RDP's ε is an upper
-    bound of PLD's for the same z), so few PLD evaluations are needed.
+    Bisection on z (ε falls as z grows) under replace-one adjacency (PLD); the returned z
+    satisfies the target (it is the upper end of the final bracket).
 
     Raises
     ------
@@ -119,18 +137,15 @@ def calibrate_noise_multiplier(*, target_epsilon: float, sampling_rate: float, r
     def eps(z: float) -> float:
         # A 10x coarser PLD grid than the report's: pessimistic, so the z found also meets
         # the target on the report's finer grid.
+        # (RDP: add/remove only, for comparisons.)
         return central_epsilon(noise_multiplier=z, sampling_rate=sampling_rate, rounds=rounds,
                                delta=delta, accountant=accountant,
-                               value_discretization_interval=1e-3)
+                               value_discretization_interval=1e-3,
+                               neighbours="replace" if accountant == "pld" else "add_remove")
 
-    lo, hi = 0.0, 1.0
-    if accountant == "pld":
-        hi = calibrate_noise_multiplier(target_epsilon=target_epsilon,
-                                        sampling_rate=sampling_rate, rounds=rounds,
-                                        delta=delta, accountant="rdp", tolerance=tolerance)
-        lo = hi / 2
-        while lo > 1e-3 and eps(lo) <= target_epsilon:
-            lo, hi = lo / 2, lo
+    lo, hi = 0.5, 1.0
+    while lo > 1e-3 and eps(lo) <= target_epsilon:  # bracket from below
+        lo, hi = lo / 2, lo
     while eps(hi) > target_epsilon:
         lo, hi = hi, hi * 2
         if hi > 1e6:
@@ -162,9 +177,10 @@ def central_round_event(*, noise_multiplier: float, sampling_rate: float, clip: 
         sampling_rate=sampling_rate, data="all",
         note=note or (f"central DP (DP-FedAvg): Poisson sampling q = {sampling_rate:g}, "
                       f"updates clipped to L2 norm {clip:g}, Gaussian noise z = "
-                      f"{noise_multiplier:g} on the sum; user level (one user's data added "
-                      f"or removed); the noise adder sees the clipped updates or their sum"))
+                      f"{noise_multiplier:g} on the sum; one user's data replaced (covers one "
+                      f"click and one user); the noise adder sees the clipped updates or "
+                      f"their sum"))
 
 
-__all__ = ["ACCOUNTANTS", "calibrate_noise_multiplier", "central_epsilon",
+__all__ = ["ACCOUNTANTS", "NEIGHBOURS", "calibrate_noise_multiplier", "central_epsilon",
            "central_round_event"]

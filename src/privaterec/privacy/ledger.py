@@ -143,8 +143,8 @@ class PrivacyEvent:
         already covers any change of the data it reads, e.g. a clipped update).
     sampling_rate:
         Central DP (DP-FedAvg): the Poisson sampling rate q of a ``"gaussian"`` release on
-        the sum of the sampled users' clipped updates; the accountants compose it as the
-        Poisson-subsampled Gaussian (adjacency: one user's data added or removed), and
+        the sum of the sampled users' clipped updates; PLD composes it as the
+        Poisson-subsampled Gaussian under replacement of one user's data (RDP cannot), and
         ``epsilon``/``delta`` are one round's guarantee at the run's target δ (used by basic
         composition only).
 
@@ -374,9 +374,12 @@ def _pld_of(event: PrivacyEvent, count: int,
             dp.noise_multiplier, value_discretization_interval=interval).self_compose(count)
     if isinstance(dp, dp_event.PoissonSampledDpEvent):
         assert isinstance(dp.event, dp_event.GaussianDpEvent)
+        # Replace-one, the adjacency of every ledger total (a sampled user's clipped update
+        # may change by up to twice the clip).
         return pld_lib.from_gaussian_mechanism(
             dp.event.noise_multiplier, sampling_prob=dp.sampling_probability,
-            value_discretization_interval=interval).self_compose(count)
+            value_discretization_interval=interval,
+            neighboring_relation=NeighboringRelation.REPLACE_ONE).self_compose(count)
     if isinstance(dp, dp_event.GaussianDpEvent):
         # k Gaussian releases with multiplier s compose exactly to one with s/√k.
         return pld_lib.from_gaussian_mechanism(
@@ -398,6 +401,11 @@ def _rdp_curve(events: EventCounts, orders: np.ndarray) -> np.ndarray:
                 f"composition='rdp' cannot account the approximate-DP event {event.mechanism!r} "
                 f"(epsilon={event.epsilon}, delta={event.delta}, padding_p={event.padding_p}); "
                 f"use composition='pld' or 'basic'")
+        if isinstance(dp, dp_event.PoissonSampledDpEvent):
+            raise ConfigError(
+                "composition='rdp' has no bound for a Poisson-sampled Gaussian (central DP) "
+                "under replacement, the adjacency of the ledger's totals; use "
+                "composition='pld' or 'basic'")
         target = pure if isinstance(dp, dp_event.RandomizedResponseDpEvent) else additive
         target.compose(dp, count)
     return additive.rdp + pure.rdp
