@@ -68,3 +68,30 @@ def test_upload_depends_on_the_clicks_only_through_the_released_label(make_objec
     assert same >= 10
 
 
+
+
+def test_impressions_stay_whatever_their_clicks(fed_data, tiny_model_config):
+    """Review finding F2: an impression whose clicks are all removed (or that becomes all
+    clicked) must not vanish from the label release, or who takes part and how many
+    impressions a device releases would depend on the clicks."""
+    import dataclasses
+
+    from privaterec.data.clients import build_client_dataset
+    from privaterec.fed.simulator import eligible_clients
+
+    train = fed_data.dataset.train
+    target = next(i for i, imp in enumerate(train.behaviors) if imp.labels and sum(imp.labels))
+    base = build_client_dataset(train, fed_data.features, history_len=tiny_model_config.history_len)
+    for labels in ([0] * len(train.behaviors[target].labels),
+                   [1] * len(train.behaviors[target].labels)):
+        changed = dataclasses.replace(train, behaviors=[
+            dataclasses.replace(imp, labels=tuple(labels)) if i == target else imp
+            for i, imp in enumerate(train.behaviors)])
+        other = build_client_dataset(changed, fed_data.features,
+                                     history_len=tiny_model_config.history_len)
+        assert torch.equal(other.impressions_per_user(), base.impressions_per_user())
+        assert torch.equal(other.impression_rows, base.impression_rows)
+        assert torch.equal(eligible_clients(other, by_impressions=True),
+                           eligible_clients(base, by_impressions=True))
+        # The click-derived samples do change: they are what the old code released by.
+        assert not torch.equal(other.samples_per_user(), base.samples_per_user())

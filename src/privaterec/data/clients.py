@@ -40,9 +40,11 @@ class ClientDataset:
         impression that produced samples (padded with 0); impression_clicks: ``BoolTensor[I,
         C]`` which of them were clicked; impression_counts: ``LongTensor[I]``;
         impression_offsets: ``LongTensor[U + 1]``: impressions of user ``u`` are
-        ``impression_offsets[u]:impression_offsets[u+1]``. PrivateRec's label release draws
-        its candidates from whole impressions (:mod:`privaterec.privacy.labels`); ``None``
-        when the dataset was built by hand (each sample then counts as a one-click impression).
+        ``impression_offsets[u]:impression_offsets[u+1]``. Every labelled impression, whatever
+        its clicks (none or all included). PrivateRec's label release draws its candidates
+        from whole impressions (:mod:`privaterec.privacy.labels`); ``None`` when the dataset
+        was built by hand (each sample then counts as a one-click impression, and the label
+        guarantee does not hold: the number of releases follows the number of clicks).
     """
 
     user_ids: list[str]
@@ -71,6 +73,13 @@ class ClientDataset:
     def samples_per_user(self) -> torch.Tensor:
         """``LongTensor[U]``: number of training samples |B_u| of each client."""
         return self.offsets[1:] - self.offsets[:-1]
+
+    def impressions_per_user(self) -> torch.Tensor:
+        """``LongTensor[U]``: labelled impressions of each client (its samples when the
+        dataset was built without impressions)."""
+        if self.impression_offsets is None:
+            return self.samples_per_user()
+        return self.impression_offsets[1:] - self.impression_offsets[:-1]
 
     def draw_candidates(self, *, negatives: int, generator: torch.Generator,
                         samples: torch.Tensor | None = None) -> torch.Tensor:
@@ -210,6 +219,12 @@ def build_client_dataset(split: MindSplit, features: NewsFeatures, *,
             if imp.labels is None:
                 skipped["unlabelled_impressions"] += 1
                 continue
+            # Every labelled impression is kept for PrivateRec's label release, whatever its
+            # clicks (its "no click drawn" class covers none or all clicked): dropping one by
+            # its clicks would make what a device releases depend on them.
+            imp_user.append(u)
+            imp_rows.append(features.rows_of(list(imp.candidates)))
+            imp_clicks.append([y == 1 for y in imp.labels])
             clicked = [c for c, y in zip(imp.candidates, imp.labels) if y == 1]
             others = [c for c, y in zip(imp.candidates, imp.labels) if y == 0]
             if not clicked:
@@ -219,9 +234,6 @@ def build_client_dataset(split: MindSplit, features: NewsFeatures, *,
                 skipped["impressions_without_non_click"] += 1
                 continue
             other_rows = features.rows_of(others)
-            imp_user.append(u)
-            imp_rows.append(features.rows_of(list(imp.candidates)))
-            imp_clicks.append([y == 1 for y in imp.labels])
             for row in features.rows_of(clicked):
                 sample_user.append(u)
                 positives.append(row)

@@ -32,7 +32,8 @@ from privaterec.fed.objective import ClientBatch, LocalObjective
 from privaterec.privacy.dpa import dpa_noise, pad_history, padding_mask, permute_columns
 from privaterec.privacy.labels import release_labels
 from privaterec.privacy.ledger import PrivacyEvent
-from privaterec.privacy.randomness import Randomness, as_source, is_secure, randperm
+from privaterec.privacy.randomness import (Randomness, as_source, is_secure, randperm,
+                                          seeded_generator)
 
 
 @dataclass(frozen=True)
@@ -142,7 +143,7 @@ def client_inputs(data: ClientData, method: ClientMethod, *, basis_size: int,
         drawn, _ = dpa_noise((1, basis_size), epsilon=eps, delta=delta,
                              padding_p=method.padding_p, mechanism=method.noise,  # type: ignore[arg-type]
                              sensitivity=method.sensitivity_mode,  # type: ignore[arg-type]
-                             generator=generator)  # type: ignore[arg-type]
+                             generator=seeded_generator(generator))
         noise = drawn[0]
     size = method.label_candidates
     positions, released = release_labels(clicks, counts, size=size, epsilon=method.epsilon,
@@ -193,7 +194,10 @@ def client_update(objective: LocalObjective, params: torch.Tensor, data: ClientD
     ValueError
         If the client has no training sample.
     """
-    if data.num_samples == 0:
+    if method.is_privaterec:
+        if data.impressions()[0].shape[0] == 0:
+            raise ValueError(f"client {data.user_id!r} has no labelled impression")
+    elif data.num_samples == 0:
         raise ValueError(f"client {data.user_id!r} has no training sample")
     inputs = client_inputs(data, method, basis_size=objective.basis_size, generator=generator)
     candidates = inputs.candidates
@@ -229,5 +233,8 @@ def client_update(objective: LocalObjective, params: torch.Tensor, data: ClientD
                                                 lr=method.local_lr)
         loss = float(losses[0])
     released, event = privatize(update, method, [generator])
-    return ClientUpdate(payload=released[0], privacy_events=(event,), metrics={"loss": loss},
+    # Central DP: the clipped update goes to the trusted aggregator; the round's release is
+    # the noised sum, recorded for the whole population (method.central_event()).
+    events = method.events(objective.dimension) if method.is_central else (event,)
+    return ClientUpdate(payload=released[0], privacy_events=events, metrics={"loss": loss},
                         **common)

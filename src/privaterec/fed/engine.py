@@ -71,7 +71,8 @@ def train_federated_run(config: RunConfig, model: Recommender, clients: ClientDa
     strategy = with_pretrained_lr(build_strategy(fed), objective.pretrained_mask(),
                                   config.train.plm_lr)
     check_run(config, clients)
-    m = clients_per_round(fed, len(eligible_clients(clients)))
+    m = clients_per_round(fed, len(eligible_clients(clients,
+                                                    by_impressions=method.is_privaterec)))
     release = method.release(dimension=objective.dimension,
                              noised_parameters=objective.parameter_names(),
                              clients_per_round=m,

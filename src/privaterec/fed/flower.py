@@ -344,7 +344,8 @@ def run_record(config: RunConfig, vocab_path: str | Path | None = None) -> Confi
 
 
 def discover_nodes(grid: Grid, clients: ClientDataset, run: ConfigRecord, *,
-                   timeout: float = DISCOVERY_TIMEOUT) -> dict[int, int]:
+                   timeout: float = DISCOVERY_TIMEOUT,
+                   by_impressions: bool = False) -> dict[int, int]:
     """Map every eligible user index to the SuperNode holding it (``query`` messages).
 
     Sends each newly connected node the run's public configuration ``run``
@@ -358,7 +359,7 @@ def discover_nodes(grid: Grid, clients: ClientDataset, run: ConfigRecord, *,
         by any node after ``timeout`` seconds.
     """
     index = {uid: u for u, uid in enumerate(clients.user_ids)}
-    needed = {int(u) for u in eligible_clients(clients)}
+    needed = {int(u) for u in eligible_clients(clients, by_impressions=by_impressions)}
     owner: dict[int, int] = {}
     asked: set[int] = set()
     deadline = time.monotonic() + timeout
@@ -491,7 +492,8 @@ def serve(grid: Grid, config: RunConfig, objective: LocalObjective, clients: Cli
     ``vocab.json``.
     """
     vocab = Path(checkpoint_path).parent / "vocab.json" if checkpoint_path else None
-    owner = discover_nodes(grid, clients, run_record(config, vocab), timeout=discovery_timeout)
+    owner = discover_nodes(grid, clients, run_record(config, vocab), timeout=discovery_timeout,
+                           by_impressions=method.is_privaterec)
     fingerprint = public_fingerprint(objective, method)
     round_fn = _round_fn(grid, clients, owner, method, fingerprint, seed=config.train.seed,
                          timeout=round_timeout)

@@ -60,9 +60,14 @@ RoundFn = Callable[[torch.Tensor, list[int], int], RoundResult]
 
 
 # ----------------------------------------------------------------------------- sampling
-def eligible_clients(clients: ClientDataset) -> torch.Tensor:
-    """Indices of the users with at least one training sample."""
-    return torch.nonzero(clients.samples_per_user() > 0).flatten()
+def eligible_clients(clients: ClientDataset, *, by_impressions: bool = False) -> torch.Tensor:
+    """Indices of the users with at least one training sample.
+
+    ``by_impressions`` (PrivateRec): with at least one labelled impression instead, whatever
+    its clicks — who takes part must not depend on the clicks the label release protects.
+    """
+    counts = clients.impressions_per_user() if by_impressions else clients.samples_per_user()
+    return torch.nonzero(counts > 0).flatten()
 
 
 def clients_per_round(fed: FedConfig, num_eligible: int) -> int:
@@ -104,7 +109,7 @@ def simulate_round(objective: LocalObjective, params: torch.Tensor, clients: Cli
     if method.is_central:
         return central_round(objective, params, clients, selected, method, seed=seed,
                              round_index=round_index, chunk_clients=chunk_clients,
-                             population=len(eligible_clients(clients)))
+                             population=len(eligible_clients(clients)))  # public N
     generators = [client_generator(seed, round_index, u) for u in selected]
     # Each client's own random draws (steps 1-5 of client_update), then batched compute.
     inputs = [client_inputs(clients.client(u), method, basis_size=objective.basis_size,
@@ -271,7 +276,7 @@ def _train(objective: LocalObjective, clients: ClientDataset, fed: FedConfig,
     else:
         params = objective.parameters()
         state = FederatedState(params=params, strategy_state=strategy.init_state(params))
-    eligible = eligible_clients(clients)
+    eligible = eligible_clients(clients, by_impressions=method.is_privaterec)
     m = clients_per_round(fed, len(eligible))
 
     def checkpoint() -> None:

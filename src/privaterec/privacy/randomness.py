@@ -36,6 +36,15 @@ def _generator(source: Randomness) -> torch.Generator | None:
     return None
 
 
+def seeded_generator(source: Randomness) -> torch.Generator:
+    """The seeded ``torch.Generator`` behind a simulation source (a generator, or
+    ``SimulationNoise``); raises for a secure source, which has none."""
+    g = _generator(source)
+    if g is None:
+        raise TypeError(f"{source!r} is a secure source: it has no seeded generator")
+    return g
+
+
 def is_secure(source: Randomness) -> bool:
     """Whether draws from ``source`` are fit for a deployed release (OS CSPRNG, float-safe)."""
     return _generator(source) is None and bool(getattr(source, "secure", False))
@@ -77,4 +86,5 @@ def randint(source: Randomness, low: int, high: int, shape: Sequence[int]) -> Te
     return low + source.randint(high - low, tuple(shape))
 
 
-__all__ = ["Randomness", "as_source", "is_secure", "rand", "randint", "randperm"]
+__all__ = ["Randomness", "as_source", "is_secure", "rand", "randint", "randperm",
+           "seeded_generator"]

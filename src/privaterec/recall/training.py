@@ -685,6 +685,7 @@ class _RecallClients:
 
     name: str = "unifedrec"
     is_central: bool = False
+    is_privaterec: bool = False
     sampling_rate: float | None = None
 
 
