@@ -277,6 +277,7 @@ def _train(objective: LocalObjective, clients: ClientDataset, fed: FedConfig,
         params = objective.parameters()
         state = FederatedState(params=params, strategy_state=strategy.init_state(params))
     eligible = eligible_clients(clients, by_impressions=method.is_privaterec)
+    population_ids = [clients.user_ids[int(u)] for u in eligible]  # central DP's ledger rows
     m = clients_per_round(fed, len(eligible))
 
     def checkpoint() -> None:
@@ -314,7 +315,7 @@ def _train(objective: LocalObjective, clients: ClientDataset, fed: FedConfig,
         for event, users in by_event.items():
             state.ledger.record_many(users, event)
         for event in result.population_events:
-            state.ledger.record_many([clients.user_ids[int(u)] for u in eligible], event)
+            state.ledger.record_many(population_ids, event)
         entry: dict[str, Any] = {"round": t + 1, "clients": len(selected)}
         if result.num_examples is not None and result.losses is not None:
             n = sum(result.num_examples)
