@@ -22,7 +22,7 @@ from pathlib import Path
 from privaterec.config import ModelConfig, RunConfig, TrainConfig
 from privaterec.data.ebnerd import convert_ebnerd
 from privaterec.data.synth import SynthConfig, write_synthetic
-from privaterec.training.pipeline import train_run
+from privaterec.runs.ranking import train_run
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SYNTH_ROWS = [

@@ -25,7 +25,7 @@ from privaterec.config import ModelConfig, RunConfig
 from privaterec.data.synth import SynthConfig, write_synthetic
 from privaterec.eval.evaluate import evaluate_model
 from privaterec.models.factory import build_recommender
-from privaterec.training.pipeline import prepare_data
+from privaterec.runs.ranking import prepare_data
 
 
 def main() -> None:

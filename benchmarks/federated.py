@@ -28,7 +28,7 @@ from privaterec.config import FedConfig, ModelConfig, RunConfig, TrainConfig
 from privaterec.data.ebnerd import convert_ebnerd
 from privaterec.data.synth import SynthConfig, write_synthetic
 from privaterec.privacy.report import read_privacy_json
-from privaterec.training.pipeline import train_run
+from privaterec.runs.ranking import train_run
 
 RESULTS = Path(__file__).resolve().parent / "results"
 INF = math.inf

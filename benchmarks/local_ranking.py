@@ -75,8 +75,8 @@ def untrained_run(work: Path) -> Path:
     from privaterec.data.features import build_vocabularies
     from privaterec.data.synth import SynthConfig, generate
     from privaterec.models.factory import build_recommender
-    from privaterec.training.checkpoint import save_checkpoint
-    from privaterec.training.run import RunDirectory
+    from privaterec.runtime.checkpoint import save_checkpoint
+    from privaterec.runs.directory import RunDirectory
 
     path = work / "run"
     if (path / "checkpoint.pt").exists():

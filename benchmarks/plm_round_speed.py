@@ -38,7 +38,7 @@ from privaterec.fed.methods import ClientMethod, resolve_run_config
 from privaterec.fed.objective import LocalObjective
 from privaterec.fed.simulator import (clients_per_round, eligible_clients, sample_round,
                                       simulate_round)
-from privaterec.training.pipeline import build_run_model, prepare_data
+from privaterec.runs.ranking import build_run_model, prepare_data
 
 RESULTS = Path(__file__).resolve().parent / "results"
 METHODS = {"dp-fedrec eps 10": ("dp-fedrec", "paper", 0),

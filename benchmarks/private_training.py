@@ -31,7 +31,7 @@ import torch
 from privaterec.config import FedConfig, ModelConfig, RunConfig, TrainConfig
 from privaterec.experiments.common import resolve_data
 from privaterec.privacy.report import read_privacy_json
-from privaterec.training.pipeline import train_run
+from privaterec.runs.ranking import train_run
 
 ROUNDS = 300
 ROWS = {

@@ -70,7 +70,7 @@ def tiny_run(work: Path) -> Path:
     """Train a small PrivateRec run (NRMS, B = 5, d = 128) on synthetic data."""
     from privaterec.config import FedConfig, ModelConfig, RunConfig, TrainConfig
     from privaterec.data.synth import SynthConfig, write_synthetic
-    from privaterec.training.pipeline import train_run
+    from privaterec.runs.ranking import train_run
 
     run = work / "run"
     if (run / "checkpoint.pt").exists():
@@ -225,7 +225,7 @@ def bytes_per_query(url: str, models: Any, articles: list, *, queries: int,
         # No recall model in this run: the same body the SDK would send, computed with a
         # randomly initialised paper-default recall model (B_r = 30, δ = 0.2, λ_I = 1.2,
         # at most 5 channels) over the ranker's news vectors of the same histories.
-        from privaterec.recall.run import RecallModelConfig
+        from privaterec.runs.recall import RecallModelConfig
         from privaterec.serving.client import fetch_model
 
         torch.manual_seed(seed)

@@ -40,8 +40,8 @@ from privaterec.fed.rng import client_generator
 from privaterec.fed.strategies import build_strategy, weighted_mean
 from privaterec.models.factory import build_recommender
 from privaterec.training.centralized import info_nce_loss
-from privaterec.training.determinism import deterministic_algorithms
-from privaterec.training.pipeline import prepare_data
+from privaterec.runtime.determinism import deterministic_algorithms
+from privaterec.runs.ranking import prepare_data
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

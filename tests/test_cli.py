@@ -227,7 +227,7 @@ def test_failed_train_creates_nothing_and_refusals_name_the_keys(synth_dir, tmp_
 
 def test_evaluate_an_untrained_run_says_so(tmp_path, capsys):
     from privaterec.config import RunConfig, TrainConfig
-    from privaterec.training.run import RunDirectory
+    from privaterec.runs.directory import RunDirectory
 
     run = tmp_path / "r"
     RunDirectory(run).start(RunConfig(data=str(tmp_path / "gone"),
@@ -266,7 +266,7 @@ def test_data_check_of_a_missing_path_is_a_user_error(tmp_path, capsys):
 def test_privacy_report_of_an_unfinished_federated_run(tmp_path, capsys):
     # bug 4: said "this run is centralized" for a privaterec run before its first checkpoint
     from privaterec.config import FedConfig, RunConfig, TrainConfig
-    from privaterec.training.run import RunDirectory
+    from privaterec.runs.directory import RunDirectory
 
     run = tmp_path / "pr"
     RunDirectory(run).start(RunConfig(data=str(tmp_path), train=TrainConfig(method="privaterec"),

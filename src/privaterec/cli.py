@@ -138,7 +138,7 @@ def run_config_from_args(args: argparse.Namespace) -> RunConfig:
 
 _RECALL_IGNORED = ("model", "user_encoder", "embeddings", "history_len", "epochs", "lr",
                    "batch_size", "local_steps", "local_lr", "epsilon_train", "delta_train",
-                   "noise", "eval_every", "engine", "basis", "padding_p", "privacy_mode",
+                   "noise", "eval_every", "basis", "padding_p", "privacy_mode",
                    "sensitivity_mode", "history_budget", "noise_multiplier", "target_epsilon",
                    "target_delta")
 
@@ -146,7 +146,7 @@ _RECALL_IGNORED = ("model", "user_encoder", "embeddings", "history_len", "epochs
 def recall_config_from_args(args: argparse.Namespace) -> Any:
     """``--method unifedrec``: the Uni-FedRec run configuration (``--config`` = a
     ``recall.yaml``) overridden by explicit flags."""
-    from privaterec.recall.run import RecallRunConfig
+    from privaterec.runs.recall import RecallRunConfig
 
     given = [k for k in _RECALL_IGNORED if getattr(args, k, None) is not None]
     if given:
@@ -170,18 +170,21 @@ def recall_config_from_args(args: argparse.Namespace) -> Any:
         "distance_threshold": args.distance_threshold, "cluster_method": args.cluster_method,
         "cluster_metric": args.cluster_metric, "clip": args.interest_clip,
         "noise_scale": args.interest_noise}.items() if v is not None}
-    train = {k: v for k, v in {
+    fed = {k: v for k, v in {
         "rounds": args.rounds, "client_fraction": args.client_fraction,
         "clients_per_round": args.clients_per_round, "strategy": args.strategy,
-        "lr": args.server_lr, "clip": args.clip, "noise_scale": args.noise_scale,
-        "max_samples": args.max_client_samples, "clipping": args.gradient_clipping,
-        "score_clip": args.score_clip}.items() if v is not None}
+        "server_lr": args.server_lr, "clip": args.clip, "noise_scale": args.noise_scale,
+        "max_client_samples": args.max_client_samples, "engine": args.engine,
+    }.items() if v is not None}
+    train = {k: v for k, v in {
+        "clipping": args.gradient_clipping, "score_clip": args.score_clip}.items()
+        if v is not None}
     return replace(config, **top, model=replace(config.model, **model),
-                   train=replace(config.train, **train))
+                   fed=replace(config.fed, **fed), train=replace(config.train, **train))
 
 
 def cmd_train_unifedrec(args: argparse.Namespace) -> int:
-    from privaterec.recall.run import train_recall_run
+    from privaterec.runs.recall import train_recall_run
 
     config = recall_config_from_args(args)
     metrics = train_recall_run(config, args.out, progress=not args.no_progress,
@@ -199,7 +202,7 @@ def cmd_train_unifedrec(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from privaterec.training.pipeline import train_run
+    from privaterec.runs.ranking import train_run
 
     if args.method == "unifedrec":
         return cmd_train_unifedrec(args)
@@ -218,7 +221,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    from privaterec.training.pipeline import evaluate_run
+    from privaterec.runs.ranking import evaluate_run
 
     from privaterec.eval.serving import ServingConfig
 
@@ -261,7 +264,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 def cmd_evaluate_recall(args: argparse.Namespace, serving: Any) -> int:
     from privaterec.eval.serving import ServingConfig
-    from privaterec.recall.run import evaluate_recall_run
+    from privaterec.runs.recall import evaluate_recall_run
 
     if args.recall in ("privaterec", "vdp"):
         if serving is not None and serving.kind != args.recall:
@@ -355,7 +358,7 @@ def _explain_missing_privacy_json(run: Path) -> None:
     """
     from privaterec.config import FEDERATED_METHODS
     from privaterec.errors import CheckpointError
-    from privaterec.training.run import RunDirectory
+    from privaterec.runs.directory import RunDirectory
 
     directory = RunDirectory(run)
     if not run.is_dir() or directory.privacy_path.exists() or not directory.config_path.exists():

@@ -8,6 +8,7 @@ raises :class:`privaterec.errors.ConfigError` naming the parameter and the accep
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass, field, fields
@@ -186,8 +187,9 @@ class FedConfig:
     adam_beta1, adam_beta2, adam_tau: FedAdam's β₁, β₂ and adaptivity τ (None: the method's
         default, 1e-6; dp-fedrec 1e-10, far below the per-coordinate size of its clipped
         updates, θ/D ≈ 5e-8, which τ = 1e-6 froze near AUC 0.53 at ε = ∞; BENCHMARKS.md).
-    clip: δ of FedNewsRec's element-wise clipping or θ of DP-FedRec's norm clipping.
-    noise_scale: λ of FedNewsRec's Laplace noise.
+    clip: δ of FedNewsRec's element-wise clipping or θ of DP-FedRec's (and Uni-FedRec's)
+        norm clipping.
+    noise_scale: λ of FedNewsRec's Laplace noise (λ_g of Uni-FedRec's; 0: no noise).
     epsilon_train, delta_train: DP-FedRec's per-round budget of one client's update (ε = inf:
         no noise). noise: ``laplace`` (L1 clipping) or ``gaussian`` (L2, analytic calibration).
     max_client_samples: a client uses at most this many of its samples per round (drawn
@@ -268,9 +270,12 @@ class FedConfig:
             _check_choice(self.strategy, "strategy", STRATEGIES)
         _check_choice(self.noise, "noise", NOISE_KINDS)
         _check_choice(self.engine, "engine", ENGINES)
-        for name in ("server_lr", "clip", "noise_scale"):
+        for name in ("server_lr", "clip"):
             if getattr(self, name) is not None:
                 _check_positive(getattr(self, name), name)
+        if self.noise_scale is not None:  # 0: no noise (Uni-FedRec's lambda_g = 0)
+            _check(0 <= self.noise_scale < math.inf, "noise_scale",
+                   f"got {self.noise_scale!r}, expected a finite number >= 0")
         _check_positive(self.local_lr, "local_lr")
         _check_positive(self.epsilon_train, "epsilon_train")
         _check(0 < self.delta_train < 1, "delta_train",

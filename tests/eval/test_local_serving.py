@@ -21,7 +21,7 @@ from privaterec.eval.serving import (ServingConfig, local_download_bytes, local_
 from privaterec.privacy.report import read_privacy_json
 from privaterec.serving.pool_format import PoolState, encode_full
 from privaterec.serving.store import NewsPool, _space_scores
-from privaterec.training.pipeline import evaluate_run, train_run
+from privaterec.runs.ranking import evaluate_run, train_run
 
 TINY = ModelConfig(word_dim=8, num_heads=2, head_dim=4, attention_dim=8, title_len=6,
                    abstract_len=4, history_len=5)
@@ -75,7 +75,7 @@ def test_local_queries_are_recorded_at_epsilon_zero(runs):
 
 
 def test_seams_score_like_the_device_and_the_server(runs):
-    from privaterec.training.pipeline import load_run_model
+    from privaterec.runs.ranking import load_run_model
 
     _, _, model = load_run_model(runs["privaterec"])
     user_encoder, candidates = local_ranking_seams(model)
@@ -123,7 +123,7 @@ def test_local_scores_of_every_candidate_match_the_noise_free_scores(runs):
     from privaterec.data.features import build_news_features
     from privaterec.data.mind import load_dataset
     from privaterec.eval.evaluate import score_impressions
-    from privaterec.training.pipeline import load_run_model
+    from privaterec.runs.ranking import load_run_model
 
     config, vocabs, model = load_run_model(runs["privaterec"])
     dataset = load_dataset(config.data)

@@ -17,7 +17,7 @@ from privaterec.eval.serving import ServingConfig, private_user_encoder, serving
 from privaterec.models.factory import build_recommender
 from privaterec.privacy.calibration import amplified_budget
 from privaterec.privacy.report import read_privacy_json
-from privaterec.training.pipeline import evaluate_run, train_run
+from privaterec.runs.ranking import evaluate_run, train_run
 
 TINY = ModelConfig(word_dim=8, num_heads=2, head_dim=4, attention_dim=8, title_len=6,
                    abstract_len=4, history_len=5)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import privaterec.experiments.common as common
-import privaterec.training.pipeline as pipeline
+import privaterec.runs.ranking as pipeline
 from privaterec.config import FedConfig, ModelConfig, RunConfig, TrainConfig
 from privaterec.errors import ConfigError
 from privaterec.eval.serving import ServingConfig

@@ -22,7 +22,7 @@ from privaterec.data.records import MindDataset
 from privaterec.data.synth import SynthConfig, generate
 from privaterec.data.text import TextVocabularies
 from privaterec.fed.client import client_candidates
-from privaterec.fed.methods import ClientMethod, resolve_run_config
+from privaterec.fed.methods import ClientMethod, FedRec, resolve_run_config
 from privaterec.fed.objective import ClientBatch, LocalObjective
 from privaterec.models.factory import build_recommender
 from privaterec.models.recommender import Recommender
@@ -137,7 +137,7 @@ def client_batch(clients: ClientDataset) -> Callable[..., tuple[ClientBatch, lis
 
     def make(users: Sequence[int], *, seed: int = 0,
              negatives: int = 4) -> tuple[ClientBatch, list[torch.Tensor]]:
-        method = ClientMethod(name="fedrec", negatives=negatives, max_samples=10**6)
+        method = FedRec(negatives=negatives, max_samples=10**6)
         generator = torch.Generator().manual_seed(seed)
         candidates = [client_candidates(clients.client(u), method, generator=generator)
                       for u in users]

@@ -14,7 +14,7 @@ from privaterec.fed.client import client_update
 from privaterec.fed.engine import train_federated_run
 from privaterec.fed.methods import ClientMethod, resolve_run_config
 from privaterec.fed.rng import central_noise_generator, client_generator
-from privaterec.fed.simulator import central_round, eligible_clients, poisson_round
+from privaterec.fed.simulator import eligible_clients, poisson_round, simulate_round
 from privaterec.privacy.central import central_epsilon
 from privaterec.privacy.mechanisms import gaussian_noise
 
@@ -60,8 +60,8 @@ def test_round_is_the_noised_sum_of_clipped_updates_over_qn(make_objective, clie
     method = _central(run_config)
     population = len(eligible_clients(clients))
     selected = [1, 4, 7]
-    result = central_round(objective, theta, clients, selected, method, seed=3, round_index=2,
-                           population=population)
+    result = simulate_round(objective, theta, clients, selected, method, seed=3,
+                            round_index=2)
     payloads = [client_update(objective, theta, clients.client(u), method,
                               generator=client_generator(3, 2, u)).payload for u in selected]
     assert all(float(p.norm()) <= 0.05 * (1 + 1e-5) for p in payloads)  # clipped to C
@@ -78,8 +78,8 @@ def test_empty_round_releases_noise_of_the_calibrated_scale(make_objective, clie
     objective = make_objective("nrms", seed=0)
     method = _central(run_config)
     population = len(eligible_clients(clients))
-    result = central_round(objective, objective.parameters(), clients, [], method, seed=0,
-                           round_index=0, population=population)
+    result = simulate_round(objective, objective.parameters(), clients, [], method, seed=0,
+                            round_index=0)
     sigma = 1.0 * 0.05 / (0.25 * population)
     d = objective.dimension
     assert float(result.direction.double().std()) == pytest.approx(sigma, rel=5 / math.sqrt(d))
@@ -108,7 +108,7 @@ def test_training_accounts_every_user_of_the_population(fed_data, clients, make_
 def test_a_refused_central_run_creates_no_run_directory(tmp_path, fed_data):
     """Issue 17's rule for dp-fedavg: a delta >= 1/N is refused before the run exists."""
     from privaterec.data.mind import write_dataset
-    from privaterec.training.pipeline import train_run
+    from privaterec.runs.ranking import train_run
     data = tmp_path / "data"
     write_dataset(data, fed_data.dataset)
     config = RunConfig(data=str(data), train=TrainConfig(method="dp-fedavg"),

@@ -9,7 +9,7 @@ import torch
 
 from privaterec.data.clients import ClientData
 from privaterec.fed.client import ClientUpdate, client_candidates, client_update
-from privaterec.fed.methods import ClientMethod, privatize
+from privaterec.fed.methods import ClientMethod, FedNewsRec, FedRec, privatize
 from privaterec.fed.rng import client_generator
 
 
@@ -27,7 +27,7 @@ def _hand_made_client(n: int = 8) -> ClientData:
 
 
 def _method(**changes) -> ClientMethod:
-    return dataclasses.replace(ClientMethod(name="fedrec", negatives=4, max_samples=64),
+    return dataclasses.replace(FedRec(negatives=4, max_samples=64),
                                **changes)
 
 
@@ -75,9 +75,7 @@ def test_client_update_follows_the_documented_generator_order(make_objective, cl
     """(1) subsample, (2) negatives, (3) noise — all from the client's one generator."""
     objective = make_objective("nrms")
     theta = objective.parameters()
-    method = ClientMethod(name="fednewsrec", negatives=4, max_samples=3,
-                          clipping="elementwise", clip=0.005, noise="laplace",
-                          noise_scale=0.015)
+    method = FedNewsRec(negatives=4, max_samples=3, clip=0.005, noise_scale=0.015)
     data = clients.client(0)  # 9 samples > max_samples
     update = client_update(objective, theta, data, method, generator=client_generator(5, 2, 0))
 

@@ -16,8 +16,8 @@ from privaterec.config import RunConfig, TrainConfig
 from privaterec.data.synth import write_synthetic
 from privaterec.fed.simulator import eligible_clients, sample_round
 from privaterec.privacy.calibration import gaussian_sigma
-from privaterec.training.checkpoint import load_checkpoint
-from privaterec.training.pipeline import load_run_model, prepare_data
+from privaterec.runtime.checkpoint import load_checkpoint
+from privaterec.runs.ranking import load_run_model, prepare_data
 
 
 @pytest.fixture(scope="module")

@@ -18,14 +18,15 @@ from privaterec.config import (FedConfig, ModelConfig, RunConfig, TrainConfig,  
                                replace)
 from privaterec.data.synth import SynthConfig, write_synthetic  # noqa: E402
 from privaterec.errors import ConfigError  # noqa: E402
+from privaterec.apps.flower_app import run_config_from_flower  # noqa: E402
 from privaterec.fed import flower  # noqa: E402
 from privaterec.fed.methods import ClientMethod, resolve_run_config  # noqa: E402
 from privaterec.fed.objective import LocalObjective  # noqa: E402
 from privaterec.fed.simulator import eligible_clients, sample_round  # noqa: E402
 from privaterec.models.factory import build_recommender  # noqa: E402
 from privaterec.privacy.ledger import PrivacyLedger  # noqa: E402
-from privaterec.training.checkpoint import load_checkpoint  # noqa: E402
-from privaterec.training.pipeline import prepare_data, train_run  # noqa: E402
+from privaterec.runtime.checkpoint import load_checkpoint  # noqa: E402
+from privaterec.runs.ranking import prepare_data, train_run  # noqa: E402
 
 TINY = ModelConfig(word_dim=8, num_heads=2, head_dim=4, attention_dim=8, title_len=6,
                    abstract_len=4, history_len=5)
@@ -140,12 +141,12 @@ def test_flwr_run_config_overrides_the_yaml(tmp_path):
     run_config = {"data-dir": str(tmp_path / "data"), "out-dir": str(tmp_path / "run"),
                   "config": str(yaml), "method": "", "rounds": 2, "clients-per-round": 0,
                   "seed": -1, "eval-every": 0, "drop-missing": True}
-    config, out, drop_missing = flower.run_config_from_flower(run_config)
+    config, out, drop_missing = run_config_from_flower(run_config)
     assert (config.train.method, config.train.seed, config.fed.rounds) == ("fedrec", 7, 2)
     assert (config.fed.eval_every, config.fed.engine, config.model) == (0, "flower", TINY)
     assert config.fed.clients_per_round is None and config.fed.strategy == "fedadam"
     assert out == tmp_path / "run" and drop_missing is True
     with pytest.raises(ConfigError, match="out-dir"):
-        flower.run_config_from_flower({**run_config, "out-dir": "relative/run"})
+        run_config_from_flower({**run_config, "out-dir": "relative/run"})
     with pytest.raises(ConfigError, match="method"):
-        flower.run_config_from_flower({**run_config, "config": "", "method": ""})
+        run_config_from_flower({**run_config, "config": "", "method": ""})

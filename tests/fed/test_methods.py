@@ -20,22 +20,21 @@ from scipy import stats
 import privaterec.privacy.mechanisms as mechanisms
 from privaterec.config import FedConfig, ModelConfig, RunConfig, TrainConfig
 from privaterec.errors import ConfigError
-from privaterec.fed.methods import ClientMethod, privatize, resolve_run_config
+from privaterec.fed.methods import (ClientMethod, DPFedRec, FedNewsRec, FedRec, privatize,
+                                    resolve_run_config)
+from privaterec.runs.report import release_description
 from privaterec.fed.rng import client_generator
 from privaterec.privacy.audit import audit_mechanism
 from privaterec.privacy.calibration import gaussian_sigma
 
 DELTA_CLIP, LAMBDA = 0.005, 0.015  # FedNewsRec's δ and λ
-FEDNEWSREC = ClientMethod(name="fednewsrec", negatives=4, max_samples=64,
-                          clipping="elementwise", clip=DELTA_CLIP, noise="laplace",
-                          noise_scale=LAMBDA)
+FEDNEWSREC = FedNewsRec(negatives=4, max_samples=64, clip=DELTA_CLIP, noise_scale=LAMBDA)
 
 
 def _dp_fedrec(noise: str, *, clip: float = 0.01, epsilon: float = 1.0,
                delta: float = 1e-5) -> ClientMethod:
-    return ClientMethod(name="dp-fedrec", negatives=4, max_samples=64,
-                        clipping="l1" if noise == "laplace" else "l2", clip=clip, noise=noise,
-                        epsilon=epsilon, delta=0.0 if noise == "laplace" else delta)
+    return DPFedRec(negatives=4, max_samples=64, clip=clip, noise=noise,
+                    epsilon=epsilon, delta=0.0 if noise == "laplace" else delta)
 
 
 def _generators(m: int, seed: int = 0) -> list[torch.Generator]:
@@ -252,7 +251,7 @@ def test_dp_fedrec_without_budget_clips_but_adds_no_noise(noise):
 
 
 def test_fedrec_releases_the_raw_update():
-    method = ClientMethod(name="fedrec", negatives=4, max_samples=64)
+    method = FedRec(negatives=4, max_samples=64)
     updates = _updates(3, 20, 1.0)
     released, event = privatize(updates, method, _generators(3))
     assert torch.equal(released, updates)
@@ -282,8 +281,8 @@ def test_dp_fedrec_event_is_the_per_round_budget(noise, cached_gaussian_calibrat
 
 def test_release_description(run_config):
     method = ClientMethod.from_config(run_config("fednewsrec"))
-    release = method.release(dimension=300, noised_parameters=["a", "b"], clients_per_round=4,
-                             client_fraction=0.1)
+    release = release_description(method, dimension=300, noised_parameters=["a", "b"],
+                                  clients_per_round=4, client_fraction=0.1)
     assert release["epsilon_per_round"] == pytest.approx(2 * 0.005 * 300 / 0.015)
     assert release["coordinate_epsilon"] == pytest.approx(2 * 0.005 / 0.015)
     assert release["sensitivity_l1"] == pytest.approx(2 * 0.005 * 300)
@@ -385,7 +384,7 @@ def test_audit_detects_a_broken_release(case, cached_gaussian_calibration):
         honest, x, x_prime = _dp_fedrec(case, clip=0.01, epsilon=1.0), X, X_PRIME
         broken = dataclasses.replace(honest, epsilon=10.0)
     claimed = honest.event(x.numel()).epsilon
-    lower = _audit(broken, x, x_prime, trials=4000, delta=honest.delta)
+    lower = _audit(broken, x, x_prime, trials=4000, delta=honest.event(x.numel()).delta)
     assert lower > 2 * claimed
 
 

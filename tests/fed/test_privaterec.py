@@ -14,11 +14,12 @@ import torch
 
 from privaterec.config import FedConfig, ModelConfig, RunConfig, TrainConfig
 from privaterec.errors import ConfigError
-from privaterec.fed.client import client_inputs, client_update
+from privaterec.fed.client import client_update
 from privaterec.fed.methods import (PAPER_MODE_NOTE, ClientMethod, resolve_run_config,
                                     uncovered_groups)
 from privaterec.fed.objective import ClientBatch
 from privaterec.fed.rng import client_generator
+from privaterec.runs.report import release_description
 from privaterec.fed.simulator import (eligible_clients, sample_round, sequential_round,
                                       simulate_round)
 from privaterec.privacy.calibration import amplified_budget
@@ -77,14 +78,14 @@ def test_client_inputs_pad_with_row_zero_and_draw_b_noise(client_method, clients
     method = client_method("privaterec", epsilon_train=1.0, padding_p=0.6)
     u = 3
     data = clients.client(u)
-    inputs = client_inputs(data, method, basis_size=4, generator=client_generator(0, 0, u))
+    inputs = method.draw_inputs(data, basis_size=4, generator=client_generator(0, 0, u))
     padded = (inputs.history != data.history)
     assert bool((inputs.history[padded] == 0).all())
     assert bool(data.history_mask[padded].all())  # only real clicks are padded
     torch.testing.assert_close(inputs.history_mask, data.history_mask)
     assert inputs.attention_noise is not None and inputs.attention_noise.shape == (4,)
     assert bool((inputs.attention_noise != 0).all())
-    again = client_inputs(data, method, basis_size=4, generator=client_generator(0, 0, u))
+    again = method.draw_inputs(data, basis_size=4, generator=client_generator(0, 0, u))
     torch.testing.assert_close(again.attention_noise, inputs.attention_noise)
     assert torch.equal(again.candidates, inputs.candidates)
     # Every row's candidates come from one of the client's impressions (drawn blind to the
@@ -98,7 +99,7 @@ def test_client_inputs_pad_with_row_zero_and_draw_b_noise(client_method, clients
 def test_infinite_epsilon_keeps_the_clicked_label_and_adds_no_noise(client_method, clients):
     method = client_method("privaterec")
     data = clients.client(5)
-    inputs = client_inputs(data, method, basis_size=3, generator=client_generator(0, 1, 5))
+    inputs = method.draw_inputs(data, basis_size=3, generator=client_generator(0, 1, 5))
     assert torch.equal(inputs.history, data.history)
     assert bool((inputs.attention_noise == 0).all())
     # Without label noise, column 0 is a clicked news of the row's impression, and exactly
@@ -115,7 +116,7 @@ def test_dpa_noise_of_a_client_has_the_amplified_laplace_scale(client_method, cl
     eps, p = 2.0, 0.5
     method = client_method("privaterec", epsilon_train=eps, padding_p=p)
     data = clients.client(1)
-    noise = torch.stack([client_inputs(data, method, basis_size=5,
+    noise = torch.stack([method.draw_inputs(data, basis_size=5,
                                        generator=client_generator(7, t, 1)).attention_noise
                          for t in range(800)]).double()
     eps_base, _ = amplified_budget(epsilon=eps, delta=0.0, padding_p=p)
@@ -131,7 +132,7 @@ def test_split_gradient_parts_sum_to_the_full_gradient(make_objective, client_me
     theta = perturb(objective)
     method = client_method("privaterec", epsilon_train=3.0)
     data = clients.client(2)
-    inputs = client_inputs(data, method, basis_size=3, generator=client_generator(0, 0, 2))
+    inputs = method.draw_inputs(data, basis_size=3, generator=client_generator(0, 0, 2))
     args = (theta, inputs.history, inputs.history_mask, inputs.candidates)
     full, loss = objective.client_gradient(*args, attention_noise=inputs.attention_noise)
     split, loss2 = objective.client_gradient(*args, attention_noise=inputs.attention_noise,
@@ -179,7 +180,7 @@ def test_paper_round_uses_each_clients_noise(make_objective, clients, client_met
     objective = _objective(make_objective)
     theta = objective.parameters()
     users = [0, 4, 9, 11]
-    inputs = [client_inputs(clients.client(u), method, basis_size=3,
+    inputs = [method.draw_inputs(clients.client(u), basis_size=3,
                             generator=client_generator(1, 0, u)) for u in users]
     batch = ClientBatch.stack([x.history for x in inputs], [x.history_mask for x in inputs],
                               [x.candidates for x in inputs],
@@ -237,7 +238,7 @@ def test_strict_update_noise_follows_the_history_gradient_budget(make_objective,
     data = clients.client(3)
     gen = client_generator(2, 0, 3)
     update = client_update(objective, theta, data, method, generator=gen)
-    inputs = client_inputs(data, method, basis_size=3, generator=client_generator(2, 0, 3))
+    inputs = method.draw_inputs(data, basis_size=3, generator=client_generator(2, 0, 3))
     split, _ = objective.client_gradient(theta, inputs.history, inputs.history_mask,
                                          inputs.candidates,
                                          attention_noise=inputs.attention_noise,
@@ -253,8 +254,9 @@ def test_release_description_names_uncovered_parameters(client_method, make_obje
     objective = _objective(make_objective)
     names = objective.parameter_names()
     method = client_method("privaterec", epsilon_train=10.0)
-    release = method.release(dimension=objective.dimension, noised_parameters=names,
-                             clients_per_round=4, client_fraction=0.1)
+    release = release_description(method, dimension=objective.dimension,
+                                  noised_parameters=names, clients_per_round=4,
+                                  client_fraction=0.1)
     assert release["privacy_mode"] == "paper"
     groups = release["uncovered_parameters"]
     assert groups == uncovered_groups(names)
@@ -262,8 +264,9 @@ def test_release_description_names_uncovered_parameters(client_method, make_obje
     assert any(g.startswith("user_encoder") for g in groups)
     assert release["dpa"]["sensitivity"] == 2.0
     strict = client_method("privaterec", epsilon_train=10.0, privacy_mode="strict")
-    rel = strict.release(dimension=objective.dimension, noised_parameters=names,
-                         clients_per_round=4, client_fraction=0.1)
+    rel = release_description(strict, dimension=objective.dimension,
+                              noised_parameters=names, clients_per_round=4,
+                                  client_fraction=0.1)
     assert rel["uncovered_parameters"] == []
     assert rel["history_gradient"]["epsilon"] == pytest.approx(5.0)
 
@@ -288,8 +291,8 @@ def test_report_states_adjacency_and_warns_about_user_level(client_method):
     for _ in range(3):
         for event in method.events(50):
             ledger.record("u1", event)
-    release = method.release(dimension=50, noised_parameters=["a.w"], clients_per_round=1,
-                             client_fraction=0.5)
+    release = release_description(method, dimension=50, noised_parameters=["a.w"],
+                                  clients_per_round=1, client_fraction=0.5)
     text = format_privacy_report(build_privacy_summary(ledger, release=release, delta=1e-5,
                                                        rounds=3))
     assert "Adjacency: every epsilon below is stated for one of" in text

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from privaterec.data.clients import ClientData
-from privaterec.fed.client import client_inputs, client_update
+from privaterec.fed.client import client_update
 from privaterec.fed.rng import client_generator
 
 
@@ -37,7 +37,7 @@ def test_candidate_set_does_not_reveal_the_click(client_method):
     for clicked in (0, 1):
         data = _client(clicked)
         for s in range(runs):
-            inputs = client_inputs(data, method, basis_size=3,
+            inputs = method.draw_inputs(data, basis_size=3,
                                    generator=client_generator(9, s, 0))
             # News 20 appears in the uploaded candidates about as often whoever was clicked
             # (drawn w.p. 1/2, kept w.p. 0.65-0.85 by the randomized response at ε = 1).

@@ -58,19 +58,18 @@ def test_secure_privaterec_releases_alpha_on_the_grid_and_uses_it_exactly(make_o
                                                                           client_method,
                                                                           monkeypatch):
     """The device computes α, releases α̃ float-safe, and the loss sees exactly α̃."""
-    from privaterec.fed import client as client_module
     objective = make_objective("nrms", seed=0, basis_size=3)
     theta = objective.parameters()
     method = client_method("privaterec", epsilon_train=2.0, privacy_mode="strict", clip=0.01)
     data = clients.client(4)
     seen: list[torch.Tensor] = []
-    original = client_module._released_attention
+    original = type(method).released_attention
 
     def spy(*args, **kwargs):
         seen.append(original(*args, **kwargs))
         return seen[-1]
 
-    monkeypatch.setattr(client_module, "_released_attention", spy)
+    monkeypatch.setattr(type(method), "released_attention", spy)
     update = client_update(objective, theta, data, method, generator=SecureNoise(workers=1))
     (alpha_tilde,) = seen
     dpa = method.events(objective.dimension)[0]

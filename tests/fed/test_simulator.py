@@ -15,12 +15,12 @@ from privaterec.config import FedConfig
 from privaterec.errors import TrainingDivergedError
 from privaterec.data.clients import build_client_dataset
 from privaterec.fed.client import client_candidates
-from privaterec.fed.methods import ClientMethod
+from privaterec.fed.methods import ClientMethod, FedRec
 from privaterec.fed.objective import ClientBatch
 from privaterec.fed.simulator import (clients_per_round, eligible_clients, sample_round,
                                       sequential_round, simulate_round, train_federated)
 from privaterec.fed.strategies import build_strategy
-from privaterec.training.checkpoint import load_checkpoint
+from privaterec.runtime.checkpoint import load_checkpoint
 
 NO_SAMPLE_USERS = (5, 17, 30)
 
@@ -152,7 +152,7 @@ def _train(make_objective, clients, run_config, method_name, *, seed=0, model_se
 
 def _full_loss(objective, clients, params):
     users = list(range(clients.num_users))
-    method = ClientMethod(name="fedrec", negatives=4, max_samples=64)
+    method = FedRec(negatives=4, max_samples=64)
     generator = torch.Generator().manual_seed(123)
     candidates = [client_candidates(clients.client(u), method, generator=generator)
                   for u in users]

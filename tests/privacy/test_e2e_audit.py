@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 import torch
 
-import privaterec.fed.client as fed_client
+import privaterec.fed.methods.privaterec as fed_client
 import privaterec.privacy.mechanisms as mechanisms
-import privaterec.recall.training as recall_training
+import privaterec.recall.task as recall_training
 from privaterec.cli import main
-from privaterec.fed.client import ClientUpdate
+from privaterec.fed.update import ClientUpdate
 from privaterec.privacy.audit import epsilon_from_rates
 from privaterec.privacy.e2e_audit import broken
 from privaterec.privacy.e2e_audit import (AuditWorld, PairAudit, audit_pair, bound_ceiling,

@@ -11,7 +11,7 @@ import torch
 
 from privaterec.privacy.audit import audit_mechanism
 from privaterec.recall.interest import channel_event, perturb_quotas, perturb_scores
-from privaterec.recall.training import RecallTrainConfig, privatize_recall
+from privaterec.recall.task import UniFedRecLDP
 
 F64 = torch.float64
 ALPHA = 0.05
@@ -90,14 +90,14 @@ def test_quota_noise_audit_below_two_over_lambda():
 
 def test_recall_upload_audit_below_two_theta_over_lambda():
     theta, lam = 0.1, 0.2
-    config = RecallTrainConfig(clip=theta, noise_scale=lam)
-    eps = config.upload_event(2).epsilon
+    method = UniFedRecLDP(negatives=4, max_samples=64, clip=theta, noise_scale=lam)
+    eps = method.upload_event(2).epsilon
     assert eps == 2 * theta / lam
     x = torch.tensor([-3.0, 0.0], dtype=F64)  # L1-clipped to (−θ, 0)
     xp = torch.tensor([3.0, 0.0], dtype=F64)  # to (+θ, 0): L1 distance 2θ
 
     def upload(batch: torch.Tensor, g: torch.Generator) -> torch.Tensor:
-        released, _ = privatize_recall(batch, config, [g] * batch.shape[0])
+        released, _ = method.privatize(batch, [g] * batch.shape[0])
         return released
 
     result = audit_mechanism(upload, x, xp, trials=20_000, generator=gen(5), alpha=ALPHA,

@@ -11,9 +11,10 @@ import pytest
 from privaterec.cli import main
 from privaterec.errors import CheckpointError, ConfigError
 from privaterec.privacy.report import read_privacy_json
-from privaterec.recall.run import (RecallModelConfig, RecallRunConfig, is_recall_run,
+from privaterec.runs.recall import (RecallModelConfig, RecallRunConfig, is_recall_run,
                                    load_recall_run, query_bytes)
-from privaterec.recall.training import RecallTrainConfig
+from privaterec.config import FedConfig
+from privaterec.recall.task import recall_fed_config
 
 TINY_RANKER = """\
 model:
@@ -73,7 +74,7 @@ def test_training_resumes_and_refuses_a_different_run(recall_run: Path, ranker: 
                  "--no-progress"]) == 0
     assert (recall_run / "checkpoint.pt").read_bytes() == before  # finished: nothing to do
     with pytest.raises(CheckpointError, match="different Uni-FedRec run"):
-        from privaterec.recall.run import train_recall_run
+        from privaterec.runs.recall import train_recall_run
         train_recall_run(RecallRunConfig(ranker=str(ranker)), recall_run, progress=False)
 
 
@@ -163,10 +164,10 @@ def test_train_without_ranker_and_ranker_without_unifedrec(tmp_path: Path, capsy
 
 def test_no_bie_ablation_is_trained_and_evaluated_as_such(ranker: Path, tmp_path: Path,
                                                          capsys) -> None:
-    from privaterec.recall.run import evaluate_recall_run, train_recall_run
+    from privaterec.runs.recall import evaluate_recall_run, train_recall_run
 
     config = RecallRunConfig(ranker=str(ranker), model=RecallModelConfig(num_basis=4, bie=False),
-                             train=RecallTrainConfig(rounds=2, clients_per_round=4))
+                             fed=recall_fed_config(rounds=2, clients_per_round=4))
     train_recall_run(config, tmp_path / "nobie", progress=False)
     run = load_recall_run(tmp_path / "nobie")
     assert run.model.use_bie is False
@@ -179,12 +180,16 @@ def test_no_bie_ablation_is_trained_and_evaluated_as_such(ranker: Path, tmp_path
 def test_config_yaml_round_trip_and_validation(tmp_path: Path) -> None:
     config = RecallRunConfig(ranker="R", seed=3,
                              model=RecallModelConfig(num_basis=7, noise_scale=0.5),
-                             train=RecallTrainConfig(rounds=4, strategy="fedadam"))
+                             fed=FedConfig(rounds=4, strategy="fedadam"))
     path = tmp_path / "recall.yaml"
     config.to_yaml(path)
     assert RecallRunConfig.from_yaml(path) == config
-    path.write_text("ranker: R\ntrain:\n  strategy: adamw\n")
-    with pytest.raises(ConfigError, match="train.strategy.*'sgd' or 'fedadam'"):
+    assert config.resolved().fed.server_lr == 0.05 and config.fed.server_lr is None
+    path.write_text("ranker: R\nfed:\n  strategy: fedavg\n")
+    with pytest.raises(ConfigError, match="strategy.*'sgd' or 'fedadam'"):
+        RecallRunConfig.from_yaml(path)
+    path.write_text("ranker: R\nfed:\n  padding_p: 0.5\n")
+    with pytest.raises(ConfigError, match="padding_p.*does not apply"):
         RecallRunConfig.from_yaml(path)
     path.write_text("ranker: R\nmodel:\n  basis: 3\n")
     with pytest.raises(ConfigError, match="unknown configuration key.*model.basis"):

@@ -11,21 +11,51 @@ import torch
 from scipy import stats
 from torch import nn
 
+from privaterec.config import FedConfig
 from privaterec.data.clients import ClientDataset
 from privaterec.data.features import NewsFeatures
 from privaterec.errors import CheckpointError, ConfigError
+from privaterec.fed.client import client_update
 from privaterec.fed.rng import client_generator
+from privaterec.fed.sampling import clients_per_round
+from privaterec.fed.simulator import sequential_round, simulate_round
 from privaterec.fed.strategies import aggregate
 from privaterec.privacy.mechanisms import laplace_noise
 from privaterec.recall.model import UniFedRecRecall, info_nce
-from privaterec.recall.training import (RecallObjective, RecallTrainConfig, encode_news_table,
-                                        privatize_recall, recall_client_inputs,
-                                        recall_client_update, recall_round, train_recall)
+from privaterec.recall.news import encode_news_table
+from privaterec.recall.task import (RecallTask, RecallTrainConfig, UniFedRecLDP,
+                                    recall_fed_config, resolve_recall_fed, train_recall)
 
 D, M, B, H = 8, 3, 6, 5
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+
+_FED_KEYS = {"rounds": "rounds", "clients_per_round": "clients_per_round", "lr": "server_lr",
+             "strategy": "strategy", "clip": "clip", "noise_scale": "noise_scale",
+             "max_samples": "max_client_samples", "chunk_clients": "chunk_clients",
+             "checkpoint_every": "checkpoint_every", "client_fraction": "client_fraction"}
+
+
+def settings(**kwargs) -> tuple[FedConfig, RecallTrainConfig, UniFedRecLDP]:
+    """Recall training settings → (the engine's FedConfig resolved, recall's own, the method)."""
+    fed = recall_fed_config(**{_FED_KEYS[k]: v for k, v in kwargs.items() if k in _FED_KEYS})
+    train = RecallTrainConfig(**{k: v for k, v in kwargs.items() if k not in _FED_KEYS})
+    fed = resolve_recall_fed(fed, train)
+    return fed, train, UniFedRecLDP.of(fed, train)
+
+
+def ldp(**kwargs) -> UniFedRecLDP:
+    return settings(**kwargs)[2]
+
+
+def task_of(model: UniFedRecRecall, vectors: torch.Tensor, pool_rows=None,
+            **kwargs) -> RecallTask:
+    return RecallTask(model, vectors, pool_rows=pool_rows, options=settings(**kwargs)[1])
+
+
+def inputs_of(task: RecallTask, data, method: UniFedRecLDP, generator):
+    return method.inputs(task, data, generator=generator)
 
 
 def make_model(**kwargs) -> UniFedRecRecall:
@@ -76,35 +106,39 @@ def planted(num_users: int = 24, topics: int = 3, per_topic: int = 10,
 
 # ------------------------------------------------------------------------------ config
 def test_config_defaults_and_validation():
-    config = RecallTrainConfig()
-    assert (config.clip, config.noise_scale, config.lr, config.client_fraction,
-            config.negatives, config.clipping) == (0.1, 0.01, 0.05, 0.02, 4, "l1")
+    fed, train, method = settings()
+    assert (fed.clip, fed.noise_scale, fed.server_lr, fed.client_fraction, fed.rounds,
+            train.negatives, train.clipping) == (0.1, 0.01, 0.05, 0.02, 200, 4, "l1")
+    assert (method.clip, method.noise_scale, method.max_samples) == (0.1, 0.01, 64)
     for kwargs, name in [({"clip": 0.0}, "clip"), ({"noise_scale": -1.0}, "noise_scale"),
                          ({"client_fraction": 0.0}, "client_fraction"),
                          ({"clipping": "l2"}, "clipping"), ({"negatives": 0}, "negatives"),
                          ({"strategy": "adam"}, "strategy"), ({"lr": math.inf}, "lr"),
+                         ({"strategy": "fedavg"}, "strategy"),
                          ({"clipping": "none"}, "noise_scale"),
                          ({"negative_source": "all"}, "negative_source")]:
         with pytest.raises(ConfigError, match=name):
-            RecallTrainConfig(**kwargs)
+            settings(**kwargs)
+    with pytest.raises(ConfigError, match="local_steps"):  # a ranking-only setting
+        resolve_recall_fed(FedConfig(local_steps=2), RecallTrainConfig())
     with pytest.raises(TypeError):  # privacy parameters are keyword-only
-        RecallTrainConfig(*[getattr(config, f.name) for f in dataclasses.fields(config)
-                            if f.name != "_"][:16])
-    assert RecallTrainConfig(clients_per_round=5).clients_in_round(3) == 3
-    assert RecallTrainConfig(client_fraction=0.02).clients_in_round(24) == 1
-    assert RecallTrainConfig(client_fraction=0.5).clients_in_round(24) == 12
+        RecallTrainConfig(*[getattr(train, f.name) for f in dataclasses.fields(train)
+                            if f.name != "_"])
+    assert clients_per_round(settings(clients_per_round=5)[0], 3) == 3
+    assert clients_per_round(settings(client_fraction=0.02)[0], 24) == 1
+    assert clients_per_round(settings(client_fraction=0.5)[0], 24) == 12
 
 
 def test_upload_events():
-    l1 = RecallTrainConfig(clip=0.1, noise_scale=0.01).upload_event(1000)
+    l1 = ldp(clip=0.1, noise_scale=0.01).upload_event(1000)
     assert l1.epsilon == pytest.approx(20.0) and l1.sensitivity == pytest.approx(0.2)
     assert l1.noise_scale == 0.01 and l1.phase == "train" and "2*theta/lambda_g" in l1.note
-    elem = RecallTrainConfig(clipping="elementwise", clip=0.1, noise_scale=0.01
-                             ).upload_event(1000)
+    elem = ldp(clipping="elementwise", clip=0.1, noise_scale=0.01).upload_event(1000)
     assert elem.epsilon == pytest.approx(20.0 * 1000)
     assert elem.coordinate_epsilon == pytest.approx(20.0)
-    assert not RecallTrainConfig(noise_scale=0.0).upload_event(10).is_private
-    assert not RecallTrainConfig(clipping="none", noise_scale=0.0).upload_event(10).is_private
+    assert not ldp(noise_scale=0.0).upload_event(10).is_private
+    assert not ldp(clipping="none", noise_scale=0.0).upload_event(10).is_private
+    assert ldp().events(10) == (ldp().upload_event(10),)
 
 
 # --------------------------------------------------------------------- clipping and noise
@@ -113,14 +147,14 @@ def test_privatize_clips_l1_and_adds_laplace_of_scale_lambda():
     updates = torch.randn(4, 5000, generator=gen) * 0.01  # L1 norms ~ 40 >> theta
     updates[3] = updates[3] / updates[3].abs().sum() * 0.05  # already inside: unchanged
     gens = [torch.Generator().manual_seed(10 + i) for i in range(4)]
-    clean, _ = privatize_recall(updates, RecallTrainConfig(noise_scale=0.0), gens)
+    clean, _ = ldp(noise_scale=0.0).privatize(updates, gens)
     norms = clean.abs().sum(1)
     assert torch.allclose(norms[:3], torch.full((3,), 0.1), rtol=1e-5)
     torch.testing.assert_close(clean[3], updates[3])
     torch.testing.assert_close(clean[:3], updates[:3] * (0.1 / updates[:3].abs().sum(1,
                                                                                      True)))
     gens = [torch.Generator().manual_seed(10 + i) for i in range(4)]
-    noisy, event = privatize_recall(updates, RecallTrainConfig(), gens)
+    noisy, event = ldp().privatize(updates, gens)
     assert event.epsilon == pytest.approx(20.0)
     noise = (noisy - clean).double()
     # row i's noise is drawn from generator i alone
@@ -130,30 +164,28 @@ def test_privatize_clips_l1_and_adds_laplace_of_scale_lambda():
     sample = noise.numpy().ravel()
     assert stats.kstest(sample, stats.laplace(scale=0.01).cdf).pvalue > 1e-3
     assert stats.kstest(sample, stats.laplace(scale=0.012).cdf).pvalue < 1e-6
-    elem, _ = privatize_recall(updates * 100, RecallTrainConfig(clipping="elementwise",
-                                                                noise_scale=0.0), gens)
+    elem, _ = ldp(clipping="elementwise", noise_scale=0.0).privatize(updates * 100, gens)
     assert float(elem.abs().max()) == pytest.approx(0.1)
 
 
 def test_client_update_bound_noise_and_determinism():
     vectors, clients = planted()
-    objective = RecallObjective(make_model(), vectors)
+    objective = task_of(make_model(), vectors)
     params = objective.parameters()
     data = clients.client(3)  # 4 clicks
-    raw = recall_client_update(objective, params, data,
-                               RecallTrainConfig(clipping="none", noise_scale=0.0),
-                               generator=client_generator(7, 3, 3))
-    clean = recall_client_update(objective, params, data, RecallTrainConfig(noise_scale=0.0),
-                                 generator=client_generator(7, 3, 3))
+    raw = client_update(objective, params, data, ldp(clipping="none", noise_scale=0.0),
+                        generator=client_generator(7, 3, 3))
+    clean = client_update(objective, params, data, ldp(noise_scale=0.0),
+                          generator=client_generator(7, 3, 3))
     assert float(raw.payload.abs().sum()) > 0.1  # the clip is active
     # clipped payload = raw gradient scaled to L1 norm θ
     torch.testing.assert_close(clean.payload, raw.payload * (0.1 / raw.payload.abs().sum()))
-    noisy = recall_client_update(objective, params, data, RecallTrainConfig(noise_scale=0.05),
-                                 generator=client_generator(7, 3, 3))
-    again = recall_client_update(objective, params, data, RecallTrainConfig(noise_scale=0.05),
-                                 generator=client_generator(7, 3, 3))
-    other = recall_client_update(objective, params, data, RecallTrainConfig(noise_scale=0.05),
-                                 generator=client_generator(7, 4, 3))
+    noisy = client_update(objective, params, data, ldp(noise_scale=0.05),
+                          generator=client_generator(7, 3, 3))
+    again = client_update(objective, params, data, ldp(noise_scale=0.05),
+                          generator=client_generator(7, 3, 3))
+    other = client_update(objective, params, data, ldp(noise_scale=0.05),
+                          generator=client_generator(7, 4, 3))
     assert torch.equal(noisy.payload, again.payload)
     assert not torch.equal(noisy.payload, other.payload)
     noise = (noisy.payload - clean.payload).double().numpy()
@@ -161,24 +193,26 @@ def test_client_update_bound_noise_and_determinism():
     assert stats.kstest(noise, stats.laplace(scale=0.05).cdf).pvalue > 1e-3
     assert stats.kstest(noise, stats.laplace(scale=0.1).cdf).pvalue < 1e-6
     assert noisy.num_examples == 4 and len(noisy.privacy_events) == 1
+    assert noisy.sent().keys() == {"payload"}  # a private upload's count and loss stay home
+    assert raw.sent().keys() == {"payload", "num_examples", "loss"} and raw.weight == 4
     assert noisy.privacy_events[0].epsilon == pytest.approx(2 * 0.1 / 0.05)
 
 
 def test_client_gradient_equals_autograd_through_the_model():
     vectors, clients = planted()
     model = make_model()
-    objective = RecallObjective(model, vectors)
-    config = RecallTrainConfig(clipping="none", noise_scale=0.0, score_noise=True)
+    config = dict(clipping="none", noise_scale=0.0, score_noise=True)
+    objective = task_of(model, vectors, **config)
+    method = ldp(**config)
     for u in (0, 1, 2):  # full history, empty history, one click
         data = clients.client(u)
-        inputs = recall_client_inputs(objective, data, config,
-                                      generator=torch.Generator().manual_seed(u))
-        update = recall_client_update(objective, objective.parameters(), data, config,
-                                      generator=torch.Generator().manual_seed(u))
+        inputs = inputs_of(objective, data, method, torch.Generator().manual_seed(u))
+        update = client_update(objective, objective.parameters(), data, method,
+                               generator=torch.Generator().manual_seed(u))
         # reference: the model's own forward, same draws (samples, negatives, then noise)
         gen = torch.Generator().manual_seed(u)
-        ref_inputs = recall_client_inputs(
-            objective, data, dataclasses.replace(config, score_noise=False), generator=gen)
+        ref_inputs = inputs_of(task_of(model, vectors, **{**config, "score_noise": False}),
+                               data, method, gen)
         assert torch.equal(ref_inputs.candidates, inputs.candidates)
         h, m = vectors[data.history][None], data.history_mask[None]
         n, c = inputs.candidates.shape
@@ -195,12 +229,12 @@ def test_client_gradient_equals_autograd_through_the_model():
 def test_pool_negatives_exclude_the_click():
     vectors, clients = planted()
     pool = torch.arange(1, 8)
-    objective = RecallObjective(make_model(), vectors, pool_rows=pool)
-    config = RecallTrainConfig(negative_source="pool", negatives=6)
+    config = dict(negative_source="pool", negatives=6)
+    objective = task_of(make_model(), vectors, pool, **config)
     for u in range(6):
         data = clients.client(u)
-        cands = recall_client_inputs(objective, data, config,
-                                     generator=torch.Generator().manual_seed(u)).candidates
+        cands = inputs_of(objective, data, ldp(**config),
+                          torch.Generator().manual_seed(u)).candidates
         assert torch.equal(cands[:, 0], data.positives)
         assert bool(torch.isin(cands[:, 1:], pool).all())
         assert not bool((cands[:, 1:] == cands[:, :1]).any())
@@ -208,40 +242,46 @@ def test_pool_negatives_exclude_the_click():
 
 def test_vectorized_round_equals_sequential_client_updates():
     vectors, clients = planted()
-    objective = RecallObjective(make_model(), vectors)
-    params = objective.parameters()
+    model = make_model()
     selected = [0, 1, 2, 5, 9, 13, 14, 19]  # 1-4 clicks, empty and one-click histories
-    for config in (RecallTrainConfig(clipping="none", noise_scale=0.0, score_noise=True,
-                                     max_samples=3, chunk_clients=3),
-                   RecallTrainConfig(noise_scale=0.02)):
-        result = recall_round(objective, params, clients, selected, config, seed=3,
-                              round_index=2)
-        updates = [recall_client_update(objective, params, clients.client(u), config,
-                                        generator=client_generator(3, 2, u))
+    for config in (dict(clipping="none", noise_scale=0.0, score_noise=True, max_samples=3,
+                        chunk_clients=3),
+                   dict(noise_scale=0.02)):
+        fed, _, method = settings(**config)
+        objective = task_of(model, vectors, **config)
+        params = objective.parameters()
+        result = simulate_round(objective, params, clients, selected, method, seed=3,
+                                round_index=2, chunk_clients=fed.chunk_clients)
+        updates = [client_update(objective, params, clients.client(u), method,
+                                 generator=client_generator(3, 2, u))
                    for u in selected]
         torch.testing.assert_close(result.direction, aggregate(updates), rtol=1e-5, atol=1e-7)
+        reference = sequential_round(objective, params, clients, selected, method, seed=3,
+                                     round_index=2)
+        torch.testing.assert_close(reference.direction, aggregate(updates), rtol=0, atol=0)
         assert result.num_examples == [x.num_examples for x in updates]
         assert result.losses == pytest.approx([x.metrics["loss"] for x in updates], rel=1e-5)
+        assert result.events == [x.privacy_events for x in updates]
 
 
 # ----------------------------------------------------------------------------- training
 def test_resume_equals_uninterrupted_run(tmp_path):
     vectors, clients = planted()
-    config = RecallTrainConfig(rounds=4, clients_per_round=5, noise_scale=0.02,
-                               score_noise=True, checkpoint_every=1)
-    full = train_recall(make_model(), vectors, clients, config, seed=1, progress=False)
+    fed, train, _ = settings(rounds=4, clients_per_round=5, noise_scale=0.02,
+                             score_noise=True, checkpoint_every=1)
+    full = train_recall(make_model(), vectors, clients, fed, train, seed=1, progress=False)
     path = tmp_path / "recall.pt"
-    part = train_recall(make_model(), vectors, clients, config, seed=1, progress=False,
+    part = train_recall(make_model(), vectors, clients, fed, train, seed=1, progress=False,
                         checkpoint_path=path, stop_after_rounds=2)
     assert part.round_index == 2
     model = make_model()
-    resumed = train_recall(model, vectors, clients, config, seed=1, progress=False,
+    resumed = train_recall(model, vectors, clients, fed, train, seed=1, progress=False,
                            checkpoint_path=path)
     assert resumed.round_index == 4
     assert torch.equal(resumed.params, full.params)
     assert resumed.log == full.log
     assert resumed.ledger.to_dict() == full.ledger.to_dict()
-    torch.testing.assert_close(RecallObjective(model, vectors).parameters(), full.params,
+    torch.testing.assert_close(RecallTask(model, vectors).parameters(), full.params,
                                rtol=0, atol=0)  # final θ loaded in the model
     # every sampled user spent ε = 2θ/λ_g per round it took part in
     for user in full.ledger.users:
@@ -250,20 +290,19 @@ def test_resume_equals_uninterrupted_run(tmp_path):
         assert 1 <= count <= 4
     assert sum(c for u in full.ledger.users for _, c in full.ledger.events(u)) == 4 * 5
     with pytest.raises(CheckpointError, match="clip"):
-        train_recall(make_model(), vectors, clients, dataclasses.replace(config, clip=0.2),
+        train_recall(make_model(), vectors, clients, dataclasses.replace(fed, clip=0.2), train,
                      seed=1, progress=False, checkpoint_path=path)
     with pytest.raises(CheckpointError, match="seed"):
-        train_recall(make_model(), vectors, clients, config, seed=2, progress=False,
+        train_recall(make_model(), vectors, clients, fed, train, seed=2, progress=False,
                      checkpoint_path=path)
 
 
-def _mean_loss(objective: RecallObjective, clients: ClientDataset, score_clip: bool) -> float:
-    config = RecallTrainConfig(clipping="none", noise_scale=0.0)
-    inputs = [recall_client_inputs(objective, clients.client(u), config,
-                                   generator=torch.Generator().manual_seed(100 + u))
+def _mean_loss(objective: RecallTask, clients: ClientDataset) -> float:
+    method = ldp(clipping="none", noise_scale=0.0)
+    inputs = [method.inputs(objective, clients.client(u),
+                            generator=torch.Generator().manual_seed(100 + u))
               for u in range(clients.num_users)]
-    _, losses = objective.client_gradients(objective.parameters(), inputs,
-                                           score_clip=score_clip)
+    _, losses = objective.gradients(objective.parameters(), inputs)
     return float(losses.mean())
 
 
@@ -271,11 +310,12 @@ def _mean_loss(objective: RecallObjective, clients: ClientDataset, score_clip: b
 def test_loss_decreases_without_noise_on_a_planted_problem(strategy, lr, rounds):
     vectors, clients = planted()
     model = make_model()
-    before = _mean_loss(RecallObjective(model, vectors), clients, False)
-    config = RecallTrainConfig(rounds=rounds, clients_per_round=12, lr=lr, strategy=strategy,
-                               clipping="none", noise_scale=0.0, score_clip=False)
-    state = train_recall(model, vectors, clients, config, seed=0, progress=False)
-    after = _mean_loss(RecallObjective(model, vectors), clients, False)
+    config = dict(rounds=rounds, clients_per_round=12, lr=lr, strategy=strategy,
+                  clipping="none", noise_scale=0.0, score_clip=False)
+    before = _mean_loss(task_of(model, vectors, score_clip=False), clients)
+    fed, train, _ = settings(**config)
+    state = train_recall(model, vectors, clients, fed, train, seed=0, progress=False)
+    after = _mean_loss(task_of(model, vectors, score_clip=False), clients)
     assert before == pytest.approx(math.log(5), abs=0.1)  # untrained: near-uniform
     assert after < 0.5 * before, (before, after)
     first = np.mean([e["loss"] for e in state.log[:5]])

@@ -28,8 +28,8 @@ from privaterec.data.mind import write_news
 from privaterec.data.records import NewsRecord
 from privaterec.data.synth import SynthConfig, generate
 from privaterec.models.factory import build_recommender
-from privaterec.training.checkpoint import save_checkpoint
-from privaterec.training.run import RunDirectory
+from privaterec.runtime.checkpoint import save_checkpoint
+from privaterec.runs.directory import RunDirectory
 
 SERVING_MODEL = ModelConfig(news_encoder="nrms", word_dim=16, num_heads=2, head_dim=8,
                             attention_dim=8, title_len=8, abstract_len=8, history_len=10,
@@ -157,7 +157,7 @@ def served_app(served_store, serving_models) -> Iterator[TestClient]:
 @pytest.fixture(scope="session")
 def recall_model():
     """A random Uni-FedRec recall model over 16-dim news vectors (B_r = 6, M = 3)."""
-    from privaterec.recall.run import RecallModelConfig
+    from privaterec.runs.recall import RecallModelConfig
 
     torch.manual_seed(11)
     return RecallModelConfig(num_basis=6, attention_dim=8, max_channels=3).build(

@@ -17,7 +17,7 @@ from privaterec.config import RunConfig
 from privaterec.data.text import TextVocabularies
 from privaterec.models.factory import build_recommender
 from privaterec.recall.index import ScoreSpaceIndex, allocate_quotas
-from privaterec.recall.run import RecallModelConfig
+from privaterec.runs.recall import RecallModelConfig
 from privaterec.serving.app import NO_BASIS, NO_RECALL, create_app
 from privaterec.serving.bundle import ServingModels, load_parameters
 from privaterec.serving.server import build_service, open_store

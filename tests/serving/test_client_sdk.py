@@ -31,7 +31,7 @@ from privaterec.models.factory import build_recommender
 from privaterec.privacy.calibration import amplified_budget
 from privaterec.privacy.mechanisms import clip_l1
 from privaterec.recall.index import ScoreSpaceIndex
-from privaterec.recall.run import RecallModelConfig
+from privaterec.runs.recall import RecallModelConfig
 from privaterec.privacy.samplers import SIMULATED_NOTE, SecureNoise, SimulationNoise
 from privaterec.serving.client import (ModelChangedError, PrivateRecDevice, UniFedRecDevice,
                                        VDPDevice, dpa_release, json_body)

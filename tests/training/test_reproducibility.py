@@ -18,7 +18,7 @@ import hashlib, sys, torch
 from privaterec.config import RunConfig, TrainConfig
 from privaterec.models.factory import build_recommender
 from privaterec.training.centralized import train_centralized
-from privaterec.training.pipeline import prepare_data
+from privaterec.runs.ranking import prepare_data
 torch.set_num_threads(2)
 prepared = prepare_data(RunConfig(data=sys.argv[1]))
 torch.manual_seed(0)

@@ -32,7 +32,7 @@ from privaterec.errors import ConfigError
 from privaterec.eval.serving import ServingConfig
 from privaterec.experiments.demo import DEMO_ROUNDS, demo_synth_config
 from privaterec.fed.methods import PRIVATEREC_BASIS, resolve_run_config
-from privaterec.training.run import RunDirectory
+from privaterec.runs.directory import RunDirectory
 
 # Training budget of every experiment run: the ONE place to change it.
 ROUNDS = DEMO_ROUNDS  # federated rounds (FedAdam at r = 2%)
@@ -195,12 +195,12 @@ def ensure_run(path: Path, config: RunConfig, *, progress: bool) -> dict[str, An
     """Train ``config`` into ``path`` unless a finished run is already there; its metrics.
 
     A different configuration in ``path`` raises :class:`~privaterec.errors.CheckpointError`
-    (from :func:`~privaterec.training.pipeline.train_run`), an unfinished one resumes.
+    (from :func:`~privaterec.runs.ranking.train_run`), an unfinished one resumes.
     """
     cached = finished_metrics(path, config)
     if cached is not None:
         return cached
-    from privaterec.training.pipeline import train_run
+    from privaterec.runs.ranking import train_run
     return train_run(config, path, progress=progress)
 
 
@@ -220,7 +220,7 @@ def checkpoint_stamp(path: Path) -> list[int]:
 def serve_run(path: Path, serving: ServingConfig, *, progress: bool) -> dict[str, Any]:
     """Test metrics of the run in ``path`` under private serving ``serving`` (cached).
 
-    Calls :func:`~privaterec.training.pipeline.evaluate_run` (which records the queries'
+    Calls :func:`~privaterec.runs.ranking.evaluate_run` (which records the queries'
     releases in ``RUN/privacy.json``) unless ``RUN/serving/<key>.json`` holds the result
     of the same evaluation of the same checkpoint.
     """
@@ -230,7 +230,7 @@ def serve_run(path: Path, serving: ServingConfig, *, progress: bool) -> dict[str
         entry = json.loads(cache.read_text())
         if entry.get("checkpoint") == stamp:
             return entry["result"]
-    from privaterec.training.pipeline import evaluate_run
+    from privaterec.runs.ranking import evaluate_run
     result = evaluate_run(path, progress=progress, serving=serving)
     cache.parent.mkdir(parents=True, exist_ok=True)
     tmp = cache.with_suffix(".json.tmp")

@@ -24,7 +24,7 @@ from privaterec.eval.serving import ServingConfig
 from privaterec.experiments.demo_summary import (DemoFacts, DemoRow, chance_auc_se,
                                                  demo_conclusion, format_main_footnotes,
                                                  format_main_table, format_recall_footnote)
-from privaterec.training.pipeline import evaluate_run, train_run
+from privaterec.runs.ranking import evaluate_run, train_run
 
 
 @dataclass(frozen=True)

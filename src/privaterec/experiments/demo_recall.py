@@ -16,9 +16,9 @@ from privaterec.experiments.demo_summary import RecallRow, format_recall_table
 
 from privaterec.recall.evaluate import query_generator, recall_users
 from privaterec.recall.index import ScoreSpaceIndex
-from privaterec.recall.run import (RecallRunConfig, evaluate_recall_run, load_recall_run,
+from privaterec.runs.recall import (RecallRunConfig, evaluate_recall_run, load_ranker_news,
+                                   load_recall_run,
                                    query_bytes, train_recall_run)
-from privaterec.recall.training import RecallTrainConfig, load_ranker_news
 
 DEMO_RECALL_ROUNDS = 300
 QUICK_RECALL_ROUNDS = 10
@@ -32,10 +32,10 @@ def demo_recall_config(ranker: Path, *, quick: bool) -> RecallRunConfig:
 
     (paper,) = [v for v in VARIANTS if v.slug == "unifedrec"]
     config = paper.run_config(ranker, seed=0, quick=quick)
-    train: RecallTrainConfig = recall_train_config(ldp=True, quick=quick)
-    train = dataclasses.replace(train, rounds=QUICK_RECALL_ROUNDS if quick else
-                                DEMO_RECALL_ROUNDS, clients_per_round=DEMO_RECALL_CLIENTS)
-    return dataclasses.replace(config, train=train)
+    fed, train = recall_train_config(ldp=True, quick=quick)
+    fed = dataclasses.replace(fed, rounds=QUICK_RECALL_ROUNDS if quick else
+                              DEMO_RECALL_ROUNDS, clients_per_round=DEMO_RECALL_CLIENTS)
+    return dataclasses.replace(config, fed=fed, train=train)
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ set has 3,000):
    [−δ, δ] in training as in serving, and learns a public aggregator scale s
    (α = softmax(s·â), post-processing of the release; without it the clipped scores
    cannot weight two basic interests more than e^{2δ} apart);
-3. the recall evaluations (:func:`privaterec.recall.run.evaluate_recall_run`): every test
+3. the recall evaluations (:func:`privaterec.runs.recall.evaluate_recall_run`): every test
    user queries once; R@100…400 of its future clicks (utility, Table 2) and of the clicks
    its query encoded (leakage, Table 3), the AUC of ranking R = 400 recalled candidates
    with the ranker (Table 4), and the λ_I sweep of Fig. 5.
@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from privaterec.config import FedConfig, replace
 from privaterec.data.synth import SynthConfig, write_synthetic
 from privaterec.eval.serving import ServingConfig
 from privaterec.experiments.common import (RunSpec, Stopwatch, Summary, check_seeds,
@@ -45,9 +46,9 @@ from privaterec.experiments.common import (RunSpec, Stopwatch, Summary, check_se
                                            markdown_table, run_dir, summarize, write_csv,
                                            write_text)
 from privaterec.recall.evaluate import RECALL_KS
-from privaterec.recall.run import (RecallModelConfig, RecallRunConfig, evaluate_recall_run,
+from privaterec.runs.recall import (RecallModelConfig, RecallRunConfig, evaluate_recall_run,
                                    is_recall_run, train_recall_run)
-from privaterec.recall.training import RecallTrainConfig
+from privaterec.recall.task import RecallTrainConfig
 
 RECALL_SYNTH = SynthConfig(news=6000, seed=0)
 """Data of the experiment: the demo's synthetic generator with a 6,000-news pool."""
@@ -69,14 +70,16 @@ DISTANCE_THRESHOLD = 0.5  # d_c (cosine, average linkage): 1.0 gives one channel
 SCALE = 100.0  # recalls are printed in % like the paper's tables
 
 
-def recall_train_config(*, ldp: bool, quick: bool) -> RecallTrainConfig:
-    """Training of the recall rows: FedAdam with the paper's LDP upload (``ldp``) or none."""
+def recall_train_config(*, ldp: bool, quick: bool) -> tuple[FedConfig, RecallTrainConfig]:
+    """Training of the recall rows (the engine's settings, recall's own): FedAdam with the
+    paper's LDP upload (``ldp``) or none."""
     rounds = QUICK_RECALL_ROUNDS if quick else (LDP_RECALL_ROUNDS if ldp else RECALL_ROUNDS)
-    common = dict(rounds=rounds, clients_per_round=RECALL_CLIENTS, strategy="fedadam",
-                  lr=0.003, negative_source="pool", score_clip=True)
+    fed = FedConfig(rounds=rounds, clients_per_round=RECALL_CLIENTS, strategy="fedadam",
+                    server_lr=0.003)
     if ldp:
-        return RecallTrainConfig(**common)  # type: ignore[arg-type]
-    return RecallTrainConfig(**common, clipping="none", noise_scale=0.0)  # type: ignore[arg-type]
+        return fed, RecallTrainConfig(negative_source="pool", score_clip=True)
+    return (replace(fed, noise_scale=0.0),
+            RecallTrainConfig(negative_source="pool", score_clip=True, clipping="none"))
 
 
 @dataclass(frozen=True)
@@ -89,11 +92,12 @@ class RecallVariant:
     bie: bool = True
 
     def run_config(self, ranker: Path, *, seed: int, quick: bool) -> RecallRunConfig:
+        fed, train = recall_train_config(ldp=self.ldp, quick=quick)
         return RecallRunConfig(
             ranker=str(ranker), seed=seed,
             model=RecallModelConfig(distance_threshold=DISTANCE_THRESHOLD, bie=self.bie,
                                     aggregator_scale=self.bie),
-            train=recall_train_config(ldp=self.ldp, quick=quick))
+            fed=fed, train=train)
 
 
 UNIFEDREC = RecallVariant("unifedrec", "Uni-FedRec", ldp=True)
@@ -182,7 +186,7 @@ class _Seed:
             log(f"[seed {self.seed}] recall model {variant.slug}", progress=self.progress)
             if not (is_recall_run(path) and (path / "metrics.json").exists()
                     and RecallRunConfig.from_yaml(path / "recall.yaml")
-                    == dataclasses.replace(config, data=self.data)):
+                    == dataclasses.replace(config, data=self.data).resolved()):
                 train_recall_run(dataclasses.replace(config, data=self.data), path,
                                  progress=self.progress)
             self.runs[variant.slug] = path

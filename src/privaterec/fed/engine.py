@@ -1,54 +1,143 @@
 """One entry point for federated training, whatever the engine (DESIGN §2).
 
-Builds the pieces every engine shares — the model as a function of θ
-(:class:`~privaterec.fed.objective.LocalObjective`), the client method and the server
-strategy — and runs them on the vectorized simulator or on Flower.
+:func:`train_federated_run` builds what every engine shares for a ranking run — the model
+as a function of θ (:class:`~privaterec.fed.objective.LocalObjective`), the client method
+and the server strategy — and runs them on an :class:`Engine`: the vectorized simulator
+(:class:`SimulatorEngine`, the default) or Flower (``privaterec.fed.flower.FlowerEngine``,
+passed in by the caller that chose it). Any task trains the same way through
+:meth:`Engine.train`.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
-from privaterec.config import RunConfig
+from privaterec.config import FedConfig, RunConfig
 from privaterec.data.clients import ClientDataset
 from privaterec.errors import ConfigError
 from privaterec.fed.methods import ClientMethod, resolve_run_config
 from privaterec.fed.objective import LocalObjective
-from privaterec.fed.simulator import (FederatedState, RoundCallback, clients_per_round,
-                                      eligible_clients, train_federated)
-from privaterec.fed.strategies import build_strategy, with_pretrained_lr
+from privaterec.fed.sampling import clients_per_round, eligible_clients
+from privaterec.fed.simulator import FederatedState, RoundCallback, train_federated
+from privaterec.fed.strategies import Strategy, build_strategy, with_pretrained_lr
+from privaterec.fed.task import FederatedTask
 from privaterec.models.recommender import Recommender
 
-CheckpointCallback = Callable[[FederatedState, dict[str, Any]], None]
+CheckpointCallback = Callable[[FederatedState], None]
 
 
-def check_run(config: RunConfig, clients: ClientDataset) -> None:
+class Engine(Protocol):
+    """Runs a federated training job: the rounds of ``fed`` for ``task`` and ``method``.
+
+    The simulator computes the clients' updates in process; Flower
+    (:class:`privaterec.fed.flower.FlowerEngine`) sends them to the SuperNodes holding the
+    clients. Both run :func:`~privaterec.fed.simulator.train_federated`'s loop.
+    """
+
+    def train(self, task: FederatedTask[Any], clients: ClientDataset, fed: FedConfig,
+              method: ClientMethod, strategy: Strategy, *, seed: int,
+              checkpoint_path: str | Path | None = None,
+              on_evaluate: RoundCallback | None = None,
+              on_checkpoint: CheckpointCallback | None = None, progress: bool = True,
+              stop_after_rounds: int | None = None,
+              checkpoint_extra: dict[str, Any] | None = None) -> FederatedState: ...
+
+
+class SimulatorEngine:
+    """The vectorized in-process simulator (:func:`~privaterec.fed.simulator.simulate_round`)."""
+
+    def train(self, task: FederatedTask[Any], clients: ClientDataset, fed: FedConfig,
+              method: ClientMethod, strategy: Strategy, *, seed: int,
+              checkpoint_path: str | Path | None = None,
+              on_evaluate: RoundCallback | None = None,
+              on_checkpoint: CheckpointCallback | None = None, progress: bool = True,
+              stop_after_rounds: int | None = None,
+              checkpoint_extra: dict[str, Any] | None = None) -> FederatedState:
+        return train_federated(task, clients, fed, method, strategy, seed=seed,
+                               checkpoint_path=checkpoint_path, on_evaluate=on_evaluate,
+                               on_checkpoint=on_checkpoint, progress=progress,
+                               stop_after_rounds=stop_after_rounds,
+                               checkpoint_extra=checkpoint_extra)
+
+
+def check_engine(method: ClientMethod, clients: ClientDataset, *, engine: str) -> None:
     """Refuse a federated run whose settings cannot hold for these training users, before
-    anything is trained or written (central DP: δ must be below 1/N; simulator only).
+    anything is trained or written (central DP: δ below 1/N; simulator only).
 
     Raises
     ------
     ConfigError
         Naming the setting and what to pass instead.
     """
+    if method.trusted_aggregator and engine == "flower":
+        raise ConfigError(f"{method.name} (central DP) runs on the simulator only for now: "
+                          f"on Flower the server's noise on the sum and secure aggregation "
+                          f"are not wired yet; use --engine simulator")
+    method.check_population(len(eligible_clients(clients,
+                                                 by_impressions=method.by_impressions)))
+
+
+def check_run(config: RunConfig, clients: ClientDataset) -> None:
+    """:func:`check_engine` of a ranking run configuration."""
+    config = resolve_run_config(config)
+    check_engine(ClientMethod.from_config(config), clients, engine=config.fed.engine)
+
+
+@dataclass
+class FederatedJob:
+    """What a ranking run trains federatedly: the task, the client method, the server
+    strategy and the resolved settings (:func:`federated_job`)."""
+
+    config: RunConfig
+    task: LocalObjective
+    method: ClientMethod
+    strategy: Strategy
+
+    def clients_per_round(self, clients: ClientDataset) -> int:
+        """m, the clients sampled per round (the expected count for Poisson sampling)."""
+        return clients_per_round(self.config.fed, len(eligible_clients(
+            clients, by_impressions=self.method.by_impressions)))
+
+    def train(self, clients: ClientDataset, *, engine: Engine | None = None,
+              checkpoint_path: str | Path | None = None, progress: bool = True,
+              on_evaluate: RoundCallback | None = None,
+              on_checkpoint: CheckpointCallback | None = None,
+              stop_after_rounds: int | None = None) -> FederatedState:
+        """Run the job on ``engine`` (default: the simulator; ``fed.engine = "flower"``
+        needs the Flower engine passed in)."""
+        fed = self.config.fed
+        check_engine(self.method, clients, engine=fed.engine)
+        if engine is None:
+            if fed.engine != "simulator":
+                raise ConfigError(f"fed.engine = {fed.engine!r} needs its engine passed in "
+                                  f"(privaterec.runs.engines.build_engine)")
+            engine = SimulatorEngine()
+        return engine.train(self.task, clients, fed, self.method, self.strategy,
+                            seed=self.config.train.seed, checkpoint_path=checkpoint_path,
+                            on_evaluate=on_evaluate, on_checkpoint=on_checkpoint,
+                            progress=progress, stop_after_rounds=stop_after_rounds)
+
+
+def federated_job(config: RunConfig, model: Recommender, *,
+                  progress: bool = True) -> FederatedJob:
+    """The :class:`FederatedJob` of a ranking run configuration (resolved here if needed).
+
+    ``model``: the global model with the training news table attached; its parameters are
+    θ₀ and the final θ is loaded into it.
+    """
     config = resolve_run_config(config)
     method = ClientMethod.from_config(config)
-    if not method.is_central:
-        return
-    if config.fed.engine == "flower":
-        raise ConfigError("dp-fedavg (central DP) runs on the simulator only for now: on "
-                          "Flower the server's noise on the sum and secure aggregation are "
-                          "not wired yet; use --engine simulator")
-    population = len(eligible_clients(clients))
-    if not method.delta < 1 / max(1, population):
-        raise ConfigError(f"dp-fedavg's 'fed.target_delta' = {method.delta:g} is not below "
-                          f"1/N = {1 / max(1, population):.3g} for N = {population} training "
-                          f"users: a delta that large allows releasing a user's data "
-                          f"outright; pass --target-delta below {1 / max(1, population):.3g}")
+    model.prepare_news_table(progress=progress)  # PLM: frozen MiniLM layers, once (tqdm)
+    task = LocalObjective(model)
+    strategy = with_pretrained_lr(build_strategy(config.fed), task.pretrained_mask(),
+                                  config.train.plm_lr)
+    return FederatedJob(config, task, method, strategy)
 
 
 def train_federated_run(config: RunConfig, model: Recommender, clients: ClientDataset, *,
+                        engine: Engine | None = None,
                         checkpoint_path: str | Path | None = None, progress: bool = True,
                         on_evaluate: RoundCallback | None = None,
                         on_checkpoint: CheckpointCallback | None = None,
@@ -60,35 +149,16 @@ def train_federated_run(config: RunConfig, model: Recommender, clients: ClientDa
     config: a run configuration of a federated method (resolved here if needed).
     model: the global model with the training news table attached; its parameters are θ₀.
     clients: the training users.
-    on_checkpoint: called with the state and the release description (for ``privacy.json``).
+    engine: where the rounds run (default: the simulator).
     Other parameters: see :func:`privaterec.fed.simulator.train_federated`.
     """
     config = resolve_run_config(config)
-    fed = config.fed
-    model.prepare_news_table(progress=progress)  # PLM: frozen MiniLM layers, once (tqdm)
-    objective = LocalObjective(model)
-    method = ClientMethod.from_config(config)
-    strategy = with_pretrained_lr(build_strategy(fed), objective.pretrained_mask(),
-                                  config.train.plm_lr)
-    check_run(config, clients)
-    m = clients_per_round(fed, len(eligible_clients(clients,
-                                                    by_impressions=method.is_privaterec)))
-    release = method.release(dimension=objective.dimension,
-                             noised_parameters=objective.parameter_names(),
-                             clients_per_round=m,
-                             client_fraction=m / max(1, clients.num_users))
+    check_engine(ClientMethod.from_config(config), clients, engine=config.fed.engine)
+    return federated_job(config, model, progress=progress).train(
+        clients, engine=engine, checkpoint_path=checkpoint_path, progress=progress,
+        on_evaluate=on_evaluate, on_checkpoint=on_checkpoint,
+        stop_after_rounds=stop_after_rounds)
 
-    def checkpointed(state: FederatedState) -> None:
-        if on_checkpoint is not None:
-            on_checkpoint(state, release)
 
-    if fed.engine == "flower":
-        from privaterec.fed.flower import train_with_flower
-        return train_with_flower(config, objective, clients, method, strategy,
-                                 checkpoint_path=checkpoint_path, on_evaluate=on_evaluate,
-                                 on_checkpoint=checkpointed, progress=progress,
-                                 stop_after_rounds=stop_after_rounds)
-    return train_federated(objective, clients, fed, method, strategy, seed=config.train.seed,
-                           checkpoint_path=checkpoint_path, on_evaluate=on_evaluate,
-                           on_checkpoint=checkpointed, progress=progress,
-                           stop_after_rounds=stop_after_rounds)
+__all__ = ["CheckpointCallback", "Engine", "FederatedJob", "SimulatorEngine", "check_engine",
+           "check_run", "federated_job", "train_federated_run"]

@@ -20,48 +20,19 @@ function of (θ, data, generator): dropout would draw from torch's global genera
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.func import functional_call, grad, grad_and_value, vmap
+from torch.func import functional_call, grad, grad_and_value
 
+from privaterec.data.clients import ClientData, draw_candidates
+from privaterec.fed.task import ParamSpec, per_client_gradients
 from privaterec.models.recommender import Recommender
 from privaterec.privacy.dpa import relu_normalize
-
-
-@dataclass(frozen=True)
-class ParamSpec:
-    """Names and shapes of the trainable parameters, in a fixed order (θ's layout)."""
-
-    names: tuple[str, ...]
-    shapes: tuple[tuple[int, ...], ...]
-
-    @classmethod
-    def of(cls, module: nn.Module) -> "ParamSpec":
-        """The parameters of ``module`` with ``requires_grad``, in registration order."""
-        items = [(n, tuple(p.shape)) for n, p in module.named_parameters() if p.requires_grad]
-        return cls(tuple(n for n, _ in items), tuple(s for _, s in items))
-
-    @property
-    def numels(self) -> tuple[int, ...]:
-        return tuple(int(torch.Size(s).numel()) for s in self.shapes)
-
-    @property
-    def dimension(self) -> int:
-        """D, the number of trainable (uploaded) coordinates."""
-        return sum(self.numels)
-
-    def flatten(self, tensors: dict[str, torch.Tensor]) -> torch.Tensor:
-        """``{name: Tensor[shape]}`` → ``Tensor[D]`` (float32)."""
-        return torch.cat([tensors[n].reshape(-1).float() for n in self.names])
-
-    def unflatten(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
-        """``Tensor[D]`` → ``{name: view of shape}`` (differentiable, vmap-compatible)."""
-        parts = torch.split(flat, list(self.numels))
-        return {n: part.reshape(shape) for n, part, shape in zip(self.names, parts, self.shapes)}
+from privaterec.privacy.randomness import Randomness, randperm
 
 
 class _RoundLoss(nn.Module):
@@ -193,6 +164,38 @@ class ClientBatch:
         return cls(torch.stack(history), torch.stack(history_mask), padded, weights, noise)
 
 
+@dataclass(frozen=True)
+class ClientInputs:
+    """A ranking client's inputs to its gradient, after its random draws.
+
+    history: ``LongTensor[H]`` (PrivateRec: padded positions hold row 0, the anonymous news
+    r₀); history_mask: ``BoolTensor[H]``; candidates: ``LongTensor[n, 1 + k]`` with the
+    (released) positive in column 0; attention_noise: PrivateRec's DPA noise ``[B]`` or None
+    (None for PrivateRec on a secure source too: the device releases α̃ itself, float-safe,
+    once α is computed; :mod:`privaterec.fed.methods.privaterec`).
+    """
+
+    history: torch.Tensor
+    history_mask: torch.Tensor
+    candidates: torch.Tensor
+    attention_noise: torch.Tensor | None = None
+
+
+def draw_samples(data: ClientData, *, max_samples: int, negatives: int,
+                 generator: Randomness) -> tuple[torch.Tensor, torch.Tensor]:
+    """A ranking client's draws: chosen sample indices ``[n]`` (at most ``max_samples``, a
+    random subset when it has more) and their candidates ``[n, 1 + k]`` (k = ``negatives``
+    non-clicked news per click), in this order on ``generator``."""
+    n = data.num_samples
+    if n > max_samples:
+        chosen = randperm(generator, n)[: max_samples].sort().values
+    else:
+        chosen = torch.arange(n)
+    return chosen, draw_candidates(data.positives[chosen], data.negatives[chosen],
+                                   data.negative_counts[chosen], negatives=negatives,
+                                   generator=generator)
+
+
 class LocalObjective:
     """Losses and gradients of the global model's trainable parameters θ ∈ R^D.
 
@@ -248,6 +251,38 @@ class LocalObjective:
         pretrained = set(self.model.pretrained_parameter_names())
         return torch.cat([torch.full((n,), name in pretrained) for name, n in
                           zip(self.parameter_names(), self.spec.numels)])
+
+    def public_state(self) -> dict[str, torch.Tensor]:
+        """The model's tensors outside θ (frozen parameters and buffers)."""
+        trainable = set(self.parameter_names())
+        return {n: t for n, t in self.model.state_dict().items() if n not in trainable}
+
+    # -- the task protocol (privaterec.fed.task.FederatedTask) --------------------------------
+    def client_inputs(self, data: ClientData, *, max_samples: int, negatives: int,
+                      generator: Randomness) -> ClientInputs:
+        """A client's history and the candidates of its drawn samples (:func:`draw_samples`)."""
+        _, candidates = draw_samples(data, max_samples=max_samples, negatives=negatives,
+                                     generator=generator)
+        return ClientInputs(data.history, data.history_mask, candidates)
+
+    @staticmethod
+    def batch(inputs: Sequence[ClientInputs], *,
+              with_noise: bool = False) -> ClientBatch:
+        """The clients' inputs padded to one :class:`ClientBatch` (``with_noise``: with
+        their DPA noise)."""
+        noise = [x.attention_noise for x in inputs] if with_noise else None
+        return ClientBatch.stack([x.history for x in inputs], [x.history_mask for x in inputs],
+                                 [x.candidates for x in inputs], noise)  # type: ignore[arg-type]
+
+    def gradient(self, flat: torch.Tensor, inputs: ClientInputs) -> tuple[torch.Tensor, float]:
+        """:meth:`client_gradient` of one client's inputs."""
+        return self.client_gradient(flat, inputs.history, inputs.history_mask,
+                                    inputs.candidates)
+
+    def gradients(self, flat: torch.Tensor, inputs: Sequence[ClientInputs], *,
+                  chunk_clients: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`client_gradients` of the clients' inputs."""
+        return self.client_gradients(flat, self.batch(inputs), chunk_clients=chunk_clients)
 
     # -- losses ----------------------------------------------------------------------------
     def _call(self, flat: torch.Tensor, *args: object) -> torch.Tensor:
@@ -331,27 +366,21 @@ class LocalObjective:
         :meth:`client_gradient` per client.
         """
         shape = (2, self.dimension) if split_history else (self.dimension,)
-        grads = torch.empty(batch.num_clients, *shape)
-        losses = torch.empty(batch.num_clients)
         fn = self._split_grad if split_history else grad_and_value(self._client_loss)
-        noise_dim = None if batch.attention_noise is None else 0
-        batched = vmap(fn, in_dims=(None, 0, 0, 0, 0, noise_dim))
-        for part, chunk in batch.chunks(chunk_clients):
-            if self.supports_vmap:
-                g, loss = batched(flat, chunk.history, chunk.history_mask, chunk.candidates,
-                                  chunk.weights, chunk.attention_noise)
-            else:
-                g, loss = self._loop(fn, flat, chunk)
-            grads[part], losses[part] = g, loss
-        return grads, losses
+        return self._per_client(fn, flat, batch, chunk_clients, shape)
 
-    def _loop(self, fn: Callable, flat: torch.Tensor,
-              chunk: ClientBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        noise = chunk.attention_noise
-        outs = [fn(flat, chunk.history[i], chunk.history_mask[i], chunk.candidates[i],
-                   chunk.weights[i], None if noise is None else noise[i])
-                for i in range(chunk.num_clients)]
-        return torch.stack([o[0] for o in outs]), torch.stack([o[1] for o in outs])
+    def _per_client(self, fn: Callable[..., tuple[torch.Tensor, torch.Tensor]],
+                    flat: torch.Tensor, batch: ClientBatch, chunk_clients: int,
+                    shape: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """``fn`` per client of ``batch`` (:func:`~privaterec.fed.task.per_client_gradients`
+        over :meth:`ClientBatch.chunks`)."""
+        noise_dim = None if batch.attention_noise is None else 0
+        chunks = ((part, (chunk.history, chunk.history_mask, chunk.candidates, chunk.weights,
+                          chunk.attention_noise))
+                  for part, chunk in batch.chunks(chunk_clients))
+        return per_client_gradients(fn, flat, chunks, num_clients=batch.num_clients,
+                                    shape=shape, in_dims=(0, 0, 0, 0, noise_dim),
+                                    vectorize=self.supports_vmap)
 
     def round_gradient(self, flat: torch.Tensor, batch: ClientBatch, *,
                        uniform_clients: bool = False) -> tuple[torch.Tensor, float]:
@@ -405,18 +434,7 @@ class LocalObjective:
                 theta = theta - lr * g
             return start - theta, first_loss
 
-        deltas = torch.empty(batch.num_clients, self.dimension)
-        losses = torch.empty(batch.num_clients)
-        noise_dim = None if batch.attention_noise is None else 0
-        batched = vmap(local, in_dims=(None, 0, 0, 0, 0, noise_dim))
-        for part, chunk in batch.chunks(chunk_clients):
-            if self.supports_vmap:
-                d, loss = batched(flat, chunk.history, chunk.history_mask, chunk.candidates,
-                                  chunk.weights, chunk.attention_noise)
-            else:
-                d, loss = self._loop(local, flat, chunk)
-            deltas[part], losses[part] = d, loss
-        return deltas, losses
+        return self._per_client(local, flat, batch, chunk_clients, (self.dimension,))
 
 
-__all__ = ["ClientBatch", "LocalObjective", "ParamSpec"]
+__all__ = ["ClientBatch", "ClientInputs", "LocalObjective", "ParamSpec", "draw_samples"]

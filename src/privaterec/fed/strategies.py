@@ -23,7 +23,7 @@ import torch
 
 from privaterec.config import FedConfig
 from privaterec.errors import ConfigError
-from privaterec.fed.client import ClientUpdate
+from privaterec.fed.update import ClientUpdate
 
 State = dict[str, torch.Tensor]
 

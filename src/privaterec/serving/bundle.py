@@ -11,7 +11,7 @@ user ids): :meth:`ServingModels.parameters_payload` is a fresh ``torch.save`` of
 ``{"config_yaml", "vocab_json", "state_dict", "model_version"}`` with the model's
 ``state_dict`` only, and :meth:`ServingModels.recall_parameters_payload` of
 ``{"recall_yaml", "state_dict", "model_version"}`` where ``recall_yaml`` is the YAML of a
-:class:`~privaterec.recall.run.RecallModelConfig` (rebuild with
+:class:`~privaterec.runs.recall.RecallModelConfig` (rebuild with
 ``RecallModelConfig(**yaml.safe_load(recall_yaml)).build(dim)``).
 """
 
@@ -38,10 +38,10 @@ from privaterec.serving.store import Article
 
 if TYPE_CHECKING:
     from privaterec.recall.model import UniFedRecRecall
-    from privaterec.recall.run import RecallModelConfig
+    from privaterec.runs.recall import RecallModelConfig
 
 VERSION_CHARS = 12
-RECALL_CONFIG_FILE = "recall.yaml"  # privaterec.recall.run.RECALL_CONFIG_FILE
+RECALL_CONFIG_FILE = "recall.yaml"  # privaterec.runs.recall.RECALL_CONFIG_FILE
 ENCODE_BATCH = 256
 PRIVACY_NOTE = (
     "PrivateRec queries send only alpha: B attention weights over the public basic vectors, "
@@ -72,7 +72,7 @@ def state_digest(module: torch.nn.Module) -> bytes:
 
 
 def recall_model_config(model: "UniFedRecRecall") -> "RecallModelConfig":
-    """The :class:`~privaterec.recall.run.RecallModelConfig` that rebuilds ``model``'s
+    """The :class:`~privaterec.runs.recall.RecallModelConfig` that rebuilds ``model``'s
     architecture with ``.build(model.dim)``.
 
     Raises
@@ -81,7 +81,7 @@ def recall_model_config(model: "UniFedRecRecall") -> "RecallModelConfig":
         If the model has no clipping (serving needs clipped scores) or heads other than the
         16-dim heads :meth:`RecallModelConfig.build` uses.
     """
-    from privaterec.recall.run import HEAD_DIM, RecallModelConfig
+    from privaterec.runs.recall import HEAD_DIM, RecallModelConfig
 
     if model.clip is None:
         raise ConfigError("the recall model has clip=None; serving needs clipped "
@@ -118,7 +118,7 @@ class ServingModels:
         The run's files as devices download them (default: serialised from ``config`` and
         ``vocabs``).
     recall_config:
-        The recall model's :class:`~privaterec.recall.run.RecallModelConfig` (default:
+        The recall model's :class:`~privaterec.runs.recall.RecallModelConfig` (default:
         :func:`recall_model_config`).
 
     Attributes
@@ -167,13 +167,13 @@ class ServingModels:
         CheckpointError
             If a file is missing or does not match.
         """
-        from privaterec.training.pipeline import load_run_model
-        from privaterec.training.run import RunDirectory
+        from privaterec.runs.ranking import load_run_model
+        from privaterec.runs.directory import RunDirectory
 
         run = Path(run)
         recall_run = None
         if (run / RECALL_CONFIG_FILE).is_file():  # imports the recall package only if needed
-            from privaterec.recall.run import load_recall_run
+            from privaterec.runs.recall import load_recall_run
             recall_run = load_recall_run(run)
         ranker_dir = RunDirectory(recall_run.ranker if recall_run is not None else run)
         config, vocabs, model = load_run_model(ranker_dir.path)

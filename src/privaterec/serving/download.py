@@ -163,17 +163,17 @@ def fetch_model(base_url: str | None = None, *, transport: Transport | None = No
 def build_recall_model(recall_yaml: str, state_dict: Mapping[str, Tensor]) -> UniFedRecRecall:
     """Rebuild the Uni-FedRec recall model from its downloaded ``recall_yaml`` and weights.
 
-    ``recall_yaml`` is a :class:`~privaterec.recall.run.RecallModelConfig` (at the top level,
+    ``recall_yaml`` is a :class:`~privaterec.runs.recall.RecallModelConfig` (at the top level,
     as the server sends it, or under ``model`` as in a run's ``recall.yaml``); d is the width
     of the basic interest embeddings in ``state_dict``; the architecture is
-    :meth:`RecallModelConfig.build(d) <privaterec.recall.run.RecallModelConfig.build>`.
+    :meth:`RecallModelConfig.build(d) <privaterec.runs.recall.RecallModelConfig.build>`.
 
     Raises
     ------
     CheckpointError
         Unreadable YAML, or weights that do not match the architecture.
     """
-    from privaterec.recall.run import RecallModelConfig
+    from privaterec.runs.recall import RecallModelConfig
 
     try:
         raw = yaml.safe_load(recall_yaml) or {}

@@ -18,8 +18,8 @@ from tqdm.auto import tqdm
 from privaterec.config import TrainConfig
 from privaterec.data.clients import ClientDataset
 from privaterec.models.recommender import Recommender
-from privaterec.training.checkpoint import load_checkpoint, save_checkpoint
-from privaterec.training.determinism import deterministic_algorithms
+from privaterec.runtime.checkpoint import load_checkpoint, save_checkpoint
+from privaterec.runtime.determinism import deterministic_algorithms
 
 EpochCallback = Callable[[int, dict[str, float]], dict[str, Any] | None]
 
@@ -62,7 +62,7 @@ def train_centralized(model: Recommender, clients: ClientDataset, config: TrainC
     -------
     One log entry per completed epoch: ``{"epoch", "loss", ...}``.
 
-    Training runs with deterministic algorithms (see :mod:`privaterec.training.determinism`),
+    Training runs with deterministic algorithms (see :mod:`privaterec.runtime.determinism`),
     so the same seed gives bitwise the same parameters in any process.
     """
     with deterministic_algorithms():

@@ -51,9 +51,9 @@ def _patched(module: Any, name: str, value: Any) -> Iterator[None]:
 @contextmanager
 def published_dpl() -> Iterator[None]:
     """PrivateRec clients use :func:`published_dpl_labels` (module docstring)."""
-    import privaterec.fed.client as fed_client
+    import privaterec.fed.methods.privaterec as privaterec_client
 
-    with _patched(fed_client, "release_labels", published_dpl_labels):
+    with _patched(privaterec_client, "release_labels", published_dpl_labels):
         yield
 
 
@@ -61,7 +61,7 @@ def published_dpl() -> Iterator[None]:
 def scaled_noise(factor: float) -> Iterator[None]:
     """Every Laplace draw (mechanisms and Uni-FedRec's recall upload) at ``factor`` × scale."""
     import privaterec.privacy.mechanisms as mechanisms
-    import privaterec.recall.training as recall_training
+    import privaterec.recall.task as recall_task
 
     original = mechanisms.laplace_noise
 
@@ -69,14 +69,14 @@ def scaled_noise(factor: float) -> Iterator[None]:
         return original(shape, scale=scale * factor, generator=generator, **kwargs)
 
     with _patched(mechanisms, "laplace_noise", noise), \
-            _patched(recall_training, "laplace_noise", noise):
+            _patched(recall_task, "laplace_noise", noise):
         yield
 
 
 @contextmanager
 def reply_with_loss() -> Iterator[None]:
     """:meth:`ClientUpdate.sent` also returns ``metrics["loss"]``."""
-    from privaterec.fed.client import ClientUpdate
+    from privaterec.fed.update import ClientUpdate
 
     sent = ClientUpdate.sent
 

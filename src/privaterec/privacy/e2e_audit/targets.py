@@ -132,17 +132,18 @@ def _federated_target(method: str, world: AuditWorld, *, mode: str, epsilon: flo
 
 
 def recall_config(*, epsilon: float):
-    """Uni-FedRec's recall training config at per-round ε: L1 clip θ, λ_g = 2θ/ε."""
-    from privaterec.recall.training import RecallTrainConfig
+    """Uni-FedRec's LDP client method at per-round ε: L1 clip θ, λ_g = 2θ/ε."""
+    from privaterec.recall.task import UniFedRecLDP
 
-    return RecallTrainConfig(clipping="l1", clip=RECALL_CLIP,
-                             noise_scale=2 * RECALL_CLIP / epsilon if math.isfinite(epsilon)
-                             else 0.0)
+    return UniFedRecLDP(negatives=4, max_samples=64, clipping="l1", clip=RECALL_CLIP,
+                        noise_scale=2 * RECALL_CLIP / epsilon if math.isfinite(epsilon)
+                        else 0.0)
 
 
 def _recall_target(world: AuditWorld, *, epsilon: float) -> Target:
+    from privaterec.fed.client import client_update
     from privaterec.recall.model import UniFedRecRecall
-    from privaterec.recall.training import RecallObjective, recall_client_update
+    from privaterec.recall.task import RecallTask
 
     dim = 2
     torch.manual_seed(0)
@@ -150,15 +151,14 @@ def _recall_target(world: AuditWorld, *, epsilon: float) -> Target:
                             max_channels=2, distance_threshold=0.5)
     vectors = torch.randn(len(world.features), dim, generator=torch.Generator().manual_seed(0))
     vectors[0] = 0
-    objective = RecallObjective(model, vectors)
-    config = recall_config(epsilon=epsilon)
-    params = objective.parameters()
+    task = RecallTask(model, vectors)
+    method = recall_config(epsilon=epsilon)
+    params = task.parameters()
 
     def upload(data: ClientData, generator: torch.Generator) -> Release:
-        return _release(recall_client_update(objective, params, data, config,
-                                             generator=generator))
+        return _release(client_update(task, params, data, method, generator=generator))
 
-    return Target("unifedrec", "-", upload, note=f"recall model, D = {objective.dimension}")
+    return Target("unifedrec", "-", upload, note=f"recall model, D = {task.dimension}")
 
 
 def make_target(method: str, world: AuditWorld, *, mode: str = "strict", epsilon: float,

@@ -1,6 +1,7 @@
-"""From a data directory and a run configuration to a trained, evaluated run directory.
+"""From a data directory and a run configuration to a trained, evaluated ranking run.
 
-This is the library entry point behind ``privaterec train`` and ``privaterec evaluate``:
+This is the library entry point behind ``privaterec train`` and ``privaterec evaluate`` (for
+Uni-FedRec runs: :mod:`privaterec.runs.recall`):
 load data → vocabularies from training news only → news feature table → client datasets →
 train (centralized or popularity) → evaluate on the test split → write the run directory.
 """
@@ -16,8 +17,9 @@ from typing import Any, Callable
 
 import torch
 
+import yaml
+
 from privaterec.config import FEDERATED_METHODS, RunConfig
-from privaterec.fed.methods import resolve_run_config
 from privaterec.data.clients import ClientDataset, build_client_dataset
 from privaterec.data.features import NewsFeatures, build_news_features, build_vocabularies
 from privaterec.data.mind import load_dataset
@@ -26,14 +28,18 @@ from privaterec.data.text import TextVocabularies
 from privaterec.errors import CheckpointError, ConfigError
 from privaterec.eval.evaluate import evaluate_model
 from privaterec.eval.serving import ServingConfig, private_user_encoder, serving_event
+from privaterec.fed.engine import check_run, federated_job
+from privaterec.fed.methods import resolve_run_config
 from privaterec.models.factory import build_recommender, vocabulary_kind
 from privaterec.models.recommender import Recommender
 from privaterec.privacy.ledger import PrivacyEvent
+from privaterec.runs.directory import RunDirectory
+from privaterec.runs.engines import build_engine
+from privaterec.runs.report import release_description
+from privaterec.runtime.checkpoint import load_checkpoint
+from privaterec.runtime.determinism import flush_denormals
 from privaterec.training.centralized import train_centralized
-from privaterec.training.checkpoint import load_checkpoint
-from privaterec.training.determinism import flush_denormals
 from privaterec.training.popularity import PopularityModel, evaluate_popularity
-from privaterec.training.run import RunDirectory
 
 
 @dataclass
@@ -87,25 +93,28 @@ def evaluation_split(dataset: MindDataset, split: str) -> MindSplit:
 
 
 def train_run(config: RunConfig, out: str | Path, *, drop_missing: bool = False,
-              progress: bool = True, evaluate_each_epoch: bool = False) -> dict[str, Any]:
+              progress: bool = True, evaluate_each_epoch: bool = False,
+              grid: Any = None) -> dict[str, Any]:
     """Train ``config`` into the run directory ``out`` (resuming if it holds this run).
 
+    ``grid``: a Flower Grid to send the rounds through (a ``flwr run`` ServerApp,
+    :mod:`privaterec.apps.flower_app`); ``None``: the engine ``config.fed.engine`` names.
     Returns the metrics written to ``metrics.json`` (test metrics when a test split exists).
     """
     with flush_denormals():
         return _train_run(resolve_run_config(config), out, drop_missing=drop_missing,
-                          progress=progress, evaluate_each_epoch=evaluate_each_epoch)
+                          progress=progress, evaluate_each_epoch=evaluate_each_epoch,
+                          grid=grid)
 
 
 def _train_run(config: RunConfig, out: str | Path, *, drop_missing: bool, progress: bool,
-               evaluate_each_epoch: bool) -> dict[str, Any]:
+               evaluate_each_epoch: bool, grid: Any) -> dict[str, Any]:
     run = RunDirectory(Path(out))
     run.check(config)  # refuse a different run before loading anything
     # load and validate the data before the run directory exists: a bad --data must not
     # leave behind a run that later retries are refused by
     prepared = prepare_data(config, drop_missing=drop_missing)
     if config.train.method in FEDERATED_METHODS:
-        from privaterec.fed.engine import check_run
         check_run(config, prepared.train_clients)  # e.g. central DP's delta < 1/N
     run.start(config)
     prepared.vocabs.save(run.vocab_path)
@@ -135,7 +144,7 @@ def _train_run(config: RunConfig, out: str | Path, *, drop_missing: bool, progre
 
     if config.train.method in FEDERATED_METHODS:
         log = _train_federated(config, run, model, prepared, progress=progress,
-                               evaluate=test_auc)
+                               evaluate=test_auc, grid=grid)
         log_key = "rounds"
     else:
         log = train_centralized(model, prepared.train_clients, config.train,
@@ -157,20 +166,37 @@ def _train_run(config: RunConfig, out: str | Path, *, drop_missing: bool, progre
 
 def _train_federated(config: RunConfig, run: RunDirectory, model: Recommender,
                      prepared: PreparedData, *, progress: bool,
-                     evaluate: Callable[[], dict[str, Any] | None]) -> list[dict[str, Any]]:
-    """Federated training (fedrec, fednewsrec, dp-fedrec) with ``privacy.json`` kept current."""
-    from privaterec.fed.engine import train_federated_run
+                     evaluate: Callable[[], dict[str, Any] | None],
+                     grid: Any) -> list[dict[str, Any]]:
+    """Federated training with ``privacy.json`` kept current at every checkpoint."""
     from privaterec.privacy.report import write_privacy_json
 
-    def write_privacy(state: Any, release: dict[str, Any]) -> None:
+    clients = prepared.train_clients
+    job = federated_job(config, model, progress=progress)
+    m = job.clients_per_round(clients)
+    release = release_description(job.method, dimension=job.task.dimension,
+                                  noised_parameters=job.task.parameter_names(),
+                                  clients_per_round=m,
+                                  client_fraction=m / max(1, clients.num_users))
+
+    def write_privacy(state: Any) -> None:
         write_privacy_json(run.privacy_path, state.ledger, release=release,
                            delta=config.fed.report_delta, rounds=state.round_index)
 
-    state = train_federated_run(config, model, prepared.train_clients,
-                                checkpoint_path=run.checkpoint_path, progress=progress,
-                                on_evaluate=lambda t, _: evaluate(),
-                                on_checkpoint=write_privacy)
+    engine = build_engine(config.fed.engine, run_files=run_files(run, config), grid=grid)
+    state = job.train(clients, engine=engine, checkpoint_path=run.checkpoint_path,
+                      progress=progress, on_evaluate=lambda t, _: evaluate(),
+                      on_checkpoint=write_privacy)
     return list(state.log)
+
+
+def run_files(run: RunDirectory, config: RunConfig) -> dict[str, str]:
+    """The run's public files a Flower device rebuilds the model from: ``config.yaml`` (the
+    resolved configuration) and ``vocab.json`` when the run has one."""
+    files = {"config.yaml": yaml.safe_dump(config.to_dict(), sort_keys=False)}
+    if run.vocab_path.exists():
+        files["vocab.json"] = run.vocab_path.read_text()
+    return files
 
 
 def load_run_model(run_dir: str | Path) -> tuple[RunConfig, TextVocabularies, Recommender]:

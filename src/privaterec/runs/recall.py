@@ -29,20 +29,62 @@ import numpy as np
 import torch
 import yaml
 
-from privaterec.config import load_yaml_config
+from privaterec.config import FedConfig, load_yaml_config
+from privaterec.data.features import NewsFeatures, build_news_features
 from privaterec.errors import CheckpointError, ConfigError
+from privaterec.models.recommender import Recommender
 from privaterec.recall.channels import check_cluster_params
 from privaterec.recall.interest import (CHANNEL_NOTE, DEFAULT_CLIP, DEFAULT_NOISE_SCALE,
                                         DEFAULT_NUM_BASIS, channel_event)
 from privaterec.recall.model import UniFedRecRecall
-from privaterec.recall.training import RecallTrainConfig
+from privaterec.recall.news import encode_news_table
+from privaterec.recall.task import (RecallTrainConfig, UniFedRecLDP, recall_fed_config,
+                                    resolve_recall_fed)
+from privaterec.runs.ranking import load_run_model
 
 if TYPE_CHECKING:
     from privaterec.eval.serving import ServingConfig
 
 RECALL_CONFIG_FILE = "recall.yaml"
-REPORT_DELTA = 1e-5  # target δ of privacy.json's composed ε
+METHOD = "unifedrec"
+REPORT_DELTA = 1e-5  # target δ of privacy.json's composed ε (FedConfig.report_delta's default)
 HEAD_DIM = 16
+
+
+@dataclass
+class RankerNews:
+    """A trained ranking model with its news table and the table's news vectors.
+
+    Attributes
+    ----------
+    model: the ranker (eval mode). features: news table built with the run's vocabularies.
+    vectors: ``Tensor[N, d]``, :func:`~privaterec.recall.news.encode_news_table` of ``features``.
+    history_len: the run's H.
+    """
+
+    model: Recommender
+    features: NewsFeatures
+    vectors: Tensor
+    history_len: int
+
+
+def load_ranker_news(run_dir: str | Path, news: Any, *, batch_size: int = 256,
+                     progress: bool = False) -> RankerNews:
+    """Load a trained ranking run (``--ranker RUN``) and encode ``news`` with it.
+
+    Parameters
+    ----------
+    run_dir:
+        A run directory written by ``privaterec train`` (neural model).
+    news:
+        The news records to encode (e.g. ``dataset.all_news()``), as accepted by
+        :func:`~privaterec.data.features.build_news_features`.
+    """
+    config, vocabs, model = load_run_model(run_dir)
+    features = build_news_features(news, vocabs, title_len=config.model.title_len,
+                                   abstract_len=config.model.abstract_len)
+    vectors = encode_news_table(model, features, batch_size=batch_size, progress=progress)
+    return RankerNews(model, features, vectors, config.model.history_len)
 
 
 @dataclass(frozen=True)
@@ -127,13 +169,17 @@ class RecallRunConfig:
     data: data directory (empty: the ranker's).
     seed: seeds the model's initialisation, client sampling and the clients' draws.
     model: :class:`RecallModelConfig`.
-    train: :class:`~privaterec.recall.training.RecallTrainConfig`.
+    fed: the engine's settings (rounds, sampling, server strategy, θ as ``clip``, λ_g as
+        ``noise_scale``, ``max_client_samples``, ``engine``); ``None`` fields take
+        Uni-FedRec's defaults (:func:`~privaterec.recall.task.resolve_recall_fed`).
+    train: recall's own settings (:class:`~privaterec.recall.task.RecallTrainConfig`).
     """
 
     ranker: str = ""
     data: str = ""
     seed: int = 0
     model: RecallModelConfig = field(default_factory=RecallModelConfig)
+    fed: FedConfig = field(default_factory=recall_fed_config)
     train: RecallTrainConfig = field(default_factory=RecallTrainConfig)
 
     def __post_init__(self) -> None:
@@ -142,6 +188,16 @@ class RecallRunConfig:
                               "run directory trained by another method)")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise ConfigError(f"invalid 'seed': got {self.seed!r}, expected an integer >= 0")
+        resolve_recall_fed(self.fed, self.train)  # its rules, before anything runs
+
+    def resolved(self) -> "RecallRunConfig":
+        """The configuration with Uni-FedRec's defaults filled in (what ``recall.yaml``
+        states)."""
+        return dataclasses.replace(self, fed=resolve_recall_fed(self.fed, self.train))
+
+    def method(self) -> UniFedRecLDP:
+        """The client method of this run's training."""
+        return UniFedRecLDP.of(resolve_recall_fed(self.fed, self.train), self.train)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -189,7 +245,7 @@ def load_recall_run(path: str | Path) -> RecallRun:
     CheckpointError
         If the directory is not a trained Uni-FedRec run or its files do not match.
     """
-    from privaterec.training.checkpoint import load_checkpoint
+    from privaterec.runtime.checkpoint import load_checkpoint
 
     run_dir = Path(path)
     if not is_recall_run(run_dir):
@@ -225,48 +281,41 @@ def train_recall_run(config: RecallRunConfig, out: str | Path, *, progress: bool
     CheckpointError
         If ``out`` holds a different run.
     """
-    from privaterec.data.clients import build_client_dataset
     from privaterec.data.mind import load_dataset
     from privaterec.privacy.report import write_privacy_json
-    from privaterec.recall.training import load_ranker_news, train_recall
-    from privaterec.training.run import RunDirectory
+    from privaterec.recall.task import train_recall
+    from privaterec.runs.directory import RunDirectory
+    from privaterec.runs.engines import build_engine
 
     run_dir = Path(out)
     ranker_config = RunDirectory(Path(config.ranker)).config()
     data = config.data or ranker_config.data
+    config = dataclasses.replace(config, data=data).resolved()
     saved = run_dir / RECALL_CONFIG_FILE
-    if saved.exists() and (previous := RecallRunConfig.from_yaml(saved)) != (
-            requested := dataclasses.replace(config, data=data)):
-        from privaterec.training.run import config_differences
+    if saved.exists() and (previous := RecallRunConfig.from_yaml(saved)) != config:
+        from privaterec.runs.directory import config_differences
         changes = "; ".join(f"{key}: {old!r} in the run, {new!r} now"
-                            for key, old, new in config_differences(previous, requested))
+                            for key, old, new in config_differences(previous, config))
         raise CheckpointError(f"{run_dir}: holds a different Uni-FedRec run ({saved}: "
                               f"{changes}); use another --out directory")
-    config = dataclasses.replace(config, data=data)
     metrics_path = run_dir / "metrics.json"
     if saved.exists() and metrics_path.exists():
         # Finished: nothing to train, and privacy.json may hold recorded queries since.
         return json.loads(metrics_path.read_text())
     # load (and validate) the data and the ranker before the run directory exists
     dataset = load_dataset(data, drop_missing=drop_missing)
-    ranker = load_ranker_news(config.ranker, dataset.all_news(), progress=progress)
+    setup = recall_setup(config, dataset, progress=progress)
     run_dir.mkdir(parents=True, exist_ok=True)
     config.to_yaml(saved)
-    clients = build_client_dataset(dataset.train, ranker.features,
-                                   history_len=ranker.history_len)
-    torch.manual_seed(config.seed)
-    model = config.model.build(int(ranker.vectors.shape[-1]))
-    # The server's pool while training: the training split's news (pool negatives never
-    # come from the future, so the model cannot learn "unseen news are negatives").
-    train_rows = torch.tensor(sorted(set(ranker.features.rows_of(list(dataset.train.news)))))
-    state = train_recall(model, ranker.vectors, clients, config.train, seed=config.seed,
-                         pool_rows=train_rows, checkpoint_path=run_dir / "checkpoint.pt",
-                         progress=progress)
+    state = train_recall(setup.model, setup.vectors, setup.clients, config.fed, config.train,
+                         seed=config.seed, pool_rows=setup.pool_rows,
+                         engine=build_engine(config.fed.engine),
+                         checkpoint_path=run_dir / "checkpoint.pt", progress=progress)
     release = recall_release(config)
     write_privacy_json(run_dir / "privacy.json", state.ledger, release=release,
-                       delta=REPORT_DELTA, rounds=state.round_index)
-    losses = [entry["loss"] for entry in state.log]
-    metrics = {"method": "unifedrec", "rounds": state.round_index,
+                       delta=config.fed.report_delta, rounds=state.round_index)
+    losses = [entry["loss"] for entry in state.log if "loss" in entry]
+    metrics = {"method": METHOD, "rounds": state.round_index,
                "first_loss": losses[0] if losses else math.nan,
                "last_loss": losses[-1] if losses else math.nan,
                "train_epsilon_per_round": release["epsilon_per_round"],
@@ -275,14 +324,42 @@ def train_recall_run(config: RecallRunConfig, out: str | Path, *, progress: bool
     return metrics
 
 
+@dataclass
+class RecallSetup:
+    """What a recall run trains: the initial model, the news vectors, the training clients
+    and the negatives' pool rows (the same on the server and on every Flower device)."""
+
+    model: UniFedRecRecall
+    vectors: torch.Tensor
+    clients: Any
+    pool_rows: torch.Tensor
+
+
+def recall_setup(config: RecallRunConfig, dataset: Any, *, progress: bool = False
+                 ) -> RecallSetup:
+    """The ranker's news vectors of every news of ``dataset`` (train and test splits), the
+    training split's users (histories and clicks as rows of that table), the recall model
+    initialised with ``torch.manual_seed(config.seed)`` and the training split's news rows
+    (pool negatives never come from the future, so the model cannot learn "unseen news are
+    negatives")."""
+    from privaterec.data.clients import build_client_dataset
+
+    ranker = load_ranker_news(config.ranker, dataset.all_news(), progress=progress)
+    clients = build_client_dataset(dataset.train, ranker.features,
+                                   history_len=ranker.history_len)
+    torch.manual_seed(config.seed)
+    model = config.model.build(int(ranker.vectors.shape[-1]))
+    train_rows = torch.tensor(sorted(set(ranker.features.rows_of(list(dataset.train.news)))))
+    return RecallSetup(model, ranker.vectors, clients, train_rows)
+
+
 def recall_release(config: RecallRunConfig) -> dict[str, Any]:
-    """The ``release`` block of ``privacy.json``: what each training upload and query sends."""
-    t = config.train
-    event = t.upload_event(1)
-    return {"method": "unifedrec", "mechanism": "laplace" if t.noise_scale else "none",
-            "clipping": t.clipping, "clip": t.clip, "noise_scale": t.noise_scale,
-            "epsilon_per_round": event.epsilon if t.clipping == "l1" else None,
-            "note": event.note,
+    """The ``release`` block of ``privacy.json``: what each training upload and query sends
+    (the method's description, :meth:`~privaterec.recall.task.UniFedRecLDP.describe`, and
+    the serving queries')."""
+    description = config.method().describe(dimension=1, parameters=[], clients_per_round=0,
+                                           client_fraction=0.0)
+    return {**description,
             "serving_channel_epsilon": config.model.channel_epsilon,
             "serving_note": ("each query releases C channels of B clipped scores + "
                              "Laplace(lambda_I), 2*delta*B/lambda_I each, composed over the C "
@@ -356,9 +433,8 @@ def evaluate_recall_run(run_dir: str | Path, *, method: str, data: str | Path | 
     from privaterec.eval.serving import ServingConfig, private_user_encoder, serving_event
     from privaterec.recall.evaluate import (AUC_RECALL_SIZE, RECALL_KS, RECALL_METHODS,
                                             evaluate_recall)
-    from privaterec.recall.training import load_ranker_news
-    from privaterec.training.pipeline import record_serving
-    from privaterec.training.run import RunDirectory
+    from privaterec.runs.ranking import record_serving
+    from privaterec.runs.directory import RunDirectory
 
     if method not in RECALL_METHODS:
         raise ConfigError(f"invalid --recall method {method!r}; expected one of "
@@ -441,6 +517,7 @@ def evaluate_recall_run(run_dir: str | Path, *, method: str, data: str | Path | 
     return result
 
 
-__all__ = ["RECALL_CONFIG_FILE", "RecallModelConfig", "RecallRun", "RecallRunConfig",
+__all__ = ["RECALL_CONFIG_FILE", "RankerNews", "RecallModelConfig", "RecallRun",
+           "RecallRunConfig", "RecallSetup", "load_ranker_news", "recall_setup",
            "evaluate_recall_run", "is_recall_run", "load_recall_run", "query_bytes",
            "recall_release", "record_recall_queries", "train_recall_run"]

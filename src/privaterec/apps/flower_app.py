@@ -1,0 +1,89 @@
+"""The Flower App of privaterec: ``flwr run flower/`` trains a run directory like
+``privaterec train``, with every client update computed by a Flower ClientApp on the
+SuperNode holding the user (``flower/pyproject.toml``, docs/flower.md).
+
+* ``server_app`` — trains the run directory ``out-dir`` with
+  :func:`privaterec.runs.ranking.train_run`, passing the SuperLink's Grid explicitly (the
+  rounds go through :class:`privaterec.fed.flower.FlowerEngine` on that Grid);
+* ``client_app`` — :func:`privaterec.fed.flower.make_client_app` with the run layer's
+  device loader (:func:`privaterec.runs.engines.load_device`).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Mapping
+
+from flwr.app import Context
+from flwr.serverapp import Grid, ServerApp
+
+from privaterec.config import FEDERATED_METHODS, RunConfig, replace
+from privaterec.errors import ConfigError
+from privaterec.fed.flower import make_client_app
+from privaterec.fed.methods import resolve_run_config
+from privaterec.runs.engines import load_device
+from privaterec.runs.ranking import train_run
+
+
+def run_config_from_flower(run_config: Mapping[str, Any]) -> tuple[RunConfig, Path, bool]:
+    """The run configuration, run directory and ``drop_missing`` of a ``flwr run``.
+
+    Keys (``[tool.flwr.app.config]`` in ``flower/pyproject.toml``, overridden by
+    ``--run-config``): ``data-dir`` and ``out-dir`` (absolute paths, required), ``config``
+    (a privaterec YAML, optional), ``method``, ``rounds``, ``clients-per-round``,
+    ``seed``, ``eval-every`` (``""``, ``0`` or ``-1``: keep the YAML's value or the
+    default), ``drop-missing``.
+
+    Raises
+    ------
+    ConfigError
+        If a path is missing or relative, or the method is not federated.
+    """
+    paths = {}
+    for key in ("data-dir", "out-dir"):
+        value = str(run_config.get(key, ""))
+        if not value or not Path(value).is_absolute():
+            raise ConfigError(f"run config '{key}' must be an absolute path, got {value!r}; "
+                              f"pass --run-config \"{key}='/abs/path'\" to flwr run")
+        paths[key] = value
+    yaml_path = str(run_config.get("config", ""))
+    config = RunConfig.from_yaml(yaml_path) if yaml_path else RunConfig()
+    train: dict[str, Any] = {}
+    fed: dict[str, Any] = {}
+    if str(run_config.get("method", "")):
+        train["method"] = str(run_config["method"])
+    if int(run_config.get("seed", -1)) != -1:
+        train["seed"] = int(run_config["seed"])
+    if int(run_config.get("rounds", 0)) != 0:
+        fed["rounds"] = int(run_config["rounds"])
+    if int(run_config.get("clients-per-round", 0)) != 0:
+        fed["clients_per_round"] = int(run_config["clients-per-round"])
+    if int(run_config.get("eval-every", -1)) != -1:
+        fed["eval_every"] = int(run_config["eval-every"])
+    config = replace(config, data=paths["data-dir"], train=replace(config.train, **train),
+                     fed=replace(config.fed, engine="flower", **fed))
+    if config.train.method not in FEDERATED_METHODS:
+        raise ConfigError(f"run config 'method' must be one of {', '.join(FEDERATED_METHODS)}"
+                          f" (got {config.train.method!r}); pass --run-config "
+                          f"\"method='fednewsrec'\" or set train.method in the YAML")
+    return (resolve_run_config(config), Path(paths["out-dir"]),
+            bool(run_config.get("drop-missing", False)))
+
+
+server_app = ServerApp()
+
+
+@server_app.main()
+def _flwr_run_main(grid: Grid, context: Context) -> None:
+    """``flwr run flower/``: train the run directory ``out-dir`` like ``privaterec train``."""
+    config, out, drop_missing = run_config_from_flower(context.run_config)
+    metrics = train_run(config, out, drop_missing=drop_missing, progress=False, grid=grid)
+    test = metrics.get("test") or {}
+    summary = ", ".join(f"{k}={v:.4f}" for k, v in test.items() if isinstance(v, float))
+    logging.getLogger("flwr").info("privaterec: run written to %s %s", out, summary)
+
+
+client_app = make_client_app(load_device)
+
+__all__ = ["client_app", "run_config_from_flower", "server_app"]

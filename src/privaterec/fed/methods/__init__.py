@@ -1,0 +1,43 @@
+"""The federated methods: small classes with the same hooks, and their registry.
+
+* :mod:`.base` — :class:`ClientMethod`, the hooks every method has (``inputs``,
+  ``privatize``, ``events``, ``describe``) and the computation the engine calls (``update``
+  for one client, ``round`` for a round's clients at once);
+* :mod:`.ranking` — FedRec, FedNewsRec, DP-FedRec; :mod:`.privaterec` — PrivateRec paper and
+  strict mode; :mod:`.central` — central DP (DP-FedAvg) as a wrapper around any method;
+  Uni-FedRec's LDP upload lives with its task (:mod:`privaterec.recall.task`);
+* :mod:`.registry` — the methods' defaults, :func:`resolve_run_config` and
+  :func:`method_from_config`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+
+from privaterec.fed.methods.base import (ClientMethod, RoundContext, RoundOutput,
+                                         release_rows)
+from privaterec.fed.methods.central import CentralDP
+from privaterec.fed.methods.privaterec import (PAPER_MODE_NOTE, PrivateRec, PrivateRecStrict,
+                                               privaterec_train_events, uncovered_groups)
+from privaterec.fed.methods.ranking import DPFedRec, FedNewsRec, FedRec, RankingMethod
+from privaterec.fed.methods.registry import (DP_FEDAVG_CLIP, METHOD_DEFAULTS, METHODS,
+                                             PRIVATEREC_BASIS, PRIVATEREC_STRICT_CLIP,
+                                             STRATEGY_LR, method_from_config,
+                                             resolve_run_config)
+from privaterec.privacy.ledger import PrivacyEvent
+
+
+def privatize(updates: torch.Tensor, method: ClientMethod, generators: Sequence[Any], *,
+              draw_noise: bool = True) -> tuple[torch.Tensor, PrivacyEvent]:
+    """``method.privatize(updates, generators)`` (:meth:`ClientMethod.privatize`)."""
+    return method.privatize(updates, generators, draw_noise=draw_noise)
+
+
+__all__ = ["CentralDP", "ClientMethod", "DPFedRec", "DP_FEDAVG_CLIP", "FedNewsRec", "FedRec",
+           "METHODS", "METHOD_DEFAULTS", "PAPER_MODE_NOTE", "PRIVATEREC_BASIS",
+           "PRIVATEREC_STRICT_CLIP", "PrivateRec", "PrivateRecStrict", "RankingMethod",
+           "RoundContext", "RoundOutput", "STRATEGY_LR", "method_from_config",
+           "privaterec_train_events", "privatize", "release_rows", "resolve_run_config",
+           "uncovered_groups"]

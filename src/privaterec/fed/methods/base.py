@@ -1,0 +1,255 @@
+"""What every federated method is: a small class with the same few hooks (DESIGN §2).
+
+A method says what a client does in a round with a task's gradients
+(:class:`~privaterec.fed.task.FederatedTask`):
+
+* :meth:`ClientMethod.inputs` — the client's own random draws (samples, negatives, ...);
+* :meth:`ClientMethod.privatize` — what it does to its update before upload (clip, noise);
+* :meth:`ClientMethod.events` — the privacy events one client's upload spends (for the
+  ledger; a function of the public settings only);
+* :meth:`ClientMethod.describe` — its public settings, for ``privacy.json``
+  (:func:`privaterec.privacy.release.release_description` builds the report's block).
+
+The engine calls :meth:`ClientMethod.update` (one client: the reference every engine must
+reproduce) and :meth:`ClientMethod.round` (a round's clients at once, vectorized); their
+defaults compute the task's gradients and privatize them. Methods never branch on another
+method's name: what differs is a subclass (or, for central DP, a wrapper).
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, ClassVar, Sequence
+
+import torch
+
+from privaterec.data.clients import ClientData
+from privaterec.fed.sampling import sample_round
+from privaterec.fed.strategies import weighted_mean
+from privaterec.fed.task import FederatedTask
+from privaterec.privacy.ledger import PrivacyEvent, adjacency_view, basic_composition
+from privaterec.privacy.randomness import Randomness, as_source, is_secure
+
+
+@dataclass(frozen=True)
+class RoundContext:
+    """The public facts of one round a method's vectorized :meth:`ClientMethod.round` may use.
+
+    seed, round_index: select the round's generators (:mod:`privaterec.fed.rng`).
+    chunk_clients: clients per ``vmap`` chunk. population: N, the number of eligible users
+    (central DP divides its noised sum by qN).
+    """
+
+    seed: int
+    round_index: int
+    chunk_clients: int = 16
+    population: int = 0
+
+
+@dataclass(frozen=True)
+class RoundOutput:
+    """A round's aggregate direction ḡ ``[D]`` and the clients' losses (a simulation-only
+    diagnostic), and the releases recorded for every user of the population (central DP)."""
+
+    direction: torch.Tensor
+    losses: list[float]
+    population_events: tuple[PrivacyEvent, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClientMethod(ABC):
+    """What a client does in a round, fully resolved (a frozen, public description).
+
+    Attributes
+    ----------
+    negatives: k sampled non-clicked news per click. max_samples: samples per round cap.
+    """
+
+    name: ClassVar[str] = ""
+    by_impressions: ClassVar[bool] = False
+    """Whether who takes part is decided by labelled impressions (PrivateRec) rather than
+    by training samples (:func:`~privaterec.fed.sampling.eligible_clients`)."""
+    trusted_aggregator: ClassVar[bool] = False
+    """Whether the server sees the clipped updates and adds the noise (central DP)."""
+
+    negatives: int
+    max_samples: int
+
+    @classmethod
+    def from_config(cls, config: Any) -> "ClientMethod":
+        """The client method of a resolved run configuration (:mod:`.registry`)."""
+        from privaterec.fed.methods.registry import method_from_config
+
+        return method_from_config(config)
+
+    # ---------------------------------------------------------------- participation
+    def check_client(self, data: ClientData) -> None:
+        """Raise ``ValueError`` if the client cannot take part (no training sample)."""
+        if data.num_samples == 0:
+            raise ValueError(f"client {data.user_id!r} has no training sample")
+
+    def check_population(self, population: int) -> None:
+        """Refuse settings that cannot hold for ``population`` training users (none here).
+
+        Raises
+        ------
+        ConfigError
+            Naming the setting and what to pass instead.
+        """
+
+    def select(self, eligible: torch.Tensor, m: int, *, seed: int,
+               round_index: int) -> list[int]:
+        """The round's clients: m of the eligible users (seeded, without replacement)."""
+        return sample_round(eligible, m, seed=seed, round_index=round_index)
+
+    @property
+    def sends_metadata(self) -> bool:
+        """Whether a client also sends its loss and number of samples (only a method whose
+        upload is not private anyway; a private method's client sends its released update
+        only: a count or a loss would be an unaccounted release)."""
+        return False
+
+    def aggregation_weight(self, num_examples: int) -> float:
+        """The weight of a client's update in the server's mean: its number of samples
+        (FedNewsRec Eq. 6) when that number is sent, else 1 (a private method's server must
+        not depend on a private count)."""
+        return float(num_examples) if self.sends_metadata else 1.0
+
+    @property
+    def per_client_release(self) -> bool:
+        """Whether each client clips or noises its own update (needs per-client gradients)."""
+        return True
+
+    # -------------------------------------------------------------------- the hooks
+    def inputs(self, task: FederatedTask[Any], data: ClientData, *,
+               generator: Randomness) -> Any:
+        """The client's inputs after its own random draws (the task's, by default)."""
+        return task.client_inputs(data, max_samples=self.max_samples,
+                                  negatives=self.negatives, generator=generator)
+
+    def privatize(self, updates: torch.Tensor, generators: Sequence[Any], *,
+                  draw_noise: bool = True) -> tuple[torch.Tensor, PrivacyEvent]:
+        """Clip and noise each client's update before upload.
+
+        Parameters
+        ----------
+        updates:
+            ``Tensor[m, D]``, row i is client i's gradient (or FedAvg pseudo-gradient).
+        generators:
+            One per row: client i's noise comes from its own generator (on a real device,
+            its own entropy, :class:`~privaterec.privacy.samplers.SecureNoise`), so every
+            engine draws the same noise for the same client.
+        draw_noise:
+            ``False`` returns the clipped updates and the event without drawing noise.
+
+        Returns
+        -------
+        (``Tensor[m, D]`` released updates, the :class:`PrivacyEvent` of ONE client's release)
+        """
+        if len(generators) != updates.shape[0]:
+            raise ValueError(f"need one generator per client: {len(generators)} for "
+                             f"{updates.shape[0]} updates")
+        if any(is_secure(g) for g in generators):
+            clipped, event = self._privatize(updates, [torch.Generator()] * len(generators),
+                                             draw_noise=False)
+            return release_rows(clipped, event, generators, draw_noise=draw_noise), event
+        return self._privatize(updates, generators, draw_noise=draw_noise)
+
+    @abstractmethod
+    def _privatize(self, updates: torch.Tensor, generators: Sequence[torch.Generator], *,
+                   draw_noise: bool = True) -> tuple[torch.Tensor, PrivacyEvent]:
+        """:meth:`privatize` with seeded generators."""
+
+    def event(self, dimension: int) -> PrivacyEvent:
+        """The privacy event of one client's upload in one round (without drawing noise)."""
+        _, event = self.privatize(torch.zeros(1, dimension), [torch.Generator()],
+                                  draw_noise=False)
+        return event
+
+    def events(self, dimension: int) -> tuple[PrivacyEvent, ...]:
+        """All events of one client's round (recorded under the client's id)."""
+        return (self.event(dimension),)
+
+    def population_events(self, dimension: int) -> tuple[PrivacyEvent, ...]:
+        """Events of one round recorded for every eligible user, sampled or not (central
+        DP's round release); none for a local method."""
+        return ()
+
+    def round_epsilon(self, dimension: int, adjacency: str) -> tuple[float, float]:
+        """(ε, δ) of one client's round under ``adjacency`` by basic composition (the
+        ledger composes the run more tightly)."""
+        round_events = self.events(dimension) + self.population_events(dimension)
+        events = [(e, 1) for e in round_events]
+        pairs = [basic_composition(g) for g in adjacency_view(events, adjacency)]  # type: ignore[arg-type]
+        return max(p[0] for p in pairs), max(p[1] for p in pairs)
+
+    @abstractmethod
+    def describe(self, *, dimension: int, parameters: Sequence[str], clients_per_round: int,
+                 client_fraction: float) -> dict[str, Any]:
+        """The method's release, described for ``privacy.json`` (its method-specific part;
+        :func:`privaterec.runs.report.release_description` adds what every method shares).
+
+        Parameters
+        ----------
+        dimension: D. parameters: the names of θ's parameters (the noised ones).
+        clients_per_round, client_fraction: the round's public sampling.
+        """
+
+    # ------------------------------------------------------------------ computation
+    def num_examples(self, inputs: Any) -> int:
+        """|B_u|: the number of samples in a client's inputs."""
+        return int(inputs.candidates.shape[0])
+
+    def update(self, task: FederatedTask[Any], params: torch.Tensor, inputs: Any, *,
+               generator: Randomness) -> tuple[torch.Tensor, float]:
+        """One client's released update ``Tensor[D]`` and its loss (the reference)."""
+        grad, loss = task.gradient(params, inputs)
+        released, _ = self.privatize(grad[None], [generator])
+        return released[0], loss
+
+    def client_updates(self, task: FederatedTask[Any], params: torch.Tensor,
+                       inputs: Sequence[Any], generators: Sequence[torch.Generator], *,
+                       chunk_clients: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The released updates ``Tensor[m, D]`` and losses ``Tensor[m]`` of a round's
+        clients, vectorized (equal to one :meth:`update` per client up to rounding)."""
+        updates, losses = task.gradients(params, inputs, chunk_clients=chunk_clients)
+        released, _ = self.privatize(updates, generators)
+        return released, losses
+
+    def round(self, task: FederatedTask[Any], params: torch.Tensor, inputs: Sequence[Any],
+              generators: Sequence[torch.Generator], context: RoundContext) -> RoundOutput:
+        """A round's aggregate: the weighted mean of :meth:`client_updates`."""
+        released, losses = self.client_updates(task, params, inputs, generators,
+                                               chunk_clients=context.chunk_clients)
+        weights = torch.tensor([self.aggregation_weight(self.num_examples(x)) for x in inputs])
+        return RoundOutput(weighted_mean(released, weights), [float(x) for x in losses])
+
+
+def release_rows(clipped: torch.Tensor, event: PrivacyEvent, sources: Sequence[Any], *,
+                 draw_noise: bool = True) -> torch.Tensor:
+    """Row i of ``clipped`` released with ``sources[i]`` at the calibration of ``event``.
+
+    The deployed path: a secure source (:class:`~privaterec.privacy.samplers.SecureNoise`)
+    returns the float-safe release of the clipped row itself (issue 13, hole 1).
+    """
+    if not draw_noise or not event.is_private or event.mechanism not in ("laplace",
+                                                                          "gaussian"):
+        return clipped
+    scale = float(event.noise_scale or 0.0)
+    rows = []
+    for row, source in zip(clipped, sources):
+        noise = as_source(source)
+        rows.append(noise.release_gaussian(row, sigma=scale) if event.mechanism == "gaussian"
+                    else noise.release_laplace(row, scale=scale))
+    return torch.stack(rows)
+
+
+def raw_event(name: str, dimension: int) -> PrivacyEvent:
+    """The event of an unprotected upload (ε = ∞)."""
+    return PrivacyEvent(mechanism="none", epsilon=math.inf, phase="train",
+                        dimension=dimension, note=f"{name}: raw update")
+
+
+__all__ = ["ClientMethod", "RoundContext", "RoundOutput", "raw_event", "release_rows"]

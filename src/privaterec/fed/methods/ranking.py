@@ -1,0 +1,195 @@
+"""The ranking methods that clip and noise a whole update: FedRec, FedNewsRec, DP-FedRec.
+
+* :class:`FedRec` — plain federated learning (no clipping, no noise, ε = ∞).
+* :class:`FedNewsRec` — FedNewsRec Eq. 4-5: clip every coordinate of the client's gradient
+  to [−δ, δ] and add Laplace(λ) to every coordinate; server: weighted SGD (Eq. 6-7). Paper
+  defaults r = 2%, η = 0.5, δ = 0.005, λ = 0.015. The paper's ε = 2δ/λ is per coordinate;
+  the whole D-dim update is 2δD/λ-DP (DESIGN §4 erratum 6) and the ledger records that.
+* :class:`DPFedRec` — PrivateRec §4's baseline: clip the whole update to norm θ (L1 for
+  Laplace, L2 for Gaussian) and add noise calibrated to ε_t per round (Δ = 2θ for
+  replacement of a client's data; Gaussian with the analytic calibration, erratum 3).
+
+They train :class:`~privaterec.fed.objective.LocalObjective` (the ranking task), whose
+clients may also run E > 1 local SGD steps (FedAvg) and whose unprivatized rounds take one
+backward pass (:meth:`RankingMethod.round`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, ClassVar, Sequence
+
+import torch
+
+from privaterec.fed.methods.base import ClientMethod, RoundContext, RoundOutput
+from privaterec.fed.objective import ClientBatch, ClientInputs, LocalObjective
+from privaterec.privacy.calibration import fednewsrec_coordinate_epsilon
+from privaterec.privacy.ledger import PrivacyEvent
+from privaterec.privacy.mechanisms import (clip_elementwise, clip_l1, clip_l2,
+                                           gaussian_mechanism, laplace_mechanism,
+                                           laplace_noise)
+from privaterec.privacy.randomness import Randomness
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankingMethod(ClientMethod):
+    """A method of the ranking task: its clients' updates are gradients, or with
+    ``local_steps`` E > 1 FedAvg's pseudo-gradients θ − θ_u after E SGD steps at
+    ``local_lr``."""
+
+    clipping: ClassVar[str] = "none"
+    noise: ClassVar[str] = "none"
+
+    local_steps: int = 1
+    local_lr: float = 0.05
+
+    def update(self, task: LocalObjective, params: torch.Tensor,  # type: ignore[override]
+               inputs: ClientInputs, *, generator: Randomness) -> tuple[torch.Tensor, float]:
+        if self.local_steps == 1:
+            grad, loss = task.client_gradient(params, inputs.history, inputs.history_mask,
+                                              inputs.candidates)
+            update = grad[None]
+        else:
+            batch = ClientBatch.stack([inputs.history], [inputs.history_mask],
+                                      [inputs.candidates])
+            update, losses = task.local_deltas(params, batch, steps=self.local_steps,
+                                               lr=self.local_lr)
+            loss = float(losses[0])
+        released, _ = self.privatize(update, [generator])
+        return released[0], loss
+
+    def raw_updates(self, task: LocalObjective, params: torch.Tensor, batch: ClientBatch,
+                    chunk_clients: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-client updates ``[m, D]`` (gradients, or FedAvg pseudo-gradients when
+        ``local_steps`` > 1) and losses ``[m]`` of a batch of clients, before privatizing."""
+        if self.local_steps == 1:
+            return task.client_gradients(params, batch, chunk_clients=chunk_clients)
+        return task.local_deltas(params, batch, steps=self.local_steps, lr=self.local_lr,
+                                 chunk_clients=chunk_clients)
+
+    def client_updates(self, task: LocalObjective, params: torch.Tensor,  # type: ignore[override]
+                       inputs: Sequence[ClientInputs], generators: Sequence[torch.Generator],
+                       *, chunk_clients: int) -> tuple[torch.Tensor, torch.Tensor]:
+        updates, losses = self.raw_updates(task, params, task.batch(inputs), chunk_clients)
+        released, _ = self.privatize(updates, generators)
+        return released, losses
+
+    def round(self, task: LocalObjective, params: torch.Tensor,  # type: ignore[override]
+              inputs: Sequence[ClientInputs], generators: Sequence[torch.Generator],
+              context: RoundContext) -> RoundOutput:
+        """Without per-client clipping or noise, one backward pass gives the round's
+        weighted gradient (:meth:`LocalObjective.round_gradient`); otherwise per-client
+        gradients are clipped and noised."""
+        if not self.per_client_release and self.local_steps == 1:
+            direction, loss = task.round_gradient(params, task.batch(inputs),
+                                                  uniform_clients=not self.sends_metadata)
+            return RoundOutput(direction, [loss] * len(inputs))  # no per-client losses
+        return super().round(task, params, inputs, generators, context)
+
+    def describe(self, *, dimension: int, parameters: Sequence[str], clients_per_round: int,
+                 client_fraction: float) -> dict[str, Any]:
+        event = self.event(dimension)
+        out: dict[str, Any] = {
+            "method": self.name, "mechanism": self.noise, "clipping": self.clipping,
+            "clip_bound": getattr(self, "clip", None), "noise_scale": event.noise_scale,
+            "dimension": dimension, "epsilon_per_round": event.epsilon,
+            "delta_per_round": event.delta, "coordinate_epsilon": event.coordinate_epsilon,
+            "noised_parameters": list(parameters),
+            "clients_per_round": clients_per_round, "client_fraction": client_fraction,
+        }
+        key = "sensitivity_l2" if self.noise == "gaussian" else "sensitivity_l1"
+        out[key] = event.sensitivity
+        return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class FedRec(RankingMethod):
+    """Plain federated learning: raw updates, weighted by the clients' sample counts."""
+
+    name: ClassVar[str] = "fedrec"
+
+    @property
+    def sends_metadata(self) -> bool:
+        """Its upload is not private anyway: it also sends its count and loss (FedNewsRec
+        Eq. 6's weights)."""
+        return True
+
+    @property
+    def per_client_release(self) -> bool:
+        return False
+
+    def _privatize(self, updates: torch.Tensor, generators: Sequence[torch.Generator], *,
+                   draw_noise: bool = True) -> tuple[torch.Tensor, PrivacyEvent]:
+        dimension = int(updates.shape[1])
+        event = PrivacyEvent(mechanism="none", epsilon=math.inf, phase="train",
+                             dimension=dimension, note=f"{self.name}: raw update")
+        return updates, event
+
+
+@dataclass(frozen=True, kw_only=True)
+class FedNewsRec(RankingMethod):
+    """FedNewsRec Eq. 4-5: element-wise clip to [−δ, δ] (``clip``), Laplace(λ)
+    (``noise_scale``) per coordinate."""
+
+    name: ClassVar[str] = "fednewsrec"
+    clipping: ClassVar[str] = "elementwise"
+    noise: ClassVar[str] = "laplace"
+
+    clip: float
+    noise_scale: float
+
+    def _privatize(self, updates: torch.Tensor, generators: Sequence[torch.Generator], *,
+                   draw_noise: bool = True) -> tuple[torch.Tensor, PrivacyEvent]:
+        dimension = int(updates.shape[1])
+        clipped = clip_elementwise(updates, self.clip)
+        scale = self.noise_scale
+        sensitivity = 2.0 * self.clip * dimension
+        event = PrivacyEvent(
+            mechanism="laplace", epsilon=sensitivity / scale, noise_scale=scale,
+            sensitivity=sensitivity, dimension=dimension, phase="train",
+            coordinate_epsilon=fednewsrec_coordinate_epsilon(clip_bound=self.clip,
+                                                             noise_scale=scale),
+            note="FedNewsRec Eq. 4-5: element-wise clip to [-delta, delta], Laplace(lambda) "
+                 "per coordinate; epsilon covers the whole update (2*delta*D/lambda)")
+        if not draw_noise:
+            return clipped, event
+        return clipped + laplace_noise(clipped.shape, scale=scale, generator=generators,
+                                       dtype=clipped.dtype), event
+
+
+@dataclass(frozen=True, kw_only=True)
+class DPFedRec(RankingMethod):
+    """DP-FedRec: L1 clip + Laplace or L2 clip + analytic Gaussian at (ε_t, δ_t) per round,
+    sensitivity 2θ (``clip``)."""
+
+    name: ClassVar[str] = "dp-fedrec"
+
+    clip: float
+    noise: str = "laplace"  # type: ignore[misc]
+    epsilon: float = math.inf
+    delta: float = 0.0
+
+    @property
+    def clipping(self) -> str:  # type: ignore[override]
+        return "l1" if self.noise == "laplace" else "l2"
+
+    def _privatize(self, updates: torch.Tensor, generators: Sequence[torch.Generator], *,
+                   draw_noise: bool = True) -> tuple[torch.Tensor, PrivacyEvent]:
+        clip = clip_l1 if self.clipping == "l1" else clip_l2
+        clipped = clip(updates, self.clip, dim=-1)
+        sensitivity = 2.0 * self.clip
+        note = (f"DP-FedRec: {self.clipping.upper()} clip to {self.clip}, "
+                f"sensitivity 2*theta per client update")
+        # One call: calibrated once for the round, row i's noise drawn from client i's
+        # generator.
+        if self.noise == "laplace":
+            return laplace_mechanism(clipped, epsilon=self.epsilon, sensitivity_l1=sensitivity,
+                                     generator=generators, batched=True, note=note,
+                                     draw_noise=draw_noise)
+        return gaussian_mechanism(clipped, epsilon=self.epsilon, delta=self.delta,
+                                  sensitivity_l2=sensitivity, generator=generators,
+                                  batched=True, note=note, draw_noise=draw_noise)
+
+
+__all__ = ["DPFedRec", "FedNewsRec", "FedRec", "RankingMethod"]

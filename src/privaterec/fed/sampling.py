@@ -1,0 +1,49 @@
+"""Who takes part in a round: the eligible users and the round's sample (DESIGN §2).
+
+Client sampling of round t is a function of (seed, t) only (:func:`~privaterec.fed.rng.
+round_generator`), so a resumed run and every engine sample the same clients.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from privaterec.config import FedConfig
+from privaterec.data.clients import ClientDataset
+from privaterec.fed.rng import round_generator
+
+
+def eligible_clients(clients: ClientDataset, *, by_impressions: bool = False) -> torch.Tensor:
+    """Indices of the users with at least one training sample.
+
+    ``by_impressions`` (PrivateRec): with at least one labelled impression instead, whatever
+    its clicks — who takes part must not depend on the clicks the label release protects.
+    """
+    counts = clients.impressions_per_user() if by_impressions else clients.samples_per_user()
+    return torch.nonzero(counts > 0).flatten()
+
+
+def clients_per_round(fed: FedConfig, num_eligible: int) -> int:
+    """m = ``clients_per_round`` or max(1, round(r · users)), at most the number of users."""
+    if fed.clients_per_round is not None:
+        return min(fed.clients_per_round, num_eligible)
+    assert fed.client_fraction is not None, "resolve the FedConfig first"
+    return max(1, min(num_eligible, round(fed.client_fraction * num_eligible)))
+
+
+def poisson_round(eligible: torch.Tensor, q: float, *, seed: int,
+                  round_index: int) -> list[int]:
+    """Each eligible user independently with probability q (DP-FedAvg's Poisson sampling,
+    seeded by (seed, round)); the number of clients varies from round to round."""
+    u = torch.rand(len(eligible), generator=round_generator(seed, round_index),
+                   dtype=torch.float64)
+    return sorted(int(x) for x in eligible[u < q])
+
+
+def sample_round(eligible: torch.Tensor, m: int, *, seed: int, round_index: int) -> list[int]:
+    """m distinct clients for round ``round_index`` (seeded, without replacement), sorted."""
+    order = torch.randperm(len(eligible), generator=round_generator(seed, round_index))
+    return sorted(int(u) for u in eligible[order[:m]])
+
+
+__all__ = ["clients_per_round", "eligible_clients", "poisson_round", "sample_round"]

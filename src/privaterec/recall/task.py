@@ -1,0 +1,600 @@
+"""Uni-FedRec's recall model as a federated task, and its LDP upload (Uni-FedRec §3.5).
+
+The recall model trains on the same engine as the ranking methods
+(:func:`privaterec.fed.simulator.train_federated`, the simulator or Flower):
+:class:`RecallTask` is its :class:`~privaterec.fed.task.FederatedTask` and
+:class:`UniFedRecLDP` its :class:`~privaterec.fed.methods.base.ClientMethod`. The engine's
+settings (rounds, sampling, server strategy, θ and λ_g, samples per client) are a
+:class:`~privaterec.config.FedConfig` (:func:`resolve_recall_fed` fills Uni-FedRec's
+defaults); :class:`RecallTrainConfig` holds what only recall has.
+
+Per round t the server samples a fraction r of the users that have a training click (seeded
+by (seed, t)). Each sampled client u, with its own generator (seeded by (seed, t, u),
+:func:`privaterec.fed.rng.client_generator`):
+
+1. keeps at most ``max_client_samples`` of its training clicks (random subset when it has
+   more);
+2. draws K_r = 4 negatives per click — ``negative_source="impression"``: non-clicked news of
+   the same impression (the paper: "displayed to but not clicked by this user");
+   ``"pool"``: uniformly from a news pool (any pool news other than the click itself);
+3. optionally (``score_noise``) draws the Laplace(λ_I) noise of the decomposition scores
+   (Eq. 2), so that training sees what serving sends;
+4. computes g_u = ∇θ of its mean InfoNCE loss on the unified score z = Σᵢ qᵢ d·r̂ᵢ (Eq. 5-6
+   with −log, DESIGN §4 erratum 7), channels clustered from θ's own self-attention outputs;
+5. clips g_u and adds Laplace(λ_g) noise per coordinate (Eq. 8) and uploads it.
+
+The server averages the uploads (Eq. 9: weighted by their numbers of samples when the
+upload is not private, equally otherwise) and steps
+:class:`~privaterec.fed.strategies.WeightedSGD` (θ ← θ − ω ḡ, the paper) or FedAdam.
+
+Clipping (Eq. 8's f_θ, θ = 0.1, λ_g = 0.01 by default). ``clipping="l1"`` (default): scale g_u
+to ‖g_u‖₁ ≤ θ. Any two clipped gradients differ by at most 2θ in L1, so the upload is the
+Laplace mechanism with Δ₁ = 2θ: ε = 2θ/λ_g = 20 per round, for the whole vector — the
+paper's stated bound (§3.6) holds for this reading. ``clipping="elementwise"``: clamp every
+coordinate to [−θ, θ] as FedNewsRec (Qi et al. 2020, which the paper follows); then
+Δ₁ = 2θD and ε = 2θD/λ_g (the paper's 2θ/λ_g is per coordinate, DESIGN §4 erratum 6; both
+are recorded). ``clipping="none"`` uploads the raw gradient (no guarantee; needs λ_g = 0).
+Each upload's :class:`~privaterec.privacy.ledger.PrivacyEvent` goes into the run's
+:class:`~privaterec.privacy.ledger.PrivacyLedger` under the user's id (phase ``train``).
+
+News vectors are fixed inputs ``[N, d]``: row i is the ranking model's news encoding of row i
+of the :class:`~privaterec.data.features.NewsFeatures` table (Uni-FedRec §3.3, footnote 3;
+:func:`privaterec.recall.news.encode_news_table`). Histories and samples are rows of that
+table (:class:`~privaterec.data.clients.ClientDataset`).
+
+Vectorization (DESIGN §6): the random draws (1-3) and the clustering (scipy, not traceable)
+run per client outside ``torch.func``; the gradients of a round come from the shared
+chunked ``vmap(grad)`` (:func:`~privaterec.fed.task.per_client_gradients`); clipping is one
+batched call and each client's noise comes from its own generator.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+from dataclasses import KW_ONLY, dataclass
+from pathlib import Path
+from typing import Any, Callable, ClassVar, Literal, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.func import functional_call, grad_and_value
+
+from privaterec.config import FedConfig, replace
+from privaterec.data.clients import ClientData, ClientDataset, draw_candidates
+from privaterec.errors import CheckpointError, ConfigError
+from privaterec.fed.engine import Engine, SimulatorEngine, check_engine
+from privaterec.fed.methods.base import ClientMethod
+from privaterec.fed.sampling import eligible_clients
+from privaterec.fed.simulator import FederatedState
+from privaterec.fed.strategies import build_strategy
+from privaterec.fed.task import ParamSpec, per_client_gradients
+from privaterec.privacy.ledger import PrivacyEvent
+from privaterec.privacy.mechanisms import clip_elementwise, clip_l1, laplace_noise
+from privaterec.privacy.randomness import (Randomness, is_secure, randint, randperm,
+                                           seeded_generator)
+from privaterec.recall.channels import ChannelBatch, cluster_batch
+from privaterec.recall.interest import perturb_scores
+from privaterec.recall.model import NUM_NEGATIVES, UniFedRecRecall, unified_score
+from privaterec.runtime.checkpoint import load_checkpoint
+
+Clipping = Literal["l1", "elementwise", "none"]
+NegativeSource = Literal["impression", "pool"]
+
+CHECKPOINT_KIND = "unifedrec-recall"
+METHOD = "unifedrec"
+
+RECALL_FED_DEFAULTS: dict[str, Any] = {"strategy": "sgd", "client_fraction": 0.02,
+                                       "server_lr": 0.05, "adam_tau": 1e-6, "clip": 0.1,
+                                       "noise_scale": 0.01}
+"""Uni-FedRec §4.1's defaults of the FedConfig fields left at None: ω = 0.05 (plain SGD),
+r = 2%, θ = 0.1, λ_g = 0.01."""
+RECALL_ROUNDS = 200
+"""Default rounds of a recall run (the paper converges in ≤ 200, Fig. 7)."""
+_RECALL_STRATEGIES = ("sgd", "fedadam")
+# FedConfig fields that only the ranking methods use.
+_RANKING_ONLY = ("padding_p", "noise_multiplier", "target_epsilon", "target_delta")
+_RANKING_DEFAULTS = {"local_steps": 1, "epsilon_train": math.inf, "noise": "laplace",
+                     "privacy_mode": "paper", "sensitivity_mode": "true", "eval_every": 0}
+# Fields that change what a run computes: a checkpoint only resumes under the same values.
+_RESULT_FIELDS = ("fed.client_fraction", "fed.clients_per_round", "fed.server_lr",
+                  "fed.strategy", "fed.adam_beta1", "fed.adam_beta2", "fed.adam_tau",
+                  "fed.max_client_samples", "fed.clip", "fed.noise_scale", "train.negatives",
+                  "train.negative_source", "train.score_clip", "train.score_noise",
+                  "train.clipping")
+
+
+def _fail(name: str, value: object, expected: str) -> None:
+    raise ConfigError(f"invalid recall training parameter '{name}': got {value!r}, "
+                      f"expected {expected}")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class RecallTrainConfig:
+    """What only recall-model training has (the engine's settings are a FedConfig).
+
+    Attributes
+    ----------
+    negatives:
+        K_r negatives per click (paper 4).
+    negative_source:
+        ``"impression"`` (the click's impression's non-clicked news, the paper; drawn without
+        replacement when it has ≥ K_r, else with replacement) or ``"pool"`` (uniform with
+        replacement from the pool rows given to :class:`RecallTask`, excluding the click).
+    score_clip:
+        Clip decomposition scores to [−δ, δ] in training as in serving (model's ``clip``);
+        ``False`` trains on unclipped scores (the official code's choice: clipping stops the
+        gradient to everything upstream of saturated scores).
+    score_noise:
+        Add Laplace(λ_I) noise to the decomposition scores in training (model's
+        ``noise_scale``). The noise is drawn from the client's generator; it is a training
+        regulariser, not a release (the upload is the gradient).
+
+    Keyword-only privacy parameters
+    -------------------------------
+    clipping:
+        The upload's clipping: ``"l1"`` (default), ``"elementwise"`` or ``"none"`` (module
+        docstring); θ and λ_g are ``fed.clip`` and ``fed.noise_scale``.
+    """
+
+    negatives: int = NUM_NEGATIVES
+    negative_source: NegativeSource = "impression"
+    score_clip: bool = True
+    score_noise: bool = False
+    _: KW_ONLY
+    clipping: Clipping = "l1"
+
+    def __post_init__(self) -> None:
+        if not (_is_int(self.negatives) and self.negatives >= 1):
+            _fail("negatives", self.negatives, "an integer >= 1")
+        if self.negative_source not in ("impression", "pool"):
+            _fail("negative_source", self.negative_source, "'impression' or 'pool'")
+        for name in ("score_clip", "score_noise"):
+            if not isinstance(getattr(self, name), bool):
+                _fail(name, getattr(self, name), "True or False")
+        if self.clipping not in ("l1", "elementwise", "none"):
+            _fail("clipping", self.clipping, "'l1', 'elementwise' or 'none'")
+
+
+def recall_fed_config(**changes: Any) -> FedConfig:
+    """A recall run's FedConfig: :data:`RECALL_ROUNDS` rounds unless ``changes`` say so."""
+    return FedConfig(**{"rounds": RECALL_ROUNDS, **changes})
+
+
+def resolve_recall_fed(fed: FedConfig, train: RecallTrainConfig) -> FedConfig:
+    """Fill Uni-FedRec's defaults (:data:`RECALL_FED_DEFAULTS`) and check its rules.
+
+    Raises
+    ------
+    ConfigError
+        If a setting does not apply to recall training, the strategy is not ``sgd`` or
+        ``fedadam``, or noise is asked for an unclipped upload.
+    """
+    changes = {k: v for k, v in RECALL_FED_DEFAULTS.items() if getattr(fed, k) is None}
+    fed = replace(fed, **changes)
+    given = [k for k in _RANKING_ONLY if getattr(fed, k) is not None]
+    given += [k for k, v in _RANKING_DEFAULTS.items() if getattr(fed, k) != v]
+    if given:
+        raise ConfigError(f"'fed.{given[0]}' does not apply to Uni-FedRec's recall training")
+    if not (fed.server_lr is not None and fed.server_lr < math.inf):
+        raise ConfigError(f"invalid 'fed.server_lr' of Uni-FedRec's recall training: got "
+                          f"{fed.server_lr!r}, expected a finite number > 0")
+    if fed.strategy not in _RECALL_STRATEGIES:
+        raise ConfigError(f"invalid 'fed.strategy' of Uni-FedRec's recall training: got "
+                          f"{fed.strategy!r}, expected 'sgd' or 'fedadam'")
+    if train.clipping == "none" and fed.noise_scale:
+        raise ConfigError(f"invalid 'fed.noise_scale' {fed.noise_scale!r} with "
+                          f"train.clipping 'none': expected 0 (noise on an unbounded gradient "
+                          f"gives no guarantee; use clipping 'l1')")
+    return fed
+
+
+# -------------------------------------------------------------------------------- the task
+class _RecallLoss(nn.Module):
+    """The recall model as one traceable function (wrapped for ``functional_call``)."""
+
+    def __init__(self, model: UniFedRecRecall) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, vectors: Tensor, mask: Tensor, channel_ids: Tensor | None = None,
+                quotas: Tensor | None = None, candidates: Tensor | None = None,
+                weights: Tensor | None = None, score_noise: Tensor | None = None,
+                score_clip: bool = True) -> Tensor:
+        """Context ``[b, H, d]`` when only (vectors, mask) are given, else the weighted mean
+        InfoNCE of b = 1 user: candidates ``[n, 1 + K, d]``, weights ``[n]``."""
+        model = self.model
+        context = model.context(vectors, mask)
+        if candidates is None:
+            return context
+        assert channel_ids is not None and quotas is not None and weights is not None
+        interests = model.interests(context, channel_ids)
+        n, c, d = candidates.shape
+        if not model.use_bie:  # no-BIE ablation: r_i scored directly
+            logits = unified_score(interests, quotas.to(interests.dtype),
+                                   candidates.reshape(1, n * c, d)).reshape(n, c)
+            losses = F.cross_entropy(logits, torch.zeros(n, dtype=torch.long),
+                                     reduction="none")
+            return (losses * weights).sum() / weights.sum()
+        scores = model.interest.decompose(interests)
+        scores = perturb_scores(scores, clip=model.clip if score_clip else None,
+                                generator=None)
+        if score_noise is not None:
+            scores = scores + score_noise
+        protected = model.interest.aggregate(model.weights(scores))  # [1, M, d]
+        logits = unified_score(protected, quotas.to(protected.dtype),
+                               candidates.reshape(1, n * c, d)).reshape(n, c)
+        losses = F.cross_entropy(logits, torch.zeros(n, dtype=torch.long), reduction="none")
+        return (losses * weights).sum() / weights.sum()
+
+
+@dataclass(frozen=True)
+class RecallClientInputs:
+    """A client's inputs after its random draws (steps 1-3 of the module docstring).
+
+    history: ``LongTensor[H]`` table rows; history_mask: ``BoolTensor[H]``;
+    candidates: ``LongTensor[n, 1 + K_r]`` rows, the click in column 0;
+    score_noise: ``Tensor[M, B]`` Laplace(λ_I) noise, or ``None``.
+    """
+
+    history: Tensor
+    history_mask: Tensor
+    candidates: Tensor
+    score_noise: Tensor | None = None
+
+
+
+
+class RecallTask:
+    """The recall model's parameters θ ∈ R^D over fixed news vectors, as a federated task.
+
+    Parameters
+    ----------
+    model:
+        The recall model (architecture + initial θ); put in eval mode.
+    news_vectors:
+        ``Tensor[N, d]`` news vectors of the table rows that histories and samples index.
+    pool_rows:
+        ``LongTensor[P]`` rows negatives are drawn from with ``negative_source="pool"``
+        (default: every row but row 0, the anonymous news).
+    options:
+        Negatives, clipped scores and score noise (:class:`RecallTrainConfig`).
+    """
+
+    def __init__(self, model: UniFedRecRecall, news_vectors: Tensor, *,
+                 pool_rows: Tensor | None = None,
+                 options: RecallTrainConfig | None = None) -> None:
+        if news_vectors.ndim != 2 or news_vectors.shape[1] != model.dim:
+            raise ConfigError(f"news_vectors must be [N, d={model.dim}] (the recall model's "
+                              f"dim), got {tuple(news_vectors.shape)}")
+        if not bool(torch.isfinite(news_vectors).all()):
+            raise ConfigError("news_vectors contain NaN or inf")
+        model.eval()
+        self.model = model
+        self.options = options or RecallTrainConfig()
+        self.news_vectors = news_vectors.detach().float()
+        n = news_vectors.shape[0]
+        pool = torch.arange(1, n) if pool_rows is None else torch.as_tensor(pool_rows).long()
+        if pool.ndim != 1 or pool.numel() < 2 or bool((pool < 0).any() | (pool >= n).any()):
+            raise ConfigError(f"pool_rows must be >= 2 distinct rows in [0, {n}) of the news "
+                              f"table, got {pool.numel()} rows")
+        self.pool_rows = pool
+        self._loss = _RecallLoss(model)
+        self.spec = ParamSpec.of(self._loss)
+        trainable = set(self.spec.names)
+        self._frozen = {k: v.detach() for k, v in [*self._loss.named_parameters(),
+                                                   *self._loss.named_buffers()]
+                        if k not in trainable}
+
+    # -- parameters ------------------------------------------------------------------------
+    @property
+    def dimension(self) -> int:
+        """D, the number of uploaded coordinates."""
+        return self.spec.dimension
+
+    @property
+    def score_shape(self) -> tuple[int, int]:
+        """(M, B): channel slots × basic interests."""
+        return (self.model.max_channels, self.model.num_basis)
+
+    def parameters(self) -> Tensor:
+        """The model's current θ ``[D]``."""
+        params = dict(self._loss.named_parameters())
+        return self.spec.flatten({n: params[n].detach() for n in self.spec.names})
+
+    def load(self, flat: Tensor) -> None:
+        """Copy θ ``[D]`` into the model."""
+        params = dict(self._loss.named_parameters())
+        with torch.no_grad():
+            for name, value in self.spec.unflatten(flat).items():
+                params[name].copy_(value)
+
+    def parameter_names(self) -> list[str]:
+        """Names of θ's parameters, as the model's ``state_dict`` calls them."""
+        return [n.removeprefix("model.") for n in self.spec.names]
+
+    def pretrained_mask(self) -> Tensor:
+        """No coordinate of the recall model is pre-trained: ``BoolTensor[D]`` of False."""
+        return torch.zeros(self.dimension, dtype=torch.bool)
+
+    def public_state(self) -> dict[str, Tensor]:
+        """The model's frozen tensors, the news vectors and the pool rows."""
+        trainable = set(self.parameter_names())
+        state = {n: t for n, t in self.model.state_dict().items() if n not in trainable}
+        return {**state, "news_vectors": self.news_vectors, "pool_rows": self.pool_rows}
+
+    # -- losses ----------------------------------------------------------------------------
+    def _call(self, flat: Tensor, *args: Any) -> Tensor:
+        return functional_call(self._loss, {**self._frozen, **self.spec.unflatten(flat)}, args)
+
+    @torch.no_grad()
+    def channels(self, flat: Tensor, history: Tensor, mask: Tensor) -> ChannelBatch:
+        """Interest channels under θ of histories ``LongTensor[b, H]`` (rows), ``[b, H]``."""
+        context = self._call(flat.detach(), self.news_vectors[history], mask)
+        return cluster_batch(context, mask, **self.model.cluster_options)
+
+    def client_loss(self, flat: Tensor, history: Tensor, mask: Tensor, channel_ids: Tensor,
+                    quotas: Tensor, candidates: Tensor, weights: Tensor,
+                    score_noise: Tensor | None = None, score_clip: bool = True) -> Tensor:
+        """One client's mean InfoNCE (Eq. 5-6): history rows ``[H]``, mask ``[H]``, channel
+        ids ``[H]``, quotas ``[M]``, candidate rows ``[n, 1 + K]``, weights ``[n]``,
+        score noise ``[M, B]``."""
+        noise = None if score_noise is None else score_noise[None]
+        return self._call(flat, self.news_vectors[history][None], mask[None],
+                          channel_ids[None], quotas[None], self.news_vectors[candidates],
+                          weights, noise, score_clip)
+
+    # -- the task protocol -----------------------------------------------------------------
+    def client_inputs(self, data: ClientData, *, max_samples: int, negatives: int,
+                      generator: Randomness) -> RecallClientInputs:
+        """Steps 1-3 of a client round, in this order on ``generator``: the sample subset,
+        the ``negatives`` negatives per click, the score noise (module docstring)."""
+        n = data.num_samples
+        if n == 0:
+            raise ValueError(f"client {data.user_id!r} has no training click")
+        if n > max_samples:
+            chosen = randperm(generator, n)[: max_samples].sort().values
+        else:
+            chosen = torch.arange(n)
+        positives = data.positives[chosen]
+        if self.options.negative_source == "impression":
+            candidates = draw_candidates(positives, data.negatives[chosen],
+                                         data.negative_counts[chosen],
+                                         negatives=negatives, generator=generator)
+        else:
+            pool = self.pool_rows
+            idx = randint(generator, 0, pool.numel(), (positives.shape[0], negatives))
+            rows = pool[idx]
+            rows = torch.where(rows == positives[:, None], pool[(idx + 1) % pool.numel()],
+                               rows)
+            candidates = torch.cat([positives[:, None], rows], dim=1)
+        noise = None
+        if self.options.score_noise and self.model.noise_scale > 0:
+            # A regulariser, not a release: a secure device seeds a generator from its source.
+            source = (seeded_generator(generator) if not is_secure(generator) else
+                      torch.Generator().manual_seed(int(randint(generator, 0, 2**62, ()))))
+            noise = laplace_noise(self.score_shape, scale=self.model.noise_scale,
+                                  generator=source)
+        return RecallClientInputs(data.history, data.history_mask, candidates, noise)
+
+    def gradient(self, flat: Tensor, inputs: RecallClientInputs) -> tuple[Tensor, float]:
+        """∇θ of one client's loss ``[D]`` and the loss (no ``vmap``: the reference)."""
+        batch = self.channels(flat, inputs.history[None], inputs.history_mask[None])
+        weights = torch.ones(inputs.candidates.shape[0])
+        g, loss = grad_and_value(self.client_loss)(
+            flat, inputs.history, inputs.history_mask, batch.channel_ids[0], batch.quotas[0],
+            inputs.candidates, weights, inputs.score_noise, self.options.score_clip)
+        return g, float(loss)
+
+    def gradients(self, flat: Tensor, inputs: Sequence[RecallClientInputs], *,
+                  chunk_clients: int = 16) -> tuple[Tensor, Tensor]:
+        """Per-client gradients ``[m, D]`` and losses ``[m]``
+        (:func:`~privaterec.fed.task.per_client_gradients` over chunks of clients in order).
+
+        Clients of a chunk are padded to its largest number of samples (weight 0, row 0);
+        their channels are clustered per chunk, outside ``vmap``.
+        """
+        with_noise = inputs[0].score_noise is not None if inputs else False
+        return per_client_gradients(
+            grad_and_value(self.client_loss), flat, self._chunks(flat, inputs, chunk_clients),
+            num_clients=len(inputs), shape=(self.dimension,),
+            in_dims=(0, 0, 0, 0, 0, 0, 0 if with_noise else None, None))
+
+    def _chunks(self, flat: Tensor, inputs: Sequence[RecallClientInputs],
+                chunk_clients: int) -> Any:
+        m = len(inputs)
+        with_noise = inputs[0].score_noise is not None if m else False
+        for lo in range(0, m, chunk_clients):
+            part = inputs[lo: lo + chunk_clients]
+            history = torch.stack([x.history for x in part])
+            mask = torch.stack([x.history_mask for x in part])
+            batch = self.channels(flat, history, mask)
+            width = max(x.candidates.shape[0] for x in part)
+            cands = torch.zeros(len(part), width, part[0].candidates.shape[1], dtype=torch.long)
+            weights = torch.zeros(len(part), width)
+            for i, x in enumerate(part):
+                cands[i, : x.candidates.shape[0]] = x.candidates
+                weights[i, : x.candidates.shape[0]] = 1.0
+            noise = torch.stack([x.score_noise for x in part]) if with_noise else None
+            yield (torch.arange(lo, lo + len(part)),
+                   (history, mask, batch.channel_ids, batch.quotas, cands, weights, noise,
+                    self.options.score_clip))
+
+
+# ------------------------------------------------------------------------------ the method
+@dataclass(frozen=True, kw_only=True)
+class UniFedRecLDP(ClientMethod):
+    """Uni-FedRec's client: clip its gradient (Eq. 8's f_θ: ``clipping`` to θ = ``clip``)
+    and add Laplace(λ_g = ``noise_scale``) per coordinate (module docstring)."""
+
+    name: ClassVar[str] = METHOD
+
+    clipping: Clipping = "l1"
+    clip: float = 0.1
+    noise_scale: float = 0.01
+
+    @classmethod
+    def of(cls, fed: FedConfig, train: RecallTrainConfig) -> "UniFedRecLDP":
+        """The method of a resolved recall FedConfig (:func:`resolve_recall_fed`)."""
+        assert fed.clip is not None and fed.noise_scale is not None, "resolve the config"
+        return cls(negatives=train.negatives, max_samples=fed.max_client_samples,
+                   clipping=train.clipping, clip=fed.clip, noise_scale=fed.noise_scale)
+
+    @property
+    def sends_metadata(self) -> bool:
+        """An upload that is not private also sends its count and loss (Eq. 9's weights); a
+        private one's stay on the device and the server weighs clients equally."""
+        return not self.event(1).is_private
+
+    def _privatize(self, updates: Tensor, generators: Sequence[torch.Generator], *,
+                   draw_noise: bool = True) -> tuple[Tensor, PrivacyEvent]:
+        """Eq. 8 for a batch of uploads ``[m, D]``: clip each row, add Laplace(λ_g) from its
+        own generator."""
+        event = self.upload_event(int(updates.shape[1]))
+        if self.clipping == "none":
+            return updates, event
+        clipped = (clip_l1(updates, self.clip, dim=-1) if self.clipping == "l1"
+                   else clip_elementwise(updates, self.clip))
+        if self.noise_scale == 0 or not draw_noise:
+            return clipped, event
+        return clipped + laplace_noise(clipped.shape, scale=self.noise_scale,
+                                       generator=list(generators), dtype=clipped.dtype), event
+
+    def upload_event(self, dimension: int) -> PrivacyEvent:
+        """The privacy event of ONE client's upload of a D-dim gradient (module docstring)."""
+        if not (_is_int(dimension) and dimension >= 1):
+            _fail("dimension", dimension, "an integer >= 1")
+        lam = float(self.noise_scale)
+        if self.clipping == "none":
+            return PrivacyEvent(mechanism="none", epsilon=math.inf, dimension=dimension,
+                                phase="train", note="Uni-FedRec recall: raw gradient, no "
+                                                    "clipping or noise (no guarantee)")
+        if self.clipping == "l1":
+            sensitivity = 2.0 * self.clip
+            return PrivacyEvent(
+                mechanism="laplace", epsilon=math.inf if lam == 0 else sensitivity / lam,
+                noise_scale=lam, sensitivity=sensitivity, dimension=dimension, phase="train",
+                note=f"Uni-FedRec Eq. 8: recall gradient L1-clipped to theta={self.clip}, "
+                     f"Laplace(lambda_g={lam}) per coordinate; L1 sensitivity 2*theta, so "
+                     f"epsilon = 2*theta/lambda_g per round for the whole update")
+        sensitivity = 2.0 * self.clip * dimension
+        return PrivacyEvent(
+            mechanism="laplace", epsilon=math.inf if lam == 0 else sensitivity / lam,
+            noise_scale=lam, sensitivity=sensitivity, dimension=dimension, phase="train",
+            coordinate_epsilon=math.inf if lam == 0 else 2.0 * self.clip / lam,
+            note=f"Uni-FedRec Eq. 8 read as FedNewsRec's element-wise clip to [-theta, theta] "
+                 f"(theta={self.clip}) + Laplace(lambda_g={lam}): epsilon = 2*theta*D/lambda_g "
+                 f"for the whole update (2*theta/lambda_g per coordinate)")
+
+    def describe(self, *, dimension: int, parameters: Sequence[str], clients_per_round: int,
+                 client_fraction: float) -> dict[str, Any]:
+        event = self.upload_event(1)
+        return {"method": self.name, "mechanism": "laplace" if self.noise_scale else "none",
+                "clipping": self.clipping, "clip": self.clip, "noise_scale": self.noise_scale,
+                "epsilon_per_round": event.epsilon if self.clipping == "l1" else None,
+                "note": event.note}
+
+
+# ----------------------------------------------------------------------------- training
+def _flat(config: dict[str, Any]) -> dict[str, Any]:
+    return {f"{part}.{k}": v for part, values in config.items() for k, v in values.items()}
+
+
+def _check_resumable(saved: dict[str, Any], config: dict[str, Any], seed: int,
+                     dimension: int, path: Path) -> None:
+    if saved.get("kind") != CHECKPOINT_KIND:
+        raise CheckpointError(f"{path}: not a recall-model checkpoint (kind "
+                              f"{saved.get('kind')!r}); use another --out path")
+    if tuple(saved["params"].shape) != (dimension,):
+        raise CheckpointError(f"{path}: holds {tuple(saved['params'].shape)} parameters, the "
+                              f"recall model has ({dimension},); use another --out path")
+    old, new = _flat(saved.get("config", {})), _flat(config)
+    changed = [k for k in _RESULT_FIELDS if old.get(k) != new[k]]
+    if saved.get("seed") != seed:
+        changed.insert(0, "seed")
+    if changed:
+        raise CheckpointError(f"{path}: cannot resume with different {', '.join(changed)}; "
+                              f"use the checkpoint's settings or another --out path")
+
+
+def train_recall(model: UniFedRecRecall, news_vectors: Tensor, clients: ClientDataset,
+                 fed: FedConfig, train: RecallTrainConfig | None = None, *, seed: int,
+                 pool_rows: Tensor | None = None, engine: Engine | None = None,
+                 checkpoint_path: str | Path | None = None, progress: bool = True,
+                 on_round: Callable[[int, FederatedState], dict[str, Any] | None] | None = None,
+                 stop_after_rounds: int | None = None) -> FederatedState:
+    """Federated LDP training of the recall model (Uni-FedRec §3.5); resumable.
+
+    Parameters
+    ----------
+    model:
+        The recall model; its parameters are the initial θ, and the final θ is loaded in it.
+    news_vectors:
+        ``Tensor[N, d]`` fixed news vectors of the table rows
+        (:func:`~privaterec.recall.news.encode_news_table`).
+    clients:
+        Training users: histories and train-split clicks as table rows
+        (:func:`~privaterec.data.clients.build_client_dataset`). Users without a click are
+        never sampled.
+    fed:
+        Rounds, sampling, server strategy, θ (``clip``), λ_g (``noise_scale``), samples per
+        client (resolved here with :func:`resolve_recall_fed`).
+    train:
+        Recall's own settings (:class:`RecallTrainConfig`).
+    seed:
+        The run's seed: client sampling of round t and client u's draws in round t are
+        functions of (seed, t) and (seed, t, u) only (:mod:`privaterec.fed.rng`).
+    pool_rows:
+        Pool for ``negative_source="pool"`` (default: all rows but row 0).
+    engine:
+        Where the rounds run (default: the simulator; ``fed.engine = "flower"`` needs the
+        Flower engine passed in).
+    checkpoint_path:
+        Saved every ``fed.checkpoint_every`` rounds and at the end (θ, strategy state,
+        round, ledger, log); when it exists, training resumes from it and ends with exactly
+        the parameters of an uninterrupted run.
+    progress:
+        tqdm bar over rounds.
+    on_round:
+        Called after each round with θ loaded in ``model``; its dict is merged into the log.
+    stop_after_rounds:
+        Stop after this many rounds of this call (checkpointing first).
+
+    Returns
+    -------
+    :class:`~privaterec.fed.simulator.FederatedState` (``ledger`` holds one event per user
+    per round it took part in).
+    """
+    train = train or RecallTrainConfig()
+    fed = replace(resolve_recall_fed(fed, train), eval_every=0 if on_round is None else 1)
+    task = RecallTask(model, news_vectors, pool_rows=pool_rows, options=train)
+    method = UniFedRecLDP.of(fed, train)
+    config = {"fed": dataclasses.asdict(fed), "train": dataclasses.asdict(train)}
+    path = None if checkpoint_path is None else Path(checkpoint_path)
+    if path is not None and path.exists():
+        _check_resumable(load_checkpoint(path), config, seed, task.dimension, path)
+    if len(eligible_clients(clients)) == 0:
+        raise ConfigError("no client has a training click: nothing to train the recall model "
+                          "on (check the training split's labels)")
+    check_engine(method, clients, engine=fed.engine)
+    if engine is None:
+        if fed.engine != "simulator":
+            raise ConfigError(f"fed.engine = {fed.engine!r} needs its engine passed in "
+                              f"(privaterec.runs.engines.build_engine)")
+        engine = SimulatorEngine()
+    return engine.train(task, clients, fed, method, build_strategy(fed), seed=seed,
+                        checkpoint_path=path, on_evaluate=on_round, progress=progress,
+                        stop_after_rounds=stop_after_rounds,
+                        checkpoint_extra={"kind": CHECKPOINT_KIND, "config": config,
+                                          "seed": seed})
+
+
+__all__ = ["CHECKPOINT_KIND", "RECALL_FED_DEFAULTS", "RECALL_ROUNDS", "RecallClientInputs",
+           "RecallTask", "RecallTrainConfig", "UniFedRecLDP", "recall_fed_config",
+           "resolve_recall_fed", "train_recall"]

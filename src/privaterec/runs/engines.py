@@ -1,0 +1,89 @@
+"""Which engine trains a run, and how a Flower device rebuilds the run's public task.
+
+:func:`build_engine` returns the simulator or a :class:`~privaterec.fed.flower.FlowerEngine`
+(on a given Grid, or in Flower's simulation runtime). :func:`load_device` is the Flower
+ClientApp's :data:`~privaterec.fed.flower.DeviceLoader`: from the run's public files (a
+ranking run's ``config.yaml`` and ``vocab.json``, a Uni-FedRec run's ``recall.yaml``) and the
+device's data it rebuilds the public task exactly as the server's run layer builds it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping
+
+from privaterec.errors import ConfigError
+from privaterec.fed.engine import Engine, SimulatorEngine
+
+if TYPE_CHECKING:
+    from privaterec.fed.flower import ClientSpec, Device
+
+
+def build_engine(name: str, *, run_files: Mapping[str, str] | None = None,
+                 grid: Any = None) -> Engine:
+    """The engine ``name`` (``fed.engine``): ``simulator``, or ``flower`` on ``grid`` (a
+    ``flwr run`` ServerApp's Grid) or in Flower's simulation runtime. ``run_files``: the
+    run's public files the devices rebuild the task from."""
+    if name == "simulator" and grid is None:
+        return SimulatorEngine()
+    from privaterec.fed.flower import FlowerEngine
+
+    return FlowerEngine(load_device, run_files or {}, grid=grid)
+
+
+def load_device(spec: "ClientSpec") -> "Device":
+    """Rebuild a run's public task, its client method and this device's clients.
+
+    Raises
+    ------
+    ConfigError
+        If ``spec.run_dir`` holds no run configuration.
+    """
+    from privaterec.runs.recall import RECALL_CONFIG_FILE
+
+    run_dir = Path(spec.run_dir)
+    if (run_dir / RECALL_CONFIG_FILE).exists():
+        return _recall_device(run_dir, spec.data_dir)
+    if not (run_dir / "config.yaml").exists():
+        raise ConfigError(f"{run_dir / 'config.yaml'}: not found; the SuperNode's run-dir "
+                          f"must hold the run's config.yaml (and vocab.json), or recall.yaml")
+    return _ranking_device(run_dir, spec.data_dir)
+
+
+def _ranking_device(run_dir: Path, data_dir: str) -> "Device":
+    from privaterec.config import RunConfig, replace
+    from privaterec.data.text import TextVocabularies
+    from privaterec.fed.flower import Device
+    from privaterec.fed.methods import ClientMethod, resolve_run_config
+    from privaterec.fed.objective import LocalObjective
+    from privaterec.runs.ranking import build_run_model, prepare_data
+
+    config = resolve_run_config(RunConfig.from_yaml(run_dir / "config.yaml"))
+    if data_dir:
+        config = replace(config, data=data_dir)
+    vocab_path = run_dir / "vocab.json"
+    vocabs = TextVocabularies.load(vocab_path) if vocab_path.exists() else None
+    # A run that trained must have loaded its data; dropping dangling references is then a
+    # no-op or what the run did (load_dataset raises on them otherwise).
+    prepared = prepare_data(config, drop_missing=True, vocabs=vocabs)
+    # The public model exactly as privaterec.runs.ranking.train_run initialises it.
+    task = LocalObjective(build_run_model(config, prepared))
+    return Device.of(task, ClientMethod.from_config(config), prepared.train_clients)
+
+
+def _recall_device(run_dir: Path, data_dir: str) -> "Device":
+    from privaterec.data.mind import load_dataset
+    from privaterec.fed.flower import Device
+    from privaterec.recall.task import RecallTask
+    from privaterec.runs.recall import RECALL_CONFIG_FILE, RecallRunConfig, recall_setup
+
+    config = RecallRunConfig.from_yaml(run_dir / RECALL_CONFIG_FILE).resolved()
+    dataset = load_dataset(data_dir or config.data, drop_missing=True)
+    # The recall model, news vectors and pool exactly as train_recall_run builds them.
+    setup = recall_setup(config, dataset)
+    task = RecallTask(setup.model, setup.vectors, pool_rows=setup.pool_rows,
+                      options=config.train)
+    return Device.of(task, config.method(), setup.clients)
+
+
+__all__ = ["build_engine", "load_device"]

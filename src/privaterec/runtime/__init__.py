@@ -1,0 +1,1 @@
+"""Checkpoint files and deterministic execution: helpers every trainer and engine uses."""
