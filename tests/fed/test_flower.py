@@ -150,3 +150,54 @@ def test_flwr_run_config_overrides_the_yaml(tmp_path):
         run_config_from_flower({**run_config, "out-dir": "relative/run"})
     with pytest.raises(ConfigError, match="method"):
         run_config_from_flower({**run_config, "config": "", "method": ""})
+
+
+RANKER_MODEL = ModelConfig(word_dim=16, num_heads=2, head_dim=8, attention_dim=16,
+                           title_len=6, abstract_len=4, history_len=5)
+
+
+@pytest.mark.slow
+def test_flower_engine_equals_simulator_for_unifedrec(data_dir, tmp_path, monkeypatch):
+    """Uni-FedRec's recall model trains on the same engine: on Flower (its LDP uploads
+    computed by ClientApps that rebuilt the recall task from recall.yaml and the ranker)
+    it ends with the simulator's parameters and ledger."""
+    from privaterec.recall.task import recall_fed_config
+    from privaterec.runs.recall import (RecallModelConfig, RecallRunConfig, recall_setup,
+                                        train_recall_run)
+
+    replies: list[int] = []
+    parse = flower._parse_reply
+
+    def spy_parse(reply, *args):
+        replies.append(reply.metadata.src_node_id)
+        return parse(reply, *args)
+
+    monkeypatch.setattr(flower, "_parse_reply", spy_parse)
+    ranker = tmp_path / "ranker"
+    train_run(RunConfig(data=str(data_dir), model=RANKER_MODEL,
+                        train=TrainConfig(method="fedrec", seed=SEED),
+                        fed=FedConfig(rounds=1, clients_per_round=PER_ROUND)),
+              ranker, progress=False)
+    runs = {}
+    for engine in ("simulator", "flower"):
+        config = RecallRunConfig(
+            ranker=str(ranker), seed=SEED,
+            model=RecallModelConfig(num_basis=4, distance_threshold=0.3),
+            fed=recall_fed_config(rounds=ROUNDS, clients_per_round=PER_ROUND,
+                                  engine=engine, noise_scale=0.05))
+        metrics = train_recall_run(config, tmp_path / engine, progress=False)
+        runs[engine] = (load_checkpoint(tmp_path / engine / "checkpoint.pt"), metrics)
+    (sim, sim_metrics), (flw, flw_metrics) = runs["simulator"], runs["flower"]
+
+    assert len(replies) == ROUNDS * PER_ROUND  # every upload came through a ClientApp
+    from privaterec.data.mind import load_dataset
+    theta0 = recall_setup(config, load_dataset(data_dir)).model
+    theta0 = torch.cat([p.detach().reshape(-1) for p in theta0.parameters()])
+    assert (sim["params"] - theta0).abs().max() > 1e-3  # training moved θ
+    assert torch.allclose(flw["params"], sim["params"], rtol=0, atol=1e-6)
+    assert PrivacyLedger.from_dict(flw["ledger"]) == PrivacyLedger.from_dict(sim["ledger"])
+    assert [(e["round"], e["clients"]) for e in flw["log"]] == \
+        [(e["round"], e["clients"]) for e in sim["log"]]
+    assert all("loss" not in e for e in flw["log"])  # private uploads: no loss on the server
+    assert flw_metrics["users_trained"] == sim_metrics["users_trained"] > 0
+    assert flw_metrics["train_epsilon_per_round"] == pytest.approx(2 * 0.1 / 0.05)

@@ -309,7 +309,8 @@ def train_recall_run(config: RecallRunConfig, out: str | Path, *, progress: bool
     config.to_yaml(saved)
     state = train_recall(setup.model, setup.vectors, setup.clients, config.fed, config.train,
                          seed=config.seed, pool_rows=setup.pool_rows,
-                         engine=build_engine(config.fed.engine),
+                         engine=build_engine(config.fed.engine,
+                                             run_files={RECALL_CONFIG_FILE: saved.read_text()}),
                          checkpoint_path=run_dir / "checkpoint.pt", progress=progress)
     release = recall_release(config)
     write_privacy_json(run_dir / "privacy.json", state.ledger, release=release,
