@@ -91,7 +91,7 @@ from privaterec.runtime.determinism import (deterministic_algorithms,  # noqa: E
 MAX_SIMULATED_SUPERNODES = 100
 """Default number of simulated SuperNodes: one per user up to this many, else user blocks."""
 SIMULATION_CPUS = 2
-"""CPUs Ray may use in :func:`train_with_flower` (one ClientApp worker per CPU)."""
+"""CPUs Ray may use in a simulated :class:`FlowerEngine` (one ClientApp worker per CPU)."""
 DISCOVERY_TIMEOUT = 120.0
 """Seconds the server waits for SuperNodes holding every training user to connect."""
 ROUND_TIMEOUT = 3600.0

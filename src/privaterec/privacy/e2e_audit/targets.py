@@ -1,9 +1,9 @@
 """The audited client updates: each method's REAL upload function on a tiny model.
 
 A :class:`Target` wraps the function a device runs in one round —
-:func:`privaterec.fed.client.client_update` (FedRec, FedNewsRec, DP-FedRec, PrivateRec:
-the one both engines call) or :func:`privaterec.recall.training.recall_client_update`
-(Uni-FedRec's recall model) — as ``upload(data, generator) -> Release``: everything the
+:func:`privaterec.fed.client.client_update` (the one both engines call, for FedRec,
+FedNewsRec, DP-FedRec, PrivateRec and Uni-FedRec's recall model with
+:class:`privaterec.recall.task.UniFedRecLDP`) — as ``upload(data, generator) -> Release``: everything the
 server receives (:func:`sent_fields`) and the privacy events the client records.
 
 The models are tiny so that thousands of uploads take seconds: a 1-d ``id`` news encoder
