@@ -556,7 +556,7 @@ def test_two_racing_spenders_cannot_both_pass_the_cap(tmp_path, monkeypatch):
     # the old ledger, both pass the cap and both spend.
     import threading
 
-    from privaterec.privacy.ledger import PrivacyEvent
+    from privaterec.privacy.events import PrivacyEvent
     from privaterec.serving import budget as budget_module
 
     real_compose = budget_module.compose_events
@@ -596,7 +596,7 @@ RACER = """
 import sys, time
 from pathlib import Path
 from privaterec.errors import PrivacyBudgetExceeded
-from privaterec.privacy.ledger import PrivacyEvent
+from privaterec.privacy.events import PrivacyEvent
 from privaterec.serving import budget as b
 real = b.compose_events
 def slow(*args, **kwargs):  # widen the read-check-write window

@@ -34,7 +34,7 @@ from privaterec.data.features import ANONYMOUS_NEWS, NewsFeatures
 from privaterec.errors import ConfigError
 from privaterec.models.recommender import Recommender
 from privaterec.privacy.dpa import dpa_noise, relu_normalize, softplus_normalize, vdp_release
-from privaterec.privacy.ledger import PrivacyEvent
+from privaterec.privacy.events import PrivacyEvent
 from privaterec.privacy.samplers import NoiseSource, SimulationNoise
 
 UserEncoder = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]

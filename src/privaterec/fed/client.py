@@ -31,7 +31,7 @@ from privaterec.fed.methods import ClientMethod, privatize, privatize_history
 from privaterec.fed.objective import ClientBatch, LocalObjective
 from privaterec.privacy.dpa import dpa_noise, pad_history, padding_mask, permute_columns
 from privaterec.privacy.labels import release_labels
-from privaterec.privacy.ledger import PrivacyEvent
+from privaterec.privacy.events import PrivacyEvent
 from privaterec.privacy.randomness import (Randomness, as_source, is_secure, randperm,
                                           seeded_generator)
 

@@ -25,7 +25,8 @@ from privaterec.privacy.central import (calibrate_noise_multiplier, central_epsi
                                         central_round_event)
 from privaterec.privacy.dpa import dpa_noise
 from privaterec.privacy.labels import candidate_set_event, label_event
-from privaterec.privacy.ledger import PrivacyEvent, adjacency_view, basic_composition
+from privaterec.privacy.events import PrivacyEvent
+from privaterec.privacy.ledger import adjacency_view, basic_composition
 from privaterec.privacy.mechanisms import (clip_elementwise, clip_l1, clip_l2,
                                            gaussian_mechanism,
                                            laplace_mechanism, laplace_noise)

@@ -32,7 +32,8 @@ from privaterec.fed.methods import ClientMethod, privatize, privatize_history
 from privaterec.fed.objective import ClientBatch, LocalObjective
 from privaterec.fed.rng import central_noise_generator, client_generator, round_generator
 from privaterec.fed.strategies import State, Strategy, aggregate, weighted_mean
-from privaterec.privacy.ledger import PrivacyEvent, PrivacyLedger
+from privaterec.privacy.events import PrivacyEvent
+from privaterec.privacy.ledger import PrivacyLedger
 from privaterec.privacy.mechanisms import gaussian_noise
 from privaterec.training.checkpoint import load_checkpoint, save_checkpoint
 from privaterec.training.determinism import deterministic_algorithms, flush_denormals

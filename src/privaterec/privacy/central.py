@@ -31,7 +31,7 @@ from dp_accounting.privacy_accountant import NeighboringRelation
 from dp_accounting.rdp import rdp_privacy_accountant
 
 from privaterec.errors import ConfigError
-from privaterec.privacy.ledger import PrivacyEvent
+from privaterec.privacy.events import PrivacyEvent
 
 ACCOUNTANTS = ("pld", "rdp")
 

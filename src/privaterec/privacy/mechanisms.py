@@ -20,8 +20,9 @@ import torch
 from torch import Tensor
 
 from privaterec.errors import ConfigError
+from privaterec.privacy.calibrated import Calibration
 from privaterec.privacy.calibration import amplified_budget, gaussian_sigma, laplace_scale
-from privaterec.privacy.ledger import Phase, PrivacyEvent
+from privaterec.privacy.events import Phase, PrivacyEvent
 
 Dims = int | Sequence[int] | None
 Generators = torch.Generator | Sequence[torch.Generator]
@@ -181,6 +182,62 @@ def clip_elementwise(x: Tensor, bound: float | Tensor) -> Tensor:
     if isinstance(bound, Tensor):
         return torch.maximum(torch.minimum(x, bound), -bound)
     return torch.clamp(x, -bound, bound)
+
+
+def apply_clip(x: Tensor, calibration: Calibration, *, dim: Dims = -1) -> Tensor:
+    """``x`` clipped as ``calibration`` says (L1/L2 ball over ``dim``, or every coordinate);
+    unchanged without clipping. Rows of ``x`` (e.g. ``[n_clients, D]``) are clipped apart."""
+    bound = calibration.clip
+    if calibration.clipping == "none":
+        return x
+    assert bound is not None
+    if calibration.clipping == "elementwise":
+        return clip_elementwise(x, bound)
+    if calibration.clipping == "l1":
+        return clip_l1(x, bound, dim=dim)
+    return clip_l2(x, bound, dim=dim)
+
+
+def calibrated_noise(shape: Sequence[int], calibration: Calibration, *, generator: Generators,
+          dtype: torch.dtype = torch.float32,
+          device: torch.device | str | None = None) -> Tensor:
+    """The noise of ``calibration`` (Laplace of scale b or Gaussian of σ), zeros without.
+
+    Parameters
+    ----------
+    shape:
+        Output shape, e.g. ``[m, B]``: m releases of B coordinates.
+    calibration:
+        The release's :class:`~privaterec.privacy.calibrated.Calibration` (its scale).
+    generator:
+        One generator, or one per row (``shape[0]`` of them).
+    dtype, device:
+        As in :func:`laplace_noise`.
+    """
+    if calibration.mechanism == "laplace":
+        return laplace_noise(shape, scale=calibration.scale, generator=generator, dtype=dtype,
+                             device=device)
+    if calibration.mechanism == "gaussian":
+        return gaussian_noise(shape, sigma=calibration.scale, generator=generator, dtype=dtype,
+                              device=device)
+    return torch.zeros(tuple(shape), dtype=dtype, device=_device(generator, device))
+
+
+def add_noise(x: Tensor, calibration: Calibration, *, generator: Generators) -> Tensor:
+    """``x`` + the noise of ``calibration`` (same shape and dtype); ``x`` itself without noise.
+
+    ``x`` must already be clipped (:func:`apply_clip`) so that the calibration's sensitivity holds.
+    With one generator per row, row i's noise comes from generator i.
+    """
+    if not calibration.noisy:
+        return x
+    return x + calibrated_noise(x.shape, calibration, generator=generator, dtype=x.dtype, device=x.device)
+
+
+def clip_and_noise(x: Tensor, calibration: Calibration, *, generator: Generators) -> Tensor:
+    """One release per row of ``x``: clipped, then noised, as ``calibration`` says
+    (e.g. ``[n_clients, D]`` updates; :func:`apply_clip` then :func:`add_noise`)."""
+    return add_noise(apply_clip(x, calibration), calibration, generator=generator)
 
 
 def _release_dimension(x: Tensor, batched: bool) -> int:

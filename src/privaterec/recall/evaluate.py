@@ -76,7 +76,8 @@ from privaterec.errors import ConfigError, DataFormatError
 from privaterec.eval.metrics import auc as impression_auc
 from privaterec.eval.metrics import recall_at_k
 from privaterec.models.layers import attend_all_if_empty
-from privaterec.privacy.ledger import PrivacyEvent, PrivacyLedger
+from privaterec.privacy.events import PrivacyEvent
+from privaterec.privacy.ledger import PrivacyLedger
 from privaterec.recall.index import (DenseIndex, ScoreSpaceIndex, allocate_quotas,
                                      merge_rankings, top_k)
 from privaterec.recall.model import UniFedRecRecall

@@ -28,7 +28,7 @@ import torch
 from torch import Tensor, nn
 
 from privaterec.errors import ConfigError
-from privaterec.privacy.ledger import Phase, PrivacyEvent
+from privaterec.privacy.events import Phase, PrivacyEvent
 from privaterec.privacy.mechanisms import Generators, clip_elementwise, laplace_noise
 
 DEFAULT_NUM_BASIS = 30

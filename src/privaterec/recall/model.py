@@ -37,7 +37,7 @@ from torch import Tensor, nn
 
 from privaterec.errors import ConfigError
 from privaterec.models.layers import AdditiveAttention, MultiHeadSelfAttention, attend_all_if_empty
-from privaterec.privacy.ledger import PrivacyEvent
+from privaterec.privacy.events import PrivacyEvent
 from privaterec.privacy.mechanisms import Generators
 from privaterec.recall.channels import (DEFAULT_DISTANCE_THRESHOLD, MAX_CHANNELS, ChannelBatch,
                                         Overflow, check_cluster_params,

@@ -65,7 +65,7 @@ from privaterec.fed.simulator import (FederatedState, RoundResult, eligible_clie
                                        train_federated)
 from privaterec.fed.strategies import FedAdam, Strategy, WeightedSGD, weighted_mean
 from privaterec.models.recommender import Recommender
-from privaterec.privacy.ledger import PrivacyEvent
+from privaterec.privacy.events import PrivacyEvent
 from privaterec.privacy.mechanisms import clip_elementwise, clip_l1, laplace_noise
 from privaterec.recall.channels import ChannelBatch, cluster_batch
 from privaterec.recall.interest import perturb_scores

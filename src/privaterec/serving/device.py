@@ -55,7 +55,8 @@ from torch import Tensor
 from privaterec.data.records import NewsRecord
 from privaterec.errors import CheckpointError, ConfigError
 from privaterec.eval.serving import ServingConfig, dpa_release, serving_event
-from privaterec.privacy.ledger import Composition, PrivacyEvent, PrivacyLedger
+from privaterec.privacy.events import PrivacyEvent
+from privaterec.privacy.ledger import Composition, PrivacyLedger
 from privaterec.privacy.mechanisms import clip_elementwise, clip_l1, clip_l2
 from privaterec.privacy.samplers import (SIMULATED_NOTE, NoiseSource, SecureNoise,
                                          SimulationNoise)
