@@ -487,7 +487,7 @@ def test_devices_take_no_generator_and_simulation_is_explicit_and_marked(world, 
 
 
 def test_vdp_device_release_is_vdp_release(world, server):
-    from privaterec.privacy.dpa import vdp_release
+    from privaterec.privacy.dpa import vdp_calibration, vdp_release
 
     for mechanism, delta in (("laplace", 0.0), ("gaussian", 1e-5)):
         d = VDPDevice(epsilon=1.5, delta=delta, clip=0.5, mechanism=mechanism,
@@ -495,9 +495,10 @@ def test_vdp_device_release_is_vdp_release(world, server):
         sent, _ = d.release(world.histories[1])
         vectors, mask = world.history_tensors(world.histories[1])
         with torch.no_grad():
-            want, _ = vdp_release(world.model.encode_user(vectors, mask), clip=0.5,
-                                  epsilon=1.5, delta=delta, mechanism=mechanism,
-                                  generator=torch.Generator().manual_seed(5))
+            user = world.model.encode_user(vectors, mask)
+            calibration = vdp_calibration(clip=0.5, epsilon=1.5, delta=delta,
+                                          mechanism=mechanism, dimension=user.shape[-1])
+            want = vdp_release(user, calibration, generator=torch.Generator().manual_seed(5))
         assert sent == pytest.approx(want[0].tolist(), abs=1e-6)
 
 
