@@ -504,6 +504,7 @@ def test_vdp_device_release_is_vdp_release(world, server):
 
 @pytest.mark.parametrize("quota_noise", [None, 0.7])
 def test_recall_release_is_the_recall_models_query(world, quota_noise):
+    from privaterec.recall.query import release_query
     from privaterec.serving.device import recall_release
 
     vectors, mask = world.history_tensors(world.histories[4])
@@ -511,8 +512,9 @@ def test_recall_release_is_the_recall_models_query(world, quota_noise):
                                                      simulated(8), quota_noise_scale=quota_noise)
     g = torch.Generator().manual_seed(8)
     with torch.no_grad():
-        q = world.recall_model.query(vectors, mask, generator=g, quota_noise_scale=quota_noise,
-                                     quota_generator=None if quota_noise is None else g)
+        q = release_query(world.recall_model, vectors, mask, generator=g,
+                          quota_noise_scale=quota_noise,
+                          quota_generator=None if quota_noise is None else g)
     torch.testing.assert_close(alpha, q.alpha[0])
     torch.testing.assert_close(quotas, q.quotas[0])
     assert torch.equal(released, q.released[0]) and events == q.events[0]

@@ -81,6 +81,7 @@ from privaterec.privacy.ledger import PrivacyLedger
 from privaterec.recall.index import (DenseIndex, ScoreSpaceIndex, allocate_quotas,
                                      merge_rankings, top_k)
 from privaterec.recall.model import UniFedRecRecall
+from privaterec.recall.query import release_query
 
 RECALL_KS = (100, 200, 300, 400)
 """The cut-offs of Uni-FedRec Tables 2-3."""
@@ -367,9 +368,10 @@ def _evaluate(users: RecallUsers, method: str, model: UniFedRecRecall | None,
         if method == "unifedrec":
             assert model is not None
             gens = [query_generator(seed, u) for u in range(start, stop)]
-            query = model.query(vectors, mask, generator=gens if serve_noise else None,
-                                quota_noise_scale=quota_noise_scale,
-                                quota_generator=None if quota_noise_scale is None else gens)
+            query = release_query(model, vectors, mask,
+                                  generator=gens if serve_noise else None,
+                                  quota_noise_scale=quota_noise_scale,
+                                  quota_generator=None if quota_noise_scale is None else gens)
             for i in range(stop - start):
                 released = query.released[i]
                 assert isinstance(index, ScoreSpaceIndex)

@@ -475,7 +475,7 @@ def recall_release(recall: Any, vectors: Tensor, mask: Tensor, noise: NoiseSourc
                    quota_noise_scale: float | None) -> tuple[Tensor, Tensor, Tensor, Events]:
     """One user's Uni-FedRec recall upload (§3.4) with the device's noise source.
 
-    The computation of :meth:`privaterec.recall.model.UniFedRecRecall.query` for one user
+    The computation of :func:`privaterec.recall.query.release_query` for one user
     (same draws in the same order: channel scores, then quotas), with every release going
     through ``noise`` (:class:`SecureNoise` on a device): channels and their quotas from the
     clustering of the history, decomposition scores clipped to ±δ plus Laplace(λ_I) (Eq. 2),
