@@ -342,6 +342,27 @@ def test_gaussian_noise_is_calibrated_once_per_round_not_once_per_client(monkeyp
     assert 1 <= len(calls) <= 2
 
 
+def test_a_method_is_calibrated_once_not_per_round_or_per_event(monkeypatch):
+    """The calibration of a method's release is built once (per method and D) and reused
+    by every round's privatize and every event; nothing runs a mechanism to learn it."""
+    calls = []
+    original = calibrated.calibrate
+
+    def counting(**kwargs):
+        calls.append(kwargs)
+        return original(**kwargs)
+
+    monkeypatch.setattr(calibrated, "calibrate", counting)
+    method = _dp_fedrec("gaussian", epsilon=1.3579)  # a budget no other test calibrates
+    for round_index in range(3):
+        released, event = privatize(_updates(4, 10, 1.0, seed=round_index), method,
+                                    _generators(4, seed=round_index))
+        assert event == method.event(10) == method.events(10)[0]
+        assert method.release(dimension=10, noised_parameters=["a"], clients_per_round=4,
+                              client_fraction=0.1)["noise_scale"] == event.noise_scale
+    assert len(calls) == 1 and calls[0]["epsilon"] == 1.3579 and calls[0]["dimension"] == 10
+
+
 # ------------------------------------------------------------------------------ audits
 def _release_fn(method: ClientMethod):
     """Mechanism for the audit: each row of ``inputs`` is one client's update."""

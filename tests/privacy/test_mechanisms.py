@@ -311,3 +311,20 @@ def test_one_generator_per_row_draws_each_row_from_its_own_generator(noise):
     assert torch.equal(rows, alone)
     with pytest.raises(ConfigError, match="one generator per row"):
         draw((2, 7), [torch.Generator()])
+
+
+def test_mechanisms_and_calibrations_do_not_import_the_accountant():
+    """The event lives in privacy/events.py: the mechanisms, the calibrations and the
+    release functions load without the ledger (the accountant) or anything above privacy/."""
+    import subprocess
+    import sys
+
+    modules = ["mechanisms", "calibrated", "dpa", "labels", "randomness", "central"]
+    code = ("import sys\n" + "".join(f"import privaterec.privacy.{m}\n" for m in modules)
+            + "print(sorted(k for k in sys.modules if k.startswith('privaterec.')))")
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            check=True).stdout
+    assert "privaterec.privacy.events" in loaded
+    assert "privaterec.privacy.ledger" not in loaded
+    for above in ("privaterec.fed", "privaterec.models", "privaterec.recall"):
+        assert above not in loaded
