@@ -1,7 +1,8 @@
-"""Privacy events and the per-user privacy ledger (DESIGN §5).
+"""The per-user privacy ledger and the composition of privacy events (DESIGN §5).
 
-Every mechanism call returns a :class:`PrivacyEvent` describing one release of one user.
-The :class:`PrivacyLedger` stores, per user, how many times each distinct event happened
+Every release of one user is described by a :class:`~privaterec.privacy.events.PrivacyEvent`
+(its own module, :mod:`privaterec.privacy.events`, re-exported here; a release's calibration,
+:mod:`privaterec.privacy.calibrated`, states it). The :class:`PrivacyLedger` stores, per user, how many times each distinct event happened
 (a multiset, so 10^5 users x 10^3 rounds cost a few integers per user, not 10^8 objects),
 and composes them at a target δ with
 
