@@ -232,7 +232,8 @@ def add_noise(x: Tensor, calibration: Calibration, *, generator: Generators) -> 
     """
     if not calibration.noisy:
         return x
-    return x + calibrated_noise(x.shape, calibration, generator=generator, dtype=x.dtype, device=x.device)
+    return x + calibrated_noise(x.shape, calibration, generator=generator, dtype=x.dtype,
+                                device=x.device)
 
 
 def clip_and_noise(x: Tensor, calibration: Calibration, *, generator: Generators) -> Tensor:
