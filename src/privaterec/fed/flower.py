@@ -83,7 +83,7 @@ from privaterec.fed.simulator import (FederatedState, RoundCallback,  # noqa: E4
 from privaterec.fed.strategies import Strategy, aggregate  # noqa: E402
 from privaterec.fed.task import FederatedTask  # noqa: E402
 from privaterec.fed.update import ClientUpdate  # noqa: E402
-from privaterec.privacy.ledger import PrivacyEvent  # noqa: E402
+from privaterec.privacy.events import PrivacyEvent  # noqa: E402
 from privaterec.privacy.samplers import SecureNoise  # noqa: E402
 from privaterec.runtime.determinism import (deterministic_algorithms,  # noqa: E402
                                             flush_denormals)

@@ -37,7 +37,8 @@ from privaterec.fed.sampling import (clients_per_round, eligible_clients, poisso
                                      sample_round)
 from privaterec.fed.strategies import State, Strategy, aggregate
 from privaterec.fed.task import FederatedTask
-from privaterec.privacy.ledger import PrivacyEvent, PrivacyLedger
+from privaterec.privacy.events import PrivacyEvent
+from privaterec.privacy.ledger import PrivacyLedger
 from privaterec.runtime.checkpoint import load_checkpoint, save_checkpoint
 from privaterec.runtime.determinism import deterministic_algorithms, flush_denormals
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from privaterec.privacy.ledger import PrivacyEvent
+from privaterec.privacy.events import PrivacyEvent
 
 
 @dataclass(frozen=True)

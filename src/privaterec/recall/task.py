@@ -71,8 +71,9 @@ from privaterec.fed.sampling import eligible_clients
 from privaterec.fed.simulator import FederatedState
 from privaterec.fed.strategies import build_strategy
 from privaterec.fed.task import ParamSpec, per_client_gradients
-from privaterec.privacy.ledger import PrivacyEvent
-from privaterec.privacy.mechanisms import clip_elementwise, clip_l1, laplace_noise
+from privaterec.privacy.calibrated import Calibration, clipped_release, no_noise
+from privaterec.privacy.events import PrivacyEvent
+from privaterec.privacy.mechanisms import laplace_noise
 from privaterec.privacy.randomness import (Randomness, is_secure, randint, randperm,
                                            seeded_generator)
 from privaterec.recall.channels import ChannelBatch, cluster_batch
@@ -452,45 +453,30 @@ class UniFedRecLDP(ClientMethod):
         private one's stay on the device and the server weighs clients equally."""
         return not self.event(1).is_private
 
-    def _privatize(self, updates: Tensor, generators: Sequence[torch.Generator], *,
-                   draw_noise: bool = True) -> tuple[Tensor, PrivacyEvent]:
-        """Eq. 8 for a batch of uploads ``[m, D]``: clip each row, add Laplace(λ_g) from its
-        own generator."""
-        event = self.upload_event(int(updates.shape[1]))
-        if self.clipping == "none":
-            return updates, event
-        clipped = (clip_l1(updates, self.clip, dim=-1) if self.clipping == "l1"
-                   else clip_elementwise(updates, self.clip))
-        if self.noise_scale == 0 or not draw_noise:
-            return clipped, event
-        return clipped + laplace_noise(clipped.shape, scale=self.noise_scale,
-                                       generator=list(generators), dtype=clipped.dtype), event
-
     def upload_event(self, dimension: int) -> PrivacyEvent:
         """The privacy event of ONE client's upload of a D-dim gradient (module docstring)."""
+        return self.calibration(dimension).event
+
+    def _calibrate(self, dimension: int) -> Calibration:
+        """ONE client's upload of a D-dim gradient, calibrated (Eq. 8, module docstring):
+        Laplace at the given λ_g on the clipped gradient (Δ₁ = 2θ for an L1 clip, 2θD
+        element-wise)."""
         if not (_is_int(dimension) and dimension >= 1):
             _fail("dimension", dimension, "an integer >= 1")
         lam = float(self.noise_scale)
         if self.clipping == "none":
-            return PrivacyEvent(mechanism="none", epsilon=math.inf, dimension=dimension,
-                                phase="train", note="Uni-FedRec recall: raw gradient, no "
-                                                    "clipping or noise (no guarantee)")
+            return no_noise(dimension=dimension, note="Uni-FedRec recall: raw gradient, no "
+                                                      "clipping or noise (no guarantee)")
         if self.clipping == "l1":
-            sensitivity = 2.0 * self.clip
-            return PrivacyEvent(
-                mechanism="laplace", epsilon=math.inf if lam == 0 else sensitivity / lam,
-                noise_scale=lam, sensitivity=sensitivity, dimension=dimension, phase="train",
-                note=f"Uni-FedRec Eq. 8: recall gradient L1-clipped to theta={self.clip}, "
-                     f"Laplace(lambda_g={lam}) per coordinate; L1 sensitivity 2*theta, so "
-                     f"epsilon = 2*theta/lambda_g per round for the whole update")
-        sensitivity = 2.0 * self.clip * dimension
-        return PrivacyEvent(
-            mechanism="laplace", epsilon=math.inf if lam == 0 else sensitivity / lam,
-            noise_scale=lam, sensitivity=sensitivity, dimension=dimension, phase="train",
-            coordinate_epsilon=math.inf if lam == 0 else 2.0 * self.clip / lam,
-            note=f"Uni-FedRec Eq. 8 read as FedNewsRec's element-wise clip to [-theta, theta] "
-                 f"(theta={self.clip}) + Laplace(lambda_g={lam}): epsilon = 2*theta*D/lambda_g "
-                 f"for the whole update (2*theta/lambda_g per coordinate)")
+            note = (f"Uni-FedRec Eq. 8: recall gradient L1-clipped to theta={self.clip}, "
+                    f"Laplace(lambda_g={lam}) per coordinate; L1 sensitivity 2*theta, so "
+                    f"epsilon = 2*theta/lambda_g per round for the whole update")
+        else:
+            note = (f"Uni-FedRec Eq. 8 read as FedNewsRec's element-wise clip to [-theta, "
+                    f"theta] (theta={self.clip}) + Laplace(lambda_g={lam}): epsilon = "
+                    f"2*theta*D/lambda_g for the whole update (2*theta/lambda_g per coordinate)")
+        return clipped_release(clipping=self.clipping, clip=self.clip, dimension=dimension,
+                               noise_scale=lam, note=note)
 
     def describe(self, *, dimension: int, parameters: Sequence[str], clients_per_round: int,
                  client_fraction: float) -> dict[str, Any]:

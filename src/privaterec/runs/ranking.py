@@ -32,7 +32,7 @@ from privaterec.fed.engine import check_run, federated_job
 from privaterec.fed.methods import resolve_run_config
 from privaterec.models.factory import build_recommender, vocabulary_kind
 from privaterec.models.recommender import Recommender
-from privaterec.privacy.ledger import PrivacyEvent
+from privaterec.privacy.events import PrivacyEvent
 from privaterec.runs.directory import RunDirectory
 from privaterec.runs.engines import build_engine
 from privaterec.runs.report import release_description

@@ -18,7 +18,7 @@ method's name: what differs is a subclass (or, for central DP, a wrapper).
 
 from __future__ import annotations
 
-import math
+import functools
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, ClassVar, Sequence
@@ -29,8 +29,10 @@ from privaterec.data.clients import ClientData
 from privaterec.fed.sampling import sample_round
 from privaterec.fed.strategies import weighted_mean
 from privaterec.fed.task import FederatedTask
-from privaterec.privacy.ledger import PrivacyEvent, adjacency_view, basic_composition
-from privaterec.privacy.randomness import Randomness, as_source, is_secure
+from privaterec.privacy.calibrated import Calibration
+from privaterec.privacy.events import PrivacyEvent
+from privaterec.privacy.ledger import adjacency_view, basic_composition
+from privaterec.privacy.randomness import Randomness, release_rows
 
 
 @dataclass(frozen=True)
@@ -129,9 +131,18 @@ class ClientMethod(ABC):
         return task.client_inputs(data, max_samples=self.max_samples,
                                   negatives=self.negatives, generator=generator)
 
-    def privatize(self, updates: torch.Tensor, generators: Sequence[Any], *,
-                  draw_noise: bool = True) -> tuple[torch.Tensor, PrivacyEvent]:
-        """Clip and noise each client's update before upload.
+    def calibration(self, dimension: int) -> Calibration:
+        """How one client's D-dim update is released (clip, noise, event), calibrated once
+        per (method, D) (cached)."""
+        return _calibration(self, dimension)
+
+    @abstractmethod
+    def _calibrate(self, dimension: int) -> Calibration:
+        """:meth:`calibration`, computed (the cache calls it once per (method, D))."""
+
+    def privatize(self, updates: torch.Tensor,
+                  generators: Sequence[Randomness]) -> tuple[torch.Tensor, PrivacyEvent]:
+        """Clip and noise each client's update before upload, as :meth:`calibration` says.
 
         Parameters
         ----------
@@ -139,10 +150,9 @@ class ClientMethod(ABC):
             ``Tensor[m, D]``, row i is client i's gradient (or FedAvg pseudo-gradient).
         generators:
             One per row: client i's noise comes from its own generator (on a real device,
-            its own entropy, :class:`~privaterec.privacy.samplers.SecureNoise`), so every
-            engine draws the same noise for the same client.
-        draw_noise:
-            ``False`` returns the clipped updates and the event without drawing noise.
+            its own secure source, :class:`~privaterec.privacy.samplers.SecureNoise`), so
+            every engine draws the same noise for the same client. Clipping is batched;
+            only the noise draws visit the clients.
 
         Returns
         -------
@@ -151,22 +161,12 @@ class ClientMethod(ABC):
         if len(generators) != updates.shape[0]:
             raise ValueError(f"need one generator per client: {len(generators)} for "
                              f"{updates.shape[0]} updates")
-        if any(is_secure(g) for g in generators):
-            clipped, event = self._privatize(updates, [torch.Generator()] * len(generators),
-                                             draw_noise=False)
-            return release_rows(clipped, event, generators, draw_noise=draw_noise), event
-        return self._privatize(updates, generators, draw_noise=draw_noise)
-
-    @abstractmethod
-    def _privatize(self, updates: torch.Tensor, generators: Sequence[torch.Generator], *,
-                   draw_noise: bool = True) -> tuple[torch.Tensor, PrivacyEvent]:
-        """:meth:`privatize` with seeded generators."""
+        calibration = self.calibration(int(updates.shape[1]))
+        return release_rows(updates, calibration, generators), calibration.event
 
     def event(self, dimension: int) -> PrivacyEvent:
-        """The privacy event of one client's upload in one round (without drawing noise)."""
-        _, event = self.privatize(torch.zeros(1, dimension), [torch.Generator()],
-                                  draw_noise=False)
-        return event
+        """The privacy event of one client's upload in one round."""
+        return self.calibration(dimension).event
 
     def events(self, dimension: int) -> tuple[PrivacyEvent, ...]:
         """All events of one client's round (recorded under the client's id)."""
@@ -227,29 +227,9 @@ class ClientMethod(ABC):
         return RoundOutput(weighted_mean(released, weights), [float(x) for x in losses])
 
 
-def release_rows(clipped: torch.Tensor, event: PrivacyEvent, sources: Sequence[Any], *,
-                 draw_noise: bool = True) -> torch.Tensor:
-    """Row i of ``clipped`` released with ``sources[i]`` at the calibration of ``event``.
-
-    The deployed path: a secure source (:class:`~privaterec.privacy.samplers.SecureNoise`)
-    returns the float-safe release of the clipped row itself (issue 13, hole 1).
-    """
-    if not draw_noise or not event.is_private or event.mechanism not in ("laplace",
-                                                                          "gaussian"):
-        return clipped
-    scale = float(event.noise_scale or 0.0)
-    rows = []
-    for row, source in zip(clipped, sources):
-        noise = as_source(source)
-        rows.append(noise.release_gaussian(row, sigma=scale) if event.mechanism == "gaussian"
-                    else noise.release_laplace(row, scale=scale))
-    return torch.stack(rows)
+@functools.lru_cache(maxsize=64)
+def _calibration(method: ClientMethod, dimension: int) -> Calibration:
+    return method._calibrate(dimension)
 
 
-def raw_event(name: str, dimension: int) -> PrivacyEvent:
-    """The event of an unprotected upload (ε = ∞)."""
-    return PrivacyEvent(mechanism="none", epsilon=math.inf, phase="train",
-                        dimension=dimension, note=f"{name}: raw update")
-
-
-__all__ = ["ClientMethod", "RoundContext", "RoundOutput", "raw_event", "release_rows"]
+__all__ = ["ClientMethod", "RoundContext", "RoundOutput"]

@@ -11,7 +11,7 @@ sampled or not); the clients' clipped updates spend nothing of their own.
 
 from __future__ import annotations
 
-import math
+import functools
 from dataclasses import dataclass
 from typing import Any, ClassVar, Sequence
 
@@ -23,9 +23,10 @@ from privaterec.fed.methods.base import ClientMethod, RoundContext, RoundOutput
 from privaterec.fed.rng import central_noise_generator
 from privaterec.fed.sampling import poisson_round
 from privaterec.fed.task import FederatedTask
-from privaterec.privacy.central import central_epsilon, central_round_event
-from privaterec.privacy.ledger import PrivacyEvent
-from privaterec.privacy.mechanisms import clip_l2, gaussian_noise
+from privaterec.privacy.calibrated import Calibration, no_noise
+from privaterec.privacy.central import central_calibration, central_epsilon
+from privaterec.privacy.events import PrivacyEvent
+from privaterec.privacy.mechanisms import calibrated_noise
 from privaterec.privacy.randomness import Randomness
 
 
@@ -75,25 +76,24 @@ class CentralDP(ClientMethod):
                generator: Randomness) -> Any:
         return self.inner.inputs(task, data, generator=generator)
 
-    def _privatize(self, updates: torch.Tensor, generators: Sequence[torch.Generator], *,
-                   draw_noise: bool = True) -> tuple[torch.Tensor, PrivacyEvent]:
+    def _calibrate(self, dimension: int) -> Calibration:
         """Clip each client's update to L2 norm C; the aggregator adds the noise to the sum."""
-        dimension = int(updates.shape[1])
-        clipped = clip_l2(updates, self.clip, dim=-1)
-        return clipped, PrivacyEvent(mechanism="none", epsilon=math.inf, phase="train",
-                                     dimension=dimension,
-                                     note=f"{self.name}: update clipped to L2 norm "
-                                          f"{self.clip}, noised centrally")
+        return no_noise(dimension=dimension, clipping="l2", clip=self.clip,
+                        note=f"{self.name}: update clipped to L2 norm {self.clip}, noised "
+                             f"centrally")
 
     def events(self, dimension: int) -> tuple[PrivacyEvent, ...]:
         """None per client: its clipped update goes to the trusted aggregator."""
         return ()
 
+    def central_calibration(self) -> Calibration:
+        """The noise the aggregator adds to the round's sum, N(0, (z·C)² I), and its event
+        (calibrated once per method, cached)."""
+        return _central_calibration(self)
+
     def central_event(self) -> PrivacyEvent:
         """The ledger event of one central-DP round, recorded for every user."""
-        return central_round_event(noise_multiplier=self.noise_multiplier,
-                                   sampling_rate=self.sampling_rate, clip=self.clip,
-                                   delta=self.delta)
+        return self.central_calibration().event
 
     def population_events(self, dimension: int) -> tuple[PrivacyEvent, ...]:
         return (self.central_event(),)
@@ -125,9 +125,9 @@ class CentralDP(ClientMethod):
                                                   chunk_clients=context.chunk_clients)
             total = clipped.sum(0)
             losses = [float(x) for x in loss_t]
-        noise = gaussian_noise((dimension,), sigma=self.noise_multiplier * self.clip,
-                               generator=central_noise_generator(context.seed,
-                                                                 context.round_index))
+        noise = calibrated_noise((dimension,), self.central_calibration(),
+                                 generator=central_noise_generator(context.seed,
+                                                                   context.round_index))
         direction = (total + noise) / (self.sampling_rate * context.population)
         return RoundOutput(direction, losses, (self.central_event(),))
 
@@ -161,6 +161,13 @@ class CentralDP(ClientMethod):
                         "trust": "the server adds the noise and sees the clipped updates "
                                  "(no secure aggregation in this engine yet)"},
         }
+
+
+@functools.lru_cache(maxsize=64)
+def _central_calibration(method: CentralDP) -> Calibration:
+    return central_calibration(noise_multiplier=method.noise_multiplier,
+                               sampling_rate=method.sampling_rate, clip=method.clip,
+                               delta=method.delta)
 
 
 __all__ = ["CentralDP"]

@@ -15,6 +15,7 @@ uploads the gradient of the loss on ũ = Σ α̃ᵢ bᵢ:
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any, ClassVar, Sequence
@@ -28,11 +29,11 @@ from privaterec.fed.methods.base import RoundContext, RoundOutput
 from privaterec.fed.methods.ranking import RankingMethod
 from privaterec.fed.objective import ClientInputs, LocalObjective
 from privaterec.fed.strategies import weighted_mean
-from privaterec.privacy.dpa import dpa_noise, pad_history, padding_mask, permute_columns
+from privaterec.privacy.calibrated import Calibration, clipped_release, no_noise
+from privaterec.privacy.dpa import (dpa_calibration, dpa_noise, pad_history, padding_mask,
+                                    permute_columns)
+from privaterec.privacy.events import PrivacyEvent
 from privaterec.privacy.labels import candidate_set_event, label_event, release_labels
-from privaterec.privacy.ledger import PrivacyEvent
-from privaterec.privacy.mechanisms import (clip_l1, clip_l2, gaussian_mechanism,
-                                           laplace_mechanism)
 from privaterec.privacy.randomness import (Randomness, as_source, is_secure, randperm,
                                            seeded_generator)
 
@@ -113,14 +114,10 @@ class PrivateRec(RankingMethod):
             rows, clicks, counts = rows[chosen], clicks[chosen], counts[chosen]
         pad = padding_mask(data.history_mask, padding_p=self.padding_p, generator=generator)
         history = pad_history(data.history, pad)
-        (eps, delta), _ = self.budget_split()
         noise: torch.Tensor | None = None
         if not is_secure(generator):
-            drawn, _ = dpa_noise((1, basis_size), epsilon=eps, delta=delta,
-                                 padding_p=self.padding_p, mechanism=self.noise,  # type: ignore[arg-type]
-                                 sensitivity=self.sensitivity_mode,  # type: ignore[arg-type]
-                                 generator=seeded_generator(generator))
-            noise = drawn[0]
+            noise = dpa_noise((1, basis_size), self.dpa_calibration(),
+                              generator=seeded_generator(generator))[0]
         size = self.label_candidates
         positions, released = release_labels(clicks, counts, size=size, epsilon=self.epsilon,
                                              generator=generator)
@@ -128,12 +125,15 @@ class PrivateRec(RankingMethod):
         candidates = permute_columns(rows.gather(1, positions)[keep], released[keep])
         return ClientInputs(history, data.history_mask, candidates, noise)
 
-    def _privatize(self, updates: torch.Tensor, generators: Sequence[torch.Generator], *,
-                   draw_noise: bool = True) -> tuple[torch.Tensor, PrivacyEvent]:
+    def _calibrate(self, dimension: int) -> Calibration:
         """Paper mode uploads the gradient raw (its releases are DPA's and the labels')."""
-        event = PrivacyEvent(mechanism="none", epsilon=math.inf, phase="train",
-                             dimension=int(updates.shape[1]), note=f"{self.name}: raw update")
-        return updates, event
+        return no_noise(dimension=dimension, note=f"{self.name}: raw update")
+
+    def dpa_calibration(self) -> Calibration:
+        """The calibration of DPA's noise on α in training (Alg. 2 line 9) at DPA's share of
+        (ε_t, δ_t) (:meth:`budget_split`), padding-amplified; reads the history. Calibrated
+        once per method (cached)."""
+        return _dpa_calibration(self)
 
     def events(self, dimension: int) -> tuple[PrivacyEvent, ...]:
         """DPA's release of α̃ [, the noised history gradient], the label release and the
@@ -146,8 +146,7 @@ class PrivateRec(RankingMethod):
         """A device's float-safe DPA release α̃ = α + noise ``[B]`` (Alg. 2 lines 6-9), drawn
         from its secure source at the calibration of the method's DPA event."""
         alpha = task.attention(params, inputs.history, inputs.history_mask)
-        dpa = self.events(task.dimension)[0]
-        scale = float(dpa.noise_scale or 0.0)
+        scale = self.dpa_calibration().scale
         noise = as_source(source)
         if self.noise == "gaussian":
             return noise.release_gaussian(alpha, sigma=scale)
@@ -239,32 +238,19 @@ class PrivateRecStrict(PrivateRec):
         return ((self.epsilon * (1 - f), self.delta * (1 - f)),
                 (self.epsilon * f, self.delta * f))
 
-    def _privatize(self, updates: torch.Tensor, generators: Sequence[torch.Generator], *,
-                   draw_noise: bool = True) -> tuple[torch.Tensor, PrivacyEvent]:
-        """Clip and noise each client's history-path gradient ``[m, D]``.
-
-        L1 clip + Laplace or L2 clip + analytic Gaussian at the strict share of (ε_t, δ_t),
-        sensitivity 2·clip (replacement of one history item changes the clipped gradient by
-        at most twice the bound; DESIGN §4 erratum 4).
-        """
+    def _calibrate(self, dimension: int) -> Calibration:
+        """Its privatize acts on the history-path gradient ``[D]``: L1 clip + Laplace or L2
+        clip + analytic Gaussian at the strict share of (ε_t, δ_t), sensitivity 2·clip
+        (replacement of one history item changes the clipped gradient by at most twice the
+        bound; DESIGN §4 erratum 4)."""
         _, history = self.budget_split()
         assert history is not None
         eps, delta = history
-        clip = clip_l1 if self.clipping == "l1" else clip_l2
-        clipped = clip(updates, self.clip, dim=-1)
         note = (f"PrivateRec strict: history-path gradient, {self.clipping.upper()} clip to "
                 f"{self.clip}, sensitivity 2*clip")
-        if self.noise == "laplace":
-            noised, event = laplace_mechanism(clipped, epsilon=eps,
-                                              sensitivity_l1=2 * self.clip,
-                                              generator=generators, batched=True, note=note,
-                                              draw_noise=draw_noise)
-        else:
-            noised, event = gaussian_mechanism(clipped, epsilon=eps, delta=delta,
-                                               sensitivity_l2=2 * self.clip,
-                                               generator=generators, batched=True, note=note,
-                                               draw_noise=draw_noise)
-        return noised, event
+        return clipped_release(clipping=self.clipping, clip=self.clip,  # type: ignore[arg-type]
+                               dimension=dimension, epsilon=eps, delta=delta, note=note,
+                               data="history")
 
     def update(self, task: LocalObjective, params: torch.Tensor,  # type: ignore[override]
                inputs: ClientInputs, *, generator: Randomness) -> tuple[torch.Tensor, float]:
@@ -312,11 +298,8 @@ def privaterec_train_events(method: PrivateRec, *, dimension: int
     Under one-click adjacency the history events and the label event bound disjoint data, so
     a round costs max(ε_DPA + ε_hist, ε_label) = ε_t; the ledger composes them that way.
     """
-    (eps_dpa, delta_dpa), history = method.budget_split()
-    _, dpa = dpa_noise((1, 1), epsilon=eps_dpa, delta=delta_dpa, padding_p=method.padding_p,
-                       mechanism=method.noise, sensitivity=method.sensitivity_mode,  # type: ignore[arg-type]
-                       generator=torch.Generator(), draw_noise=False)
-    dpa = replace(dpa, data="history")
+    _, history = method.budget_split()
+    dpa = method.dpa_calibration().event
     if method.privacy_mode == "paper" and dpa.is_private:
         note = PAPER_MODE_NOTE if dpa.valid else f"{dpa.note}; {PAPER_MODE_NOTE}"
         dpa = replace(dpa, valid=False, note=note)
@@ -327,9 +310,16 @@ def privaterec_train_events(method: PrivateRec, *, dimension: int
                             note="labels released without protection (epsilon_train = inf)"),))
     if history is None:
         return (dpa, *labels)
-    _, hist = method.privatize(torch.zeros(1, dimension), [torch.Generator()],
-                               draw_noise=False)
-    return (dpa, replace(hist, data="history"), *labels)
+    return (dpa, method.event(dimension), *labels)  # strict: the history-path gradient's
+
+
+@functools.lru_cache(maxsize=64)
+def _dpa_calibration(method: PrivateRec) -> Calibration:
+    (eps, delta), _ = method.budget_split()
+    return dpa_calibration(epsilon=eps, delta=delta, padding_p=method.padding_p,
+                           mechanism=method.noise,  # type: ignore[arg-type]
+                           sensitivity=method.sensitivity_mode,  # type: ignore[arg-type]
+                           data="history")
 
 
 __all__ = ["PAPER_MODE_NOTE", "PrivateRec", "PrivateRecStrict", "privaterec_train_events",

@@ -24,11 +24,7 @@ import torch
 
 from privaterec.fed.methods.base import ClientMethod, RoundContext, RoundOutput
 from privaterec.fed.objective import ClientBatch, ClientInputs, LocalObjective
-from privaterec.privacy.calibration import fednewsrec_coordinate_epsilon
-from privaterec.privacy.ledger import PrivacyEvent
-from privaterec.privacy.mechanisms import (clip_elementwise, clip_l1, clip_l2,
-                                           gaussian_mechanism, laplace_mechanism,
-                                           laplace_noise)
+from privaterec.privacy.calibrated import Calibration, clipped_release, no_noise
 from privaterec.privacy.randomness import Randomness
 
 
@@ -119,12 +115,9 @@ class FedRec(RankingMethod):
     def per_client_release(self) -> bool:
         return False
 
-    def _privatize(self, updates: torch.Tensor, generators: Sequence[torch.Generator], *,
-                   draw_noise: bool = True) -> tuple[torch.Tensor, PrivacyEvent]:
-        dimension = int(updates.shape[1])
-        event = PrivacyEvent(mechanism="none", epsilon=math.inf, phase="train",
-                             dimension=dimension, note=f"{self.name}: raw update")
-        return updates, event
+    def _calibrate(self, dimension: int) -> Calibration:
+        """The raw update, ε = ∞."""
+        return no_noise(dimension=dimension, note=f"{self.name}: raw update")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -139,23 +132,13 @@ class FedNewsRec(RankingMethod):
     clip: float
     noise_scale: float
 
-    def _privatize(self, updates: torch.Tensor, generators: Sequence[torch.Generator], *,
-                   draw_noise: bool = True) -> tuple[torch.Tensor, PrivacyEvent]:
-        dimension = int(updates.shape[1])
-        clipped = clip_elementwise(updates, self.clip)
-        scale = self.noise_scale
-        sensitivity = 2.0 * self.clip * dimension
-        event = PrivacyEvent(
-            mechanism="laplace", epsilon=sensitivity / scale, noise_scale=scale,
-            sensitivity=sensitivity, dimension=dimension, phase="train",
-            coordinate_epsilon=fednewsrec_coordinate_epsilon(clip_bound=self.clip,
-                                                             noise_scale=scale),
+    def _calibrate(self, dimension: int) -> Calibration:
+        """ε = 2δD/λ for the whole update, 2δ/λ per coordinate (DESIGN §4 erratum 6)."""
+        return clipped_release(
+            clipping="elementwise", clip=self.clip, dimension=dimension,
+            noise_scale=self.noise_scale,
             note="FedNewsRec Eq. 4-5: element-wise clip to [-delta, delta], Laplace(lambda) "
                  "per coordinate; epsilon covers the whole update (2*delta*D/lambda)")
-        if not draw_noise:
-            return clipped, event
-        return clipped + laplace_noise(clipped.shape, scale=scale, generator=generators,
-                                       dtype=clipped.dtype), event
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -174,22 +157,13 @@ class DPFedRec(RankingMethod):
     def clipping(self) -> str:  # type: ignore[override]
         return "l1" if self.noise == "laplace" else "l2"
 
-    def _privatize(self, updates: torch.Tensor, generators: Sequence[torch.Generator], *,
-                   draw_noise: bool = True) -> tuple[torch.Tensor, PrivacyEvent]:
-        clip = clip_l1 if self.clipping == "l1" else clip_l2
-        clipped = clip(updates, self.clip, dim=-1)
-        sensitivity = 2.0 * self.clip
+    def _calibrate(self, dimension: int) -> Calibration:
+        """Noise calibrated to ε_t (and δ_t) with Δ = 2θ (replacement of a client's data)."""
         note = (f"DP-FedRec: {self.clipping.upper()} clip to {self.clip}, "
                 f"sensitivity 2*theta per client update")
-        # One call: calibrated once for the round, row i's noise drawn from client i's
-        # generator.
-        if self.noise == "laplace":
-            return laplace_mechanism(clipped, epsilon=self.epsilon, sensitivity_l1=sensitivity,
-                                     generator=generators, batched=True, note=note,
-                                     draw_noise=draw_noise)
-        return gaussian_mechanism(clipped, epsilon=self.epsilon, delta=self.delta,
-                                  sensitivity_l2=sensitivity, generator=generators,
-                                  batched=True, note=note, draw_noise=draw_noise)
+        return clipped_release(clipping=self.clipping, clip=self.clip,  # type: ignore[arg-type]
+                               dimension=dimension, epsilon=self.epsilon, delta=self.delta,
+                               note=note)
 
 
 __all__ = ["DPFedRec", "FedNewsRec", "FedRec", "RankingMethod"]
