@@ -22,6 +22,7 @@ Every query is one release; :func:`serving_event` is its privacy event.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Callable
@@ -33,8 +34,10 @@ from privaterec.config import SERVING_KINDS, _check, _check_choice
 from privaterec.data.features import ANONYMOUS_NEWS, NewsFeatures
 from privaterec.errors import ConfigError
 from privaterec.models.recommender import Recommender
-from privaterec.privacy.dpa import dpa_noise, relu_normalize, softplus_normalize, vdp_release
-from privaterec.privacy.ledger import PrivacyEvent
+from privaterec.privacy.calibrated import Calibration, no_noise
+from privaterec.privacy.dpa import (dpa_calibration, relu_normalize, softplus_normalize,
+                                    vdp_calibration, vdp_release)
+from privaterec.privacy.events import PrivacyEvent
 from privaterec.privacy.samplers import NoiseSource, SimulationNoise
 
 UserEncoder = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -101,25 +104,32 @@ class ServingConfig:
         return self.padding_p
 
 
-def serving_event(config: ServingConfig, *, basis_size: int, dim: int) -> PrivacyEvent:
-    """The privacy event of one query under ``config`` (no noise drawn)."""
+@functools.lru_cache(maxsize=32)
+def serving_calibration(config: ServingConfig, *, basis_size: int, dim: int) -> Calibration:
+    """How one query is released under ``config`` (its noise and event), calibrated once per
+    configuration (cached).
+
+    ``basis_size``: B (``privaterec``); ``dim``: d, the size of the user vector.
+    """
     if config.kind == "local":
-        return PrivacyEvent(mechanism="none", epsilon=0.0, phase="serve", dimension=1,
-                            note=LOCAL_NOTE)
+        return no_noise(epsilon=0.0, phase="serve", note=LOCAL_NOTE)
     if config.kind == "none":
-        return PrivacyEvent(mechanism="none", epsilon=math.inf, phase="serve", dimension=dim,
-                            note="user vector sent in the clear")
+        return no_noise(phase="serve", dimension=max(1, dim),
+                        note="user vector sent in the clear")
     if config.kind == "privaterec":
-        _, event = dpa_noise((1, basis_size), epsilon=config.epsilon, delta=config.delta,
-                             padding_p=config.effective_padding,
-                             mechanism=config.mechanism,  # type: ignore[arg-type]
-                             sensitivity=config.sensitivity_mode,  # type: ignore[arg-type]
-                             generator=torch.Generator(), phase="serve", draw_noise=False)
-        return event
-    _, event = vdp_release(torch.zeros(1, dim), clip=config.vdp_clip, epsilon=config.epsilon,
-                           delta=config.delta, mechanism=config.mechanism,  # type: ignore[arg-type]
-                           generator=torch.Generator(), phase="serve", draw_noise=False)
-    return event
+        return dpa_calibration(epsilon=config.epsilon, delta=config.delta,
+                               padding_p=config.effective_padding,
+                               mechanism=config.mechanism,  # type: ignore[arg-type]
+                               sensitivity=config.sensitivity_mode,  # type: ignore[arg-type]
+                               phase="serve", dimension=max(1, basis_size))
+    return vdp_calibration(clip=config.vdp_clip, epsilon=config.epsilon, delta=config.delta,
+                           mechanism=config.mechanism,  # type: ignore[arg-type]
+                           dimension=max(1, dim), phase="serve")
+
+
+def serving_event(config: ServingConfig, *, basis_size: int, dim: int) -> PrivacyEvent:
+    """The privacy event of one query under ``config`` (:func:`serving_calibration`)."""
+    return serving_calibration(config, basis_size=basis_size, dim=dim).event
 
 
 @dataclass(frozen=True)
@@ -199,18 +209,15 @@ def dpa_release(model: Recommender, anonymous: torch.Tensor, vectors: torch.Tens
     if p > 0:
         vectors = torch.where(pad[..., None], anonymous.expand_as(vectors), vectors)
     alpha = basis.attention(model.interest(vectors, mask))
-    _, event = dpa_noise(tuple(alpha.shape), epsilon=config.epsilon, delta=config.delta,
-                         padding_p=p, mechanism=config.mechanism,  # type: ignore[arg-type]
-                         sensitivity=config.sensitivity_mode,  # type: ignore[arg-type]
-                         generator=torch.Generator(), phase="serve", dtype=alpha.dtype,
-                         draw_noise=False)
+    calibration = serving_calibration(config, basis_size=int(alpha.shape[-1]), dim=0)
+    event = calibration.event
     if config.epsilon == math.inf:
         return DpaRelease(alpha=alpha, noise=torch.zeros_like(alpha), released=alpha,
                           padded=pad, event=event)
     if config.mechanism == "laplace":
-        noisy = source.release_laplace(alpha, scale=event.noise_scale)
+        noisy = source.release_laplace(alpha, scale=calibration.scale)
     else:
-        noisy = source.release_gaussian(alpha, sigma=event.noise_scale)
+        noisy = source.release_gaussian(alpha, sigma=calibration.scale)
     normalize = softplus_normalize if config.normalization == "softplus" else relu_normalize
     return DpaRelease(alpha=alpha, noise=noisy - alpha, released=normalize(noisy), padded=pad,
                       event=event)
@@ -255,12 +262,11 @@ def private_user_encoder(model: Recommender, features: NewsFeatures, config: Ser
         raise ConfigError("local ranking scores candidates on the device: use "
                           "local_ranking_seams(model)")
     if config.kind == "vdp":
+        calibration = serving_calibration(config, basis_size=0, dim=model.dim)
+
         def vdp(vectors: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-            released, _ = vdp_release(model.encode_user(vectors, mask), clip=config.vdp_clip,
-                                      epsilon=config.epsilon, delta=config.delta,
-                                      mechanism=config.mechanism,  # type: ignore[arg-type]
-                                      generator=generator, phase="serve")
-            return released
+            return vdp_release(model.encode_user(vectors, mask), calibration,
+                               generator=generator)
         return vdp
     basis = model.basis
     if basis is None:
@@ -317,4 +323,4 @@ def local_download_bytes(news_ids: list[str], rows: int, dtype: str = "float32")
 
 __all__ = ["LOCAL_NOTE", "local_download_bytes", "local_ranking_seams",
            "SERVING_KINDS", "DpaRelease", "ServingConfig", "dpa_release", "noise_source",
-           "private_user_encoder", "serving_event"]
+           "private_user_encoder", "serving_calibration", "serving_event"]

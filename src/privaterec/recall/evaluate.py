@@ -76,10 +76,12 @@ from privaterec.errors import ConfigError, DataFormatError
 from privaterec.eval.metrics import auc as impression_auc
 from privaterec.eval.metrics import recall_at_k
 from privaterec.models.layers import attend_all_if_empty
-from privaterec.privacy.ledger import PrivacyEvent, PrivacyLedger
+from privaterec.privacy.events import PrivacyEvent
+from privaterec.privacy.ledger import PrivacyLedger
 from privaterec.recall.index import (DenseIndex, ScoreSpaceIndex, allocate_quotas,
                                      merge_rankings, top_k)
 from privaterec.recall.model import UniFedRecRecall
+from privaterec.recall.query import release_query
 
 RECALL_KS = (100, 200, 300, 400)
 """The cut-offs of Uni-FedRec Tables 2-3."""
@@ -369,9 +371,10 @@ def _evaluate(users: RecallUsers, method: str, model: UniFedRecRecall | None,
         if method == "unifedrec":
             assert model is not None
             gens = [query_generator(seed, u) for u in range(start, stop)]
-            query = model.query(vectors, mask, generator=gens if serve_noise else None,
-                                quota_noise_scale=quota_noise_scale,
-                                quota_generator=None if quota_noise_scale is None else gens)
+            query = release_query(model, vectors, mask,
+                                  generator=gens if serve_noise else None,
+                                  quota_noise_scale=quota_noise_scale,
+                                  quota_generator=None if quota_noise_scale is None else gens)
             for i in range(stop - start):
                 released = query.released[i]
                 assert isinstance(index, ScoreSpaceIndex)

@@ -41,7 +41,8 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from privaterec.data.records import NewsRecord
 from privaterec.errors import CheckpointError, ConfigError, PrivacyBudgetExceeded
-from privaterec.privacy.ledger import Composition, PrivacyEvent, PrivacyLedger, compose_events
+from privaterec.privacy.events import PrivacyEvent
+from privaterec.privacy.ledger import Composition, PrivacyLedger, compose_events
 
 DEVICE_USER = "device"
 """The ledger's user id: a device accounts for one user."""

@@ -28,7 +28,7 @@ from privaterec.eval.evaluate import evaluate_model
 from privaterec.eval.serving import ServingConfig, private_user_encoder, serving_event
 from privaterec.models.factory import build_recommender, vocabulary_kind
 from privaterec.models.recommender import Recommender
-from privaterec.privacy.ledger import PrivacyEvent
+from privaterec.privacy.events import PrivacyEvent
 from privaterec.training.centralized import train_centralized
 from privaterec.training.checkpoint import load_checkpoint
 from privaterec.training.determinism import flush_denormals
