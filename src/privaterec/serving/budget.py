@@ -92,6 +92,11 @@ def default_state_dir() -> Path:
     return root / "privaterec" / "device"
 
 
+def _lock_file(path: Path) -> Path:
+    """The lock file next to the state file ``path``."""
+    return path.with_name(path.name + ".lock")
+
+
 def _check_limit(max_fresh_releases: int | None, release_window: float) -> None:
     if max_fresh_releases is not None and (isinstance(max_fresh_releases, bool)
                                            or not isinstance(max_fresh_releases, int)
@@ -157,7 +162,7 @@ class DeviceBudget:
     @property
     def lock_path(self) -> Path | None:
         """The lock file next to the state file (``None`` without ``path``)."""
-        return None if self.path is None else self.path.with_name(self.path.name + ".lock")
+        return None if self.path is None else _lock_file(self.path)
 
     @contextmanager
     def _locked(self) -> Iterator[None]:
@@ -167,7 +172,7 @@ class DeviceBudget:
             return
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            handle = open(self.lock_path, "a+")  # type: ignore[arg-type]  # noqa: SIM115
+            handle = open(_lock_file(self.path), "a+")  # noqa: SIM115
         except OSError as exc:
             raise ConfigError(f"cannot keep the device's privacy ledger in {self.path.parent} "
                               f"({exc.strerror}): pass cache_dir=<a writable directory, one per "
