@@ -72,8 +72,15 @@ class FederatedTask(Protocol[InputsT]):
     spec: θ's layout (:class:`ParamSpec`).
     """
 
-    model: nn.Module
-    spec: ParamSpec
+    @property
+    def model(self) -> nn.Module:
+        """The module holding θ."""
+        ...
+
+    @property
+    def spec(self) -> ParamSpec:
+        """θ's layout."""
+        ...
 
     @property
     def dimension(self) -> int:

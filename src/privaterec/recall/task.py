@@ -338,7 +338,8 @@ class RecallTask:
     def channels(self, flat: Tensor, history: Tensor, mask: Tensor) -> ChannelBatch:
         """Interest channels under θ of histories ``LongTensor[b, H]`` (rows), ``[b, H]``."""
         context = self._call(flat.detach(), self.news_vectors[history], mask)
-        return cluster_batch(context, mask, **self.model.cluster_options)
+        # recall.model's cluster_options is an untyped dict (its keys are ClusterOptions')
+        return cluster_batch(context, mask, **self.model.cluster_options)  # type: ignore[arg-type]
 
     def client_loss(self, flat: Tensor, history: Tensor, mask: Tensor, channel_ids: Tensor,
                     quotas: Tensor, candidates: Tensor, weights: Tensor,
@@ -422,7 +423,8 @@ class RecallTask:
             for i, x in enumerate(part):
                 cands[i, : x.candidates.shape[0]] = x.candidates
                 weights[i, : x.candidates.shape[0]] = 1.0
-            noise = torch.stack([x.score_noise for x in part]) if with_noise else None
+            noise = (torch.stack([x.score_noise for x in part if x.score_noise is not None])
+                     if with_noise else None)
             yield (torch.arange(lo, lo + len(part)),
                    (history, mask, batch.channel_ids, batch.quotas, cands, weights, noise,
                     self.options.score_clip))

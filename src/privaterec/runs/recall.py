@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 import yaml
+from torch import Tensor
 
 from privaterec.config import FedConfig, load_yaml_config
 from privaterec.data.features import NewsFeatures, build_news_features
@@ -465,7 +466,7 @@ def evaluate_recall_run(run_dir: str | Path, *, method: str, data: str | Path | 
     dim = int(ranker.vectors.shape[-1])
     user_encoder = user_events = None
     if method in ("privaterec", "vdp"):
-        serving = serving or ServingConfig(kind=method)  # type: ignore[arg-type]
+        serving = serving or ServingConfig(kind=method)
         if serving.kind != method:
             raise ConfigError(f"--recall {method} needs serving kind {method!r}, got "
                               f"{serving.kind!r}")

@@ -61,7 +61,9 @@ def resolve_run_config(config: RunConfig) -> RunConfig:
     fed = config.fed
     changes = {k: v for k, v in METHOD_DEFAULTS[method].items() if getattr(fed, k) is None}
     if fed.server_lr is None:
-        changes["server_lr"] = STRATEGY_LR[changes.get("strategy", fed.strategy)]
+        strategy = changes.get("strategy", fed.strategy)
+        assert strategy is not None  # every method has a default strategy
+        changes["server_lr"] = STRATEGY_LR[strategy]
     central = ("noise_multiplier", "target_epsilon", "target_delta")
     if method != "dp-fedavg" and any(getattr(fed, k) is not None for k in central):
         raise ConfigError(f"'fed.noise_multiplier', 'fed.target_epsilon' and "
