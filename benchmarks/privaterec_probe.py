@@ -21,7 +21,7 @@ from pathlib import Path
 
 from privaterec.config import FedConfig, ModelConfig, RunConfig, TrainConfig
 from privaterec.data.synth import SynthConfig, write_synthetic
-from privaterec.eval.serving import ServingConfig
+from privaterec.serving.release import ServingConfig
 from privaterec.training.pipeline import evaluate_run, train_run
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -38,7 +38,7 @@ from privaterec.recall.model import UniFedRecRecall
 from privaterec.recall.training import RecallTrainConfig
 
 if TYPE_CHECKING:
-    from privaterec.eval.serving import ServingConfig
+    from privaterec.serving.release import ServingConfig
 
 RECALL_CONFIG_FILE = "recall.yaml"
 REPORT_DELTA = 1e-5  # target δ of privacy.json's composed ε
@@ -353,7 +353,8 @@ def evaluate_recall_run(run_dir: str | Path, *, method: str, data: str | Path | 
     from collections import Counter
 
     from privaterec.data.mind import load_dataset
-    from privaterec.eval.serving import ServingConfig, private_user_encoder, serving_event
+    from privaterec.eval.serving import private_user_encoder
+    from privaterec.serving.release import ServingConfig, serving_event
     from privaterec.recall.evaluate import (AUC_RECALL_SIZE, RECALL_KS, RECALL_METHODS,
                                             evaluate_recall)
     from privaterec.recall.training import load_ranker_news

@@ -25,10 +25,11 @@ from privaterec.data.records import MindDataset, MindSplit
 from privaterec.data.text import TextVocabularies
 from privaterec.errors import CheckpointError, ConfigError
 from privaterec.eval.evaluate import evaluate_model
-from privaterec.eval.serving import ServingConfig, private_user_encoder, serving_event
+from privaterec.eval.serving import private_user_encoder
 from privaterec.models.factory import build_recommender, vocabulary_kind
 from privaterec.models.recommender import Recommender
 from privaterec.privacy.ledger import PrivacyEvent
+from privaterec.serving.release import ServingConfig, serving_event
 from privaterec.training.centralized import train_centralized
 from privaterec.training.checkpoint import load_checkpoint
 from privaterec.training.determinism import flush_denormals
