@@ -233,8 +233,8 @@ def package() -> tuple[dict[str, Path], list[Import]]:
 def test_every_module_has_a_layer_and_every_declared_name_exists(package) -> None:
     modules, _ = package
     undeclared = [m for m in modules if layer_index(m) is None]
-    assert not undeclared, (f"declare the layer of {undeclared} in LAYERS (tests/test_layers.py)"
-                            f" and in docs/architecture.md")
+    assert not undeclared, (f"declare the layer of {undeclared} in LAYERS "
+                            f"(tests/test_import_layers.py) and in docs/architecture.md")
     declared = [name for _, names in LAYERS for name in names]
     assert len(declared) == len(set(declared)), "a name is declared in two layers"
     stale = [name for name in declared if name not in modules]
