@@ -9,7 +9,8 @@ import pytest
 
 from privaterec.cli import main
 from privaterec.privacy.calibration import gaussian_sigma
-from privaterec.privacy.ledger import PrivacyEvent, PrivacyLedger
+from privaterec.privacy.events import PrivacyEvent
+from privaterec.privacy.ledger import PrivacyLedger
 from privaterec.privacy.report import write_privacy_json
 
 # σ(ε=1, δ=1e-5, Δ=1) of the analytic Gaussian mechanism, pinned in

@@ -1,7 +1,11 @@
+import types
+import typing
+
 import pytest
 
-from privaterec.config import ModelConfig, RunConfig, TrainConfig
+from privaterec.config import FedConfig, ModelConfig, RunConfig, TrainConfig, from_mapping
 from privaterec.errors import ConfigError
+from privaterec.validators import check_choice
 
 
 def test_defaults_are_valid_and_news_dim_is_heads_times_head_dim():
@@ -60,3 +64,33 @@ def test_yaml_unknown_key_and_wrong_type_are_reported_with_the_file(tmp_path):
         RunConfig.from_yaml(path)
     path.write_text("train:\n  lr: 1\n")  # an int is accepted for a float
     assert RunConfig.from_yaml(path).train.lr == 1.0
+
+
+def _literal_fields(cls: type) -> dict[str, tuple[str, ...]]:
+    """Field name → the values of its ``Literal`` type (``Literal[...] | None`` included)."""
+    out = {}
+    for name, hint in typing.get_type_hints(cls).items():
+        union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+        for arg in typing.get_args(hint) if union else (hint,):
+            if typing.get_origin(arg) is typing.Literal:
+                out[name] = typing.get_args(arg)
+    return out
+
+
+@pytest.mark.parametrize("cls", [ModelConfig, TrainConfig, FedConfig])
+def test_literal_choice_fields_accept_exactly_their_values(cls):
+    fields = _literal_fields(cls)
+    assert fields, f"{cls.__name__} has no Literal choice field"
+    for name, values in fields.items():
+        for value in values:  # the validator accepts every value the type admits ...
+            assert getattr(cls(**{name: value}), name) == value
+        with pytest.raises(ConfigError, match=name):  # ... and nothing else
+            cls(**{name: "no-such-choice"})
+        with pytest.raises(ConfigError, match=name):  # YAML values too
+            from_mapping(cls, {name: "no-such-choice"})
+
+
+def test_check_choice_narrows_or_names_the_choices():
+    assert check_choice("fedadam", "strategy", ("sgd", "fedavg", "fedadam")) == "fedadam"
+    with pytest.raises(ConfigError, match="'strategy': got 'adam', expected one of sgd, fedavg"):
+        check_choice("adam", "strategy", ("sgd", "fedavg", "fedadam"))

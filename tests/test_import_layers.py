@@ -37,7 +37,7 @@ ROOT = "privaterec"
 # only. A module may import from its own layer and the layers below it.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("base", (ROOT, "privaterec.errors")),
-    ("config", ("privaterec.config",)),
+    ("config", ("privaterec.validators", "privaterec.config")),
     # pure calibration math, mechanisms on tensors, randomness sources, ledger, reports
     ("privacy", ("privaterec.privacy",)),
     ("data", ("privaterec.data",)),

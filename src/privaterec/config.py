@@ -12,30 +12,52 @@ import types
 import typing
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Literal, Mapping, TypeVar, get_args
 
 import yaml
 
 from privaterec.errors import ConfigError
+from privaterec.validators import check as _check
+from privaterec.validators import check_choice as _check_choice
+from privaterec.validators import check_positive as _check_positive
 
-NEWS_ENCODERS = ("nrms", "naml", "fednewsrec", "plm", "id")
-USER_ENCODERS = ("nrms", "naml", "lstur", "fednewsrec")
-EMBEDDINGS = ("random", "glove50", "minilm")
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+D = TypeVar("D", bound="DataclassInstance")
+
+# Choice fields: each Literal alias is the field's type, its values the accepted choices.
+NewsEncoder = Literal["nrms", "naml", "fednewsrec", "plm", "id"]
+UserEncoder = Literal["nrms", "naml", "lstur", "fednewsrec"]
+Embeddings = Literal["random", "glove50", "minilm"]
+FederatedMethod = Literal["fedrec", "fednewsrec", "dp-fedrec", "privaterec", "dp-fedavg"]
+Method = Literal["centralized", "popularity", "fedrec", "fednewsrec", "dp-fedrec",
+                 "privaterec", "dp-fedavg"]
+PrivacyMode = Literal["paper", "strict"]
+SensitivityMode = Literal["true", "paper"]
+ServingKind = Literal["none", "privaterec", "vdp", "local"]
+Strategy = Literal["sgd", "fedavg", "fedadam"]
+NoiseKind = Literal["laplace", "gaussian"]
+Engine = Literal["simulator", "flower"]
+
+NEWS_ENCODERS: tuple[NewsEncoder, ...] = get_args(NewsEncoder)
+USER_ENCODERS: tuple[UserEncoder, ...] = get_args(UserEncoder)
+EMBEDDINGS: tuple[Embeddings, ...] = get_args(Embeddings)
 # Size of the word vectors each embedding kind brings (random vectors: ``word_dim``).
-PRETRAINED_WORD_DIM = {"glove50": 50, "minilm": 384}
+PRETRAINED_WORD_DIM: dict[Embeddings, int] = {"glove50": 50, "minilm": 384}
 DEFAULT_RANDOM_WORD_DIM = 64
-FEDERATED_METHODS = ("fedrec", "fednewsrec", "dp-fedrec", "privaterec", "dp-fedavg")
-PRIVACY_MODES = ("paper", "strict")
-SENSITIVITY_MODES = ("true", "paper")
-SERVING_KINDS = ("none", "privaterec", "vdp", "local")
-METHODS = ("centralized", "popularity") + FEDERATED_METHODS
-STRATEGIES = ("sgd", "fedavg", "fedadam")
-NOISE_KINDS = ("laplace", "gaussian")
-ENGINES = ("simulator", "flower")
+FEDERATED_METHODS: tuple[FederatedMethod, ...] = get_args(FederatedMethod)
+PRIVACY_MODES: tuple[PrivacyMode, ...] = get_args(PrivacyMode)
+SENSITIVITY_MODES: tuple[SensitivityMode, ...] = get_args(SensitivityMode)
+SERVING_KINDS: tuple[ServingKind, ...] = get_args(ServingKind)
+METHODS: tuple[Method, ...] = get_args(Method)
+STRATEGIES: tuple[Strategy, ...] = get_args(Strategy)
+NOISE_KINDS: tuple[NoiseKind, ...] = get_args(NoiseKind)
+ENGINES: tuple[Engine, ...] = get_args(Engine)
 
 # The user encoder each news model pairs with when --user-encoder is not given.
-DEFAULT_USER_ENCODER = {"nrms": "nrms", "naml": "naml", "fednewsrec": "fednewsrec",
-                        "plm": "nrms", "id": "nrms"}
+DEFAULT_USER_ENCODER: dict[NewsEncoder, UserEncoder] = {
+    "nrms": "nrms", "naml": "naml", "fednewsrec": "fednewsrec", "plm": "nrms", "id": "nrms"}
 
 
 MIN_BASIS = 2
@@ -43,19 +65,6 @@ BASIS_RULE = ("B, the number of PrivateRec's basic vectors, is an integer >= 2 (
               "softmax over the B vectors: with B = 1 it is always 1 and carries nothing)")
 """The one rule for B (``ModelConfig.basis_size``, ``train --basis``, ``privacy calibrate
 --basis``)."""
-
-
-def _check(condition: bool, name: str, message: str) -> None:
-    if not condition:
-        raise ConfigError(f"invalid configuration value '{name}': {message}")
-
-
-def _check_choice(value: str, name: str, choices: tuple[str, ...]) -> None:
-    _check(value in choices, name, f"got {value!r}, expected one of {', '.join(choices)}")
-
-
-def _check_positive(value: float, name: str) -> None:
-    _check(value > 0, name, f"got {value!r}, expected a positive number")
 
 
 @dataclass(frozen=True)
@@ -69,9 +78,9 @@ class ModelConfig:
     configuration always states the size the model really has.
     """
 
-    news_encoder: str = "nrms"
-    user_encoder: str | None = None
-    embeddings: str = "random"
+    news_encoder: NewsEncoder = "nrms"
+    user_encoder: UserEncoder | None = None
+    embeddings: Embeddings = "random"
     word_dim: int | None = None
     freeze_embeddings: bool = True
     num_heads: int = 8
@@ -129,7 +138,7 @@ class ModelConfig:
         return self.num_heads * self.head_dim
 
     @property
-    def resolved_user_encoder(self) -> str:
+    def resolved_user_encoder(self) -> UserEncoder:
         """The user encoder, defaulting to the one paired with the news encoder."""
         return self.user_encoder or DEFAULT_USER_ENCODER[self.news_encoder]
 
@@ -144,7 +153,7 @@ class TrainConfig:
     steps of 5e-3 wreck the pre-trained layer (centralized test AUC 0.512, docs/privaterec.md).
     """
 
-    method: str = "centralized"
+    method: Method = "centralized"
     epochs: int = 3
     lr: float = 5e-3
     plm_lr: float = 3e-5
@@ -216,7 +225,7 @@ class FedConfig:
     rounds: int = 100
     client_fraction: float | None = None
     clients_per_round: int | None = None
-    strategy: str | None = None
+    strategy: Strategy | None = None
     server_lr: float | None = None
     adam_beta1: float = 0.9
     adam_beta2: float = 0.99
@@ -227,16 +236,16 @@ class FedConfig:
     noise_scale: float | None = None
     epsilon_train: float = float("inf")
     delta_train: float = 1e-5
-    noise: str = "laplace"
+    noise: NoiseKind = "laplace"
     max_client_samples: int = 64
     chunk_clients: int = 16
     eval_every: int = 0
     checkpoint_every: int = 10
     report_delta: float = 1e-5
-    engine: str = "simulator"
+    engine: Engine = "simulator"
     padding_p: float | None = None
-    privacy_mode: str = "paper"
-    sensitivity_mode: str = "true"
+    privacy_mode: PrivacyMode = "paper"
+    sensitivity_mode: SensitivityMode = "true"
     history_budget: float = 0.5
     noise_multiplier: float | None = None
     target_epsilon: float | None = None
@@ -309,7 +318,7 @@ class RunConfig:
         return load_yaml_config(cls, path)
 
 
-def load_yaml_config(cls: type, path: str | Path) -> Any:
+def load_yaml_config(cls: type[D], path: str | Path) -> D:
     """Build the frozen dataclass ``cls`` from the YAML file ``path`` (errors name the file)."""
     path = Path(path)
     try:
@@ -326,7 +335,7 @@ def load_yaml_config(cls: type, path: str | Path) -> Any:
         raise ConfigError(f"{path}: {exc}") from None
 
 
-def from_mapping(cls: type, raw: Mapping[str, Any], prefix: str = "") -> Any:
+def from_mapping(cls: type[D], raw: Mapping[str, Any], prefix: str = "") -> D:
     """Build the frozen dataclass ``cls`` from a mapping, rejecting unknown keys.
 
     Nested dataclass fields are built recursively; ``prefix`` names the enclosing section in
@@ -342,7 +351,7 @@ def from_mapping(cls: type, raw: Mapping[str, Any], prefix: str = "") -> Any:
     kwargs: dict[str, Any] = {}
     for name, value in raw.items():
         hint = hints[name]
-        if dataclasses.is_dataclass(hint):
+        if isinstance(hint, type) and dataclasses.is_dataclass(hint):
             if not isinstance(value, Mapping):
                 raise ConfigError(f"'{prefix}{name}' must be a mapping")
             kwargs[name] = from_mapping(hint, value, prefix=f"{prefix}{name}.")
@@ -353,7 +362,8 @@ def from_mapping(cls: type, raw: Mapping[str, Any], prefix: str = "") -> Any:
 
 def _coerce(value: Any, hint: Any, name: str) -> Any:
     """Check a YAML scalar against a type hint (ints are accepted for floats)."""
-    allowed = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+    union = typing.get_origin(hint) in (typing.Union, types.UnionType)  # Literal | None: Union
+    allowed = typing.get_args(hint) if union else (hint,)
     if value is None and type(None) in allowed:
         return None
     for typ in allowed:

@@ -17,13 +17,14 @@ import pytest
 import torch
 from scipy import stats
 
-import privaterec.privacy.mechanisms as mechanisms
+import privaterec.privacy.calibrated as calibrated
 from privaterec.config import FedConfig, ModelConfig, RunConfig, TrainConfig
 from privaterec.errors import ConfigError
 from privaterec.fed.methods import ClientMethod, privatize, resolve_run_config
 from privaterec.fed.rng import client_generator
 from privaterec.privacy.audit import audit_mechanism
 from privaterec.privacy.calibration import gaussian_sigma
+from privaterec.privacy.mechanisms import apply_clip
 
 DELTA_CLIP, LAMBDA = 0.005, 0.015  # FedNewsRec's δ and λ
 FEDNEWSREC = ClientMethod(name="fednewsrec", negatives=4, max_samples=64,
@@ -46,11 +47,18 @@ def _updates(m: int, d: int, scale: float, seed: int = 0) -> torch.Tensor:
     return scale * torch.randn(m, d, generator=torch.Generator().manual_seed(seed))
 
 
+def _clipped(updates: torch.Tensor, method: ClientMethod):
+    """The clipped updates (no noise) and the event of one client's release."""
+    calibration = method.calibration(int(updates.shape[1]))
+    return apply_clip(updates, calibration), calibration.event
+
+
 @pytest.fixture
 def cached_gaussian_calibration(monkeypatch):
-    """Calibrate σ once per (ε, δ, Δ): privatize calls the (pure, ~1 ms) calibration for
-    every client, which makes audits with 10^4 releases slow. Values are unchanged."""
-    monkeypatch.setattr(mechanisms, "gaussian_sigma", functools.lru_cache(gaussian_sigma))
+    """Calibrate σ once per (ε, δ, Δ) (the analytic calibration takes ~1 ms; a method's
+    calibration is cached, but the broken variants of the audits are new methods). Values
+    are unchanged."""
+    monkeypatch.setattr(calibrated, "gaussian_sigma", functools.lru_cache(gaussian_sigma))
 
 
 # ------------------------------------------------------------------------ configuration
@@ -158,7 +166,7 @@ def test_client_method_from_config(run_config):
 # ---------------------------------------------------------------------------- clipping
 def test_fednewsrec_clips_every_coordinate_before_the_noise():
     updates = _updates(4, 3000, 0.01)
-    clipped, event = privatize(updates, FEDNEWSREC, _generators(4), draw_noise=False)
+    clipped, event = _clipped(updates, FEDNEWSREC)
     assert clipped.abs().max() <= DELTA_CLIP
     assert (updates.abs() > DELTA_CLIP).float().mean() > 0.3  # clipping was exercised
     assert torch.equal(clipped, updates.clamp(-DELTA_CLIP, DELTA_CLIP))
@@ -175,7 +183,7 @@ def test_dp_fedrec_clips_each_update_norm(noise, ord):
     theta = 0.5
     updates = torch.cat([_updates(3, 40, 1.0), _updates(2, 40, 1e-4, seed=1)])
     method = _dp_fedrec(noise, clip=theta)
-    clipped, _ = privatize(updates, method, _generators(5), draw_noise=False)
+    clipped, _ = _clipped(updates, method)
     norms = torch.linalg.vector_norm(clipped, ord=ord, dim=1)
     before = torch.linalg.vector_norm(updates, ord=ord, dim=1)
     assert bool((before[:3] > theta).all()) and bool((before[3:] < theta).all())
@@ -205,7 +213,7 @@ def test_dp_fedrec_laplace_scale_is_two_theta_over_epsilon():
     theta, eps, m, d = 0.01, 2.0, 8, 4000
     method = _dp_fedrec("laplace", clip=theta, epsilon=eps)
     updates = _updates(m, d, 0.01)
-    clipped, event = privatize(updates, method, _generators(m), draw_noise=False)
+    clipped, event = _clipped(updates, method)
     released, _ = privatize(updates, method, _generators(m))
     b = 2 * theta / eps
     assert event.noise_scale == pytest.approx(b, rel=1e-12)
@@ -221,7 +229,7 @@ def test_dp_fedrec_gaussian_sigma_is_the_analytic_calibration(cached_gaussian_ca
     theta, eps, delta, m, d = 0.01, 1.0, 1e-5, 8, 4000
     method = _dp_fedrec("gaussian", clip=theta, epsilon=eps, delta=delta)
     updates = _updates(m, d, 0.01)
-    clipped, event = privatize(updates, method, _generators(m), draw_noise=False)
+    clipped, event = _clipped(updates, method)
     released, _ = privatize(updates, method, _generators(m))
     sigma = gaussian_sigma(epsilon=eps, delta=delta, sensitivity_l2=2 * theta)
     # Balle & Wang 2018 Thm 8 holds with equality at the calibrated σ (Δ = 2θ).
@@ -243,7 +251,7 @@ def test_dp_fedrec_without_budget_clips_but_adds_no_noise(noise):
     method = _dp_fedrec(noise, clip=0.5, epsilon=math.inf)
     updates = _updates(3, 50, 1.0)
     released, event = privatize(updates, method, _generators(3))
-    clipped, _ = privatize(updates, method, _generators(3), draw_noise=False)
+    clipped, _ = _clipped(updates, method)
     assert torch.equal(released, clipped)
     ord = 1 if noise == "laplace" else 2
     assert torch.linalg.vector_norm(released, ord=ord, dim=1).tolist() == \
@@ -332,6 +340,27 @@ def test_gaussian_noise_is_calibrated_once_per_round_not_once_per_client(monkeyp
     method = _dp_fedrec("gaussian", epsilon=1.2345)  # a budget no other test calibrates
     privatize(_updates(50, 10, 1.0), method, _generators(50))
     assert 1 <= len(calls) <= 2
+
+
+def test_a_method_is_calibrated_once_not_per_round_or_per_event(monkeypatch):
+    """The calibration of a method's release is built once (per method and D) and reused
+    by every round's privatize and every event; nothing runs a mechanism to learn it."""
+    calls = []
+    original = calibrated.calibrate
+
+    def counting(**kwargs):
+        calls.append(kwargs)
+        return original(**kwargs)
+
+    monkeypatch.setattr(calibrated, "calibrate", counting)
+    method = _dp_fedrec("gaussian", epsilon=1.3579)  # a budget no other test calibrates
+    for round_index in range(3):
+        released, event = privatize(_updates(4, 10, 1.0, seed=round_index), method,
+                                    _generators(4, seed=round_index))
+        assert event == method.event(10) == method.events(10)[0]
+        assert method.release(dimension=10, noised_parameters=["a"], clients_per_round=4,
+                              client_fraction=0.1)["noise_scale"] == event.noise_scale
+    assert len(calls) == 1 and calls[0]["epsilon"] == 1.3579 and calls[0]["dimension"] == 10
 
 
 # ------------------------------------------------------------------------------ audits

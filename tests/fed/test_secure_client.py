@@ -15,6 +15,7 @@ import torch
 
 from privaterec.fed.client import client_update
 from privaterec.fed.methods import privatize
+from privaterec.privacy.mechanisms import apply_clip
 from privaterec.privacy.randomness import is_secure, rand, randint, randperm
 from privaterec.privacy.samplers import SecureNoise, SimulationNoise, grid_exponent
 
@@ -47,7 +48,7 @@ def test_secure_update_is_fresh_and_on_the_public_grid(make_objective, clients, 
     assert _on_grid(a.payload[~big], k)
     # The secure path's noise has the calibrated scale: E|Laplace(b)| = b per coordinate.
     updates = torch.randn(1, 20000) * 1e-3
-    clipped, _ = privatize(updates, method, [torch.Generator()], draw_noise=False)
+    clipped = apply_clip(updates, method.calibration(updates.shape[1]))
     released, ev = privatize(updates, method, [source])
     noise = (released - clipped).double()
     b = float(ev.noise_scale)

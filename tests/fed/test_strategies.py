@@ -12,7 +12,7 @@ from privaterec.errors import ConfigError
 from privaterec.fed.client import ClientUpdate
 from privaterec.fed.strategies import (FedAdam, FedAvg, WeightedSGD, aggregate, build_strategy,
                                        weighted_mean, with_pretrained_lr)
-from privaterec.privacy.ledger import PrivacyEvent
+from privaterec.privacy.events import PrivacyEvent
 
 EVENT = PrivacyEvent(mechanism="none", epsilon=math.inf, phase="train")
 

@@ -15,13 +15,9 @@ from privaterec.privacy.audit import (
     empirical_epsilon_lower_bound,
     epsilon_from_rates,
 )
+from privaterec.privacy.calibrated import calibrate
 from privaterec.privacy.calibration import gaussian_sigma
-from privaterec.privacy.mechanisms import (
-    gaussian_mechanism,
-    gaussian_noise,
-    laplace_mechanism,
-    laplace_noise,
-)
+from privaterec.privacy.mechanisms import add_noise, gaussian_noise, laplace_noise
 
 TRIALS = 100_000
 
@@ -87,9 +83,10 @@ def laplace_claimed(eps: float, noise_factor: float = 1.0):
 def test_audit_laplace_mechanism_is_consistent_with_its_claim():
     x, xp = torch.zeros(1, dtype=torch.float64), torch.ones(1, dtype=torch.float64)
 
+    calibration = calibrate(mechanism="laplace", epsilon=1.0, sensitivity=1.0)
+
     def mech(batch, g):
-        return laplace_mechanism(batch, epsilon=1.0, sensitivity_l1=1.0, generator=g,
-                                 batched=True)
+        return add_noise(batch, calibration, generator=g)
 
     result = audit_mechanism(mech, x, xp, trials=TRIALS, generator=gen(3))
     assert 0.3 < result.epsilon_lower_bound <= 1.0
@@ -111,9 +108,11 @@ def test_audit_gaussian_mechanism_and_broken_gaussian():
     xp[2] = 1.0  # L2 distance 1 = sensitivity
     delta = 1e-5
 
+    calibration = calibrate(mechanism="gaussian", epsilon=1.0, delta=delta, sensitivity=1.0,
+                            dimension=4)
+
     def mech(batch, g):
-        return gaussian_mechanism(batch, epsilon=1.0, delta=delta, sensitivity_l2=1.0,
-                                  generator=g, batched=True)
+        return add_noise(batch, calibration, generator=g)
 
     good = audit_mechanism(mech, x, xp, trials=TRIALS, generator=gen(5), delta=delta)
     assert 0.2 < good.epsilon_lower_bound <= 1.0

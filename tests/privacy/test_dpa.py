@@ -22,6 +22,7 @@ from privaterec.privacy.audit import audit_mechanism, empirical_epsilon_lower_bo
 from privaterec.privacy.calibration import dpl_beta, gaussian_sigma
 from privaterec.privacy.dpa import (
     PAPER_MODE_NOTE,
+    dpa_calibration,
     dpa_noise,
     dpl_choose,
     pad_history,
@@ -29,11 +30,24 @@ from privaterec.privacy.dpa import (
     permute_columns,
     relu_normalize,
     softplus_normalize,
+    vdp_calibration,
     vdp_release,
 )
 from privaterec.privacy.mechanisms import gaussian_noise
 
 F64 = torch.float64
+
+
+def _dpa_noise(shape, *, generator, dtype=torch.float32, **params):
+    """DPA noise ``[m, B]`` and the event of one row: calibrated once, then drawn."""
+    calibration = dpa_calibration(dimension=shape[-1], **params)
+    return dpa_noise(shape, calibration, generator=generator, dtype=dtype), calibration.event
+
+
+def _vdp_release(user, *, generator, **params):
+    """VDP releases ``[m, d]`` and the event of one row: calibrated once, then released."""
+    calibration = vdp_calibration(dimension=user.shape[-1], **params)
+    return vdp_release(user, calibration, generator=generator), calibration.event
 
 
 def gen(seed: int) -> torch.Generator:
@@ -106,7 +120,7 @@ def test_pad_history_puts_the_anonymous_row_exactly_where_padded():
 def test_dpa_laplace_noise_scale_is_two_over_amplified_epsilon():
     eps, p = 1.0, 0.3
     b = 2.0 / eps_prime(eps, p)  # L1 sensitivity of the simplex = 2 (erratum 1)
-    noise, event = dpa_noise((50_000, 4), epsilon=eps, padding_p=p, generator=gen(20),
+    noise, event = _dpa_noise((50_000, 4), epsilon=eps, padding_p=p, generator=gen(20),
                              dtype=F64)
     x = noise.numpy().ravel()
     n = x.size
@@ -132,7 +146,7 @@ def test_dpa_gaussian_noise_uses_analytic_sigma_at_the_amplified_budget():
     lhs = (stats.norm.cdf(dl / (2 * sigma) - e1 * sigma / dl)
            - math.exp(e1) * stats.norm.cdf(-dl / (2 * sigma) - e1 * sigma / dl))
     assert lhs == pytest.approx(d1, rel=1e-6)
-    noise, event = dpa_noise((50_000, 4), epsilon=eps, delta=delta, padding_p=p,
+    noise, event = _dpa_noise((50_000, 4), epsilon=eps, delta=delta, padding_p=p,
                              mechanism="gaussian", generator=gen(21), dtype=F64, phase="serve")
     x = noise.numpy().ravel()
     assert event.noise_scale == pytest.approx(sigma, rel=1e-9)
@@ -142,7 +156,7 @@ def test_dpa_gaussian_noise_uses_analytic_sigma_at_the_amplified_budget():
     assert event.padding_p == p and event.sensitivity == pytest.approx(math.sqrt(2))
     assert event.phase == "serve" and event.valid
     # Padding lowers σ compared with the same target without padding.
-    _, unpadded = dpa_noise((1, 4), epsilon=eps, delta=delta, mechanism="gaussian",
+    _, unpadded = _dpa_noise((1, 4), epsilon=eps, delta=delta, mechanism="gaussian",
                             generator=gen(22))
     assert unpadded.noise_scale == pytest.approx(
         gaussian_sigma(epsilon=eps, delta=delta, sensitivity_l2=math.sqrt(2)), rel=1e-9)
@@ -154,7 +168,7 @@ def test_dpa_noise_scale_falls_with_p_exactly_as_the_formula(eps):
     ps = (0.0, 0.1, 0.3, 0.5, 0.7, 0.9)
     scales = []
     for p in ps:
-        _, event = dpa_noise((1, 5), epsilon=eps, padding_p=p, generator=gen(23))
+        _, event = _dpa_noise((1, 5), epsilon=eps, padding_p=p, generator=gen(23))
         assert event.noise_scale == pytest.approx(2.0 / eps_prime(eps, p), rel=1e-12)
         scales.append(event.noise_scale)
     assert scales[0] == pytest.approx(2.0 / eps, rel=1e-15)
@@ -164,7 +178,7 @@ def test_dpa_noise_scale_falls_with_p_exactly_as_the_formula(eps):
 @pytest.mark.parametrize("mechanism", ["laplace", "gaussian"])
 def test_dpa_paper_sensitivity_is_theta_and_marked_invalid(mechanism):
     eps, delta, p = 1.0, (0.0 if mechanism == "laplace" else 1e-5), 0.5
-    noise, event = dpa_noise((20_000, 5), epsilon=eps, delta=delta, padding_p=p,
+    noise, event = _dpa_noise((20_000, 5), epsilon=eps, delta=delta, padding_p=p,
                              mechanism=mechanism, sensitivity="paper", generator=gen(24),
                              dtype=F64)
     if mechanism == "laplace":
@@ -181,7 +195,7 @@ def test_dpa_paper_sensitivity_is_theta_and_marked_invalid(mechanism):
 
 @pytest.mark.parametrize("mechanism,delta", [("laplace", 0.0), ("gaussian", 1e-5)])
 def test_dpa_infinite_epsilon_gives_zero_noise_and_non_private_event(mechanism, delta):
-    noise, event = dpa_noise((3, 4), epsilon=math.inf, delta=delta, padding_p=0.2,
+    noise, event = _dpa_noise((3, 4), epsilon=math.inf, delta=delta, padding_p=0.2,
                              mechanism=mechanism, generator=gen(25))
     assert torch.equal(noise, torch.zeros(3, 4))
     assert not event.is_private and math.isinf(event.epsilon)
@@ -189,19 +203,19 @@ def test_dpa_infinite_epsilon_gives_zero_noise_and_non_private_event(mechanism, 
 
 def test_dpa_noise_validation_and_per_row_generators():
     with pytest.raises(ConfigError, match="'delta'"):
-        dpa_noise((2, 3), epsilon=1.0, delta=1e-5, generator=gen(0))
+        _dpa_noise((2, 3), epsilon=1.0, delta=1e-5, generator=gen(0))
     with pytest.raises(ConfigError, match="delta"):
-        dpa_noise((2, 3), epsilon=1.0, delta=0.0, mechanism="gaussian", generator=gen(0))
+        _dpa_noise((2, 3), epsilon=1.0, delta=0.0, mechanism="gaussian", generator=gen(0))
     with pytest.raises(ConfigError, match="mechanism"):
-        dpa_noise((2, 3), epsilon=1.0, mechanism="exponential", generator=gen(0))
+        _dpa_noise((2, 3), epsilon=1.0, mechanism="exponential", generator=gen(0))
     with pytest.raises(ConfigError, match="shape"):
-        dpa_noise((6,), epsilon=1.0, generator=gen(0))
+        _dpa_noise((6,), epsilon=1.0, generator=gen(0))
     with pytest.raises(ConfigError, match="padding_p"):
-        dpa_noise((2, 3), epsilon=1.0, padding_p=1.0, generator=gen(0))
+        _dpa_noise((2, 3), epsilon=1.0, padding_p=1.0, generator=gen(0))
     seeds = (30, 31, 32)
-    rows, _ = dpa_noise((3, 6), epsilon=1.0, padding_p=0.5, generator=[gen(s) for s in seeds])
+    rows, _ = _dpa_noise((3, 6), epsilon=1.0, padding_p=0.5, generator=[gen(s) for s in seeds])
     for i, s in enumerate(seeds):
-        alone, _ = dpa_noise((1, 6), epsilon=1.0, padding_p=0.5, generator=[gen(s)])
+        alone, _ = _dpa_noise((1, 6), epsilon=1.0, padding_p=0.5, generator=[gen(s)])
         assert torch.equal(rows[i], alone[0])
     assert not torch.equal(rows[0], rows[1])
 
@@ -283,7 +297,7 @@ def _vdp_inputs() -> torch.Tensor:
 def test_vdp_with_infinite_epsilon_returns_the_clipped_input(mechanism, delta, ord):
     theta = 0.5
     x = _vdp_inputs()
-    out, event = vdp_release(x, clip=theta, epsilon=math.inf, delta=delta, mechanism=mechanism,
+    out, event = _vdp_release(x, clip=theta, epsilon=math.inf, delta=delta, mechanism=mechanism,
                              generator=gen(51))
     norms = np.linalg.norm(x.numpy(), ord=ord, axis=1)
     inside = torch.from_numpy(norms <= theta)
@@ -297,7 +311,7 @@ def test_vdp_with_infinite_epsilon_returns_the_clipped_input(mechanism, delta, o
 def test_vdp_laplace_clips_l1_and_adds_scale_two_theta_over_epsilon():
     theta, eps = 0.3, 0.8
     x = torch.randn(40_000, 5, generator=gen(52), dtype=F64) * 3  # almost all outside
-    out, event = vdp_release(x, clip=theta, epsilon=eps, generator=gen(53))
+    out, event = _vdp_release(x, clip=theta, epsilon=eps, generator=gen(53))
     l1 = x.abs().sum(dim=1, keepdim=True)
     clipped = x * torch.clamp(theta / l1, max=1.0)
     noise = (out - clipped).numpy().ravel()
@@ -314,7 +328,7 @@ def test_vdp_laplace_clips_l1_and_adds_scale_two_theta_over_epsilon():
 def test_vdp_gaussian_clips_l2_and_uses_analytic_sigma():
     theta, eps, delta = 0.3, 2.0, 1e-6
     x = torch.randn(40_000, 5, generator=gen(54), dtype=F64) * 3
-    out, event = vdp_release(x, clip=theta, epsilon=eps, delta=delta, mechanism="gaussian",
+    out, event = _vdp_release(x, clip=theta, epsilon=eps, delta=delta, mechanism="gaussian",
                              generator=gen(55))
     l2 = torch.linalg.vector_norm(x, dim=1, keepdim=True)
     noise = (out - x * torch.clamp(theta / l2, max=1.0)).numpy().ravel()
@@ -329,11 +343,11 @@ def test_vdp_validation():
     x = torch.ones(2, 3)
     for bad in (0.0, -1.0, math.inf):
         with pytest.raises(ConfigError, match="'clip'"):
-            vdp_release(x, clip=bad, epsilon=1.0, generator=gen(0))
+            _vdp_release(x, clip=bad, epsilon=1.0, generator=gen(0))
     with pytest.raises(ConfigError, match="'delta'"):
-        vdp_release(x, clip=1.0, epsilon=1.0, delta=1e-5, generator=gen(0))
+        _vdp_release(x, clip=1.0, epsilon=1.0, delta=1e-5, generator=gen(0))
     with pytest.raises(ConfigError, match="mechanism"):
-        vdp_release(x, clip=1.0, epsilon=1.0, mechanism="uniform", generator=gen(0))
+        _vdp_release(x, clip=1.0, epsilon=1.0, mechanism="uniform", generator=gen(0))
 
 
 # --- DPL (Alg. 3 lines 16-18) ------------------------------------------------------------------
@@ -437,7 +451,7 @@ def dpa_release(*, epsilon: float, padding_p: float, pad: bool = True,
             padded = padding_mask(mask, padding_p=padding_p, generator=g)
             histories = torch.where(padded, torch.full_like(histories, R0), histories)
         alpha = toy_alpha(histories)
-        noise, _ = dpa_noise(tuple(alpha.shape), epsilon=epsilon, padding_p=padding_p,
+        noise, _ = _dpa_noise(tuple(alpha.shape), epsilon=epsilon, padding_p=padding_p,
                              sensitivity=sensitivity, generator=g, dtype=F64)
         return alpha + noise
     return mechanism
@@ -482,7 +496,7 @@ def test_audit_dpa_broken_variants_exceed_the_claimed_epsilon(variant):
     else:  # noise 10x too small, claiming ε = 1
         def mech(histories, g):
             y = dpa_release(epsilon=math.inf, padding_p=p)(histories, g)
-            noise, _ = dpa_noise((histories.shape[0], 3), epsilon=eps, padding_p=p,
+            noise, _ = _dpa_noise((histories.shape[0], 3), epsilon=eps, padding_p=p,
                                  generator=g, dtype=F64)
             return y + noise / 10
     result = audit_mechanism(mech, HIST_D, HIST_D_PRIME, trials=100_000, generator=gen(71),
@@ -552,10 +566,10 @@ def vdp_mechanism(*, eps: float, theta: float, clip: bool = True, delta: float =
                   mechanism: str = "laplace"):
     def mech(batch: torch.Tensor, g: torch.Generator) -> torch.Tensor:
         if clip:
-            return vdp_release(batch, clip=theta, epsilon=eps, delta=delta,
+            return _vdp_release(batch, clip=theta, epsilon=eps, delta=delta,
                                mechanism=mechanism, generator=g)[0]
         # Broken: noise calibrated to Δ = 2θ but the input is never clipped.
-        released, _ = vdp_release(torch.zeros_like(batch), clip=theta, epsilon=eps,
+        released, _ = _vdp_release(torch.zeros_like(batch), clip=theta, epsilon=eps,
                                   delta=delta, mechanism=mechanism, generator=g)
         return batch + released
     return mech

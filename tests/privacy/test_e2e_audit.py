@@ -24,7 +24,7 @@ from privaterec.privacy.e2e_audit import broken
 from privaterec.privacy.e2e_audit import (AuditWorld, PairAudit, audit_pair, bound_ceiling,
                                           claimed_budget, distinguish, make_target,
                                           make_world, neighbour_pairs)
-from privaterec.privacy.ledger import PrivacyEvent
+from privaterec.privacy.events import PrivacyEvent
 
 RUNS = 160  # per neighbour: 80 test runs, bound ceiling ln(80/3.7) = 3.05
 

@@ -11,13 +11,16 @@ from dp_accounting import dp_event
 from scipy import stats
 
 from privaterec.errors import ConfigError
+from privaterec.privacy.calibrated import calibrate, clipped_release, no_noise
 from privaterec.privacy.mechanisms import (
+    add_noise,
+    apply_clip,
+    calibrated_noise,
+    clip_and_noise,
     clip_elementwise,
     clip_l1,
     clip_l2,
-    gaussian_mechanism,
     gaussian_noise,
-    laplace_mechanism,
     laplace_noise,
     randomized_response,
 )
@@ -87,8 +90,9 @@ def test_generator_determinism_and_global_rng_untouched():
     c = laplace_noise((1000,), scale=1.0, generator=gen(43))
     g1 = gaussian_noise((1000,), sigma=1.0, generator=gen(42))
     g2 = gaussian_noise((1000,), sigma=1.0, generator=gen(42))
-    out1, _ = laplace_mechanism(torch.zeros(10), epsilon=1.0, sensitivity_l1=1.0, generator=gen(7))
-    out2, _ = laplace_mechanism(torch.zeros(10), epsilon=1.0, sensitivity_l1=1.0, generator=gen(7))
+    calibration = calibrate(mechanism="laplace", epsilon=1.0, sensitivity=1.0)
+    out1 = add_noise(torch.zeros(10), calibration, generator=gen(7))
+    out2 = add_noise(torch.zeros(10), calibration, generator=gen(7))
     r1, _ = randomized_response(torch.zeros(50, dtype=torch.long), epsilon=0.5, num_classes=3,
                                 generator=gen(8))
     r2, _ = randomized_response(torch.zeros(50, dtype=torch.long), epsilon=0.5, num_classes=3,
@@ -171,8 +175,10 @@ def test_clip_elementwise():
 
 def test_laplace_mechanism_noise_and_event_batched():
     x = torch.full((4, 50_000), 3.0, dtype=torch.float64)
-    out, event = laplace_mechanism(x, epsilon=0.5, sensitivity_l1=2.0, generator=gen(9),
-                                   batched=True, phase="serve")
+    calibration = calibrate(mechanism="laplace", epsilon=0.5, sensitivity=2.0,
+                            dimension=50_000, phase="serve")
+    out, event = add_noise(x, calibration, generator=gen(9)), calibration.event
+    assert calibration.scale == 4.0 and calibration.mechanism == "laplace"
     noise = (out - x).numpy().ravel()
     assert stats.kstest(noise, stats.laplace(scale=4.0).cdf).pvalue > 1e-3
     assert out.dtype == torch.float64
@@ -181,16 +187,24 @@ def test_laplace_mechanism_noise_and_event_batched():
     assert event.noise_scale == 4.0 and event.sensitivity == 2.0
     assert event.dimension == 50_000  # one client's release (row), not the batch
     assert event.to_dp_event() == dp_event.LaplaceDpEvent(noise_multiplier=2.0)
-    _, unbatched = laplace_mechanism(torch.zeros(3, 5), epsilon=1.0, sensitivity_l1=1.0,
-                                     generator=gen())
-    assert unbatched.dimension == 15
+    # one generator per row: row i's noise is what generator i alone draws
+    rows = add_noise(torch.zeros(3, 5), calibration, generator=[gen(1), gen(2), gen(3)])
+    alone = add_noise(torch.zeros(1, 5), calibration, generator=[gen(2)])
+    assert torch.equal(rows[1], alone[0])
+    with pytest.raises(ConfigError, match="one generator per row"):
+        add_noise(torch.zeros(3, 5), calibration, generator=[gen(1), gen(2)])
+    with pytest.raises(ConfigError, match="'delta'"):
+        calibrate(mechanism="laplace", epsilon=1.0, delta=1e-5, sensitivity=1.0)
+    with pytest.raises(ConfigError, match="mechanism"):
+        calibrate(mechanism="uniform", epsilon=1.0, sensitivity=1.0)  # type: ignore[arg-type]
 
 
 def test_laplace_mechanism_with_padding_uses_base_budget():
     eps, p = 1.0, 0.5
     eps_base = math.log((math.exp(eps) - p) / (1 - p))  # PrivateRec Alg. 2 line 9
-    out, event = laplace_mechanism(torch.zeros(100_000, dtype=torch.float64), epsilon=eps,
-                                   sensitivity_l1=2.0, generator=gen(10), padding_p=p)
+    calibration = calibrate(mechanism="laplace", epsilon=eps, sensitivity=2.0, padding_p=p)
+    out = add_noise(torch.zeros(100_000, dtype=torch.float64), calibration, generator=gen(10))
+    event = calibration.event
     assert event.noise_scale == pytest.approx(2.0 / eps_base, rel=1e-12)
     assert event.epsilon == eps and event.padding_p == p
     assert out.abs().mean().item() == pytest.approx(2.0 / eps_base, rel=0.02)
@@ -198,32 +212,72 @@ def test_laplace_mechanism_with_padding_uses_base_budget():
     dp = event.to_dp_event()
     assert isinstance(dp, dp_event.RandomizedResponseDpEvent)
     assert dp.noise_parameter == pytest.approx(2 / (1 + math.e))
+    # user level (a whole history replaced): the base budget the noise was calibrated to
+    assert calibration.user_epsilon == pytest.approx(eps_base, rel=1e-12)
 
 
 def test_mechanisms_with_infinite_epsilon_add_no_noise():
     x = torch.randn(3, 4, generator=gen(11))
-    out, event = laplace_mechanism(x, epsilon=math.inf, sensitivity_l1=1.0, generator=gen())
-    assert torch.equal(out, x) and not event.is_private
+    laplace = calibrate(mechanism="laplace", epsilon=math.inf, sensitivity=1.0)
+    event = laplace.event
+    assert torch.equal(add_noise(x, laplace, generator=gen()), x) and not event.is_private
+    assert laplace.scale == 0.0
     assert isinstance(event.to_dp_event(), dp_event.NonPrivateDpEvent)
-    out, event = gaussian_mechanism(x, epsilon=math.inf, delta=1e-5, sensitivity_l2=1.0,
-                                    generator=gen())
-    assert torch.equal(out, x) and not event.is_private
+    gaussian = calibrate(mechanism="gaussian", epsilon=math.inf, delta=1e-5, sensitivity=1.0)
+    out = add_noise(x, gaussian, generator=gen())
+    assert torch.equal(out, x) and not gaussian.event.is_private
+    clear = no_noise(dimension=4)
+    assert add_noise(x, clear, generator=gen()) is x and clear.mechanism == "none"
+    assert torch.equal(calibrated_noise((2, 2), clear, generator=gen()), torch.zeros(2, 2))
 
 
 def test_gaussian_mechanism_noise_and_event():
     x = torch.zeros(8, 25_000, dtype=torch.float64)
-    out, event = gaussian_mechanism(x, epsilon=1.0, delta=1e-5, sensitivity_l2=math.sqrt(2),
-                                    generator=gen(12), batched=True)
+    calibration = calibrate(mechanism="gaussian", epsilon=1.0, delta=1e-5,
+                            sensitivity=math.sqrt(2), dimension=25_000)
+    out, event = add_noise(x, calibration, generator=gen(12)), calibration.event
     sigma = math.sqrt(2) * 3.7306316348  # analytic σ(1, 1e-5), see test_calibration
     assert event.noise_scale == pytest.approx(sigma, rel=1e-9)
     assert stats.kstest(out.numpy().ravel(), stats.norm(scale=sigma).cdf).pvalue > 1e-3
     assert event.dimension == 25_000 and event.delta == 1e-5
     assert event.to_dp_event() == dp_event.GaussianDpEvent(
         noise_multiplier=pytest.approx(3.7306316348, rel=1e-9))
-    _, padded = gaussian_mechanism(x, epsilon=1.0, delta=1e-5, sensitivity_l2=1.0,
-                                   generator=gen(), padding_p=0.2)
+    padded = calibrate(mechanism="gaussian", epsilon=1.0, delta=1e-5, sensitivity=1.0,
+                       padding_p=0.2).event
     assert padded.noise_scale < 3.7306316348  # amplification allows less noise
     assert type(padded.to_dp_event()).__name__ == "EpsilonDeltaDpEvent"
+
+
+@pytest.mark.parametrize("clipping,ord", [("l1", 1), ("l2", 2), ("elementwise", math.inf)])
+def test_clipped_release_clips_to_its_sensitivity_then_noises(clipping, ord):
+    theta, d = 0.5, 40
+    x = torch.randn(6, d, generator=gen(14), dtype=torch.float64)
+    calibration = clipped_release(clipping=clipping, clip=theta, dimension=d, epsilon=2.0,
+                                  delta=1e-5 if clipping == "l2" else 0.0)
+    clipped = apply_clip(x, calibration)
+    norms = torch.linalg.vector_norm(clipped, ord=ord, dim=1)
+    assert bool((norms <= theta * (1 + 1e-9)).all()) and norms.max() > 0.99 * theta
+    # Replacement: two clipped rows differ by at most 2θ (2θD coordinate-wise clip in L1).
+    sensitivity = 2 * theta * (d if clipping == "elementwise" else 1)
+    assert calibration.event.sensitivity == pytest.approx(sensitivity)
+    assert calibration.mechanism == ("gaussian" if clipping == "l2" else "laplace")
+    released = clip_and_noise(x, calibration, generator=gen(15))
+    assert torch.equal(released, add_noise(clipped, calibration, generator=gen(15)))
+    assert not torch.equal(released, clipped)
+
+
+def test_clipped_release_at_a_given_scale_states_its_epsilon():
+    calibration = clipped_release(clipping="elementwise", clip=0.005, dimension=100,
+                                  noise_scale=0.015)
+    assert calibration.epsilon == pytest.approx(2 * 0.005 * 100 / 0.015, rel=1e-12)
+    assert calibration.event.coordinate_epsilon == pytest.approx(2 * 0.005 / 0.015, rel=1e-12)
+    assert calibration.scale == 0.015
+    silent = clipped_release(clipping="l1", clip=0.1, dimension=10, noise_scale=0.0)
+    assert not silent.event.is_private and silent.scale == 0.0
+    with pytest.raises(ConfigError, match="exactly one"):
+        clipped_release(clipping="l1", clip=0.1, dimension=10, epsilon=1.0, noise_scale=0.1)
+    with pytest.raises(ConfigError, match="'clip'"):
+        clipped_release(clipping="l1", clip=0.0, dimension=10, epsilon=1.0)
 
 
 def test_randomized_response_keep_rate_and_uniform_flips():
@@ -257,3 +311,20 @@ def test_one_generator_per_row_draws_each_row_from_its_own_generator(noise):
     assert torch.equal(rows, alone)
     with pytest.raises(ConfigError, match="one generator per row"):
         draw((2, 7), [torch.Generator()])
+
+
+def test_mechanisms_and_calibrations_do_not_import_the_accountant():
+    """The event lives in privacy/events.py: the mechanisms, the calibrations and the
+    release functions load without the ledger (the accountant) or anything above privacy/."""
+    import subprocess
+    import sys
+
+    modules = ["mechanisms", "calibrated", "dpa", "labels", "randomness", "central"]
+    code = ("import sys\n" + "".join(f"import privaterec.privacy.{m}\n" for m in modules)
+            + "print(sorted(k for k in sys.modules if k.startswith('privaterec.')))")
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            check=True).stdout
+    assert "privaterec.privacy.events" in loaded
+    assert "privaterec.privacy.ledger" not in loaded
+    for above in ("privaterec.fed", "privaterec.models", "privaterec.recall"):
+        assert above not in loaded

@@ -14,7 +14,8 @@ from dp_accounting.pld import privacy_loss_distribution as pld_lib
 from privaterec.errors import CheckpointError, ConfigError
 from privaterec.privacy import ledger as ledger_mod
 from privaterec.privacy.calibration import gaussian_sigma
-from privaterec.privacy.ledger import PrivacyEvent, PrivacyLedger, compose_events
+from privaterec.privacy.events import PrivacyEvent
+from privaterec.privacy.ledger import PrivacyLedger, compose_events
 from privaterec.privacy.report import (
     COMPOSITIONS,
     NOT_PRIVATE,

@@ -17,7 +17,8 @@ from scipy import stats
 
 from privaterec.errors import ConfigError
 from privaterec.privacy.audit import audit_mechanism, empirical_epsilon_lower_bound
-from privaterec.privacy.mechanisms import gaussian_noise, laplace_mechanism, laplace_noise
+from privaterec.privacy.calibrated import calibrate
+from privaterec.privacy.mechanisms import add_noise, gaussian_noise, laplace_noise
 from privaterec.privacy.samplers import (GRID_MARGIN_BITS, NoiseSource, SecureNoise,
                                          SimulationNoise, gaussian_release_rho, grid_exponent,
                                          laplace_release_epsilon)
@@ -162,10 +163,10 @@ def test_mironov_lattice_test_breaks_float_laplace_but_not_secure_noise(secure):
     eps, n = 1.0, 60_000
     zeros, ones = torch.zeros(n), torch.ones(n)  # float32, sensitivity 1
 
+    calibration = calibrate(mechanism="laplace", epsilon=eps, sensitivity=1.0)
+
     def old(x: torch.Tensor, seed: int) -> torch.Tensor:
-        out, _ = laplace_mechanism(x, epsilon=eps, sensitivity_l1=1.0, batched=True,
-                                   generator=torch.Generator().manual_seed(seed))
-        return out
+        return add_noise(x, calibration, generator=torch.Generator().manual_seed(seed))
 
     y0, y1 = old(zeros, 1), old(ones, 2)
     assert not bool(mironov_test(y1).logical_not().any())  # input 1 never lands off-lattice

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from privaterec.errors import ConfigError
-from privaterec.recall.channels import (channel_quotas, cluster_batch, cluster_history,
-                                        cluster_labels)
+from privaterec.recall.channels import (DISTANCE_METRICS, LINKAGE_METHODS, channel_quotas,
+                                        cluster_batch, cluster_history, cluster_labels)
 
 
 def _angles(*degrees: float) -> np.ndarray:
@@ -149,6 +149,16 @@ def test_ward_euclidean_like_official_code():
 def test_invalid_parameters(kwargs, match):
     with pytest.raises(ConfigError, match=match):
         cluster_labels(HAND, **kwargs)
+
+
+def test_every_accepted_metric_and_method_is_one_scipy_runs():
+    # the Literal types the configs validate against must not admit a name scipy rejects
+    x = np.array([[0.0, 1, 1], [1, 0, 1], [1, 1, 0], [1, 1, 1], [0, 0, 1], [0, 1, 0]])
+    for metric in DISTANCE_METRICS:
+        assert cluster_labels(x, metric=metric).shape == (6,), metric
+    for method in LINKAGE_METHODS:
+        metric = "euclidean" if method in ("centroid", "median", "ward") else "cosine"
+        assert cluster_labels(x, method=method, metric=metric).shape == (6,), method
 
 
 def test_non_finite_vectors_rejected():

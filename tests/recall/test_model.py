@@ -11,7 +11,9 @@ from torch.func import functional_call, grad, vmap
 
 from privaterec.errors import ConfigError
 from privaterec.recall.channels import cluster_history
+from privaterec.privacy.mechanisms import laplace_noise
 from privaterec.recall.model import NUM_NEGATIVES, UniFedRecRecall, info_nce, unified_score
+from privaterec.recall.query import release_query
 
 D, H, M, B = 8, 7, 3, 6
 
@@ -23,6 +25,12 @@ def make_model(**kwargs) -> UniFedRecRecall:
     options.update(kwargs)
     model = UniFedRecRecall(D, **options)
     return model.eval()
+
+
+def score_noise(model: UniFedRecRecall, b: int, generator) -> torch.Tensor:
+    """Laplace(λ_I) noise ``[b, M, B]`` of the decomposition scores, as a query draws it."""
+    return laplace_noise((b, model.max_channels, model.num_basis), scale=model.noise_scale,
+                         generator=generator)
 
 
 def make_batch(b: int = 4, seed: int = 1, lengths=(7, 4, 1, 0)):
@@ -139,18 +147,18 @@ def test_batch_independence_of_every_stage(keep):
     def weights(v, m):
         r = interests(v, m)
         gens = [torch.Generator().manual_seed(s) for s in range(v.shape[0])]
-        return model.protected_weights(r, generator=gens)
+        return model.protected_weights(r, score_noise=score_noise(model, v.shape[0], gens))
 
     def forward(v, m):
         return model(v, m, candidates)
 
     def noisy_forward(v, m):
         gens = [torch.Generator().manual_seed(10 + s) for s in range(v.shape[0])]
-        return model(v, m, candidates, generator=gens)
+        return model(v, m, candidates, score_noise=score_noise(model, v.shape[0], gens))
 
     def query(v, m):
         gens = [torch.Generator().manual_seed(20 + s) for s in range(v.shape[0])]
-        out = model.query(v, m, generator=gens)
+        out = release_query(model, v, m, generator=gens)
         return out.alpha, out.quotas
 
     with torch.no_grad():
@@ -158,16 +166,25 @@ def test_batch_independence_of_every_stage(keep):
             _assert_row_independent(fn, vectors, mask, keep=keep)
 
 
-def test_noise_only_with_generator_and_reproducible():
+def test_noise_only_as_an_input_and_the_model_draws_none():
     model = make_model()
     vectors, mask, candidates = make_batch()
+    state = torch.get_rng_state()
     with torch.no_grad():
         clean = model(vectors, mask, candidates)
-        noisy = model(vectors, mask, candidates, generator=torch.Generator().manual_seed(1))
-        same = model(vectors, mask, candidates, generator=torch.Generator().manual_seed(1))
+        noise = score_noise(model, 4, torch.Generator().manual_seed(1))
+        noisy = model(vectors, mask, candidates, score_noise=noise)
+        same = model(vectors, mask, candidates, score_noise=noise)
+    assert torch.equal(torch.get_rng_state(), state)  # no draw from the global RNG either
     torch.testing.assert_close(clean, model(vectors, mask, candidates))
     assert not torch.allclose(clean, noisy)
     torch.testing.assert_close(noisy, same)
+    # the noise enters after the clip, before the aggregator (Eq. 2-3)
+    with torch.no_grad():
+        r = model.interests(model.context(vectors, mask), model.channels(vectors, mask).channel_ids)
+        scores = model.interest.decompose(r).clamp(-0.2, 0.2)
+        torch.testing.assert_close(model.protected_weights(r, score_noise=noise),
+                                   torch.softmax(scores + noise, dim=-1))
 
 
 def test_info_nce_is_minus_log_softmax_of_positive():
@@ -249,7 +266,7 @@ def test_query_events_and_alpha():
     vectors, mask, _ = make_batch()
     batch = model.channels(vectors, mask)
     gens = [torch.Generator().manual_seed(s) for s in range(4)]
-    out = model.query(vectors, mask, generator=gens)
+    out = release_query(model, vectors, mask, generator=gens)
     assert out.alpha.shape == (4, M, B)
     torch.testing.assert_close(out.alpha.sum(-1), torch.ones(4, M))
     assert torch.equal(out.released, batch.valid)
@@ -257,8 +274,8 @@ def test_query_events_and_alpha():
     # released slots: α from the same noise as protected_weights
     with torch.no_grad():
         r = model.interests(model.context(vectors, mask), batch.channel_ids)
-        ref = model.protected_weights(r, generator=[torch.Generator().manual_seed(s)
-                                                    for s in range(4)])
+        noise = score_noise(model, 4, [torch.Generator().manual_seed(s) for s in range(4)])
+        ref = model.protected_weights(r, score_noise=noise)
     torch.testing.assert_close(out.alpha[batch.valid], ref[batch.valid])
     for u in range(4):
         (channel, count), (quota, one) = out.events[u]
@@ -266,11 +283,11 @@ def test_query_events_and_alpha():
         assert channel.epsilon == pytest.approx(2 * 0.2 * B / 1.2)
         assert quota.mechanism == "clear_quotas" and not quota.is_private
     # no generator: no noise, and the events say so
-    clean = model.query(vectors, mask, generator=None)
+    clean = release_query(model, vectors, mask, generator=None)
     assert not clean.events[0][0][0].is_private
     # noised quotas: every slot released, quotas still on the simplex
-    noised = model.query(vectors, mask, generator=gens, quota_noise_scale=0.5,
-                         quota_generator=torch.Generator().manual_seed(0))
+    noised = release_query(model, vectors, mask, generator=gens, quota_noise_scale=0.5,
+                           quota_generator=torch.Generator().manual_seed(0))
     assert noised.released.all()
     torch.testing.assert_close(noised.quotas.sum(-1), torch.ones(4))
     assert (noised.quotas >= 0).all()
@@ -286,7 +303,7 @@ def test_invalid_construction_and_serving_without_clip():
     model = make_model(clip=None)
     vectors, mask, _ = make_batch()
     with pytest.raises(ConfigError, match="clip"):
-        model.query(vectors, mask, generator=torch.Generator())
+        release_query(model, vectors, mask, generator=torch.Generator())
 
 
 def test_aggregator_scale_is_post_processing_of_the_release():
@@ -295,8 +312,8 @@ def test_aggregator_scale_is_post_processing_of_the_release():
     with torch.no_grad():
         scaled.load_state_dict({**plain.state_dict(), "log_scale": torch.tensor(math.log(4.0))})
     vectors, mask, _ = make_batch()
-    q_plain = plain.query(vectors, mask, generator=torch.Generator().manual_seed(3))
-    q_scaled = scaled.query(vectors, mask, generator=torch.Generator().manual_seed(3))
+    q_plain = release_query(plain, vectors, mask, generator=torch.Generator().manual_seed(3))
+    q_scaled = release_query(scaled, vectors, mask, generator=torch.Generator().manual_seed(3))
     # same noised scores â: α_scaled = softmax(4·â) = α_plain⁴ / Σ α_plain⁴ (softmax identity)
     expected = q_plain.alpha ** 4 / (q_plain.alpha ** 4).sum(-1, keepdim=True)
     torch.testing.assert_close(q_scaled.alpha, expected)

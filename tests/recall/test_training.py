@@ -184,8 +184,10 @@ def test_client_gradient_equals_autograd_through_the_model():
         n, c = inputs.candidates.shape
         batch = model.channels(h, m)
         model.zero_grad()
+        noise = laplace_noise((1, model.max_channels, model.num_basis), scale=model.noise_scale,
+                              generator=gen)
         logits = model(h, m, vectors[inputs.candidates].reshape(1, n * c, D),
-                       batch.channel_ids, batch.quotas, generator=gen).reshape(n, c)
+                       batch.channel_ids, batch.quotas, score_noise=noise).reshape(n, c)
         info_nce(logits).backward()
         expected = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
         torch.testing.assert_close(update.payload, expected, rtol=1e-5, atol=1e-7)

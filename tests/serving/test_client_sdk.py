@@ -488,7 +488,7 @@ def test_devices_take_no_generator_and_simulation_is_explicit_and_marked(world, 
 
 
 def test_vdp_device_release_is_vdp_release(world, server):
-    from privaterec.privacy.dpa import vdp_release
+    from privaterec.privacy.dpa import vdp_calibration, vdp_release
 
     for mechanism, delta in (("laplace", 0.0), ("gaussian", 1e-5)):
         d = VDPDevice(epsilon=1.5, delta=delta, clip=0.5, mechanism=mechanism,
@@ -496,14 +496,16 @@ def test_vdp_device_release_is_vdp_release(world, server):
         sent, _ = d.release(world.histories[1])
         vectors, mask = world.history_tensors(world.histories[1])
         with torch.no_grad():
-            want, _ = vdp_release(world.model.encode_user(vectors, mask), clip=0.5,
-                                  epsilon=1.5, delta=delta, mechanism=mechanism,
-                                  generator=torch.Generator().manual_seed(5))
+            user = world.model.encode_user(vectors, mask)
+            calibration = vdp_calibration(clip=0.5, epsilon=1.5, delta=delta,
+                                          mechanism=mechanism, dimension=user.shape[-1])
+            want = vdp_release(user, calibration, generator=torch.Generator().manual_seed(5))
         assert sent == pytest.approx(want[0].tolist(), abs=1e-6)
 
 
 @pytest.mark.parametrize("quota_noise", [None, 0.7])
 def test_recall_release_is_the_recall_models_query(world, quota_noise):
+    from privaterec.recall.query import release_query
     from privaterec.serving.device import recall_release
 
     vectors, mask = world.history_tensors(world.histories[4])
@@ -511,8 +513,9 @@ def test_recall_release_is_the_recall_models_query(world, quota_noise):
                                                      simulated(8), quota_noise_scale=quota_noise)
     g = torch.Generator().manual_seed(8)
     with torch.no_grad():
-        q = world.recall_model.query(vectors, mask, generator=g, quota_noise_scale=quota_noise,
-                                     quota_generator=None if quota_noise is None else g)
+        q = release_query(world.recall_model, vectors, mask, generator=g,
+                          quota_noise_scale=quota_noise,
+                          quota_generator=None if quota_noise is None else g)
     torch.testing.assert_close(alpha, q.alpha[0])
     torch.testing.assert_close(quotas, q.quotas[0])
     assert torch.equal(released, q.released[0]) and events == q.events[0]
@@ -557,7 +560,7 @@ def test_two_racing_spenders_cannot_both_pass_the_cap(tmp_path, monkeypatch):
     # the old ledger, both pass the cap and both spend.
     import threading
 
-    from privaterec.privacy.ledger import PrivacyEvent
+    from privaterec.privacy.events import PrivacyEvent
     from privaterec.serving import budget as budget_module
 
     real_compose = budget_module.compose_events
@@ -597,7 +600,7 @@ RACER = """
 import sys, time
 from pathlib import Path
 from privaterec.errors import PrivacyBudgetExceeded
-from privaterec.privacy.ledger import PrivacyEvent
+from privaterec.privacy.events import PrivacyEvent
 from privaterec.serving import budget as b
 real = b.compose_events
 def slow(*args, **kwargs):  # widen the read-check-write window

@@ -251,6 +251,22 @@ def test_damaged_store_without_encoder_is_a_clear_error(tmp_path: Path, basis: n
         check_consistent(store.pool, basis)
 
 
+def test_damaged_score_file_is_recomputed_from_the_vectors(tmp_path: Path,
+                                                           basis: np.ndarray):
+    with open_store(tmp_path, basis) as store:
+        store.upsert(articles(["a", "b"]))
+        vectors = store.pool.vectors.copy()
+    current_file(tmp_path, "scores-privaterec").write_bytes(b"")  # lost the score rows
+
+    def no_encoding(batch):
+        raise AssertionError("intact vectors must not be re-encoded")
+
+    with NewsStore(tmp_path, dim=D, encoder_version="v1", bases={"privaterec": basis},
+                   encode=no_encoding) as again:
+        np.testing.assert_array_equal(again.pool.vectors, vectors)
+        check_consistent(again.pool, basis)
+
+
 def test_compaction_bounds_the_files(tmp_path: Path, basis: np.ndarray):
     with NewsStore(tmp_path, dim=D, encoder_version="v1", bases={"privaterec": basis},
                    encode=encoder(), compact_min_slots=16) as store:

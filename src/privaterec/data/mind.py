@@ -30,7 +30,7 @@ from __future__ import annotations
 import logging
 from datetime import datetime
 from pathlib import Path
-from typing import Iterable, Iterator, Mapping
+from typing import Iterable, Iterator, Mapping, TypedDict
 
 from privaterec.data.records import (
     MIND_TIME_FORMAT,
@@ -57,6 +57,7 @@ __all__ = [
     "apply_missing_policy",
     "read_split",
     "write_split",
+    "SplitDirectories",
     "split_directories",
     "load_dataset",
     "write_dataset",
@@ -504,7 +505,14 @@ def write_split(directory: str | Path, split: MindSplit) -> None:
     write_behaviors(directory / BEHAVIORS_FILE, split.behaviors)
 
 
-def split_directories(path: str | Path) -> dict[str, Path | None]:
+class SplitDirectories(TypedDict):
+    """The split directories of a data set (:func:`split_directories`)."""
+
+    train: Path
+    test: Path | None
+
+
+def split_directories(path: str | Path) -> SplitDirectories:
     """The split directories of a data-set directory: ``{"train": dir, "test": dir or None}``.
 
     A directory holding ``news.tsv`` or ``behaviors.tsv`` is a single (train) split;
@@ -540,9 +548,9 @@ def load_dataset(path: str | Path, *, drop_missing: bool = False) -> MindDataset
     references against its own ``news.tsv``.
     """
     dirs = split_directories(path)
-    train = read_split(dirs["train"], drop_missing=drop_missing)  # type: ignore[arg-type]
-    test = (read_split(dirs["test"], drop_missing=drop_missing)
-            if dirs["test"] is not None else None)
+    train = read_split(dirs["train"], drop_missing=drop_missing)
+    test_dir = dirs["test"]
+    test = read_split(test_dir, drop_missing=drop_missing) if test_dir is not None else None
     return MindDataset(train=train, test=test, path=Path(path))
 
 

@@ -89,10 +89,12 @@ def split_statistics(split: MindSplit) -> dict[str, Any]:
     """
     behaviors = split.behaviors
     n = len(behaviors)
-    labelled = [imp for imp in behaviors if imp.labels is not None]
-    clicks = sum(sum(imp.labels) for imp in labelled)  # type: ignore[arg-type]
+    labelled = [imp.labels for imp in behaviors if imp.labels is not None]
+    clicks = sum(sum(labels) for labels in labelled)
     candidates = sum(len(imp.candidates) for imp in behaviors)
     lengths = np.array([len(imp.history) for imp in behaviors], dtype=np.float64)
+    history: dict[str, float | None]
+    time: dict[str, str | None]
     if n:
         q = np.quantile(lengths, [0.0, 0.25, 0.5, 0.75, 1.0])
         history = {"min": int(q[0]), "p25": float(q[1]), "p50": float(q[2]),
@@ -111,8 +113,7 @@ def split_statistics(split: MindSplit) -> dict[str, Any]:
         "candidates": candidates,
         "clicks_per_impression": _ratio(clicks, len(labelled)),
         "candidates_per_impression": _ratio(candidates, n),
-        "impressions_without_click": sum(1 for imp in labelled
-                                         if 1 not in imp.labels),  # type: ignore[operator]
+        "impressions_without_click": sum(1 for labels in labelled if 1 not in labels),
         "history_length": history,
         "empty_histories": int((lengths == 0).sum()),
         "time": time,
@@ -340,11 +341,12 @@ def check_dataset(path: str | Path, *, drop_missing: bool = False) -> tuple[bool
     errors: list[str] = []
     warnings: list[str] = []
     report: dict[str, Any] = {"path": str(path), "drop_missing": drop_missing}
+    dirs: dict[str, Path | None] = {}
     try:
-        dirs = split_directories(path)
+        found = split_directories(path)
+        dirs = {"train": found["train"], "test": found["test"]}
     except DataFormatError as exc:
         errors.append(str(exc))
-        dirs = {}
     stats: dict[str, Any] = {"train": None, "test": None}
     splits: dict[str, MindSplit | None] = {"train": None, "test": None}
     for name in ("train", "test"):

@@ -184,7 +184,8 @@ def write_streaming(out_dir: str | Path, records: Sequence[NewsRecord],
     lengths = histories.lengths
     for name in SPLITS:
         stats[name].news[histories.rows[np.repeat(stats[name].users, lengths)]] = True
-        write_news(dirs[name] / NEWS_FILE, (records[i] for i in np.flatnonzero(stats[name].news)))
+        write_news(dirs[name] / NEWS_FILE,
+                   (records[i] for i in np.flatnonzero(stats[name].news).tolist()))
     return _summary(records, histories, stats)
 
 
@@ -197,7 +198,8 @@ def _summary(records: Sequence[NewsRecord], histories: Histories,
     out["test_users_seen_in_train"] = round(int((train_users & test_users).sum())
                                             / max(int(test_users.sum()), 1), 3)
     seen = train_users | test_users
-    used = [records[i] for i in np.flatnonzero(stats["train"].news | stats["test"].news)]
+    used = [records[i]
+            for i in np.flatnonzero(stats["train"].news | stats["test"].news).tolist()]
     history = histories.lengths[seen] if seen.any() else np.array([0])
     titles = np.array([len(tokenize(r.title)) for r in used] or [0])
     abstracts = np.array([len(tokenize(r.abstract)) for r in used] or [0])

@@ -33,7 +33,7 @@ from privaterec.data.features import ANONYMOUS_NEWS, NewsFeatures
 from privaterec.errors import ConfigError
 from privaterec.models.recommender import Recommender
 from privaterec.privacy.dpa import vdp_release
-from privaterec.serving.release import ServingConfig, dpa_release
+from privaterec.serving.release import ServingConfig, dpa_release, serving_calibration
 
 UserEncoder = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 CandidateTransform = Callable[[torch.Tensor], torch.Tensor]
@@ -65,12 +65,11 @@ def private_user_encoder(model: Recommender, features: NewsFeatures, config: Ser
         raise ConfigError("local ranking scores candidates on the device: use "
                           "local_ranking_seams(model)")
     if config.kind == "vdp":
+        calibration = serving_calibration(config, basis_size=0, dim=model.dim)
+
         def vdp(vectors: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-            released, _ = vdp_release(model.encode_user(vectors, mask), clip=config.vdp_clip,
-                                      epsilon=config.epsilon, delta=config.delta,
-                                      mechanism=config.mechanism,  # type: ignore[arg-type]
-                                      generator=generator, phase="serve")
-            return released
+            return vdp_release(model.encode_user(vectors, mask), calibration,
+                               generator=generator)
         return vdp
     basis = model.basis
     if basis is None:

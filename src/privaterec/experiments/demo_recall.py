@@ -16,6 +16,7 @@ from privaterec.experiments.demo_summary import RecallRow, format_recall_table
 from privaterec.experiments.unifedrec import VARIANTS, recall_train_config
 from privaterec.recall.evaluate import query_generator, recall_users
 from privaterec.recall.index import ScoreSpaceIndex
+from privaterec.recall.query import release_query
 from privaterec.recall.run import (RecallRunConfig, evaluate_recall_run, load_recall_run,
                                    query_bytes, train_recall_run)
 from privaterec.recall.training import RecallTrainConfig, load_ranker_news
@@ -86,7 +87,8 @@ def _one_query(run_dir: Path) -> str:
     assert dataset.test is not None
     users = recall_users(dataset.test, ranker.features, history_len=ranker.history_len)
     history, mask = users.history[:1], users.history_mask[:1]
-    query = run.model.query(ranker.vectors[history], mask, generator=query_generator(0, 0))
+    query = release_query(run.model, ranker.vectors[history], mask,
+                          generator=query_generator(0, 0))
     released = query.released[0]
     alpha = query.alpha[0][released]
     quotas = query.quotas[0][released]

@@ -26,7 +26,7 @@ from privaterec.experiments.common import (MODEL_LABELS, SCALE, RunSpec, Stopwat
                                            format_summary, log, markdown_table, over_seeds,
                                            resolve_data, training_budget, write_csv,
                                            write_text)
-from privaterec.privacy.calibration import amplified_budget, dpa_sensitivity, laplace_scale
+from privaterec.privacy.dpa import dpa_calibration
 from privaterec.serving.release import ServingConfig
 
 INF = math.inf
@@ -64,15 +64,14 @@ def padding_noise_scales(epsilons: Sequence[float] = NOISE_EPSILONS,
         One row per (ε_s, p): ``epsilon_serve``, ``padding_p``, ``epsilon_base`` (ε′),
         ``noise_scale`` (b).
     """
-    sensitivity = dpa_sensitivity("l1")
     rows = []
     for eps in epsilons:
         for p in paddings:
-            eps_base, _ = amplified_budget(epsilon=eps, delta=0.0, padding_p=p)
+            calibration = dpa_calibration(epsilon=eps, padding_p=p, phase="serve")
+            # ε′, the base budget the noise runs at, is what a whole history pays (user level)
             rows.append({"epsilon_serve": float(eps), "padding_p": float(p),
-                         "epsilon_base": eps_base,
-                         "noise_scale": laplace_scale(epsilon=eps_base,
-                                                      sensitivity_l1=sensitivity)})
+                         "epsilon_base": calibration.user_epsilon,
+                         "noise_scale": calibration.scale})
     return rows
 
 

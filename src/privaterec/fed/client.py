@@ -31,7 +31,7 @@ from privaterec.fed.methods import ClientMethod, privatize, privatize_history
 from privaterec.fed.objective import ClientBatch, LocalObjective
 from privaterec.privacy.dpa import dpa_noise, pad_history, padding_mask, permute_columns
 from privaterec.privacy.labels import release_labels
-from privaterec.privacy.ledger import PrivacyEvent
+from privaterec.privacy.events import PrivacyEvent
 from privaterec.privacy.randomness import (Randomness, as_source, is_secure, randperm,
                                           seeded_generator)
 
@@ -137,14 +137,10 @@ def client_inputs(data: ClientData, method: ClientMethod, *, basis_size: int,
         rows, clicks, counts = rows[chosen], clicks[chosen], counts[chosen]
     pad = padding_mask(data.history_mask, padding_p=method.padding_p, generator=generator)
     history = pad_history(data.history, pad)
-    (eps, delta), _ = method.budget_split()
     noise: torch.Tensor | None = None
     if not is_secure(generator):
-        drawn, _ = dpa_noise((1, basis_size), epsilon=eps, delta=delta,
-                             padding_p=method.padding_p, mechanism=method.noise,  # type: ignore[arg-type]
-                             sensitivity=method.sensitivity_mode,  # type: ignore[arg-type]
-                             generator=seeded_generator(generator))
-        noise = drawn[0]
+        noise = dpa_noise((1, basis_size), method.dpa_calibration(),
+                          generator=seeded_generator(generator))[0]
     size = method.label_candidates
     positions, released = release_labels(clicks, counts, size=size, epsilon=method.epsilon,
                                          generator=generator)
@@ -159,8 +155,7 @@ def _released_attention(objective: LocalObjective, params: torch.Tensor,
     """A device's float-safe DPA release α̃ = α + noise ``[B]`` (Alg. 2 lines 6-9), drawn from
     its secure source at the calibration of the method's DPA event."""
     alpha = objective.attention(params, inputs.history, inputs.history_mask)
-    dpa = method.events(objective.dimension)[0]
-    scale = float(dpa.noise_scale or 0.0)
+    scale = method.dpa_calibration().scale
     noise = as_source(source)
     if method.noise == "gaussian":
         return noise.release_gaussian(alpha, sigma=scale)

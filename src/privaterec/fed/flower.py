@@ -87,7 +87,7 @@ from privaterec.fed.rng import client_generator  # noqa: E402
 from privaterec.fed.simulator import (FederatedState, RoundCallback,  # noqa: E402
                                       RoundResult, eligible_clients, train_federated)
 from privaterec.fed.strategies import Strategy, aggregate  # noqa: E402
-from privaterec.privacy.ledger import PrivacyEvent  # noqa: E402
+from privaterec.privacy.events import PrivacyEvent  # noqa: E402
 from privaterec.privacy.samplers import SecureNoise  # noqa: E402
 from privaterec.training.determinism import (deterministic_algorithms,  # noqa: E402
                                              flush_denormals)

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -20,16 +21,14 @@ import torch
 
 from privaterec.config import FedConfig, RunConfig, replace
 from privaterec.errors import ConfigError
-from privaterec.privacy.calibration import fednewsrec_coordinate_epsilon
-from privaterec.privacy.central import (calibrate_noise_multiplier, central_epsilon,
-                                        central_round_event)
-from privaterec.privacy.dpa import dpa_noise
+from privaterec.privacy.calibrated import Calibration, clipped_release, no_noise
+from privaterec.privacy.central import (calibrate_noise_multiplier, central_calibration,
+                                        central_epsilon)
+from privaterec.privacy.dpa import dpa_calibration
+from privaterec.privacy.events import PrivacyEvent
 from privaterec.privacy.labels import candidate_set_event, label_event
-from privaterec.privacy.ledger import PrivacyEvent, adjacency_view, basic_composition
-from privaterec.privacy.mechanisms import (clip_elementwise, clip_l1, clip_l2,
-                                           gaussian_mechanism,
-                                           laplace_mechanism, laplace_noise)
-from privaterec.privacy.randomness import as_source, is_secure
+from privaterec.privacy.ledger import adjacency_view, basic_composition
+from privaterec.privacy.randomness import Randomness, release_rows
 
 # DP-FedAvg's clip norm C of a client's update (central DP, issue 15); see BENCHMARKS.md.
 DP_FEDAVG_CLIP = 0.1
@@ -220,11 +219,25 @@ class ClientMethod:
 
     def central_event(self) -> PrivacyEvent:
         """The ledger event of one central-DP round, recorded for every user."""
-        assert self.noise_multiplier is not None and self.sampling_rate is not None
-        assert self.clip is not None
-        return central_round_event(noise_multiplier=self.noise_multiplier,
-                                   sampling_rate=self.sampling_rate, clip=self.clip,
-                                   delta=self.delta)
+        return self.central_calibration().event
+
+    def central_calibration(self) -> Calibration:
+        """Central DP: the noise the aggregator adds to the round's sum, and its event."""
+        return _central_calibration(self)
+
+    def calibration(self, dimension: int) -> Calibration:
+        """How one client's D-dim update is released (clip, noise, event), calibrated once
+        per (method, D) (:func:`update_calibration`)."""
+        return update_calibration(self, dimension)
+
+    def dpa_calibration(self) -> Calibration:
+        """PrivateRec: the calibration of DPA's noise on α (:func:`privaterec_dpa_calibration`)."""
+        return privaterec_dpa_calibration(self)
+
+    def history_calibration(self, dimension: int) -> Calibration:
+        """PrivateRec strict: the calibration of the history-path gradient
+        (:func:`history_calibration`)."""
+        return history_calibration(self, dimension)
 
     @property
     def sends_metadata(self) -> bool:
@@ -389,10 +402,8 @@ class ClientMethod:
         return out
 
     def event(self, dimension: int) -> PrivacyEvent:
-        """The privacy event of one client's upload in one round (without drawing noise)."""
-        _, event = privatize(torch.zeros(1, dimension), self, [torch.Generator()],
-                             draw_noise=False)
-        return event
+        """The privacy event of one client's upload in one round."""
+        return self.calibration(dimension).event
 
 
 def uncovered_groups(parameters: Sequence[str]) -> list[str]:
@@ -428,11 +439,8 @@ def privaterec_train_events(method: ClientMethod, *, dimension: int
     Under one-click adjacency the history events and the label event bound disjoint data, so
     a round costs max(ε_DPA + ε_hist, ε_label) = ε_t; the ledger composes them that way.
     """
-    (eps_dpa, delta_dpa), history = method.budget_split()
-    _, dpa = dpa_noise((1, 1), epsilon=eps_dpa, delta=delta_dpa, padding_p=method.padding_p,
-                       mechanism=method.noise, sensitivity=method.sensitivity_mode,  # type: ignore[arg-type]
-                       generator=torch.Generator(), draw_noise=False)
-    dpa = replace(dpa, data="history")
+    _, history = method.budget_split()
+    dpa = method.dpa_calibration().event
     if method.privacy_mode == "paper" and dpa.is_private:
         note = PAPER_MODE_NOTE if dpa.valid else f"{dpa.note}; {PAPER_MODE_NOTE}"
         dpa = replace(dpa, valid=False, note=note)
@@ -443,66 +451,100 @@ def privaterec_train_events(method: ClientMethod, *, dimension: int
                             note="labels released without protection (epsilon_train = inf)"),))
     if history is None:
         return (dpa, *labels)
-    _, hist = privatize_history(torch.zeros(1, dimension), method, [torch.Generator()],
-                                draw_noise=False)
-    return (dpa, replace(hist, data="history"), *labels)
+    return (dpa, method.history_calibration(dimension).event, *labels)
+
+
+@functools.lru_cache(maxsize=64)
+def privaterec_dpa_calibration(method: ClientMethod) -> Calibration:
+    """PrivateRec's DPA noise on α in training (Alg. 2 line 9) at DPA's share of (ε_t, δ_t)
+    (:meth:`ClientMethod.budget_split`), padding-amplified; reads the history. Calibrated once
+    per method (cached)."""
+    (eps, delta), _ = method.budget_split()
+    return dpa_calibration(epsilon=eps, delta=delta, padding_p=method.padding_p,
+                           mechanism=method.noise,  # type: ignore[arg-type]
+                           sensitivity=method.sensitivity_mode,  # type: ignore[arg-type]
+                           data="history")
+
+
+@functools.lru_cache(maxsize=64)
+def history_calibration(method: ClientMethod, dimension: int) -> Calibration:
+    """PrivateRec strict mode: the history-path gradient ``[D]`` clipped (L1 + Laplace or
+    L2 + analytic Gaussian) at the strict share of (ε_t, δ_t), sensitivity 2·clip
+    (replacement of one history item changes the clipped gradient by at most twice the
+    bound; DESIGN §4 erratum 4). Calibrated once per (method, D) (cached)."""
+    _, history = method.budget_split()
+    assert history is not None and method.clip is not None
+    eps, delta = history
+    note = (f"PrivateRec strict: history-path gradient, {method.clipping.upper()} clip to "
+            f"{method.clip}, sensitivity 2*clip")
+    return clipped_release(clipping=_noise_clipping(method), clip=method.clip,
+                           dimension=dimension, epsilon=eps, delta=delta, note=note,
+                           data="history")
+
+
+def _noise_clipping(method: ClientMethod) -> Any:
+    """The L1 clip goes with Laplace noise, the L2 clip with Gaussian noise."""
+    expected = {"laplace": "l1", "gaussian": "l2"}.get(method.noise)
+    if method.clipping != expected:
+        raise ConfigError(f"{method.name}: clipping {method.clipping!r} does not match noise "
+                          f"{method.noise!r} (l1 with laplace, l2 with gaussian)")
+    return method.clipping
+
+
+@functools.lru_cache(maxsize=64)
+def update_calibration(method: ClientMethod, dimension: int) -> Calibration:
+    """How one client's D-dim update is released (FedNewsRec Eq. 4-5; DP-FedRec), once per
+    (method, D) (cached).
+
+    * no clipping (``fedrec``, PrivateRec's upload): the raw update, ε = ∞;
+    * element-wise clip to [−δ, δ] + Laplace(λ) (FedNewsRec): ε = 2δD/λ for the whole update,
+      2δ/λ per coordinate (DESIGN §4 erratum 6);
+    * L1 or L2 clip to θ + noise calibrated to ε_t with Δ = 2θ (DP-FedRec);
+    * L2 clip without local noise (DP-FedAvg: the aggregator noises the sum,
+      :meth:`ClientMethod.central_calibration`).
+    """
+    if method.clipping == "none":
+        return no_noise(dimension=dimension, note=f"{method.name}: raw update")
+    assert method.clip is not None
+    if method.clipping == "elementwise":
+        assert method.noise_scale is not None
+        return clipped_release(
+            clipping="elementwise", clip=method.clip, dimension=dimension,
+            noise_scale=method.noise_scale,
+            note="FedNewsRec Eq. 4-5: element-wise clip to [-delta, delta], Laplace(lambda) "
+                 "per coordinate; epsilon covers the whole update (2*delta*D/lambda)")
+    if method.noise == "none":  # central DP: the aggregator adds the noise to the sum
+        return no_noise(dimension=dimension, clipping=method.clipping,  # type: ignore[arg-type]
+                        clip=method.clip,
+                        note=f"{method.name}: update clipped to L2 norm {method.clip}, noised "
+                             f"centrally")
+    note = (f"DP-FedRec: {method.clipping.upper()} clip to {method.clip}, "
+            f"sensitivity 2*theta per client update")
+    return clipped_release(clipping=_noise_clipping(method), clip=method.clip,
+                           dimension=dimension, epsilon=method.epsilon, delta=method.delta,
+                           note=note)
+
+
+@functools.lru_cache(maxsize=64)
+def _central_calibration(method: ClientMethod) -> Calibration:
+    assert method.noise_multiplier is not None and method.sampling_rate is not None
+    assert method.clip is not None
+    return central_calibration(noise_multiplier=method.noise_multiplier,
+                               sampling_rate=method.sampling_rate, clip=method.clip,
+                               delta=method.delta)
 
 
 def privatize_history(updates: torch.Tensor, method: ClientMethod,
-                      generators: Sequence[torch.Generator], *,
-                      draw_noise: bool = True) -> tuple[torch.Tensor, PrivacyEvent]:
-    """PrivateRec strict mode: clip and noise each client's history-path gradient ``[m, D]``.
-
-    L1 clip + Laplace or L2 clip + analytic Gaussian at the strict share of (ε_t, δ_t),
-    sensitivity 2·clip (replacement of one history item changes the clipped gradient by at
-    most twice the bound; DESIGN §4 erratum 4).
-    """
-    _, history = method.budget_split()
-    assert history is not None and method.clip is not None
-    if any(is_secure(g) for g in generators):
-        clipped, event = privatize_history(updates, method,
-                                           [torch.Generator()] * len(generators),
-                                           draw_noise=False)
-        return release_rows(clipped, event, generators, draw_noise=draw_noise), event
-    eps, delta = history
-    clip = clip_l1 if method.clipping == "l1" else clip_l2
-    clipped = clip(updates, method.clip, dim=-1)
-    note = (f"PrivateRec strict: history-path gradient, {method.clipping.upper()} clip to "
-            f"{method.clip}, sensitivity 2*clip")
-    if method.noise == "laplace":
-        noised, event = laplace_mechanism(clipped, epsilon=eps, sensitivity_l1=2 * method.clip,
-                                          generator=generators, batched=True, note=note,
-                                          draw_noise=draw_noise)
-    else:
-        noised, event = gaussian_mechanism(clipped, epsilon=eps, delta=delta,
-                                           sensitivity_l2=2 * method.clip,
-                                           generator=generators, batched=True, note=note,
-                                           draw_noise=draw_noise)
-    return noised, event
-
-
-def release_rows(clipped: torch.Tensor, event: PrivacyEvent, sources: Sequence[Any], *,
-                 draw_noise: bool = True) -> torch.Tensor:
-    """Row i of ``clipped`` released with ``sources[i]`` at the calibration of ``event``.
-
-    The deployed path: a secure source (:class:`~privaterec.privacy.samplers.SecureNoise`)
-    returns the float-safe release of the clipped row itself (issue 13, hole 1).
-    """
-    if not draw_noise or not event.is_private or event.mechanism not in ("laplace",
-                                                                          "gaussian"):
-        return clipped
-    scale = float(event.noise_scale or 0.0)
-    rows = []
-    for row, source in zip(clipped, sources):
-        noise = as_source(source)
-        rows.append(noise.release_gaussian(row, sigma=scale) if event.mechanism == "gaussian"
-                    else noise.release_laplace(row, scale=scale))
-    return torch.stack(rows)
+                      generators: Sequence[Randomness]) -> tuple[torch.Tensor, PrivacyEvent]:
+    """PrivateRec strict mode: clip and noise each client's history-path gradient ``[m, D]``
+    (:func:`history_calibration`); row i's noise from ``generators[i]`` (a seeded generator,
+    or a device's secure source)."""
+    calibration = method.history_calibration(int(updates.shape[1]))
+    return release_rows(updates, calibration, generators), calibration.event
 
 
 def privatize(updates: torch.Tensor, method: ClientMethod,
-              generators: Sequence[torch.Generator], *,
-              draw_noise: bool = True) -> tuple[torch.Tensor, PrivacyEvent]:
+              generators: Sequence[Randomness]) -> tuple[torch.Tensor, PrivacyEvent]:
     """Clip and noise each client's update before upload (FedNewsRec Eq. 4-5; DP-FedRec).
 
     Parameters
@@ -510,13 +552,12 @@ def privatize(updates: torch.Tensor, method: ClientMethod,
     updates:
         ``Tensor[m, D]``, row i is client i's gradient (or FedAvg pseudo-gradient).
     method:
-        The resolved client method.
+        The resolved client method; its calibration (:meth:`ClientMethod.calibration`) is
+        computed once per (method, D).
     generators:
         One generator per row: client i's noise comes from its own generator (on a real
-        device, its own entropy), so every engine draws the same noise for the same client.
-        Clipping and calibration are batched; only the noise draws visit the clients.
-    draw_noise:
-        ``False`` returns the clipped updates and the event without drawing noise.
+        device, its own secure source), so every engine draws the same noise for the same
+        client. Clipping is batched; only the noise draws visit the clients.
 
     Returns
     -------
@@ -525,47 +566,5 @@ def privatize(updates: torch.Tensor, method: ClientMethod,
     if len(generators) != updates.shape[0]:
         raise ValueError(f"need one generator per client: {len(generators)} for "
                          f"{updates.shape[0]} updates")
-    if any(is_secure(g) for g in generators):
-        clipped, event = privatize(updates, method, [torch.Generator()] * len(generators),
-                                   draw_noise=False)
-        return release_rows(clipped, event, generators, draw_noise=draw_noise), event
-    dimension = int(updates.shape[1])
-    if method.clipping == "none":
-        event = PrivacyEvent(mechanism="none", epsilon=math.inf, phase="train",
-                             dimension=dimension, note=f"{method.name}: raw update")
-        return updates, event
-    assert method.clip is not None
-    if method.clipping == "elementwise":
-        clipped = clip_elementwise(updates, method.clip)
-        assert method.noise_scale is not None
-        scale = method.noise_scale
-        sensitivity = 2.0 * method.clip * dimension
-        event = PrivacyEvent(
-            mechanism="laplace", epsilon=sensitivity / scale, noise_scale=scale,
-            sensitivity=sensitivity, dimension=dimension, phase="train",
-            coordinate_epsilon=fednewsrec_coordinate_epsilon(clip_bound=method.clip,
-                                                             noise_scale=scale),
-            note="FedNewsRec Eq. 4-5: element-wise clip to [-delta, delta], Laplace(lambda) "
-                 "per coordinate; epsilon covers the whole update (2*delta*D/lambda)")
-        if not draw_noise:
-            return clipped, event
-        return clipped + laplace_noise(clipped.shape, scale=scale, generator=generators,
-                                       dtype=clipped.dtype), event
-    clip = clip_l1 if method.clipping == "l1" else clip_l2
-    clipped = clip(updates, method.clip, dim=-1)
-    if method.noise == "none":  # central DP: the aggregator adds the noise to the sum
-        return clipped, PrivacyEvent(mechanism="none", epsilon=math.inf, phase="train",
-                                     dimension=dimension,
-                                     note=f"{method.name}: update clipped to L2 norm "
-                                          f"{method.clip}, noised centrally")
-    sensitivity = 2.0 * method.clip
-    note = (f"DP-FedRec: {method.clipping.upper()} clip to {method.clip}, "
-            f"sensitivity 2*theta per client update")
-    # One call: calibrated once for the round, row i's noise drawn from client i's generator.
-    if method.noise == "laplace":
-        return laplace_mechanism(clipped, epsilon=method.epsilon, sensitivity_l1=sensitivity,
-                                 generator=generators, batched=True, note=note,
-                                 draw_noise=draw_noise)
-    return gaussian_mechanism(clipped, epsilon=method.epsilon, delta=method.delta,
-                              sensitivity_l2=sensitivity, generator=generators, batched=True,
-                              note=note, draw_noise=draw_noise)
+    calibration = method.calibration(int(updates.shape[1]))
+    return release_rows(updates, calibration, generators), calibration.event

@@ -32,8 +32,9 @@ from privaterec.fed.methods import ClientMethod, privatize, privatize_history
 from privaterec.fed.objective import ClientBatch, LocalObjective
 from privaterec.fed.rng import central_noise_generator, client_generator, round_generator
 from privaterec.fed.strategies import State, Strategy, aggregate, weighted_mean
-from privaterec.privacy.ledger import PrivacyEvent, PrivacyLedger
-from privaterec.privacy.mechanisms import gaussian_noise
+from privaterec.privacy.events import PrivacyEvent
+from privaterec.privacy.ledger import PrivacyLedger
+from privaterec.privacy.mechanisms import calibrated_noise
 from privaterec.training.checkpoint import load_checkpoint, save_checkpoint
 from privaterec.training.determinism import deterministic_algorithms, flush_denormals
 
@@ -177,8 +178,8 @@ def central_round(objective: LocalObjective, params: torch.Tensor, clients: Clie
         total = clipped.sum(0)
         counts = [int(x.candidates.shape[0]) for x in inputs]
         losses = [float(x) for x in loss_t]
-    noise = gaussian_noise((dimension,), sigma=method.noise_multiplier * method.clip,
-                           generator=central_noise_generator(seed, round_index))
+    noise = calibrated_noise((dimension,), method.central_calibration(),
+                             generator=central_noise_generator(seed, round_index))
     direction = (total + noise) / (method.sampling_rate * population)
     return RoundResult(direction, counts, losses, [()] * len(selected),
                        population_events=(method.central_event(),))

@@ -26,7 +26,7 @@ from privaterec.data.features import NewsFeatures
 from privaterec.data.text import TextVocabularies
 from privaterec.errors import ConfigError
 from privaterec.models.basis import BasicVectors
-from privaterec.models.layers import WordEmbedding
+from privaterec.models.layers import NewsEncoderModule, WordEmbedding
 from privaterec.models.news_encoders import (FedNewsRecNewsEncoder, IDNewsEncoder,
                                              NAMLNewsEncoder, NRMSNewsEncoder, PLMNewsEncoder)
 from privaterec.models.recommender import Recommender
@@ -61,7 +61,8 @@ def build_word_embedding(model_config: ModelConfig, vocabs: TextVocabularies) ->
     return WordEmbedding(num_tokens, table.shape[1], pretrained=table, freeze=freeze)
 
 
-def build_news_encoder(model_config: ModelConfig, vocabs: TextVocabularies) -> nn.Module:
+def build_news_encoder(model_config: ModelConfig,
+                       vocabs: TextVocabularies) -> NewsEncoderModule:
     """The news encoder Θ_N named by ``model_config.news_encoder``, output size
     ``model_config.news_dim``."""
     c = model_config

@@ -54,6 +54,14 @@ def masked_softmax(scores: torch.Tensor, mask: torch.Tensor | None) -> torch.Ten
     return torch.softmax(torch.where(mask, scores, torch.full_like(scores, floor)), dim=-1)
 
 
+class NewsEncoderModule(nn.Module):
+    """Base class of the news encoders Θ_N (:class:`~privaterec.models.recommender.NewsEncoder`):
+    ``forward(features)`` with each feature of leading shape ``[n]`` → ``Tensor[n, dim]``."""
+
+    dim: int
+    """d, the size of the news vectors."""
+
+
 class AdditiveAttention(nn.Module):
     """Additive (attentive-pooling) attention, NRMS/NAML/FedNewsRec §3.1.
 

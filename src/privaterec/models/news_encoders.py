@@ -17,8 +17,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from privaterec.models.layers import (AdditiveAttention, MultiHeadSelfAttention, TextCNN,
-                                      WordEmbedding, attend_all_if_empty)
+from privaterec.models.layers import (AdditiveAttention, MultiHeadSelfAttention,
+                                      NewsEncoderModule, TextCNN, WordEmbedding,
+                                      attend_all_if_empty)
 from privaterec.models.plm_encoder import PLMNewsEncoder, load_minilm
 
 
@@ -35,7 +36,7 @@ def token_mask(tokens: torch.Tensor) -> torch.Tensor:
     return attend_all_if_empty(tokens != 0)
 
 
-class NRMSNewsEncoder(nn.Module):
+class NRMSNewsEncoder(NewsEncoderModule):
     """NRMS news encoder (Wu et al. 2019): title → embeddings → dropout → multi-head
     self-attention → dropout → additive attention → ``d = num_heads * head_dim``.
 
@@ -68,7 +69,7 @@ class NRMSNewsEncoder(nn.Module):
         return self.pooling(x, mask)
 
 
-class FedNewsRecNewsEncoder(nn.Module):
+class FedNewsRecNewsEncoder(NewsEncoderModule):
     """FedNewsRec news model (§3.1, Fig. 1): title → word embeddings → CNN (local contexts)
     → multi-head self-attention (long-range contexts) → additive attention → d.
 
@@ -134,7 +135,7 @@ class _CategoryView(nn.Module):
         return torch.relu(self.dense(self.embedding(category)))
 
 
-class NAMLNewsEncoder(nn.Module):
+class NAMLNewsEncoder(NewsEncoderModule):
     """NAML news encoder (Wu et al. 2019, attentive multi-view learning).
 
     Four views, each of size d: title (CNN + additive attention), abstract (its own CNN +
@@ -160,10 +161,10 @@ class NAMLNewsEncoder(nn.Module):
         self.dim = dim
         self.embedding = embedding
         self.dropout = nn.Dropout(dropout)
-        text = dict(filters=cnn_filters, window=cnn_window, attention_dim=attention_dim,
-                    dim=dim, dropout=dropout)
-        self.title_view = _TextView(embedding.dim, **text)
-        self.abstract_view = _TextView(embedding.dim, **text)
+        self.title_view = _TextView(embedding.dim, filters=cnn_filters, window=cnn_window,
+                                    attention_dim=attention_dim, dim=dim, dropout=dropout)
+        self.abstract_view = _TextView(embedding.dim, filters=cnn_filters, window=cnn_window,
+                                       attention_dim=attention_dim, dim=dim, dropout=dropout)
         self.category_view = _CategoryView(num_categories, category_dim, dim)
         self.subcategory_view = _CategoryView(num_subcategories, category_dim, dim)
         self.view_attention = AdditiveAttention(dim, attention_dim)
@@ -179,7 +180,7 @@ class NAMLNewsEncoder(nn.Module):
         return self.view_attention(views)
 
 
-class IDNewsEncoder(nn.Module):
+class IDNewsEncoder(NewsEncoderModule):
     """One trainable vector per news id, for data without text (EB-NeRD without articles).
 
     Reads ``features["news_index"]``: index 0 is the anonymous/padding news (its vector is

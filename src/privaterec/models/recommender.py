@@ -14,6 +14,7 @@ from torch import nn
 
 from privaterec.data.features import NewsFeatures
 from privaterec.models.basis import BasicVectors
+from privaterec.models.layers import NewsEncoderModule
 
 
 class NewsEncoder(Protocol):
@@ -50,7 +51,7 @@ class Recommender(nn.Module):
         (the noise-free PrivateRec model, ε_t = ε_s = ∞); :meth:`interest` gives the raw u.
     """
 
-    def __init__(self, news_encoder: nn.Module, user_encoder: nn.Module,
+    def __init__(self, news_encoder: NewsEncoderModule, user_encoder: nn.Module,
                  features: NewsFeatures | None = None,
                  basis: BasicVectors | None = None) -> None:
         super().__init__()

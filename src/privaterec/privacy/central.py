@@ -31,7 +31,8 @@ from dp_accounting.privacy_accountant import NeighboringRelation
 from dp_accounting.rdp import rdp_privacy_accountant
 
 from privaterec.errors import ConfigError
-from privaterec.privacy.ledger import PrivacyEvent
+from privaterec.privacy.calibrated import Calibration
+from privaterec.privacy.events import PrivacyEvent
 
 ACCOUNTANTS = ("pld", "rdp")
 
@@ -182,5 +183,18 @@ def central_round_event(*, noise_multiplier: float, sampling_rate: float, clip: 
                       f"their sum"))
 
 
-__all__ = ["ACCOUNTANTS", "NEIGHBOURS", "calibrate_noise_multiplier", "central_epsilon",
-           "central_round_event"]
+def central_calibration(*, noise_multiplier: float, sampling_rate: float, clip: float,
+                        delta: float) -> Calibration:
+    """The noise the aggregator adds to one round's sum, N(0, (z·C)² I), and its event
+    (:func:`central_round_event`), calibrated once per run.
+
+    The clients' clip to L2 norm C is their own calibration; this one noises the sum (no
+    clipping of its own).
+    """
+    return Calibration(event=central_round_event(noise_multiplier=noise_multiplier,
+                                                 sampling_rate=sampling_rate, clip=clip,
+                                                 delta=delta))
+
+
+__all__ = ["ACCOUNTANTS", "NEIGHBOURS", "calibrate_noise_multiplier", "central_calibration",
+           "central_epsilon", "central_round_event"]

@@ -6,14 +6,15 @@ the engines compose the two.
 
 * :func:`padding_mask` — Alg. 2 lines 2-5: each real history item is replaced by the
   anonymous news r₀ with probability p.
-* :func:`dpa_noise` — Alg. 2 line 9 with DESIGN §4 errata 1-3: noise on α calibrated with the
-  TRUE sensitivity of the simplex (L1 = 2, L2 = √2) at the padding-amplified budget
-  ε′ = ln((e^ε − p)/(1 − p)), δ′ = δ/(1 − p); Laplace (δ = 0) or analytic Gaussian.
+* :func:`dpa_calibration` / :func:`dpa_noise` — Alg. 2 line 9 with DESIGN §4 errata 1-3: noise
+  on α calibrated (once) with the TRUE sensitivity of the simplex (L1 = 2, L2 = √2) at the
+  padding-amplified budget ε′ = ln((e^ε − p)/(1 − p)), δ′ = δ/(1 − p); Laplace (δ = 0) or
+  analytic Gaussian.
   ``sensitivity="paper"`` (S = θ = 1) reproduces the paper and marks the event invalid.
 * :func:`softplus_normalize` (serving, Alg. 2 line 10) and :func:`relu_normalize` (training,
   §3.3, guarded against an all-zero sum: DESIGN §4 erratum 5).
-* :func:`vdp_release` — §3.2.1's baseline: clip the d-dim user vector to θ, add noise
-  calibrated to ε_s with Δ = 2θ.
+* :func:`vdp_calibration` / :func:`vdp_release` — §3.2.1's baseline: clip the d-dim user
+  vector to θ, add noise calibrated to ε_s with Δ = 2θ.
 * :func:`dpl_choose` — Alg. 3 lines 16-18 as published: the exponential mechanism that picks
   the positive label among the k + 1 candidates with p ∝ e^{β yᵢ}, β = ln(k/(C − 1)·e^ε)
   (no clamp at 0: :func:`~privaterec.privacy.calibration.dpl_beta`). Kept to reproduce and
@@ -35,10 +36,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from privaterec.errors import ConfigError
+from privaterec.privacy.calibrated import Calibration, calibrate, clipped_release
 from privaterec.privacy.calibration import dpa_sensitivity, dpl_beta
-from privaterec.privacy.ledger import Phase, PrivacyEvent
-from privaterec.privacy.mechanisms import (Generators, clip_l1, clip_l2, gaussian_mechanism,
-                                           laplace_mechanism)
+from privaterec.privacy.events import DataPart, Phase
+from privaterec.privacy.mechanisms import Generators, add_noise, clip_and_noise
 from privaterec.privacy.randomness import rand
 from privaterec.privacy.samplers import NoiseSource
 
@@ -104,65 +105,71 @@ def pad_history(rows: Tensor, pad: Tensor, *, anonymous_row: int = 0) -> Tensor:
     return torch.where(pad, torch.full_like(rows, anonymous_row), rows)
 
 
-def dpa_noise(shape: Sequence[int], *, epsilon: float, delta: float = 0.0,
-              padding_p: float = 0.0, mechanism: Mechanism = "laplace",
-              sensitivity: SensitivityMode = "true", generator: Generators,
-              phase: Phase = "train", dtype: torch.dtype = torch.float32,
-              draw_noise: bool = True) -> tuple[Tensor, PrivacyEvent]:
-    """DPA noise for attention vectors α of shape ``[m, B]`` (one release per row).
+def dpa_calibration(*, epsilon: float, delta: float = 0.0, padding_p: float = 0.0,
+                    mechanism: Mechanism = "laplace", sensitivity: SensitivityMode = "true",
+                    phase: Phase = "train", dimension: int = 1,
+                    data: DataPart = "all") -> Calibration:
+    """The calibration of DPA's noise on α (PrivateRec Alg. 2 line 9), once per run or query
+    configuration.
 
-    PrivateRec Alg. 2 line 9, corrected (DESIGN §4 errata 1-3): calibrated with the simplex
-    sensitivity (L1 = 2 for Laplace, L2 = √2 for the analytic Gaussian) at the amplified
-    budget (ε′, δ′) of :func:`~privaterec.privacy.calibration.amplified_budget`.
+    Corrected as DESIGN §4 errata 1-3: calibrated with the simplex sensitivity (L1 = 2 for
+    Laplace, L2 = √2 for the analytic Gaussian) at the amplified budget (ε′, δ′) of
+    :func:`~privaterec.privacy.calibration.amplified_budget`.
+
+    Parameters
+    ----------
+    epsilon, delta:
+        Target (ε, δ) of one release after amplification; ε = ∞ gives zero noise (event not
+        private). Laplace needs δ = 0; Gaussian needs δ in (0, 1).
+    padding_p:
+        The padding probability the caller applies with :func:`padding_mask`.
+    mechanism:
+        ``"laplace"`` or ``"gaussian"``.
+    sensitivity:
+        ``"true"`` (default) or ``"paper"`` (S = θ = 1; the event is marked ``valid=False``).
+    phase:
+        ``"train"`` or ``"serve"``.
+    dimension:
+        Coordinates recorded in the event (B for a query; the training ledger records 1).
+    data:
+        The part of the user's data the release reads, recorded in the event (training:
+        ``"history"``).
+
+    Returns
+    -------
+    :class:`~privaterec.privacy.calibrated.Calibration` of ONE row's release (the noise is
+    added to α itself: no clipping).
+    """
+    _check_mechanism(mechanism)
+    _check_probability(padding_p, "padding_p")
+    norm = "l1" if mechanism == "laplace" else "l2"
+    valid = sensitivity == "true"
+    note = ("PrivateRec DPA: noise on the B attention weights, simplex sensitivity, "
+            "padding-amplified budget" if valid else PAPER_MODE_NOTE)
+    return calibrate(mechanism=mechanism, epsilon=epsilon, delta=delta,
+                     sensitivity=dpa_sensitivity(norm, mode=sensitivity), dimension=dimension,
+                     phase=phase, padding_p=padding_p, valid=valid, note=note, data=data)
+
+
+def dpa_noise(shape: Sequence[int], calibration: Calibration, *, generator: Generators,
+              dtype: torch.dtype = torch.float32) -> Tensor:
+    """DPA noise ``Tensor[m, B]`` for m attention vectors α (one release per row), at the
+    scale of ``calibration`` (:func:`dpa_calibration`).
 
     Parameters
     ----------
     shape:
         ``(m, B)``: m releases (clients or queries) of B coordinates.
-    epsilon, delta:
-        Target (ε, δ) of one release after amplification; ε = ∞ gives zero noise (event not
-        private). Laplace needs δ = 0; Gaussian needs δ in (0, 1).
-    padding_p:
-        The padding probability the caller applied with :func:`padding_mask`.
-    mechanism:
-        ``"laplace"`` or ``"gaussian"``.
-    sensitivity:
-        ``"true"`` (default) or ``"paper"`` (S = θ = 1; the event is marked ``valid=False``).
+    calibration:
+        From :func:`dpa_calibration`.
     generator:
         One generator, or one per row.
-    phase:
-        ``"train"`` or ``"serve"``.
-    draw_noise:
-        ``False``: zeros and the event (the accounting of a release, nothing drawn).
-
-    Returns
-    -------
-    (``Tensor[m, B]`` noise, the :class:`PrivacyEvent` of ONE row's release)
+    dtype:
+        Of the noise (drawn in float64, then cast).
     """
-    _check_mechanism(mechanism)
-    _check_probability(padding_p, "padding_p")
     if len(shape) != 2:
         raise ConfigError(f"dpa_noise needs a shape (m, B), got {tuple(shape)}")
-    norm = "l1" if mechanism == "laplace" else "l2"
-    sens = dpa_sensitivity(norm, mode=sensitivity)
-    valid = sensitivity == "true"
-    note = ("PrivateRec DPA: noise on the B attention weights, simplex sensitivity, "
-            "padding-amplified budget" if valid else PAPER_MODE_NOTE)
-    zeros = torch.zeros(tuple(shape), dtype=dtype)
-    if mechanism == "laplace":
-        if delta != 0:
-            raise ConfigError(f"invalid privacy parameter 'delta': got {delta!r}; the Laplace "
-                              f"mechanism is pure DP, pass delta=0 or mechanism='gaussian'")
-        noise, event = laplace_mechanism(zeros, epsilon=epsilon, sensitivity_l1=sens,
-                                         generator=generator, phase=phase, batched=True,
-                                         padding_p=padding_p, valid=valid, note=note,
-                                         draw_noise=draw_noise)
-    else:
-        noise, event = gaussian_mechanism(zeros, epsilon=epsilon, delta=delta,
-                                          sensitivity_l2=sens, generator=generator,
-                                          phase=phase, batched=True, padding_p=padding_p,
-                                          valid=valid, note=note, draw_noise=draw_noise)
-    return noise, event
+    return add_noise(torch.zeros(tuple(shape), dtype=dtype), calibration, generator=generator)
 
 
 def softplus_normalize(x: Tensor) -> Tensor:
@@ -189,41 +196,49 @@ def relu_normalize(x: Tensor) -> Tensor:
     return torch.where(total > 0, r / safe, uniform)
 
 
-def vdp_release(user: Tensor, *, clip: float, epsilon: float, delta: float = 0.0,
-                mechanism: Mechanism = "laplace", generator: Generators,
-                phase: Phase = "serve", draw_noise: bool = True) -> tuple[Tensor, PrivacyEvent]:
-    """VDP (PrivateRec §3.2.1): clip each user vector to norm θ and add calibrated noise.
+def vdp_calibration(*, clip: float, epsilon: float, delta: float = 0.0,
+                    mechanism: Mechanism = "laplace", dimension: int,
+                    phase: Phase = "serve") -> Calibration:
+    """VDP's calibration (PrivateRec §3.2.1): clip the user vector to norm θ, add noise.
 
     Laplace: L1 clip, Δ₁ = 2θ; Gaussian: L2 clip, Δ₂ = 2θ, analytic calibration (erratum 3).
 
     Parameters
     ----------
-    user:
-        ``Tensor[m, d]`` user vectors (one release per row).
     clip:
         θ > 0 (the paper's serving baseline uses 0.001).
-    epsilon, delta, mechanism, generator, phase, draw_noise:
-        As in :func:`dpa_noise` (without noise: the clipped vectors).
-
-    Returns
-    -------
-    (``Tensor[m, d]`` released vectors, the event of one release)
+    epsilon, delta, mechanism, phase:
+        As in :func:`dpa_calibration`.
+    dimension:
+        d, the size of the user vector.
     """
     _check_mechanism(mechanism)
     if not (isinstance(clip, (int, float)) and 0 < clip < math.inf):
         raise ConfigError(f"invalid privacy parameter 'clip': got {clip!r}, expected a finite "
                           f"number > 0")
     note = f"VDP: {'L1' if mechanism == 'laplace' else 'L2'} clip of the user vector to {clip}"
-    if mechanism == "laplace":
-        if delta != 0:
-            raise ConfigError(f"invalid privacy parameter 'delta': got {delta!r}; the Laplace "
-                              f"mechanism is pure DP, pass delta=0 or mechanism='gaussian'")
-        return laplace_mechanism(clip_l1(user, clip), epsilon=epsilon, sensitivity_l1=2 * clip,
-                                 generator=generator, phase=phase, batched=True, note=note,
-                                 draw_noise=draw_noise)
-    return gaussian_mechanism(clip_l2(user, clip), epsilon=epsilon, delta=delta,
-                              sensitivity_l2=2 * clip, generator=generator, phase=phase,
-                              batched=True, note=note, draw_noise=draw_noise)
+    return clipped_release(clipping="l1" if mechanism == "laplace" else "l2", clip=clip,
+                           dimension=dimension, epsilon=epsilon, delta=delta, phase=phase,
+                           note=note)
+
+
+def vdp_release(user: Tensor, calibration: Calibration, *, generator: Generators) -> Tensor:
+    """VDP (PrivateRec §3.2.1): each user vector clipped to norm θ plus calibrated noise.
+
+    Parameters
+    ----------
+    user:
+        ``Tensor[m, d]`` user vectors (one release per row).
+    calibration:
+        From :func:`vdp_calibration`.
+    generator:
+        One generator, or one per row.
+
+    Returns
+    -------
+    ``Tensor[m, d]`` released vectors.
+    """
+    return clip_and_noise(user, calibration, generator=generator)
 
 
 def dpl_choose(impression_size: Tensor, *, negatives: int, epsilon: float,
@@ -291,6 +306,7 @@ def permute_columns(candidates: Tensor, chosen: Tensor) -> Tensor:
     return out
 
 
-__all__ = ["Mechanism", "PAPER_MODE_NOTE", "SensitivityMode", "dpa_noise", "dpl_choose",
+__all__ = ["Mechanism", "PAPER_MODE_NOTE", "SensitivityMode", "dpa_calibration", "dpa_noise",
+           "dpl_choose", "vdp_calibration",
            "pad_history", "padding_mask", "permute_columns", "relu_normalize",
            "softplus_normalize", "vdp_release"]

@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from privaterec.errors import ConfigError
-from privaterec.privacy.ledger import Phase, PrivacyEvent
+from privaterec.privacy.events import Phase, PrivacyEvent
 from privaterec.privacy.randomness import Randomness, rand, randint
 
 

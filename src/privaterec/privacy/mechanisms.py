@@ -7,8 +7,10 @@ implementation, the textbook guarantee ignores rounding effects (Mironov, CCS 20
 
 Shapes are free: functions work elementwise or over the dimensions named by ``dim``, so a
 batch of clients ``x[n_clients, D]`` is clipped and noised in one call (one row = one
-client's release). The mechanisms do not clip: clip first so that the sensitivity you pass
-holds, then add noise.
+client's release). A release's clipping and noise scale come calibrated, once, in a
+:class:`~privaterec.privacy.calibrated.Calibration` (clip first, so that its sensitivity
+holds, then add its noise: :func:`clip_and_noise`); the functions here never map ε to a
+scale.
 """
 
 from __future__ import annotations
@@ -20,8 +22,8 @@ import torch
 from torch import Tensor
 
 from privaterec.errors import ConfigError
-from privaterec.privacy.calibration import amplified_budget, gaussian_sigma, laplace_scale
-from privaterec.privacy.ledger import Phase, PrivacyEvent
+from privaterec.privacy.calibrated import Calibration
+from privaterec.privacy.events import Phase, PrivacyEvent
 
 Dims = int | Sequence[int] | None
 Generators = torch.Generator | Sequence[torch.Generator]
@@ -183,85 +185,61 @@ def clip_elementwise(x: Tensor, bound: float | Tensor) -> Tensor:
     return torch.clamp(x, -bound, bound)
 
 
-def _release_dimension(x: Tensor, batched: bool) -> int:
-    if batched:
-        if x.ndim < 1 or x.shape[0] == 0:
-            raise ConfigError(f"batched=True needs a non-empty leading dimension, got shape "
-                              f"{tuple(x.shape)}")
-        return max(1, x[0].numel())
-    return max(1, x.numel())
+def apply_clip(x: Tensor, calibration: Calibration, *, dim: Dims = -1) -> Tensor:
+    """``x`` clipped as ``calibration`` says (L1/L2 ball over ``dim``, or every coordinate);
+    unchanged without clipping. Rows of ``x`` (e.g. ``[n_clients, D]``) are clipped apart."""
+    bound = calibration.clip
+    if calibration.clipping == "none":
+        return x
+    assert bound is not None
+    if calibration.clipping == "elementwise":
+        return clip_elementwise(x, bound)
+    if calibration.clipping == "l1":
+        return clip_l1(x, bound, dim=dim)
+    return clip_l2(x, bound, dim=dim)
 
 
-def laplace_mechanism(x: Tensor, *, epsilon: float, sensitivity_l1: float,
-                      generator: Generators, phase: Phase = "train",
-                      batched: bool = False, padding_p: float = 0.0, valid: bool = True,
-                      note: str = "", draw_noise: bool = True) -> tuple[Tensor, PrivacyEvent]:
-    """Laplace mechanism: x + Lap(Δ₁/ε′) noise per coordinate (Dwork & Roth Thm 3.6).
+def calibrated_noise(shape: Sequence[int], calibration: Calibration, *, generator: Generators,
+          dtype: torch.dtype = torch.float32,
+          device: torch.device | str | None = None) -> Tensor:
+    """The noise of ``calibration`` (Laplace of scale b or Gaussian of σ), zeros without.
 
     Parameters
     ----------
-    x:
-        Values whose L1 sensitivity is ``sensitivity_l1`` (clip first). With ``batched``,
-        ``x[i]`` is the release of client i (e.g. ``[n_clients, D]``).
-    epsilon:
-        Target ε > 0 of one release (``math.inf``: no noise, event marked not private).
-    sensitivity_l1:
-        Δ₁ of one release.
+    shape:
+        Output shape, e.g. ``[m, B]``: m releases of B coordinates.
+    calibration:
+        The release's :class:`~privaterec.privacy.calibrated.Calibration` (its scale).
     generator:
-        Randomness; with ``batched``, optionally one generator per release (row).
-    phase:
-        ``"train"`` or ``"serve"`` (recorded in the event).
-    batched:
-        Whether the leading dimension indexes independent releases.
-    padding_p:
-        Random behaviour padding probability applied by the caller (PrivateRec Alg. 2 lines
-        1-5): the noise is calibrated to the base ε′ of :func:`amplified_budget`.
-    valid, note:
-        Copied into the event (``valid=False`` for paper-mode sensitivities).
-    draw_noise:
-        ``False`` returns ``x`` unchanged with the event (the release's accounting without
-        drawing its noise).
-
-    Returns
-    -------
-    tuple[Tensor, PrivacyEvent]
-        Noised tensor (shape and dtype of ``x``) and the event of ONE release.
+        One generator, or one per row (``shape[0]`` of them).
+    dtype, device:
+        As in :func:`laplace_noise`.
     """
-    eps_base, _ = amplified_budget(epsilon=epsilon, delta=0.0, padding_p=padding_p)
-    scale = laplace_scale(epsilon=eps_base, sensitivity_l1=sensitivity_l1)
-    event = PrivacyEvent(mechanism="laplace", epsilon=epsilon, delta=0.0, noise_scale=scale,
-                         sensitivity=sensitivity_l1, dimension=_release_dimension(x, batched),
-                         phase=phase, padding_p=padding_p, valid=valid, note=note)
-    if not draw_noise:
-        return x, event
-    return x + laplace_noise(x.shape, scale=scale, generator=generator, dtype=x.dtype,
-                             device=x.device), event
+    if calibration.mechanism == "laplace":
+        return laplace_noise(shape, scale=calibration.scale, generator=generator, dtype=dtype,
+                             device=device)
+    if calibration.mechanism == "gaussian":
+        return gaussian_noise(shape, sigma=calibration.scale, generator=generator, dtype=dtype,
+                              device=device)
+    return torch.zeros(tuple(shape), dtype=dtype, device=_device(generator, device))
 
 
-def gaussian_mechanism(x: Tensor, *, epsilon: float, delta: float, sensitivity_l2: float,
-                       generator: Generators, phase: Phase = "train",
-                       batched: bool = False, padding_p: float = 0.0, valid: bool = True,
-                       note: str = "", draw_noise: bool = True) -> tuple[Tensor, PrivacyEvent]:
-    """Analytic Gaussian mechanism: x + N(0, σ²I), σ from :func:`gaussian_sigma`.
+def add_noise(x: Tensor, calibration: Calibration, *, generator: Generators) -> Tensor:
+    """``x`` + the noise of ``calibration`` (same shape and dtype); ``x`` itself without noise.
 
-    Parameters are as in :func:`laplace_mechanism`, plus ``delta`` in (0, 1) and the L2
-    sensitivity. With ``padding_p`` > 0 the noise is calibrated to the base
-    (ε′, δ′) of :func:`amplified_budget` (DESIGN §4 errata 2-3).
-
-    Returns
-    -------
-    tuple[Tensor, PrivacyEvent]
-        Noised tensor and the event of ONE release (``epsilon``/``delta`` are the target).
+    ``x`` must already be clipped (:func:`apply_clip`) so that the calibration's sensitivity holds.
+    With one generator per row, row i's noise comes from generator i.
     """
-    eps_base, delta_base = amplified_budget(epsilon=epsilon, delta=delta, padding_p=padding_p)
-    sigma = gaussian_sigma(epsilon=eps_base, delta=delta_base, sensitivity_l2=sensitivity_l2)
-    event = PrivacyEvent(mechanism="gaussian", epsilon=epsilon, delta=delta, noise_scale=sigma,
-                         sensitivity=sensitivity_l2, dimension=_release_dimension(x, batched),
-                         phase=phase, padding_p=padding_p, valid=valid, note=note)
-    if not draw_noise:
-        return x, event
-    return x + gaussian_noise(x.shape, sigma=sigma, generator=generator, dtype=x.dtype,
-                              device=x.device), event
+    if not calibration.noisy:
+        return x
+    return x + calibrated_noise(x.shape, calibration, generator=generator, dtype=x.dtype,
+                                device=x.device)
+
+
+def clip_and_noise(x: Tensor, calibration: Calibration, *, generator: Generators) -> Tensor:
+    """One release per row of ``x``: clipped, then noised, as ``calibration`` says
+    (e.g. ``[n_clients, D]`` updates; :func:`apply_clip` then :func:`add_noise`)."""
+    return add_noise(apply_clip(x, calibration), calibration, generator=generator)
 
 
 def randomized_response(labels: Tensor, *, epsilon: float, num_classes: int,

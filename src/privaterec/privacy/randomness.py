@@ -22,6 +22,8 @@ from typing import Sequence, Union
 import torch
 from torch import Tensor
 
+from privaterec.privacy.calibrated import Calibration
+from privaterec.privacy.mechanisms import apply_clip, clip_and_noise
 from privaterec.privacy.samplers import NoiseSource, SimulationNoise
 
 Randomness = Union[torch.Generator, NoiseSource]
@@ -86,5 +88,35 @@ def randint(source: Randomness, low: int, high: int, shape: Sequence[int]) -> Te
     return low + source.randint(high - low, tuple(shape))
 
 
+def release_rows(x: Tensor, calibration: Calibration, sources: Sequence[Randomness]) -> Tensor:
+    """Row i of ``x`` (e.g. ``[m, D]``, one client's update per row) clipped and noised as
+    ``calibration`` says, its noise from ``sources[i]``.
+
+    Seeded generators: one batched :func:`~privaterec.privacy.mechanisms.clip_and_noise`
+    (row i's noise drawn from generator i, exactly the simulation's draws). Any secure source
+    (a device): the clipped row is released by its source, float-safe (issue 13, hole 1).
+
+    Raises
+    ------
+    ValueError
+        If there is not one source per row.
+    """
+    if len(sources) != x.shape[0]:
+        raise ValueError(f"need one generator per client: {len(sources)} for "
+                         f"{x.shape[0]} updates")
+    if not any(is_secure(s) for s in sources):
+        return clip_and_noise(x, calibration, generator=list(sources))  # type: ignore[arg-type]
+    clipped = apply_clip(x, calibration)
+    if not calibration.noisy or not calibration.event.is_private:
+        return clipped
+    rows = []
+    for row, source in zip(clipped, sources):
+        noise = as_source(source)
+        rows.append(noise.release_gaussian(row, sigma=calibration.scale)
+                    if calibration.mechanism == "gaussian"
+                    else noise.release_laplace(row, scale=calibration.scale))
+    return torch.stack(rows)
+
+
 __all__ = ["Randomness", "as_source", "is_secure", "rand", "randint", "randperm",
-           "seeded_generator"]
+           "release_rows", "seeded_generator"]

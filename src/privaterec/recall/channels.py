@@ -35,7 +35,7 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, TypedDict, get_args
 
 import numpy as np
 import torch
@@ -50,10 +50,30 @@ MAX_CHANNELS = 5
 DEFAULT_DISTANCE_THRESHOLD = 1.0
 """d_c = 1 (Uni-FedRec §4.1)."""
 
-LINKAGE_METHODS = ("single", "complete", "average", "weighted", "centroid", "median", "ward")
+LinkageMethod = Literal["single", "complete", "average", "weighted", "centroid", "median",
+                        "ward"]
+"""``scipy.cluster.hierarchy.linkage`` methods."""
+LINKAGE_METHODS: tuple[LinkageMethod, ...] = get_args(LinkageMethod)
 _EUCLIDEAN_ONLY = ("centroid", "median", "ward")
 
+DistanceMetric = Literal["braycurtis", "canberra", "chebyshev", "cityblock", "correlation",
+                         "cosine", "dice", "euclidean", "hamming", "jaccard", "jensenshannon",
+                         "mahalanobis", "minkowski", "rogerstanimoto", "russellrao",
+                         "seuclidean", "sokalsneath", "sqeuclidean", "yule"]
+"""``scipy.spatial.distance.pdist`` metrics (their canonical names)."""
+DISTANCE_METRICS: tuple[DistanceMetric, ...] = get_args(DistanceMetric)
+
 Overflow = Literal["merge", "single"]
+
+
+class ClusterOptions(TypedDict):
+    """The clustering keywords of :func:`cluster_batch` (a recall model's settings)."""
+
+    distance_threshold: float
+    method: LinkageMethod
+    metric: DistanceMetric
+    max_channels: int
+    overflow: Overflow
 
 
 @dataclass(frozen=True)
@@ -141,6 +161,9 @@ def check_cluster_params(distance_threshold: float, method: str, metric: str,
     if method not in LINKAGE_METHODS:
         raise ConfigError(f"invalid linkage 'method': got {method!r}, expected one of "
                           f"{LINKAGE_METHODS}")
+    if metric not in DISTANCE_METRICS:
+        raise ConfigError(f"invalid clustering 'metric': got {metric!r}, expected one of "
+                          f"{DISTANCE_METRICS}")
     if method in _EUCLIDEAN_ONLY and metric != "euclidean":
         raise ConfigError(f"linkage method {method!r} requires metric='euclidean', got "
                           f"{metric!r}")
@@ -169,7 +192,7 @@ def _canonical(labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def cluster_labels(vectors: np.ndarray | torch.Tensor, *,
                    distance_threshold: float = DEFAULT_DISTANCE_THRESHOLD,
-                   method: str = "average", metric: str = "cosine",
+                   method: LinkageMethod = "average", metric: DistanceMetric = "cosine",
                    max_channels: int = MAX_CHANNELS,
                    overflow: Overflow = "merge") -> np.ndarray:
     """Flat cluster labels of n ≥ 1 vectors (canonical order, see the module docstring).
@@ -211,7 +234,7 @@ def cluster_labels(vectors: np.ndarray | torch.Tensor, *,
 def cluster_history(vectors: np.ndarray | torch.Tensor,
                     mask: np.ndarray | torch.Tensor | None = None, *,
                     distance_threshold: float = DEFAULT_DISTANCE_THRESHOLD,
-                    method: str = "average", metric: str = "cosine",
+                    method: LinkageMethod = "average", metric: DistanceMetric = "cosine",
                     max_channels: int = MAX_CHANNELS,
                     overflow: Overflow = "merge") -> Channels:
     """Split one user's history into interest channels (Uni-FedRec §3.2).
@@ -256,7 +279,7 @@ def cluster_history(vectors: np.ndarray | torch.Tensor,
 
 def cluster_batch(vectors: torch.Tensor, mask: torch.Tensor, *,
                   distance_threshold: float = DEFAULT_DISTANCE_THRESHOLD,
-                  method: str = "average", metric: str = "cosine",
+                  method: LinkageMethod = "average", metric: DistanceMetric = "cosine",
                   max_channels: int = MAX_CHANNELS,
                   overflow: Overflow = "merge") -> ChannelBatch:
     """:func:`cluster_history` for each user of a batch, padded to ``max_channels`` slots.
@@ -293,6 +316,7 @@ def cluster_batch(vectors: torch.Tensor, mask: torch.Tensor, *,
                         torch.from_numpy(quotas).to(device=device, dtype=torch.float32))
 
 
-__all__ = ["Channels", "ChannelBatch", "DEFAULT_DISTANCE_THRESHOLD", "LINKAGE_METHODS",
-           "MAX_CHANNELS", "channel_quotas", "check_cluster_params", "cluster_batch",
+__all__ = ["Channels", "ChannelBatch", "ClusterOptions", "DEFAULT_DISTANCE_THRESHOLD",
+           "DISTANCE_METRICS", "DistanceMetric", "LINKAGE_METHODS", "LinkageMethod",
+           "MAX_CHANNELS", "Overflow", "channel_quotas", "check_cluster_params", "cluster_batch",
            "cluster_history", "cluster_labels"]

@@ -76,10 +76,12 @@ from privaterec.errors import ConfigError, DataFormatError
 from privaterec.eval.metrics import auc as impression_auc
 from privaterec.eval.metrics import recall_at_k
 from privaterec.models.layers import attend_all_if_empty
-from privaterec.privacy.ledger import PrivacyEvent, PrivacyLedger
+from privaterec.privacy.events import PrivacyEvent
+from privaterec.privacy.ledger import PrivacyLedger
 from privaterec.recall.index import (DenseIndex, ScoreSpaceIndex, allocate_quotas,
                                      merge_rankings, top_k)
 from privaterec.recall.model import UniFedRecRecall
+from privaterec.recall.query import release_query
 
 RECALL_KS = (100, 200, 300, 400)
 """The cut-offs of Uni-FedRec Tables 2-3."""
@@ -315,13 +317,15 @@ def evaluate_recall(split: MindSplit, features: NewsFeatures, news_vectors: Tens
         index = DenseIndex(pool_vectors)
     users = recall_users(split, features, history_len=history_len)
     with _eval_mode(ranker):
-        result = _evaluate(users, method, model, vectors_table, pool, in_pool, ks, size_of,
-                           sizes, auc_size, ranker, seed, serve_noise, quota_noise_scale,
-                           index, batch_size, progress, user_encoder, user_events)
+        result, events = _evaluate(users, method, model, vectors_table, pool, in_pool, ks,
+                                   size_of, sizes, auc_size, ranker, seed, serve_noise,
+                                   quota_noise_scale, index, batch_size, progress,
+                                   user_encoder, user_events)
     if ledger is not None:
-        for user, pairs in result["events"].items():  # type: ignore[union-attr]
+        for user, pairs in events.items():
             for event, count in pairs:
                 ledger.record(user, event, count)
+    result["events"] = events
     return result
 
 
@@ -345,8 +349,9 @@ def _evaluate(users: RecallUsers, method: str, model: UniFedRecRecall | None,
               ranker: Ranker | None, seed: int, serve_noise: bool,
               quota_noise_scale: float | None, index: ScoreSpaceIndex | DenseIndex,
               batch_size: int, progress: bool, user_encoder: UserEncoder | None,
-              user_events: EventList | None) -> dict[str, object]:
-    """The loop of :func:`evaluate_recall` over batches of users (its docstring)."""
+              user_events: EventList | None) -> tuple[dict[str, object], dict[str, EventList]]:
+    """The loop of :func:`evaluate_recall` over batches of users (its docstring): the result
+    without ``events``, and the events."""
     longest = max(sizes)
     future_sums = {k: 0.0 for k in ks}
     history_sums = {k: 0.0 for k in ks}
@@ -366,9 +371,10 @@ def _evaluate(users: RecallUsers, method: str, model: UniFedRecRecall | None,
         if method == "unifedrec":
             assert model is not None
             gens = [query_generator(seed, u) for u in range(start, stop)]
-            query = model.query(vectors, mask, generator=gens if serve_noise else None,
-                                quota_noise_scale=quota_noise_scale,
-                                quota_generator=None if quota_noise_scale is None else gens)
+            query = release_query(model, vectors, mask,
+                                  generator=gens if serve_noise else None,
+                                  quota_noise_scale=quota_noise_scale,
+                                  quota_generator=None if quota_noise_scale is None else gens)
             for i in range(stop - start):
                 released = query.released[i]
                 assert isinstance(index, ScoreSpaceIndex)
@@ -449,8 +455,8 @@ def _evaluate(users: RecallUsers, method: str, model: UniFedRecRecall | None,
                   future_users=future_users, history_users=history_users,
                   future_outside_pool=future_outside, history_outside_pool=history_outside,
                   auc_impressions=len(aucs), single_class_impressions=single_class,
-                  pool_size=int(pool.size), method=method, events=events)
-    return result
+                  pool_size=int(pool.size), method=method)
+    return result, events
 
 
 __all__ = ["AUC_RECALL_SIZE", "RECALL_KS", "RECALL_METHODS", "Ranker", "RecallUsers",

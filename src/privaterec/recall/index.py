@@ -279,6 +279,7 @@ class DenseIndex:
         if not np.isfinite(x).all():
             raise ConfigError("news_vectors contain NaN or inf")
         d = x.shape[1]
+        self.index: faiss.Index
         if kind == "flat":
             self.index = faiss.IndexFlatIP(d)
         elif kind == "hnsw":
@@ -286,9 +287,10 @@ class DenseIndex:
                                 ("ef_search", ef_search)):
                 if not (isinstance(value, int) and value >= 1):
                     raise ConfigError(f"invalid '{name}': got {value!r}, expected an int >= 1")
-            self.index = faiss.IndexHNSWFlat(d, hnsw_m, faiss.METRIC_INNER_PRODUCT)
-            self.index.hnsw.efConstruction = ef_construction
-            self.index.hnsw.efSearch = ef_search
+            hnsw = faiss.IndexHNSWFlat(d, hnsw_m, faiss.METRIC_INNER_PRODUCT)
+            hnsw.hnsw.efConstruction = ef_construction
+            hnsw.hnsw.efSearch = ef_search
+            self.index = hnsw
         else:
             raise ConfigError(f"invalid index 'kind': got {kind!r}, expected 'flat' or 'hnsw'")
         self.kind = kind

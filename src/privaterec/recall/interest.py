@@ -28,14 +28,16 @@ import torch
 from torch import Tensor, nn
 
 from privaterec.errors import ConfigError
-from privaterec.privacy.ledger import Phase, PrivacyEvent
+from privaterec.privacy.calibrated import (SIMPLEX_SENSITIVITY_L1, Calibration, clipped_release,
+                                           no_noise, simplex_release)
+from privaterec.privacy.events import Phase, PrivacyEvent
 from privaterec.privacy.mechanisms import Generators, clip_elementwise, laplace_noise
 
 DEFAULT_NUM_BASIS = 30
 DEFAULT_CLIP = 0.2
 DEFAULT_NOISE_SCALE = 1.2
 
-QUOTA_SENSITIVITY_L1 = 2.0
+QUOTA_SENSITIVITY_L1 = SIMPLEX_SENSITIVITY_L1
 """L1 sensitivity of the quota vector: quotas are non-negative and sum to 1, so any two quota
 vectors (padded to the same length) differ by at most 2 in L1 — valid even though replacing
 one click can change the whole clustering."""
@@ -144,17 +146,21 @@ def channel_event(*, num_basis: int = DEFAULT_NUM_BASIS, clip: float = DEFAULT_C
     (DESIGN §4 erratum 7); ``coordinate_epsilon`` records the paper's per-coordinate 2δ/λ_I.
     ``noise_scale = 0`` gives a non-private event (ε = ∞).
     """
+    return channel_calibration(num_basis=num_basis, clip=clip, noise_scale=noise_scale,
+                               phase=phase).event
+
+
+def channel_calibration(*, num_basis: int = DEFAULT_NUM_BASIS, clip: float = DEFAULT_CLIP,
+                        noise_scale: float = DEFAULT_NOISE_SCALE,
+                        phase: Phase = "serve") -> Calibration:
+    """ONE channel's release, calibrated: B scores clipped to [−δ, δ] element-wise plus
+    Laplace(λ_I) (:func:`~privaterec.privacy.calibrated.clipped_release`: Δ₁ = 2δB)."""
     if not (isinstance(num_basis, int) and num_basis >= 1):
         raise ConfigError(f"invalid 'num_basis' (B): got {num_basis!r}, expected an int >= 1")
     _check_positive(clip, "clip")
     _check_nonneg(noise_scale, "noise_scale")
-    sensitivity = 2.0 * clip * num_basis
-    eps = math.inf if noise_scale == 0 else sensitivity / noise_scale
-    coord = math.inf if noise_scale == 0 else 2.0 * clip / noise_scale
-    return PrivacyEvent(mechanism="laplace", epsilon=eps, noise_scale=float(noise_scale),
-                        sensitivity=sensitivity, dimension=num_basis, phase=phase,
-                        coordinate_epsilon=coord,
-                        note=CHANNEL_NOTE)
+    return clipped_release(clipping="elementwise", clip=clip, dimension=num_basis,
+                           noise_scale=noise_scale, phase=phase, note=CHANNEL_NOTE)
 
 
 def quota_event(*, noise_scale: float | None, num_slots: int,
@@ -168,13 +174,11 @@ def quota_event(*, noise_scale: float | None, num_slots: int,
     if not (isinstance(num_slots, int) and num_slots >= 1):
         raise ConfigError(f"invalid 'num_slots': got {num_slots!r}, expected an int >= 1")
     if noise_scale is None:
-        return PrivacyEvent(mechanism="clear_quotas", epsilon=math.inf, dimension=num_slots,
-                            phase=phase, note=CLEAR_QUOTAS_NOTE)
+        return no_noise(mechanism="clear_quotas", dimension=num_slots, phase=phase,
+                        note=CLEAR_QUOTAS_NOTE).event
     _check_nonneg(noise_scale, "quota_noise_scale")
-    eps = math.inf if noise_scale == 0 else QUOTA_SENSITIVITY_L1 / noise_scale
-    return PrivacyEvent(mechanism="laplace", epsilon=eps, noise_scale=float(noise_scale),
-                        sensitivity=QUOTA_SENSITIVITY_L1, dimension=num_slots, phase=phase,
-                        note="Uni-FedRec quotas + Laplace, L1 sensitivity 2 (simplex)")
+    return simplex_release(noise_scale=noise_scale, dimension=num_slots, phase=phase,
+                           note="Uni-FedRec quotas + Laplace, L1 sensitivity 2 (simplex)").event
 
 
 def query_events(num_channels: int, *, num_basis: int = DEFAULT_NUM_BASIS,
@@ -256,5 +260,6 @@ def perturb_quotas(quotas: Tensor, *, noise_scale: float, generator: Generators,
 
 
 __all__ = ["BasicInterestEmbeddings", "CHANNEL_NOTE", "CLEAR_QUOTAS_NOTE", "DEFAULT_CLIP",
-           "DEFAULT_NOISE_SCALE", "DEFAULT_NUM_BASIS", "QUOTA_SENSITIVITY_L1", "aggregator_weights", "channel_event",
+           "DEFAULT_NOISE_SCALE", "DEFAULT_NUM_BASIS", "QUOTA_SENSITIVITY_L1", "aggregator_weights",
+           "channel_calibration", "channel_event",
            "perturb_quotas", "perturb_scores", "query_events", "quota_event"]

@@ -14,9 +14,13 @@ encoder, §3.3 footnote 3):
 
 Training (Eq. 5-6, DESIGN §4 erratum 7): unified score z = Σᵢ qᵢ (d · r̂ᵢ) of a candidate news
 vector d, loss InfoNCE over 1 clicked + K_r = 4 non-clicked news (Eq. 6 as printed lacks the
-−log; :func:`info_nce` is the standard loss). Noise in training is optional (pass a
-generator); it is a regulariser there — what a client uploads during training is its
+−log; :func:`info_nce` is the standard loss). Noise in training is optional (pass the score
+noise as an input); it is a regulariser there — what a client uploads during training is its
 gradient, whose privacy is the federated engine's business.
+
+The model draws no privacy noise and emits no privacy event: noise enters as an input
+(``score_noise``), and a query's protected upload, its noise and its events are released
+around the model by :func:`privaterec.recall.query.release_query`.
 
 Shapes: b users, H history positions (right-aligned, left-padded; ``mask`` True for real
 clicks), d news size, M = ``max_channels`` channel slots, B basic interests, K candidates.
@@ -28,7 +32,6 @@ channels is ``torch.func`` friendly (vmap/grad over users) and rows never intera
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -37,14 +40,12 @@ from torch import Tensor, nn
 
 from privaterec.errors import ConfigError
 from privaterec.models.layers import AdditiveAttention, MultiHeadSelfAttention, attend_all_if_empty
-from privaterec.privacy.ledger import PrivacyEvent
-from privaterec.privacy.mechanisms import Generators
 from privaterec.recall.channels import (DEFAULT_DISTANCE_THRESHOLD, MAX_CHANNELS, ChannelBatch,
                                         Overflow, check_cluster_params,
                                         cluster_batch)
 from privaterec.recall.interest import (DEFAULT_CLIP, DEFAULT_NOISE_SCALE, DEFAULT_NUM_BASIS,
                                         BasicInterestEmbeddings, aggregator_weights,
-                                        perturb_quotas, perturb_scores, query_events)
+                                        perturb_scores)
 
 NUM_NEGATIVES = 4
 """K_r, non-clicked news per clicked one in the recall loss (Uni-FedRec §4.1)."""
@@ -89,30 +90,6 @@ def info_nce(logits: Tensor, target: Tensor | None = None, *,
     return F.cross_entropy(logits, target, reduction=reduction)
 
 
-@dataclass(frozen=True)
-class RecallQuery:
-    """What the clients of a batch upload for recall (Uni-FedRec §3.4), one row per user.
-
-    Attributes
-    ----------
-    alpha:
-        ``Tensor[b, M, B]`` protected decomposition weights αᵢ (rows of unreleased slots are
-        the softmax of pure noise or uniform and carry quota 0).
-    quotas:
-        ``Tensor[b, M]`` quotas (noised if requested).
-    released:
-        ``BoolTensor[b, M]`` which slots are uploaded (the user's C channels; every slot when
-        the quotas are noised).
-    events:
-        Per user, the ``(PrivacyEvent, count)`` pairs of this query (:func:`query_events`).
-    """
-
-    alpha: Tensor
-    quotas: Tensor
-    released: Tensor
-    events: list[list[tuple[PrivacyEvent, int]]]
-
-
 class UniFedRecRecall(nn.Module):
     """Uni-FedRec recall model Θ_r (user side + basic interest embeddings).
 
@@ -128,9 +105,11 @@ class UniFedRecRecall(nn.Module):
         B basic interest embeddings (paper 30), of size ``dim``.
     clip:
         δ of Eq. 2 (paper 0.2), applied in every forward pass; ``None`` disables clipping
-        (the official code trains without it; serving then needs it, see :meth:`query`).
+        (the official code trains without it; serving then needs it, see
+        :meth:`query_scores`).
     noise_scale:
-        λ_I of Eq. 2 (paper 1.2), used whenever a generator is passed.
+        λ_I of Eq. 2 (paper 1.2): the scale of the score noise the query release
+        (:func:`privaterec.recall.query.release_query`) and noisy training draw.
     max_channels:
         M, the maximum number of channels (default 5).
     distance_threshold, method, metric, overflow:
@@ -211,20 +190,25 @@ class UniFedRecRecall(nn.Module):
         x = context.unsqueeze(-3).expand(*member.shape, context.shape[-1])
         return self.channel_attention(x, member)
 
-    def protected_weights(self, interests: Tensor, *,
-                          generator: Generators | None = None) -> Tensor:
-        """α = softmax(f_δ(r·eᵏ) + Laplace(λ_I)): ``[b, M, d]`` → ``[b, M, B]`` (Eq. 2-3).
+    def clipped_scores(self, interests: Tensor) -> Tensor:
+        """f_δ(r·eᵏ): the decomposition scores clipped to [−δ, δ] (Eq. 2 without its noise),
+        ``[b, M, d]`` → ``[b, M, B]``; unclipped when ``clip`` is None."""
+        return perturb_scores(self.interest.decompose(interests), clip=self.clip,
+                              generator=None)
 
-        Noise only when ``generator`` is given (one, or one per user row).
+    def protected_weights(self, interests: Tensor, *,
+                          score_noise: Tensor | None = None) -> Tensor:
+        """α = softmax(f_δ(r·eᵏ) + n): ``[b, M, d]`` → ``[b, M, B]`` (Eq. 2-3).
+
+        ``score_noise``: the Laplace(λ_I) noise n ``[b, M, B]`` drawn by the caller (the
+        model draws no noise; :func:`privaterec.recall.query.release_query`); ``None``: none.
         """
-        scores = self.interest.decompose(interests)
-        return self.weights(perturb_scores(scores, clip=self.clip,
-                                                 noise_scale=self.noise_scale,
-                                                 generator=generator))
+        scores = self.clipped_scores(interests)
+        return self.weights(scores if score_noise is None else scores + score_noise)
 
     def forward(self, news_vectors: Tensor, mask: Tensor, candidates: Tensor,
                 channel_ids: Tensor | None = None, quotas: Tensor | None = None, *,
-                generator: Generators | None = None) -> Tensor:
+                score_noise: Tensor | None = None) -> Tensor:
         """Unified recall scores z of the candidates (Eq. 5).
 
         Parameters
@@ -239,8 +223,9 @@ class UniFedRecRecall(nn.Module):
         channel_ids, quotas:
             ``LongTensor[b, H]`` and ``Tensor[b, M]`` from :meth:`channels`; computed here
             when omitted (then not ``torch.func`` traceable).
-        generator:
-            Noise on the decomposition scores (training with noise); ``None``: none.
+        score_noise:
+            ``Tensor[b, M, B]`` noise added to the clipped decomposition scores (training with
+            noise; drawn by the caller, the model draws none); ``None``: none.
 
         Returns
         -------
@@ -256,35 +241,19 @@ class UniFedRecRecall(nn.Module):
         r = self.interests(self.context(news_vectors, mask), channel_ids)
         if not self.use_bie:
             return unified_score(r, quotas.to(r.dtype), candidates)
-        alpha = self.protected_weights(r, generator=generator)
+        alpha = self.protected_weights(r, score_noise=score_noise)
         return unified_score(self.interest.aggregate(alpha), quotas.to(alpha.dtype), candidates)
 
     # -- serving --------------------------------------------------------------------------
     @torch.no_grad()
-    def query(self, news_vectors: Tensor, mask: Tensor, *, generator: Generators | None,
-              quota_noise_scale: float | None = None,
-              quota_generator: Generators | None = None) -> RecallQuery:
-        """The protected upload of each user of a batch (Uni-FedRec §3.4) and its events.
+    def query_scores(self, news_vectors: Tensor, mask: Tensor) -> tuple[Tensor, ChannelBatch]:
+        """What a query releases before its noise (Uni-FedRec §3.4): the clipped decomposition
+        scores ``[b, M, B]`` of each channel slot (unused slots: 0) and the channels.
 
-        Paper protocol (default): each user uploads αᵢ of its C channels and the quotas in
-        the clear; events = C channel releases + a non-private quota release. With
-        ``quota_noise_scale`` every one of the M slots is uploaded (unused slots: clipped
-        score 0 + noise) with Laplace-noised quotas, so C is hidden; events = M channel
-        releases + one quota release of ε = 2/λ_q.
-
-        Parameters
-        ----------
-        news_vectors, mask:
-            ``[b, H, d]``, ``[b, H]``.
-        generator:
-            Laplace noise of the decomposition scores (one, or one per user); ``None``:
-            no noise (events then have ε = ∞).
-        quota_noise_scale, quota_generator:
-            λ_q and its randomness (both or neither).
-
-        Returns
-        -------
-        :class:`RecallQuery`.
+        Raises
+        ------
+        ConfigError
+            The model has no basic interest embeddings (no-BIE ablation) or no clip.
         """
         if not self.use_bie:
             raise ConfigError("this recall model was trained without basic interest "
@@ -293,30 +262,11 @@ class UniFedRecRecall(nn.Module):
         if self.clip is None:
             raise ConfigError("serving needs clipped decomposition scores: build the model "
                               "with clip=delta (e.g. 0.2), not clip=None")
-        if (quota_noise_scale is None) != (quota_generator is None):
-            raise ConfigError("pass both 'quota_noise_scale' and 'quota_generator' or neither")
         batch = self.channels(news_vectors, mask)
         r = self.interests(self.context(news_vectors, mask), batch.channel_ids)
         scores = self.interest.decompose(r)
-        valid = batch.valid
-        scores = torch.where(valid.unsqueeze(-1), scores, torch.zeros_like(scores))
-        alpha = self.weights(perturb_scores(scores, clip=self.clip,
-                                                  noise_scale=self.noise_scale,
-                                                  generator=generator))
-        noise_scale = self.noise_scale if generator is not None else 0.0
-        quotas = batch.quotas
-        if quota_noise_scale is None:
-            released = valid
-        else:
-            assert quota_generator is not None
-            quotas, _ = perturb_quotas(quotas, noise_scale=quota_noise_scale,
-                                       generator=quota_generator)
-            released = torch.ones_like(valid)
-        events = [query_events(int(n), num_basis=self.num_basis, clip=self.clip,
-                               noise_scale=noise_scale, quota_noise_scale=quota_noise_scale,
-                               num_quota_slots=int(n))
-                  for n in released.sum(dim=-1).tolist()]
-        return RecallQuery(alpha=alpha, quotas=quotas, released=released, events=events)
+        scores = torch.where(batch.valid.unsqueeze(-1), scores, torch.zeros_like(scores))
+        return perturb_scores(scores, clip=self.clip, generator=None), batch
 
 
-__all__ = ["NUM_NEGATIVES", "RecallQuery", "UniFedRecRecall", "info_nce", "unified_score"]
+__all__ = ["NUM_NEGATIVES", "UniFedRecRecall", "info_nce", "unified_score"]

@@ -65,7 +65,8 @@ from privaterec.fed.simulator import (FederatedState, RoundResult, eligible_clie
                                        train_federated)
 from privaterec.fed.strategies import FedAdam, Strategy, WeightedSGD, weighted_mean
 from privaterec.models.recommender import Recommender
-from privaterec.privacy.ledger import PrivacyEvent
+from privaterec.privacy.calibrated import Calibration, clipped_release, no_noise
+from privaterec.privacy.events import PrivacyEvent
 from privaterec.privacy.mechanisms import clip_elementwise, clip_l1, laplace_noise
 from privaterec.recall.channels import ChannelBatch, cluster_batch
 from privaterec.recall.interest import perturb_scores
@@ -203,29 +204,27 @@ class RecallTrainConfig:
 
     def upload_event(self, dimension: int) -> PrivacyEvent:
         """The privacy event of ONE client's upload of a D-dim gradient (module docstring)."""
+        return self.upload_calibration(dimension).event
+
+    def upload_calibration(self, dimension: int) -> Calibration:
+        """ONE client's upload of a D-dim gradient, calibrated (module docstring): Laplace at
+        the given λ_g on the clipped gradient (Δ₁ = 2θ for an L1 clip, 2θD element-wise)."""
         if not (_is_int(dimension) and dimension >= 1):
             _fail("dimension", dimension, "an integer >= 1")
         lam = float(self.noise_scale)
         if self.clipping == "none":
-            return PrivacyEvent(mechanism="none", epsilon=math.inf, dimension=dimension,
-                                phase="train", note="Uni-FedRec recall: raw gradient, no "
-                                                    "clipping or noise (no guarantee)")
+            return no_noise(dimension=dimension, note="Uni-FedRec recall: raw gradient, no "
+                                                      "clipping or noise (no guarantee)")
         if self.clipping == "l1":
-            sensitivity = 2.0 * self.clip
-            return PrivacyEvent(
-                mechanism="laplace", epsilon=math.inf if lam == 0 else sensitivity / lam,
-                noise_scale=lam, sensitivity=sensitivity, dimension=dimension, phase="train",
-                note=f"Uni-FedRec Eq. 8: recall gradient L1-clipped to theta={self.clip}, "
-                     f"Laplace(lambda_g={lam}) per coordinate; L1 sensitivity 2*theta, so "
-                     f"epsilon = 2*theta/lambda_g per round for the whole update")
-        sensitivity = 2.0 * self.clip * dimension
-        return PrivacyEvent(
-            mechanism="laplace", epsilon=math.inf if lam == 0 else sensitivity / lam,
-            noise_scale=lam, sensitivity=sensitivity, dimension=dimension, phase="train",
-            coordinate_epsilon=math.inf if lam == 0 else 2.0 * self.clip / lam,
-            note=f"Uni-FedRec Eq. 8 read as FedNewsRec's element-wise clip to [-theta, theta] "
-                 f"(theta={self.clip}) + Laplace(lambda_g={lam}): epsilon = 2*theta*D/lambda_g "
-                 f"for the whole update (2*theta/lambda_g per coordinate)")
+            note = (f"Uni-FedRec Eq. 8: recall gradient L1-clipped to theta={self.clip}, "
+                    f"Laplace(lambda_g={lam}) per coordinate; L1 sensitivity 2*theta, so "
+                    f"epsilon = 2*theta/lambda_g per round for the whole update")
+        else:
+            note = (f"Uni-FedRec Eq. 8 read as FedNewsRec's element-wise clip to [-theta, "
+                    f"theta] (theta={self.clip}) + Laplace(lambda_g={lam}): epsilon = "
+                    f"2*theta*D/lambda_g for the whole update (2*theta/lambda_g per coordinate)")
+        return clipped_release(clipping=self.clipping, clip=self.clip, dimension=dimension,
+                               noise_scale=lam, note=note)
 
     def strategy_object(self) -> Strategy:
         """The server strategy (:class:`WeightedSGD` or :class:`FedAdam`)."""

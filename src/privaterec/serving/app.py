@@ -27,7 +27,7 @@ each query reads exactly once.
 # No ``from __future__ import annotations``: FastAPI must see the per-app request models
 # (built in create_app) as real annotation objects, not as names to resolve globally.
 import json
-from typing import Any, Awaitable, Callable, Literal, MutableMapping
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Literal, MutableMapping
 
 import numpy as np
 from fastapi import FastAPI, Header, HTTPException, Query, Request
@@ -49,6 +49,8 @@ NO_RECALL = ("this server has no Uni-FedRec recall model; serve a Uni-FedRec run
              "(privaterec train --method unifedrec --ranker RUN)")
 
 Scope = MutableMapping[str, Any]
+Responses = dict[int | str, dict[str, Any]]
+"""The ``responses=`` of a FastAPI route: extra status codes documented in OpenAPI."""
 Message = MutableMapping[str, Any]
 ASGIApp = Callable[[Scope, Callable[[], Awaitable[Message]],
                     Callable[[Message], Awaitable[None]]], Awaitable[None]]
@@ -186,7 +188,7 @@ def _validation_errors(exc: RequestValidationError) -> list[dict[str, Any]]:
     return errors
 
 
-ERRORS = {400: {"model": schemas.ErrorResponse, "description": "Unreadable request"},
+ERRORS: Responses = {400: {"model": schemas.ErrorResponse, "description": "Unreadable request"},
           404: {"model": schemas.ErrorResponse, "description": "Not found"},
           413: {"model": schemas.ErrorResponse, "description": "Request body too large"}}
 
@@ -216,12 +218,17 @@ def create_app(store: NewsStore, models: ServingModels, *,
         basis_size=models.basis_size, dim=models.dim,
         recall_basis_size=0 if recall is None else int(recall.num_basis),
         max_channels=5 if recall is None else int(recall.max_channels))
-    PrivateRecQuery, VDPQuery, RecallQuery = bodies.privaterec, bodies.vdp, bodies.recall
+    if TYPE_CHECKING:  # the per-app bodies subclass these (same fields, exact lengths)
+        from privaterec.serving.schemas import PrivateRecQueryBody as PrivateRecQuery
+        from privaterec.serving.schemas import RecallQueryBody as RecallQuery
+        from privaterec.serving.schemas import VDPQueryBody as VDPQuery
+    else:  # FastAPI reads the annotations: the per-app bodies carry the vector lengths
+        PrivateRecQuery, VDPQuery, RecallQuery = bodies.privaterec, bodies.vdp, bodies.recall
     version = models.model_version
 
     app = FastAPI(title="privaterec", version=__version__,
                   description="Private news recommendation (PrivateRec, Uni-FedRec, VDP).")
-    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)  # type: ignore[arg-type]
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
 
     @app.exception_handler(RequestValidationError)
     async def _on_invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -247,7 +254,7 @@ def create_app(store: NewsStore, models: ServingModels, *,
     async def model_info() -> Response:
         return json_response({**models.info(), "num_news": len(store.pool)})
 
-    octet = {200: {"content": {"application/octet-stream": {}},
+    octet: Responses = {200: {"content": {"application/octet-stream": {}},
                    "description": "torch.save bytes"}}
 
     @app.get("/v1/model/parameters", response_class=Response, responses={**ERRORS, **octet})
@@ -266,7 +273,7 @@ def create_app(store: NewsStore, models: ServingModels, *,
 
     @app.post("/v1/recommend/privaterec", response_model=schemas.RecommendResponse,
               responses=ERRORS)
-    async def recommend_privaterec(query: PrivateRecQuery) -> Response:  # type: ignore[valid-type]
+    async def recommend_privaterec(query: PrivateRecQuery) -> Response:
         if models.basis is None:
             raise HTTPException(404, NO_BASIS)
         pool = store.pool
@@ -279,7 +286,7 @@ def create_app(store: NewsStore, models: ServingModels, *,
 
     @app.post("/v1/recommend/vdp", response_model=schemas.RecommendResponse,
               responses=ERRORS)
-    async def recommend_vdp(query: VDPQuery) -> Response:  # type: ignore[valid-type]
+    async def recommend_vdp(query: VDPQuery) -> Response:
         pool = store.pool
         k = _check_count(query.k, pool, "k")
         user = np.asarray(query.embedding, dtype=np.float64)
@@ -294,7 +301,7 @@ def create_app(store: NewsStore, models: ServingModels, *,
 
     @app.post("/v1/recall/unifedrec", response_model=schemas.RecallResponse,
               responses=ERRORS)
-    async def recall_unifedrec(query: RecallQuery) -> Response:  # type: ignore[valid-type]
+    async def recall_unifedrec(query: RecallQuery) -> Response:
         if recall is None:
             raise HTTPException(404, NO_RECALL)
         pool = store.pool
@@ -331,7 +338,7 @@ def create_app(store: NewsStore, models: ServingModels, *,
 
     PoolSpace = Literal["scores", "vectors"]
     PoolDtype = Literal["float32", "float16", "int8"]
-    binary = {200: {"content": {"application/octet-stream": {}},
+    binary: Responses = {200: {"content": {"application/octet-stream": {}},
                     "description": "A privaterec pool body (privaterec.serving.pool_format): "
                                    "magic, JSON header, zlib ids (and titles), int8 scales, "
                                    "[n, rows] records. Headers: ETag (content hash of the "

@@ -41,7 +41,8 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from privaterec.data.records import NewsRecord
 from privaterec.errors import CheckpointError, ConfigError, PrivacyBudgetExceeded
-from privaterec.privacy.ledger import Composition, PrivacyEvent, PrivacyLedger, compose_events
+from privaterec.privacy.events import PrivacyEvent
+from privaterec.privacy.ledger import Composition, PrivacyLedger, compose_events
 
 DEVICE_USER = "device"
 """The ledger's user id: a device accounts for one user."""
@@ -89,6 +90,11 @@ def default_state_dir() -> Path:
     base = os.environ.get("XDG_STATE_HOME")
     root = Path(base).expanduser() if base else Path.home() / ".local" / "state"
     return root / "privaterec" / "device"
+
+
+def _lock_file(path: Path) -> Path:
+    """The lock file next to the state file ``path``."""
+    return path.with_name(path.name + ".lock")
 
 
 def _check_limit(max_fresh_releases: int | None, release_window: float) -> None:
@@ -156,7 +162,7 @@ class DeviceBudget:
     @property
     def lock_path(self) -> Path | None:
         """The lock file next to the state file (``None`` without ``path``)."""
-        return None if self.path is None else self.path.with_name(self.path.name + ".lock")
+        return None if self.path is None else _lock_file(self.path)
 
     @contextmanager
     def _locked(self) -> Iterator[None]:
@@ -166,7 +172,7 @@ class DeviceBudget:
             return
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            handle = open(self.lock_path, "a+")  # type: ignore[arg-type]  # noqa: SIM115
+            handle = open(_lock_file(self.path), "a+")  # noqa: SIM115
         except OSError as exc:
             raise ConfigError(f"cannot keep the device's privacy ledger in {self.path.parent} "
                               f"({exc.strerror}): pass cache_dir=<a writable directory, one per "

@@ -141,6 +141,7 @@ class ServingModels:
         ranker_bytes = ranker_version_bytes if ranker_version_bytes is not None else \
             state_digest(ranker)
         self.ranker_version = ranker_version or digest(ranker_bytes)
+        self.recall_config: RecallModelConfig | None
         if self.recall is not None:
             if int(self.recall.dim) != self.dim:
                 raise ConfigError(f"the recall model works on {self.recall.dim}-dim news "

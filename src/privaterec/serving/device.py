@@ -54,7 +54,8 @@ from torch import Tensor
 
 from privaterec.data.records import NewsRecord
 from privaterec.errors import CheckpointError, ConfigError
-from privaterec.privacy.ledger import Composition, PrivacyEvent, PrivacyLedger
+from privaterec.privacy.events import PrivacyEvent
+from privaterec.privacy.ledger import Composition, PrivacyLedger
 from privaterec.privacy.mechanisms import clip_elementwise, clip_l1, clip_l2
 from privaterec.privacy.samplers import (SIMULATED_NOTE, NoiseSource, SecureNoise,
                                          SimulationNoise)
@@ -474,7 +475,7 @@ def recall_release(recall: Any, vectors: Tensor, mask: Tensor, noise: NoiseSourc
                    quota_noise_scale: float | None) -> tuple[Tensor, Tensor, Tensor, Events]:
     """One user's Uni-FedRec recall upload (§3.4) with the device's noise source.
 
-    The computation of :meth:`privaterec.recall.model.UniFedRecRecall.query` for one user
+    The computation of :func:`privaterec.recall.query.release_query` for one user
     (same draws in the same order: channel scores, then quotas), with every release going
     through ``noise`` (:class:`SecureNoise` on a device): channels and their quotas from the
     clustering of the history, decomposition scores clipped to ±δ plus Laplace(λ_I) (Eq. 2),

@@ -38,7 +38,8 @@ import torch
 
 from privaterec.data.records import NewsRecord
 from privaterec.errors import CheckpointError, ConfigError
-from privaterec.privacy.ledger import PrivacyEvent, PrivacyLedger
+from privaterec.privacy.events import PrivacyEvent
+from privaterec.privacy.ledger import PrivacyLedger
 from privaterec.serving.download import DeviceModel, download_model
 from privaterec.serving.pool_format import (DTYPES, PoolFormatError, PoolState, apply_delta,
                                             decode_delta, decode_full, encode_full, etag_of,

@@ -20,6 +20,7 @@ Every query is one release; :func:`serving_event` is its privacy event.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -28,8 +29,10 @@ import torch
 from privaterec.config import SERVING_KINDS, _check, _check_choice
 from privaterec.errors import ConfigError
 from privaterec.models.recommender import Recommender
-from privaterec.privacy.dpa import dpa_noise, relu_normalize, softplus_normalize, vdp_release
-from privaterec.privacy.ledger import PrivacyEvent
+from privaterec.privacy.calibrated import Calibration, no_noise
+from privaterec.privacy.dpa import (dpa_calibration, relu_normalize, softplus_normalize,
+                                    vdp_calibration)
+from privaterec.privacy.events import PrivacyEvent
 from privaterec.privacy.samplers import NoiseSource, SimulationNoise
 
 LOCAL_NOTE = ("local ranking: the device ranks the downloaded pool itself; nothing "
@@ -93,25 +96,32 @@ class ServingConfig:
         return self.padding_p
 
 
-def serving_event(config: ServingConfig, *, basis_size: int, dim: int) -> PrivacyEvent:
-    """The privacy event of one query under ``config`` (no noise drawn)."""
+@functools.lru_cache(maxsize=32)
+def serving_calibration(config: ServingConfig, *, basis_size: int, dim: int) -> Calibration:
+    """How one query is released under ``config`` (its noise and event), calibrated once per
+    configuration (cached).
+
+    ``basis_size``: B (``privaterec``); ``dim``: d, the size of the user vector.
+    """
     if config.kind == "local":
-        return PrivacyEvent(mechanism="none", epsilon=0.0, phase="serve", dimension=1,
-                            note=LOCAL_NOTE)
+        return no_noise(epsilon=0.0, phase="serve", note=LOCAL_NOTE)
     if config.kind == "none":
-        return PrivacyEvent(mechanism="none", epsilon=math.inf, phase="serve", dimension=dim,
-                            note="user vector sent in the clear")
+        return no_noise(phase="serve", dimension=max(1, dim),
+                        note="user vector sent in the clear")
     if config.kind == "privaterec":
-        _, event = dpa_noise((1, basis_size), epsilon=config.epsilon, delta=config.delta,
-                             padding_p=config.effective_padding,
-                             mechanism=config.mechanism,  # type: ignore[arg-type]
-                             sensitivity=config.sensitivity_mode,  # type: ignore[arg-type]
-                             generator=torch.Generator(), phase="serve", draw_noise=False)
-        return event
-    _, event = vdp_release(torch.zeros(1, dim), clip=config.vdp_clip, epsilon=config.epsilon,
-                           delta=config.delta, mechanism=config.mechanism,  # type: ignore[arg-type]
-                           generator=torch.Generator(), phase="serve", draw_noise=False)
-    return event
+        return dpa_calibration(epsilon=config.epsilon, delta=config.delta,
+                               padding_p=config.effective_padding,
+                               mechanism=config.mechanism,  # type: ignore[arg-type]
+                               sensitivity=config.sensitivity_mode,  # type: ignore[arg-type]
+                               phase="serve", dimension=max(1, basis_size))
+    return vdp_calibration(clip=config.vdp_clip, epsilon=config.epsilon, delta=config.delta,
+                           mechanism=config.mechanism,  # type: ignore[arg-type]
+                           dimension=max(1, dim), phase="serve")
+
+
+def serving_event(config: ServingConfig, *, basis_size: int, dim: int) -> PrivacyEvent:
+    """The privacy event of one query under ``config`` (:func:`serving_calibration`)."""
+    return serving_calibration(config, basis_size=basis_size, dim=dim).event
 
 
 @dataclass(frozen=True)
@@ -192,18 +202,15 @@ def dpa_release(model: Recommender, anonymous: torch.Tensor, vectors: torch.Tens
     if p > 0:
         vectors = torch.where(pad[..., None], anonymous.expand_as(vectors), vectors)
     alpha = basis.attention(model.interest(vectors, mask))
-    _, event = dpa_noise(tuple(alpha.shape), epsilon=config.epsilon, delta=config.delta,
-                         padding_p=p, mechanism=config.mechanism,  # type: ignore[arg-type]
-                         sensitivity=config.sensitivity_mode,  # type: ignore[arg-type]
-                         generator=torch.Generator(), phase="serve", dtype=alpha.dtype,
-                         draw_noise=False)
+    calibration = serving_calibration(config, basis_size=int(alpha.shape[-1]), dim=0)
+    event = calibration.event
     if config.epsilon == math.inf:
         return DpaRelease(alpha=alpha, noise=torch.zeros_like(alpha), released=alpha,
                           padded=pad, event=event)
     if config.mechanism == "laplace":
-        noisy = source.release_laplace(alpha, scale=event.noise_scale)
+        noisy = source.release_laplace(alpha, scale=calibration.scale)
     else:
-        noisy = source.release_gaussian(alpha, sigma=event.noise_scale)
+        noisy = source.release_gaussian(alpha, sigma=calibration.scale)
     normalize = softplus_normalize if config.normalization == "softplus" else relu_normalize
     return DpaRelease(alpha=alpha, noise=noisy - alpha, released=normalize(noisy), padded=pad,
                       event=event)
@@ -223,4 +230,4 @@ def noise_source(generator: torch.Generator | None, noise: NoiseSource | None) -
 
 
 __all__ = ["LOCAL_NOTE", "SERVING_KINDS", "DpaRelease", "ServingConfig", "dpa_release",
-           "noise_source", "serving_event"]
+           "noise_source", "serving_calibration", "serving_event"]

@@ -25,10 +25,11 @@ query payloads, not even in error text).
 # with local objects, which must be real annotation objects rather than strings.
 import math
 from dataclasses import dataclass
-from typing import Annotated, Any
+from types import GenericAlias
+from typing import Annotated, Any, Sequence
 
 from pydantic import (AllowInfNan, BaseModel, ConfigDict, Field, StrictBool, StrictFloat,
-                      StrictInt, StrictStr, field_validator, model_validator)
+                      StrictInt, StrictStr, create_model, field_validator, model_validator)
 
 MAX_K = 1000
 """Largest ``k`` / ``total`` a query may ask for (also capped at the pool size)."""
@@ -140,14 +141,61 @@ class IngestResponse(_Response):
 
 
 # ---------------------------------------------------------------------------- queries
+# The query bodies' fields and rules, with vectors of any length. request_models() subclasses
+# each one per served model to fix the vector lengths in the schema; handlers see these types.
+class PrivateRecQueryBody(_Request):
+    """``POST /v1/recommend/privaterec``: α̃ (B weights on the simplex) and k."""
+
+    alpha: list[FiniteFloat]
+    k: Annotated[StrictInt, Field(ge=1, le=MAX_K)] = 10
+
+    @field_validator("alpha")
+    @classmethod
+    def _simplex(cls, alpha: list[float]) -> list[float]:
+        return check_simplex(alpha, "alpha")
+
+
+class VDPQueryBody(_Request):
+    """``POST /v1/recommend/vdp``: a noised d-dim user embedding and k."""
+
+    embedding: list[FiniteFloat]
+    k: Annotated[StrictInt, Field(ge=1, le=MAX_K)] = 10
+
+
+class RecallChannelBody(_Request):
+    """One interest channel: B_r protected weights and its quota."""
+
+    weights: list[FiniteFloat]
+    quota: NonNegativeFloat
+
+    @field_validator("weights")
+    @classmethod
+    def _simplex(cls, weights: list[float]) -> list[float]:
+        return check_simplex(weights, "weights")
+
+
+class RecallQueryBody(_Request):
+    """``POST /v1/recall/unifedrec``: 1..M channels and R = ``total`` candidates."""
+
+    channels: Sequence[RecallChannelBody]
+    total: Annotated[StrictInt, Field(ge=1, le=MAX_K)] = 100
+    include_vectors: StrictBool = True
+
+    @model_validator(mode="after")
+    def _quotas(self) -> "RecallQueryBody":
+        if not any(c.quota > 0 for c in self.channels):  # all >= 0; fsum could overflow
+            raise ValueError("channels: the quotas must have a positive sum")
+        return self
+
+
 @dataclass(frozen=True)
 class RequestModels:
     """The request bodies whose vector sizes depend on the served model."""
 
-    privaterec: type[BaseModel]
-    vdp: type[BaseModel]
-    recall: type[BaseModel]
-    channel: type[BaseModel]
+    privaterec: type[PrivateRecQueryBody]
+    vdp: type[VDPQueryBody]
+    recall: type[RecallQueryBody]
+    channel: type[RecallChannelBody]
 
 
 def _vector(size: int, description: str) -> Any:
@@ -158,61 +206,37 @@ def _vector(size: int, description: str) -> Any:
                                               description=description)]
 
 
+def _list_of(item: type[BaseModel], *, max_length: int) -> Any:
+    """``Annotated[list[item], Field(min_length=1, max_length=max_length)]`` for a class
+    ``item`` built at run time."""
+    return Annotated[GenericAlias(list, (item,)), Field(min_length=1, max_length=max_length)]
+
+
 def request_models(*, basis_size: int, dim: int, recall_basis_size: int = 0,
                    max_channels: int = 5) -> RequestModels:
     """Query models for a served model with B = ``basis_size`` basic vectors (0: none), news
     vectors of size d = ``dim`` and a recall model with B_r basic interests and M channel
     slots (``recall_basis_size`` 0: no recall model; vector lengths are then unconstrained
-    in the schema and the endpoint answers 404)."""
-    count = Annotated[StrictInt, Field(ge=1, le=MAX_K)]
+    in the schema and the endpoint answers 404).
+
+    Each is a subclass of the matching ``*Body`` model (same fields and validators) whose
+    vector fields carry the exact lengths."""
     alpha_type = _vector(basis_size, "α̃: B attention weights over the basic vectors, on the "
                                      "probability simplex")
     embedding_type = _vector(dim, "the device's noised user vector (d numbers)")
     weights_type = _vector(recall_basis_size, "α_i: B_r weights over the basic interests, on "
                                               "the probability simplex")
 
-    class PrivateRecQuery(_Request):
-        """``POST /v1/recommend/privaterec``: α̃ (B weights on the simplex) and k."""
-
-        alpha: alpha_type  # type: ignore[valid-type]
-        k: count = 10  # type: ignore[valid-type]
-
-        @field_validator("alpha")
-        @classmethod
-        def _simplex(cls, alpha: list[float]) -> list[float]:
-            return check_simplex(alpha, "alpha")
-
-    class VDPQuery(_Request):
-        """``POST /v1/recommend/vdp``: a noised d-dim user embedding and k."""
-
-        embedding: embedding_type  # type: ignore[valid-type]
-        k: count = 10  # type: ignore[valid-type]
-
-    class RecallChannel(_Request):
-        """One interest channel: B_r protected weights and its quota."""
-
-        weights: weights_type  # type: ignore[valid-type]
-        quota: NonNegativeFloat  # type: ignore[valid-type]
-
-        @field_validator("weights")
-        @classmethod
-        def _simplex(cls, weights: list[float]) -> list[float]:
-            return check_simplex(weights, "weights")
-
-    class RecallQuery(_Request):
-        """``POST /v1/recall/unifedrec``: 1..M channels and R = ``total`` candidates."""
-
-        channels: Annotated[list[RecallChannel], Field(min_length=1,  # type: ignore[valid-type]
-                                                       max_length=max(1, max_channels))]
-        total: count = 100  # type: ignore[valid-type]
-        include_vectors: StrictBool = True
-
-        @model_validator(mode="after")
-        def _quotas(self) -> "RecallQuery":
-            if not any(c.quota > 0 for c in self.channels):  # all >= 0; fsum could overflow
-                raise ValueError("channels: the quotas must have a positive sum")
-            return self
-
+    # the docstrings become the OpenAPI descriptions
+    PrivateRecQuery = create_model("PrivateRecQuery", __base__=PrivateRecQueryBody,
+                                   __doc__=PrivateRecQueryBody.__doc__, alpha=alpha_type)
+    VDPQuery = create_model("VDPQuery", __base__=VDPQueryBody, __doc__=VDPQueryBody.__doc__,
+                            embedding=embedding_type)
+    RecallChannel = create_model("RecallChannel", __base__=RecallChannelBody,
+                                 __doc__=RecallChannelBody.__doc__, weights=weights_type)
+    RecallQuery = create_model(
+        "RecallQuery", __base__=RecallQueryBody, __doc__=RecallQueryBody.__doc__,
+        channels=_list_of(RecallChannel, max_length=max(1, max_channels)))
     return RequestModels(PrivateRecQuery, VDPQuery, RecallQuery, RecallChannel)
 
 
@@ -276,7 +300,8 @@ class ErrorResponse(_Response):
 
 
 __all__ = ["Article", "ErrorResponse", "FiniteFloat", "HealthResponse", "IngestRequest",
-           "IngestResponse", "LookupRequest", "LookupResponse", "MAX_K", "MAX_NEWS_PER_REQUEST", "ModelInfo", "NewsItem",
-           "RecallCandidate", "RecallInfo", "RecallResponse", "RecommendResponse",
-           "RecommendedItem", "RequestModels", "SIMPLEX_TOLERANCE", "check_simplex",
-           "request_models"]
+           "IngestResponse", "LookupRequest", "LookupResponse", "MAX_K",
+           "MAX_NEWS_PER_REQUEST", "ModelInfo", "NewsItem", "PrivateRecQueryBody",
+           "RecallCandidate", "RecallChannelBody", "RecallInfo", "RecallQueryBody",
+           "RecallResponse", "RecommendResponse", "RecommendedItem", "RequestModels",
+           "SIMPLEX_TOLERANCE", "VDPQueryBody", "check_simplex", "request_models"]

@@ -250,6 +250,11 @@ class NewsStore:
         dimension that cannot be re-encoded (no ``encode``).
     """
 
+    _pool: NewsPool
+    """The current snapshot, replaced (never mutated) under ``_lock``."""
+    _db: sqlite3.Connection
+    """The SQLite connection; deleted by :meth:`close`."""
+
     def __init__(self, path: str | Path, *, dim: int, encoder_version: str,
                  bases: Mapping[str, np.ndarray] | None = None,
                  encode: Encoder | None = None, compact_min_slots: int = 1024) -> None:
@@ -380,7 +385,7 @@ class NewsStore:
         db = getattr(self, "_db", None)
         if db is not None:
             db.close()
-            self._db = None  # type: ignore[assignment]
+            del self._db
         if not self._lock_file.closed:
             fcntl.flock(self._lock_file, fcntl.LOCK_UN)
             self._lock_file.close()
@@ -453,36 +458,43 @@ class NewsStore:
         articles, slots, versions = self._read_articles()
         removed = self._db.execute("SELECT version, news_id FROM removed "
                                    "ORDER BY version, rowid").fetchall()
-        versioning = dict(version=int(meta["pool_version"]), versions=versions,
-                          pool_id=meta["pool_id"], base_version=int(meta["base_version"]),
-                          removed=[(int(v), str(i)) for v, i in removed])
+
+        def snapshot(vectors: np.ndarray, scores: Mapping[str, np.ndarray]) -> NewsPool:
+            return NewsPool(articles, vectors, scores, version=int(meta["pool_version"]),
+                            versions=versions, pool_id=meta["pool_id"],
+                            base_version=int(meta["base_version"]),
+                            removed=[(int(v), str(i)) for v, i in removed])
+
         self._remove_stale_files()
         same_encoder = (meta["encoder_version"] == self.encoder_version
                         and int(meta["dim"]) == self.dim)
         vectors = self._read_vectors(slots) if same_encoder else None
         if vectors is None:
-            if articles and self._encode is None:
+            if not articles:
+                vectors = np.zeros((0, self.dim), np.float32)
+            elif self._encode is None:
                 raise StoreError(f"{self.path}: the stored news vectors were computed by "
                                  f"another news encoder (or are damaged) and no encoder was "
                                  f"given to re-encode them")
-            vectors = (self._encode(articles) if articles else
-                       np.zeros((0, self.dim), np.float32))
+            else:
+                vectors = self._encode(articles)
             vectors = self._check_vectors(vectors, len(articles))
-            self._pool = NewsPool(articles, vectors, {}, **versioning)
+            self._pool = snapshot(vectors, {})
             self._rewrite(vectors, new_content=True)
             return
         if (meta["spaces"] != json.dumps(self._kinds(), sort_keys=True)
                 or meta["basis_digest"] != basis_digest(self.bases)):
-            self._pool = NewsPool(articles, vectors, {}, **versioning)
+            self._pool = snapshot(vectors, {})
             self._rewrite(vectors, new_content=True)  # same vectors, new score matrices
             return
-        scores = {name: self._read_rows(f"scores-{name}", int(b.shape[0]), slots).T
+        scores = {name: self._read_rows(f"scores-{name}", int(b.shape[0]), slots)
                   for name, b in self.bases.items()}
-        if any(s is None for s in scores.values()):
-            self._pool = NewsPool(articles, vectors, {}, **versioning)
+        readable = {name: rows.T for name, rows in scores.items() if rows is not None}
+        if len(readable) < len(scores):  # a damaged score file
+            self._pool = snapshot(vectors, {})
             self._rewrite(vectors)  # the same score matrices, recomputed
             return
-        self._pool = NewsPool(articles, vectors, scores, **versioning)
+        self._pool = snapshot(vectors, readable)
 
     def _read_articles(self) -> tuple[list[NewsRecord], np.ndarray, np.ndarray]:
         rows = self._db.execute("SELECT news_id, category, subcategory, title, abstract, slot, "
@@ -692,7 +704,8 @@ def read_articles(path: str | Path) -> list[NewsRecord]:
     if path.is_file():
         return [pool_record(r) for r in read_news(path).values()]
     news: dict[str, NewsRecord] = {}
-    for directory in split_directories(path).values():
+    dirs = split_directories(path)
+    for directory in (dirs["train"], dirs["test"]):
         if directory is not None and (directory / NEWS_FILE).exists():
             for news_id, record in read_news(directory / NEWS_FILE).items():
                 news.setdefault(news_id, record)

@@ -63,20 +63,19 @@ class HttpSession:
     """
 
     def __init__(self, base_url: str | None, transport: Transport | None, timeout: float) -> None:
+        self._owned: httpx.Client | None = None  # the default client, closed by close()
         if transport is None:
             if not base_url:
                 raise ConfigError("pass the server's base_url (e.g. 'http://127.0.0.1:8000') "
                                   "or a transport")
-            transport = httpx.Client(base_url=base_url.rstrip("/"), timeout=timeout)
-            self._owned = True
-        else:
-            self._owned = False
-        self.transport = transport
+            self._owned = httpx.Client(base_url=base_url.rstrip("/"), timeout=timeout)
+            transport = self._owned
+        self.transport: Transport = transport
         self.bytes_sent = 0
 
     def close(self) -> None:
-        if self._owned:
-            self.transport.close()  # type: ignore[attr-defined]
+        if self._owned is not None:
+            self._owned.close()
 
     def _send(self, method: str, path: str, content: bytes | None) -> Any:
         headers = {"content-type": "application/json"} if content is not None else None

@@ -28,7 +28,7 @@ from privaterec.eval.evaluate import evaluate_model
 from privaterec.eval.serving import private_user_encoder
 from privaterec.models.factory import build_recommender, vocabulary_kind
 from privaterec.models.recommender import Recommender
-from privaterec.privacy.ledger import PrivacyEvent
+from privaterec.privacy.events import PrivacyEvent
 from privaterec.serving.release import ServingConfig, serving_event
 from privaterec.training.centralized import train_centralized
 from privaterec.training.checkpoint import load_checkpoint

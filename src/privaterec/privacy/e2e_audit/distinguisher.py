@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Callable, Sequence
+from typing import Callable, Sequence, SupportsIndex
 
 import numpy as np
 
@@ -128,6 +128,30 @@ def _floor(values: np.ndarray) -> float:
     return float(1e-6 * np.median(positive)) if positive.size else 1.0
 
 
+def _column(j: SupportsIndex) -> Statistic:
+    return lambda x: x[:, j]
+
+
+def _abs_column(j: SupportsIndex) -> Statistic:
+    return lambda x: np.abs(x[:, j])
+
+
+def _is_zero(j: SupportsIndex) -> Statistic:
+    return lambda x: (x[:, j] == 0) * 1.0
+
+
+def _projection(w: np.ndarray) -> Statistic:
+    return lambda x: x @ w
+
+
+def _abs_projection(group: np.ndarray, w: np.ndarray) -> Statistic:
+    return lambda x: np.abs(x[:, group]) @ w
+
+
+def _zeros_projection(group: np.ndarray, w: np.ndarray) -> Statistic:
+    return lambda x: (x[:, group] == 0) @ w
+
+
 def _laplace_llr(c0: np.ndarray, c1: np.ndarray, scale: np.ndarray) -> Statistic | None:
     keep = c0 != c1
     if not keep.any():
@@ -147,7 +171,7 @@ def candidate_statistics(l0: np.ndarray, l1: np.ndarray,
     """
     stats: list[tuple[str, Statistic]] = []
     for j in metadata:
-        stats.append((names[j], lambda x, j=j: x[:, j]))
+        stats.append((names[j], _column(j)))
     m0, m1 = l0.mean(0), l1.mean(0)
     v0, v1 = l0.var(0), l1.var(0)
     diff = m1 - m0
@@ -159,14 +183,14 @@ def candidate_statistics(l0: np.ndarray, l1: np.ndarray,
         # Coordinates where the neighbours' outputs differ at all, and by how much on average.
         moved = (l1 != l0).any(0)
         pdiff = np.where(moved, (l1 - l0).mean(0), 0.0)
-        stats.append(("paired mean-difference projection", lambda x, w=pdiff: x @ w))
+        stats.append(("paired mean-difference projection", _projection(pdiff)))
         stats.append(("paired variance-weighted projection",
-                      lambda x, w=pdiff / (var + floor): x @ w))
+                      _projection(pdiff / (var + floor))))
         llr = _laplace_llr(med0, med0 + pdiff, scale)
         if llr is not None:
             stats.append(("paired Laplace likelihood ratio", llr))
-    stats.append(("mean-difference projection", lambda x, w=diff: x @ w))
-    stats.append(("variance-weighted projection", lambda x, w=diff / (var + floor): x @ w))
+    stats.append(("mean-difference projection", _projection(diff)))
+    stats.append(("variance-weighted projection", _projection(diff / (var + floor))))
     llr = _laplace_llr(med0, med1, scale)
     if llr is not None:
         stats.append(("Laplace likelihood ratio", llr))
@@ -174,7 +198,7 @@ def candidate_statistics(l0: np.ndarray, l1: np.ndarray,
     score = np.abs(diff) / (sd + floor)
     for j in np.argsort(-score, kind="stable")[:TOP_COORDINATES]:
         if score[j] > 0:
-            stats.append((f"coordinate {names[j]}", lambda x, j=j: x[:, j]))
+            stats.append((f"coordinate {names[j]}", _column(j)))
     a0, a1 = np.abs(l0), np.abs(l1)
     adiff = a1.mean(0) - a0.mean(0)
     asd = np.sqrt((a0.var(0) + a1.var(0)) / 2)
@@ -182,21 +206,20 @@ def candidate_statistics(l0: np.ndarray, l1: np.ndarray,
     order = np.argsort(-ascore, kind="stable")
     for j in order[:TOP_COORDINATES]:
         if ascore[j] > 0:
-            stats.append((f"|coordinate {names[j]}|", lambda x, j=j: np.abs(x[:, j])))
+            stats.append((f"|coordinate {names[j]}|", _abs_column(j)))
     group = order[:GROUP_SIZE][ascore[order[:GROUP_SIZE]] > 0]
     if group.size:
         w = np.sign(adiff[group]) / (asd[group] + _floor(asd))
-        stats.append(("signed sum of |coordinates|",
-                      lambda x, g=group, w=w: np.abs(x[:, g]) @ w))
+        stats.append(("signed sum of |coordinates|", _abs_projection(group, w)))
     z0, z1 = (l0 == 0).mean(0), (l1 == 0).mean(0)
     zdiff = z1 - z0
     zorder = np.argsort(-np.abs(zdiff), kind="stable")
     zgroup = zorder[:GROUP_SIZE][np.abs(zdiff[zorder[:GROUP_SIZE]]) > 0]
     for j in zgroup[:TOP_COORDINATES]:
-        stats.append((f"coordinate {names[j]} == 0", lambda x, j=j: (x[:, j] == 0) * 1.0))
+        stats.append((f"coordinate {names[j]} == 0", _is_zero(j)))
     if zgroup.size:
         stats.append(("signed count of zeros",
-                      lambda x, g=zgroup, w=np.sign(zdiff[zgroup]): (x[:, g] == 0) @ w))
+                      _zeros_projection(zgroup, np.sign(zdiff[zgroup]))))
     stats.append(("L1 norm", lambda x: np.abs(x).sum(1)))
     stats.append(("L2 norm", lambda x: np.sqrt((x * x).sum(1))))
     return stats
