@@ -139,8 +139,9 @@ def run_demo(root: str | Path, *, quick: bool = False, progress: bool = True) ->
                              _privacy_columns(run_dir), time.perf_counter() - started,
                              epsilon_query=0.0 if serving.kind == "local" else serving.epsilon,
                              bytes_per_query=result["serving"]["bytes_per_query"]))
-    count, se = chance_auc_se(imp.labels for imp in load_dataset(data_dir).test.behaviors
-                              if imp.labels is not None)
+    test = load_dataset(data_dir).test
+    assert test is not None  # the demo's synthetic data set has a test split
+    count, se = chance_auc_se(imp.labels for imp in test.behaviors if imp.labels is not None)
     recall = run_recall_demo(root, root / "runs" / "fedrec-nrms", quick=quick,
                              progress=progress)
     facts = DemoFacts(impressions=count, chance_se=se, noise_ratio=noise,
