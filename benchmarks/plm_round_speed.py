@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 
 from privaterec.config import FedConfig, ModelConfig, RunConfig, TrainConfig
-from privaterec.fed.methods import ClientMethod, resolve_run_config
+from privaterec.fed.methods import ClientMethod, method_from_config, resolve_run_config
 from privaterec.fed.objective import LocalObjective
 from privaterec.fed.simulator import (clients_per_round, eligible_clients, sample_round,
                                       simulate_round)
@@ -72,7 +72,7 @@ def measure(data: str, layers: int, name: str, rounds: int) -> dict:
     started = time.perf_counter()
     objective = LocalObjective(model)  # prepares the table
     prepare_seconds = time.perf_counter() - started
-    method = ClientMethod.from_config(config)
+    method = method_from_config(config)
     per_round = clients_per_round(config.fed, len(eligible_clients(prepared.train_clients)))
     fast, fast_updates = _rounds(objective, prepared, method, rounds, per_round)
     vmapped = objective.supports_vmap

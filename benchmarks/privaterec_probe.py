@@ -21,8 +21,8 @@ from pathlib import Path
 
 from privaterec.config import FedConfig, ModelConfig, RunConfig, TrainConfig
 from privaterec.data.synth import SynthConfig, write_synthetic
-from privaterec.eval.serving import ServingConfig
 from privaterec.runs.ranking import evaluate_run, train_run
+from privaterec.serving.release import ServingConfig
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -87,7 +87,7 @@ def tiny_run(work: Path) -> Path:
 # ------------------------------------------------------------------------------ the pool
 def synth_articles(vocabs: Any, n: int, *, seed: int) -> list:
     """``n`` articles whose text is drawn from the run's vocabulary (quick: numpy only)."""
-    from privaterec.serving.store import Article
+    from privaterec.data.records import NewsRecord
 
     rng = np.random.default_rng(seed)
     words = np.asarray(vocabs.words.tokens[2:] or ["news"])
@@ -97,8 +97,8 @@ def synth_articles(vocabs: Any, n: int, *, seed: int) -> list:
     abstract_words = rng.integers(0, len(words), size=(n, 20))
     cats = rng.integers(0, len(categories), size=n)
     subs = rng.integers(0, len(subcategories), size=n)
-    return [Article(f"L{i}", categories[cats[i]], subcategories[subs[i]],
-                    " ".join(words[title_words[i]]), " ".join(words[abstract_words[i]]))
+    return [NewsRecord(f"L{i}", categories[cats[i]], subcategories[subs[i]],
+                       " ".join(words[title_words[i]]), " ".join(words[abstract_words[i]]))
             for i in range(n)]
 
 

@@ -38,7 +38,8 @@ from pathlib import Path
 
 import numpy as np
 
-from privaterec.serving.store import Article, NewsPool, top_k_positions
+from privaterec.data.records import NewsRecord
+from privaterec.serving.store import NewsPool, top_k_positions
 
 
 def median_ms(values: list[float]) -> float:
@@ -71,7 +72,7 @@ def main() -> None:
     vectors = (rng.standard_normal((args.pool, args.dim)) / np.sqrt(args.dim)).astype(
         np.float32)
     p = (basis.astype(np.float64) @ vectors.astype(np.float64).T).astype(np.float32)
-    articles = [Article(f"N{i}") for i in range(args.pool)]
+    articles = [NewsRecord(f"N{i}") for i in range(args.pool)]
     pool = NewsPool(articles, vectors, {"privaterec": p})
     index = None
     try:

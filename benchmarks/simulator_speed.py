@@ -33,7 +33,8 @@ import torch
 from privaterec.config import FedConfig, ModelConfig, RunConfig, TrainConfig
 from privaterec.data.synth import SynthConfig, write_synthetic
 from privaterec.fed.client import client_candidates
-from privaterec.fed.methods import ClientMethod, privatize, resolve_run_config
+from privaterec.fed.methods import (ClientMethod, method_from_config, privatize,
+                                    resolve_run_config)
 from privaterec.fed.objective import LocalObjective
 from privaterec.fed.simulator import eligible_clients, sample_round, sequential_round, simulate_round
 from privaterec.fed.rng import client_generator
@@ -98,11 +99,11 @@ def main() -> None:
     params = objective.parameters()
     eligible = eligible_clients(clients)
 
-    noisy = ClientMethod.from_config(resolve_run_config(base))
+    noisy = method_from_config(resolve_run_config(base))
     plain_config = resolve_run_config(RunConfig(data=base.data, model=base.model,
                                                 train=TrainConfig(method="fedrec"),
                                                 fed=base.fed))
-    plain = ClientMethod.from_config(plain_config)
+    plain = method_from_config(plain_config)
     strategy = build_strategy(plain_config.fed)
 
     vec_times, seq_times, max_diffs, fed_times, cen_times, samples = [], [], [], [], [], []

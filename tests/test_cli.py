@@ -1,6 +1,7 @@
 """End-to-end tests of the command line on small synthetic data (no downloads)."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -106,6 +107,15 @@ def test_resume_refuses_a_different_configuration(synth_dir, tmp_path, capsys):
     assert main(args) == 0
     assert main(args + ["--lr", "0.5"]) == 2
     assert "different configuration" in capsys.readouterr().err
+
+
+def test_the_cli_resolves_the_demo_directory_from_the_environment(tmp_path, monkeypatch):
+    from privaterec.cli import default_demo_root
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert default_demo_root() == tmp_path / "privaterec" / "demo"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert default_demo_root() == Path.home() / ".cache" / "privaterec" / "demo"
 
 
 def test_demo_quick_prints_a_results_table(tmp_path, capsys):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from pathlib import Path
 from typing import Any, Sequence
@@ -223,7 +224,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from privaterec.runs.ranking import evaluate_run
 
-    from privaterec.eval.serving import ServingConfig
+    from privaterec.serving.release import ServingConfig
 
     serving = None
     if args.serving is not None:
@@ -263,8 +264,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def cmd_evaluate_recall(args: argparse.Namespace, serving: Any) -> int:
-    from privaterec.eval.serving import ServingConfig
     from privaterec.runs.recall import evaluate_recall_run
+    from privaterec.serving.release import ServingConfig
 
     if args.recall in ("privaterec", "vdp"):
         if serving is not None and serving.kind != args.recall:
@@ -308,30 +309,40 @@ def cmd_experiment(args: argparse.Namespace) -> int:
 
         if args.models:
             raise PrivateRecError("experiment unifedrec uses NRMS rankers; drop --models")
-        run_unifedrec(out, data=args.data, seeds=args.seeds, quick=args.quick,
-                      progress=not args.no_progress)
+        result = run_unifedrec(out, data=args.data, seeds=args.seeds, quick=args.quick,
+                               progress=not args.no_progress)
     elif args.name == "tradeoff":
         from privaterec.experiments.tradeoff import run_tradeoff
 
         if args.models and len(args.models) != 1:
             raise PrivateRecError("experiment tradeoff takes one --models value")
-        run_tradeoff(out, data=args.data, model=(args.models or ["nrms"])[0],
-                     seeds=args.seeds, quick=args.quick, progress=not args.no_progress)
+        result = run_tradeoff(out, data=args.data, model=(args.models or ["nrms"])[0],
+                              seeds=args.seeds, quick=args.quick, progress=not args.no_progress)
     else:
         from privaterec.experiments.paper import run_table1, run_table2
 
         run = run_table1 if args.name == "table1" else run_table2
         models = args.models or (["nrms"] if args.quick else ["nrms", "naml", "plm"])
-        run(out, data=args.data, models=models, seeds=args.seeds, quick=args.quick,
-            progress=not args.no_progress)
+        result = run(out, data=args.data, models=models, seeds=args.seeds, quick=args.quick,
+                     progress=not args.no_progress)
+    print(result["table"])
     print(f"results written to {out}", file=sys.stderr)
     return EXIT_OK
+
+
+def default_demo_root() -> Path:
+    """Where ``privaterec demo`` works without ``--out``: ``$XDG_CACHE_HOME/privaterec/demo``
+    (``~/.cache/privaterec/demo`` when unset)."""
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / "privaterec" / "demo"
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from privaterec.experiments.demo import run_demo
 
-    return run_demo(out=args.out, quick=args.quick, progress=not args.no_progress)
+    root = Path(args.out) if args.out is not None else default_demo_root()
+    print(run_demo(root, quick=args.quick, progress=not args.no_progress).text())
+    return EXIT_OK
 
 
 # --- privacy ----------------------------------------------------------------------------

@@ -11,15 +11,16 @@ import pytest
 
 import privaterec.experiments.common as common
 import privaterec.runs.ranking as pipeline
+from privaterec.cli import main
 from privaterec.config import FedConfig, ModelConfig, RunConfig, TrainConfig
 from privaterec.errors import ConfigError
-from privaterec.eval.serving import ServingConfig
 from privaterec.experiments.common import (RunSpec, Summary, check_models, check_seeds,
                                            ensure_run, finished_metrics, format_summary,
                                            markdown_table, run_dir, serve_run, summarize,
                                            write_csv)
 from privaterec.experiments.paper import TABLE1_ROWS, TABLE2_ROWS, run_table1, run_table2
 from privaterec.fed.methods import resolve_run_config
+from privaterec.serving.release import ServingConfig
 
 
 def read_csv(path: Path) -> list[dict[str, str]]:
@@ -182,8 +183,8 @@ def test_tables_end_to_end(tmp_path: Path, tiny_data: Path, monkeypatch: pytest.
     out = tmp_path / "out"
     t1 = run_table1(out, data=str(tiny_data), models=("nrms",), seeds=(0,), quick=True,
                     progress=False)
-    printed = capsys.readouterr().out
-    assert "Table 1" in printed and "PrivateRec (strict mode)" in printed
+    assert capsys.readouterr().out == ""  # experiments return their tables; the CLI prints
+    assert "Table 1" in t1["table"] and "PrivateRec (strict mode)" in t1["table"]
     assert (out / "table1.md").read_text().strip() == t1["table"].strip()
     rows = read_csv(out / "table1.csv")
     assert [r["row"] for r in rows] == [spec.slug for spec in TABLE1_ROWS]
@@ -198,7 +199,7 @@ def test_tables_end_to_end(tmp_path: Path, tiny_data: Path, monkeypatch: pytest.
 
     t2 = run_table2(out, data=str(tiny_data), models=("nrms",), seeds=(0,), quick=True,
                     progress=False)
-    assert "Table 2" in capsys.readouterr().out
+    assert capsys.readouterr().out == "" and "Table 2" in t2["table"]
     rows2 = read_csv(out / "table2.csv")
     assert [(r["row"], r["serving"]) for r in rows2] == \
         [(r.run.slug, r.serving) for r in TABLE2_ROWS]
@@ -218,3 +219,8 @@ def test_tables_end_to_end(tmp_path: Path, tiny_data: Path, monkeypatch: pytest.
                        progress=False)
     assert again["rows"] == t2["rows"]
     assert (private / "privacy.json").read_bytes() == ledger  # not recorded twice
+    # the CLI prints the table the experiment returns (every run and evaluation cached here)
+    assert main(["experiment", "table2", "--out", str(out), "--data", str(tiny_data),
+                 "--models", "nrms", "--seeds", "0", "--quick", "--no-progress"]) == 0
+    assert capsys.readouterr().out == t2["table"] + "\n"
+    assert (private / "privacy.json").read_bytes() == ledger

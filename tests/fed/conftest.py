@@ -22,7 +22,7 @@ from privaterec.data.records import MindDataset
 from privaterec.data.synth import SynthConfig, generate
 from privaterec.data.text import TextVocabularies
 from privaterec.fed.client import client_candidates
-from privaterec.fed.methods import ClientMethod, FedRec, resolve_run_config
+from privaterec.fed.methods import ClientMethod, FedRec, method_from_config, resolve_run_config
 from privaterec.fed.objective import ClientBatch, LocalObjective
 from privaterec.models.factory import build_recommender
 from privaterec.models.recommender import Recommender
@@ -122,7 +122,7 @@ def client_method(run_config: Callable[..., RunConfig]) -> Callable[..., ClientM
     """``client_method(method, **fed_changes)``: the ClientMethod of a resolved config."""
 
     def make(method: str, **fed_changes: object) -> ClientMethod:
-        return ClientMethod.from_config(run_config(method, **fed_changes))
+        return method_from_config(run_config(method, **fed_changes))
 
     return make
 

@@ -12,7 +12,7 @@ from privaterec.config import FedConfig, RunConfig, TrainConfig, replace
 from privaterec.errors import ConfigError
 from privaterec.fed.client import client_update
 from privaterec.fed.engine import train_federated_run
-from privaterec.fed.methods import ClientMethod, resolve_run_config
+from privaterec.fed.methods import method_from_config, resolve_run_config
 from privaterec.fed.rng import central_noise_generator, client_generator
 from privaterec.fed.simulator import eligible_clients, poisson_round, simulate_round
 from privaterec.privacy.central import central_epsilon
@@ -20,7 +20,7 @@ from privaterec.privacy.mechanisms import gaussian_noise
 
 
 def _central(run_config, **changes):
-    return ClientMethod.from_config(run_config("dp-fedavg", **{"noise_multiplier": 1.0,
+    return method_from_config(run_config("dp-fedavg", **{"noise_multiplier": 1.0,
                                                               "client_fraction": 0.25,
                                                               "clip": 0.05, **changes}))
 

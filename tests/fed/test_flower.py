@@ -20,7 +20,8 @@ from privaterec.data.synth import SynthConfig, write_synthetic  # noqa: E402
 from privaterec.errors import ConfigError  # noqa: E402
 from privaterec.apps.flower_app import run_config_from_flower  # noqa: E402
 from privaterec.fed import flower  # noqa: E402
-from privaterec.fed.methods import ClientMethod, resolve_run_config  # noqa: E402
+from privaterec.fed.methods import (ClientMethod, method_from_config,  # noqa: E402
+                                    resolve_run_config)
 from privaterec.fed.objective import LocalObjective  # noqa: E402
 from privaterec.fed.simulator import eligible_clients, sample_round  # noqa: E402
 from privaterec.models.factory import build_recommender  # noqa: E402
@@ -106,7 +107,7 @@ def test_flower_engine_equals_simulator(data_dir, tmp_path, monkeypatch, method)
     assert ledger == PrivacyLedger.from_dict(sim["ledger"])
     selected = [u for t in range(ROUNDS)
                 for u in sample_round(eligible, PER_ROUND, seed=SEED, round_index=t)]
-    per_round = len(ClientMethod.from_config(
+    per_round = len(method_from_config(
         resolve_run_config(_config(data_dir, method, "flower"))).events(theta0.numel()))
     expected = {prepared.train_clients.user_ids[u]: per_round * selected.count(u)
                 for u in set(selected)}
@@ -117,7 +118,7 @@ def test_flower_engine_equals_simulator(data_dir, tmp_path, monkeypatch, method)
 def test_fingerprint_tells_public_models_and_methods_apart(data_dir):
     config = resolve_run_config(_config(data_dir, "fednewsrec", "flower"))
     prepared = prepare_data(config)
-    method = ClientMethod.from_config(config)
+    method = method_from_config(config)
 
     def fingerprint(seed: int, method: ClientMethod) -> str:
         torch.manual_seed(seed)
@@ -129,7 +130,7 @@ def test_fingerprint_tells_public_models_and_methods_apart(data_dir):
     # Random frozen word vectors are not in θ: another init is another public model.
     assert TINY.freeze_embeddings
     assert fingerprint(SEED + 1, method) != reference
-    noisier = ClientMethod.from_config(replace(config, fed=replace(config.fed,
+    noisier = method_from_config(replace(config, fed=replace(config.fed,
                                                                    noise_scale=0.03)))
     assert fingerprint(SEED, noisier) != reference
 

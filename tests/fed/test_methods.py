@@ -20,8 +20,8 @@ from scipy import stats
 import privaterec.privacy.calibrated as calibrated
 from privaterec.config import FedConfig, ModelConfig, RunConfig, TrainConfig
 from privaterec.errors import ConfigError
-from privaterec.fed.methods import (ClientMethod, DPFedRec, FedNewsRec, FedRec, privatize,
-                                    resolve_run_config)
+from privaterec.fed.methods import (ClientMethod, DPFedRec, FedNewsRec, FedRec,
+                                    method_from_config, privatize, resolve_run_config)
 from privaterec.runs.report import release_description
 from privaterec.fed.rng import client_generator
 from privaterec.privacy.audit import audit_mechanism
@@ -144,22 +144,22 @@ def test_yaml_fed_errors_name_the_file_and_key(tmp_path):
 
 # ------------------------------------------------------------------------- ClientMethod
 def test_client_method_from_config(run_config):
-    fnr = ClientMethod.from_config(run_config("fednewsrec", max_client_samples=7))
+    fnr = method_from_config(run_config("fednewsrec", max_client_samples=7))
     assert (fnr.clipping, fnr.clip, fnr.noise, fnr.noise_scale, fnr.max_samples,
             fnr.negatives) == ("elementwise", 0.005, "laplace", 0.015, 7, 4)
     assert fnr.per_client_release
-    lap = ClientMethod.from_config(run_config("dp-fedrec", epsilon_train=2.0, clip=0.1))
+    lap = method_from_config(run_config("dp-fedrec", epsilon_train=2.0, clip=0.1))
     assert (lap.clipping, lap.noise, lap.epsilon, lap.delta, lap.clip) == \
         ("l1", "laplace", 2.0, 0.0, 0.1)
-    gau = ClientMethod.from_config(run_config("dp-fedrec", epsilon_train=2.0, noise="gaussian",
+    gau = method_from_config(run_config("dp-fedrec", epsilon_train=2.0, noise="gaussian",
                                               delta_train=1e-6))
     assert (gau.clipping, gau.noise, gau.epsilon, gau.delta) == ("l2", "gaussian", 2.0, 1e-6)
-    plain = ClientMethod.from_config(run_config("fedrec", local_steps=3, local_lr=0.2))
+    plain = method_from_config(run_config("fedrec", local_steps=3, local_lr=0.2))
     assert (plain.clipping, plain.noise, plain.local_steps, plain.local_lr) == \
         ("none", "none", 3, 0.2)
     assert not plain.per_client_release
     with pytest.raises(ConfigError, match="not a federated method"):
-        ClientMethod.from_config(RunConfig(train=TrainConfig(method="centralized")))
+        method_from_config(RunConfig(train=TrainConfig(method="centralized")))
 
 
 # ---------------------------------------------------------------------------- clipping
@@ -288,7 +288,7 @@ def test_dp_fedrec_event_is_the_per_round_budget(noise, cached_gaussian_calibrat
 
 
 def test_release_description(run_config):
-    method = ClientMethod.from_config(run_config("fednewsrec"))
+    method = method_from_config(run_config("fednewsrec"))
     release = release_description(method, dimension=300, noised_parameters=["a", "b"],
                                   clients_per_round=4, client_fraction=0.1)
     assert release["epsilon_per_round"] == pytest.approx(2 * 0.005 * 300 / 0.015)

@@ -15,7 +15,7 @@ import torch
 from privaterec.config import FedConfig, ModelConfig, RunConfig, TrainConfig
 from privaterec.errors import ConfigError
 from privaterec.fed.client import client_update
-from privaterec.fed.methods import (PAPER_MODE_NOTE, ClientMethod, resolve_run_config,
+from privaterec.fed.methods import (PAPER_MODE_NOTE, method_from_config, resolve_run_config,
                                     uncovered_groups)
 from privaterec.fed.objective import ClientBatch
 from privaterec.fed.rng import client_generator
@@ -161,7 +161,7 @@ def test_simulate_round_equals_sequential_round(mode, fed, make_objective, clien
                                                 perturb):
     privacy_mode = "paper" if mode == "paper" else "strict"
     config = run_config("privaterec", max_client_samples=3, privacy_mode=privacy_mode, **fed)
-    method = ClientMethod.from_config(config)
+    method = method_from_config(config)
     objective = _objective(make_objective)
     theta = perturb(objective)
     selected = sample_round(eligible_clients(clients), 8, seed=4, round_index=1)

@@ -15,7 +15,7 @@ from privaterec.config import FedConfig
 from privaterec.errors import TrainingDivergedError
 from privaterec.data.clients import build_client_dataset
 from privaterec.fed.client import client_candidates
-from privaterec.fed.methods import ClientMethod, FedRec
+from privaterec.fed.methods import FedRec, method_from_config
 from privaterec.fed.objective import ClientBatch
 from privaterec.fed.simulator import (clients_per_round, eligible_clients, sample_round,
                                       sequential_round, simulate_round, train_federated)
@@ -96,7 +96,7 @@ def test_simulate_round_equals_sequential_round(case, make_objective, clients, r
                                                 perturb):
     method_name, fed = CASES[case]
     config = run_config(method_name, max_client_samples=3, **fed)
-    method = ClientMethod.from_config(config)
+    method = method_from_config(config)
     objective = make_objective("nrms")
     theta = perturb(objective)
     selected = sample_round(eligible_clients(clients), 8, seed=9, round_index=2)
@@ -136,7 +136,7 @@ def _train(make_objective, clients, run_config, method_name, *, seed=0, model_se
            checkpoint=None, stop=None, crash_at=None, model_changes=None, **fed):
     config = run_config(method_name, seed=seed, **fed)
     objective = make_objective("nrms", seed=model_seed, **(model_changes or {}))
-    method = ClientMethod.from_config(config)
+    method = method_from_config(config)
     round_fn = None
     if crash_at is not None:
         def round_fn(params, selected, t):
@@ -234,7 +234,7 @@ def test_checkpoints_are_written_every_n_rounds_and_at_the_end(make_objective, c
     config = run_config("fedrec", rounds=5, checkpoint_every=2, clients_per_round=3)
     objective = make_objective("nrms")
     seen = []
-    train_federated(objective, clients, config.fed, ClientMethod.from_config(config),
+    train_federated(objective, clients, config.fed, method_from_config(config),
                     build_strategy(config.fed), seed=0, checkpoint_path=tmp_path / "c.pt",
                     on_checkpoint=lambda state: seen.append(state.round_index), progress=False)
     assert seen == [2, 4, 5]
@@ -262,7 +262,7 @@ def test_ledger_has_one_event_per_user_and_round_taken_part(make_objective, clie
         assert entry["samples"] == sum(min(cap, int(counts[u])) for u in selected)
     d = objective.dimension
     per_round = 2 * 0.005 * d / 0.015  # FedNewsRec ε of a whole update: 2δD/λ
-    event = ClientMethod.from_config(config).event(d)
+    event = method_from_config(config).event(d)
     assert event.epsilon == pytest.approx(per_round)
     assert sorted(state.ledger.users) == sorted(clients.user_ids[u] for u in participation)
     assert len(state.ledger.users) < clients.num_users  # someone never took part
@@ -292,7 +292,7 @@ def test_evaluation_callback_sees_the_current_parameters(make_objective, clients
         calls.append(t)
         return {"score": float(t)}
 
-    state = train_federated(objective, clients, config.fed, ClientMethod.from_config(config),
+    state = train_federated(objective, clients, config.fed, method_from_config(config),
                             build_strategy(config.fed), seed=0, on_evaluate=evaluate,
                             progress=False)
     assert calls == [2, 4]
@@ -313,7 +313,7 @@ def test_training_is_seeded_and_leaves_the_global_rng_alone(make_objective, clie
     config = run_config("fednewsrec", **fed)
     objective = make_objective("nrms")  # building a model draws from the global RNG ...
     torch.manual_seed(5)
-    train_federated(objective, clients, config.fed, ClientMethod.from_config(config),
+    train_federated(objective, clients, config.fed, method_from_config(config),
                     build_strategy(config.fed), seed=0, progress=False)
     assert torch.equal(torch.rand(3), expected)  # ... training does not
 

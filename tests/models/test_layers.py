@@ -14,11 +14,6 @@ from privaterec.models.layers import (AdditiveAttention, MaskedGRU, MultiHeadSel
                                       masked_softmax)
 
 
-@pytest.fixture(autouse=True)
-def _seed() -> None:
-    torch.manual_seed(0)
-
-
 def test_attend_all_if_empty_only_changes_empty_rows() -> None:
     mask = torch.tensor([[True, False, False], [False, False, False], [False, True, True]])
     fixed = attend_all_if_empty(mask)

@@ -80,11 +80,6 @@ def assert_batch_independent(encoder: nn.Module, features: dict[str, torch.Tenso
             assert torch.allclose(base, other, rtol=1e-5, atol=1e-6)
 
 
-@pytest.fixture(autouse=True)
-def _seed() -> None:
-    torch.manual_seed(0)
-
-
 @pytest.mark.parametrize("name", list(BUILDERS))
 def test_shape_dim_and_finite(name: str) -> None:
     enc = BUILDERS[name]()

@@ -41,11 +41,6 @@ def assert_batch_independent(encoder: nn.Module, vectors: torch.Tensor, mask: to
             assert torch.allclose(encoder(v, m)[keep], base, rtol=1e-5, atol=1e-6)
 
 
-@pytest.fixture(autouse=True)
-def _seed() -> None:
-    torch.manual_seed(0)
-
-
 @pytest.mark.parametrize("name", list(BUILDERS))
 def test_shape_and_finite(name: str) -> None:
     enc = BUILDERS[name]()

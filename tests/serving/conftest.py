@@ -117,10 +117,9 @@ def serving_models(privaterec_run: Path):
 
 def _open_pool(models, news: list[NewsRecord], path: Path):
     from privaterec.serving.server import open_store
-    from privaterec.serving.store import Article
 
     store = open_store(models, path)
-    store.upsert([Article.from_record(r) for r in news])
+    store.upsert(news)
     return store
 
 

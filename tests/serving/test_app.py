@@ -14,6 +14,7 @@ import yaml
 from fastapi.testclient import TestClient
 
 from privaterec.config import RunConfig
+from privaterec.data.records import NewsRecord
 from privaterec.data.text import TextVocabularies
 from privaterec.models.factory import build_recommender
 from privaterec.recall.index import ScoreSpaceIndex, allocate_quotas
@@ -21,7 +22,7 @@ from privaterec.runs.recall import RecallModelConfig
 from privaterec.serving.app import NO_BASIS, NO_RECALL, create_app
 from privaterec.serving.bundle import ServingModels, load_parameters
 from privaterec.serving.server import build_service, open_store
-from privaterec.serving.store import Article
+from privaterec.serving.store import pool_record
 
 
 def exact_ranking(vectors: np.ndarray, user: np.ndarray, k: int) -> list[int]:
@@ -32,7 +33,7 @@ def exact_ranking(vectors: np.ndarray, user: np.ndarray, k: int) -> list[int]:
 
 def pool_vectors(models: ServingModels, news) -> np.ndarray:
     """The news vectors computed independently of the store (Θ_N on the articles)."""
-    return models.encode_news([Article.from_record(r) for r in news])
+    return models.encode_news([pool_record(r) for r in news])
 
 
 def errors_of(response) -> list[dict]:
@@ -76,7 +77,7 @@ def test_parameters_rebuild_the_model_without_the_ledger(served_app: TestClient,
     model.eval()
     models = ServingModels(config, vocabs, model)
     ref = ServingModels.from_run(privaterec_run)
-    articles = [Article.from_record(r) for r in serving_news[:7]]
+    articles = [pool_record(r) for r in serving_news[:7]]
     np.testing.assert_array_equal(models.encode_news(articles), ref.encode_news(articles))
     np.testing.assert_array_equal(models.basis, ref.basis)
     assert served_app.get("/v1/model/recall-parameters").status_code == 404
@@ -227,7 +228,7 @@ def test_no_basis_and_no_recall_are_404_with_a_message(serving_news, tmp_path: P
                              method="fedrec")
     models = ServingModels.from_run(run)
     store = open_store(models, tmp_path / "store")
-    store.upsert([Article.from_record(r) for r in serving_news[:20]])
+    store.upsert(serving_news[:20])
     with TestClient(create_app(store, models)) as client:
         response = client.post("/v1/recommend/privaterec", json=GOOD)
         assert response.status_code == 404 and response.json()["detail"] == NO_BASIS
@@ -270,7 +271,7 @@ def test_ingested_news_are_servable_at_once_and_persist(served_store, serving_mo
             "news_id": "X-2", "category": "", "subcategory": "",
             "title": "second new article", "abstract": ""}
         # servable: its score is α·b·Θ_N(article), exactly as for the other news
-        vector = serving_models.encode_news([Article(**NEW[0])])[0]
+        vector = serving_models.encode_news([NewsRecord(**NEW[0])])[0]
         alpha = np.asarray([0.1, 0.2, 0.3, 0.15, 0.25])
         n = len(serving_news) + 2
         items = client.post("/v1/recommend/privaterec",

@@ -26,7 +26,8 @@ from privaterec.data.features import build_news_features, build_vocabularies
 from privaterec.data.records import NewsRecord
 from privaterec.data.synth import SynthConfig, generate
 from privaterec.errors import ConfigError, PrivacyBudgetExceeded
-from privaterec.eval.serving import ServingConfig, private_user_encoder
+from privaterec.eval.serving import private_user_encoder
+from privaterec.serving.release import ServingConfig
 from privaterec.models.factory import build_recommender
 from privaterec.privacy.calibration import amplified_budget
 from privaterec.privacy.mechanisms import clip_l1

@@ -103,13 +103,12 @@ def test_unifedrec_device_over_http(serving_models, recall_model, serving_news, 
     from privaterec.serving.app import create_app
     from privaterec.serving.bundle import ServingModels
     from privaterec.serving.server import open_store
-    from privaterec.serving.store import Article
 
     models = ServingModels(serving_models.config, serving_models.vocabs, serving_models.ranker,
                            recall=recall_model)
     store = open_store(models, tmp_path / "store")
     try:
-        store.upsert([Article.from_record(r) for r in serving_news])
+        store.upsert(serving_news)
         with uvicorn_thread(create_app(store, models)) as url:
             device = UniFedRecDevice(url, total=30, budget=math.inf)  # quotas in the clear
             history = serving_news[20:30]

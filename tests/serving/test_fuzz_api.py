@@ -24,7 +24,6 @@ from schemathesis.specs.openapi.checks import negative_data_rejection, positive_
 from privaterec.serving.app import create_app
 from privaterec.serving.bundle import ServingModels
 from privaterec.serving.server import open_store
-from privaterec.serving.store import Article
 
 MAX_EXAMPLES = 20
 
@@ -136,7 +135,7 @@ def fuzz_client(serving_models, recall_model, serving_news, tmp_path_factory):
     models = ServingModels(serving_models.config, serving_models.vocabs,
                            serving_models.ranker, recall=recall_model)
     store = open_store(models, tmp_path_factory.mktemp("fuzz-store"))
-    store.upsert([Article.from_record(r) for r in serving_news])
+    store.upsert(serving_news)
     with TestClient(create_app(store, models)) as client:
         yield client
     store.close()

@@ -21,12 +21,12 @@ from privaterec.serving.client import LocalRankingDevice
 from privaterec.serving.pool_format import (PoolFormatError, apply_delta, content_hash,
                                             decode, decode_delta, decode_full, encode_full,
                                             etag_of, quantize)
-from privaterec.serving.store import Article, top_k_positions
+from privaterec.serving.store import article_json, top_k_positions
 
 
-def new_articles(prefix: str, n: int) -> list[Article]:
-    return [Article(f"{prefix}{i}", "sports", "golf", f"golf open round {i} {prefix}",
-                    "players at the open") for i in range(n)]
+def new_articles(prefix: str, n: int) -> list[NewsRecord]:
+    return [NewsRecord(f"{prefix}{i}", "sports", "golf", f"golf open round {i} {prefix}",
+                       "players at the open") for i in range(n)]
 
 
 def full(client: TestClient, space: str = "scores", **params: str):
@@ -61,7 +61,7 @@ def test_conditional_request_is_304_without_a_body(served_app):
 
 def test_ingestion_changes_the_etag_and_advances_the_version(served_app):
     before = full(served_app)
-    served_app.post("/v1/news", json={"news": [a.to_dict() for a in new_articles("x", 2)]})
+    served_app.post("/v1/news", json={"news": [article_json(a) for a in new_articles("x", 2)]})
     after = served_app.get("/v1/pool/scores", headers={"If-None-Match": before.headers["etag"]})
     assert after.status_code == 200 and after.headers["etag"] != before.headers["etag"]
     assert int(after.headers["x-pool-version"]) == int(before.headers["x-pool-version"]) + 1
@@ -70,7 +70,7 @@ def test_ingestion_changes_the_etag_and_advances_the_version(served_app):
 def test_delta_holds_only_new_columns_and_removed_ids(served_app, served_store):
     start = full(served_app)
     state = decode_full(start.content)
-    served_app.post("/v1/news", json={"news": [a.to_dict() for a in new_articles("n", 3)]})
+    served_app.post("/v1/news", json={"news": [article_json(a) for a in new_articles("n", 3)]})
     served_store.remove([state.ids[4]])
     response = served_app.get("/v1/pool/scores/delta",
                               params={"since": state.version, "pool_id": state.pool_id})
@@ -88,12 +88,12 @@ def test_state_after_sync_equals_a_fresh_download(served_app, served_store, dtyp
     params = {"dtype": dtype, "titles": titles}
     state = decode_full(full(served_app, **params).content)
     # new, updated (in place), removed, removed-then-re-added
-    served_app.post("/v1/news", json={"news": [a.to_dict() for a in new_articles("a", 4)]})
-    changed = Article(state.ids[0], "news", "world", "a completely new title", "")
+    served_app.post("/v1/news", json={"news": [article_json(a) for a in new_articles("a", 4)]})
+    changed = NewsRecord(state.ids[0], "news", "world", "a completely new title", "")
     served_store.upsert([changed])
     served_store.remove([state.ids[1], "a2"])
-    served_store.upsert([Article(state.ids[1], "news", "us", "back again", "")])
-    served_app.post("/v1/news", json={"news": [a.to_dict() for a in new_articles("b", 2)]})
+    served_store.upsert([NewsRecord(state.ids[1], "news", "us", "back again", "")])
+    served_app.post("/v1/news", json={"news": [article_json(a) for a in new_articles("b", 2)]})
     response = served_app.get("/v1/pool/scores/delta",
                               params={"since": state.version, "pool_id": state.pool_id,
                                       **params})
@@ -245,7 +245,7 @@ def test_device_syncs_incrementally_and_matches_a_fresh_device(served_app, serve
     device = LocalRankingDevice(transport=served_app, dtype="float16")
     device.sync()
     assert device.last_sync["kind"] == "full"
-    served_app.post("/v1/news", json={"news": [a.to_dict() for a in new_articles("s", 5)]})
+    served_app.post("/v1/news", json={"news": [article_json(a) for a in new_articles("s", 5)]})
     served_store.remove([device.pool.ids[2]])
     device.recommend(history, k=4)
     assert device.last_sync["kind"] == "delta" and device.last_sync["records"] == 5
@@ -286,7 +286,7 @@ def test_int8_vectors_path_for_a_ranker_without_basis(serving_news, serving_mode
                              replace(serving_model_config, basis_size=0), method="fedrec")
     models = ServingModels.from_run(run)
     with open_store(models, tmp_path / "store") as store:
-        store.upsert([Article.from_record(r) for r in serving_news])
+        store.upsert(serving_news)
         client = TestClient(create_app(store, models))
         assert full(client, "scores").status_code == 404
         exact = LocalRankingDevice(transport=client, dtype="float32")

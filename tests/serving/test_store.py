@@ -12,8 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from privaterec.data.mind import write_news
-from privaterec.serving.store import (Article, NewsStore, StoreError, read_articles,
-                                      top_k_positions)
+from privaterec.data.records import NewsRecord
+from privaterec.serving.store import (NewsStore, StoreError, article_json, pool_record,
+                                      read_articles, top_k_positions)
 
 D, B = 8, 3
 
@@ -25,8 +26,8 @@ def vector_of(news_id: str, version: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal(D).astype(np.float32)
 
 
-def articles(ids, title: str = "t") -> list[Article]:
-    return [Article(i, "cat", "sub", f"{title} {i}", "abstract") for i in ids]
+def articles(ids, title: str = "t") -> list[NewsRecord]:
+    return [NewsRecord(i, "cat", "sub", f"{title} {i}", "abstract") for i in ids]
 
 
 def encoder(version: int = 0):
@@ -142,8 +143,8 @@ def test_upsert_serves_and_survives_restart(tmp_path: Path, basis: np.ndarray):
 def test_update_keeps_position_and_replaces_vector(tmp_path: Path, basis: np.ndarray):
     with open_store(tmp_path, basis) as store:
         store.upsert(articles(["a", "b", "c"]))
-        new = Article("b", "cat2", "sub2", "new title", "new abstract")
-        result = store.upsert([new, Article("d", title="d")],
+        new = NewsRecord("b", "cat2", "sub2", "new title", "new abstract")
+        result = store.upsert([new, NewsRecord("d", title="d")],
                               vectors=np.stack([vector_of("b", 1), vector_of("d")]))
         assert (result.added, result.updated, result.num_news) == (1, 1, 4)
         version = lambda a: 1 if a.news_id == "b" else 0  # noqa: E731
@@ -152,6 +153,30 @@ def test_update_keeps_position_and_replaces_vector(tmp_path: Path, basis: np.nda
     with open_store(tmp_path, basis) as again:
         check_consistent(again.pool, basis, version)
         assert again.get("b") == new
+
+
+def test_the_pool_keeps_the_served_fields_of_a_record(tmp_path: Path, basis: np.ndarray):
+    # the pool stores news_id, category, subcategory, title and abstract (its SQLite
+    # columns); a record's url and entities are dropped on the way in, so what a reader gets
+    # is the same before and after a restart
+    full = NewsRecord("a", "cat", "sub", "title", "abstract", url="https://example.org/a",
+                      title_entities='[{"Label": "x"}]', abstract_entities='[{"Label": "y"}]')
+    served = NewsRecord("a", "cat", "sub", "title", "abstract")
+    assert pool_record(full) == served
+    assert article_json(full) == {"news_id": "a", "category": "cat", "subcategory": "sub",
+                                  "title": "title", "abstract": "abstract"}
+    seen = []
+
+    def encode(batch):
+        seen.extend(batch)
+        return np.stack([vector_of(a.news_id) for a in batch])
+
+    with open_store(tmp_path, basis, encode=encode) as store:
+        store.upsert([full])
+        assert store.get("a") == served
+        assert seen == [served]  # the encoder sees the record the pool keeps
+    with open_store(tmp_path, basis) as again:
+        assert again.get("a") == served
 
 
 def test_failed_commit_leaves_the_previous_pool(tmp_path: Path, basis: np.ndarray,
@@ -334,7 +359,7 @@ def test_read_articles_from_tsv_and_mind_directory(tmp_path: Path, serving_news)
     write_news(tmp_path / "mind" / "test" / "news.tsv", serving_news[2:7])
     got = read_articles(tmp_path / "mind")
     assert [a.news_id for a in got] == [r.news_id for r in serving_news[:7]]
-    assert got[0] == Article.from_record(serving_news[0])
+    assert got[0] == pool_record(serving_news[0])
     (tmp_path / "empty").mkdir()
     with pytest.raises(Exception, match="not a MIND data directory"):
         read_articles(tmp_path / "empty")

@@ -8,8 +8,9 @@ candidates with it. :func:`private_user_encoder` returns the device side as the
 * ``none`` — the model's user vector, sent in the clear (ε_s = ∞);
 * ``privaterec`` — Alg. 2: pad each clicked news to r₀ with probability p, u = Θ_U(history),
   α = softmax(u·bᵀ/√d), α̃ = softplus-normalised α + DPA noise at the amplified budget
-  (true simplex sensitivity), server ũ = Σ α̃ᵢ bᵢ (Alg. 1 line 3). :func:`dpa_release` is
-  this device computation, shared with the device SDK (:mod:`privaterec.serving.client`);
+  (true simplex sensitivity), server ũ = Σ α̃ᵢ bᵢ (Alg. 1 line 3). The device computation is
+  :func:`privaterec.serving.release.dpa_release`, the one the device SDK runs
+  (:mod:`privaterec.serving.device`);
 * ``vdp`` — §3.2.1: clip the d-dim user vector to θ and add noise calibrated to ε_s;
 * ``local`` — local ranking (issue 16): the device holds the pool's score matrix P = b·Rᵀ
   (or, without basic vectors, the news vectors R) and ranks with its exact α (or u); nothing
@@ -17,223 +18,25 @@ candidates with it. :func:`private_user_encoder` returns the device side as the
   P computed like the server's store.
 
 ε_s = ∞ means no noise (and no padding for ``privaterec``: padding only buys amplification).
-Every query is one release; :func:`serving_event` is its privacy event.
+Every query is one release; :func:`privaterec.serving.release.serving_event` is its privacy
+event.
 """
 
 from __future__ import annotations
 
-import functools
-import math
-from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 import torch
 
-from privaterec.config import SERVING_KINDS, _check, _check_choice
 from privaterec.data.features import ANONYMOUS_NEWS, NewsFeatures
 from privaterec.errors import ConfigError
 from privaterec.models.recommender import Recommender
-from privaterec.privacy.calibrated import Calibration, no_noise
-from privaterec.privacy.dpa import (dpa_calibration, relu_normalize, softplus_normalize,
-                                    vdp_calibration, vdp_release)
-from privaterec.privacy.events import PrivacyEvent
-from privaterec.privacy.samplers import NoiseSource, SimulationNoise
+from privaterec.privacy.dpa import vdp_release
+from privaterec.serving.release import ServingConfig, dpa_release, serving_calibration
 
 UserEncoder = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 CandidateTransform = Callable[[torch.Tensor], torch.Tensor]
-
-LOCAL_NOTE = ("local ranking: the device ranks the downloaded pool itself; nothing "
-              "user-dependent is sent (the server sees only that the device synced the pool)")
-
-
-@dataclass(frozen=True)
-class ServingConfig:
-    """How a device releases its user representation per query.
-
-    Attributes
-    ----------
-    kind: ``none``, ``privaterec``, ``vdp`` or ``local`` (nothing sent: ε_s = 0).
-    epsilon: ε_s of one query (``inf``: no noise; ``local`` takes no ε).
-    delta: δ_s (0 with Laplace; in (0, 1) with Gaussian).
-    padding_p: PrivateRec's padding probability p (ignored by ``vdp`` and ``none``).
-    mechanism: ``laplace`` or ``gaussian``.
-    sensitivity_mode: DPA's ``true`` or ``paper`` (invalid, reproduction only) sensitivity.
-    vdp_clip: VDP's clipping norm θ (the paper's serving baseline uses 0.001).
-    seed: seed of the evaluation's generator (the simulated devices' randomness).
-    normalization: how the device maps the noised α + n back to the simplex: ``softplus``
-        (Alg. 2 line 10, the default) or ``relu`` (the guarded ReLU normalisation that
-        training uses, §3.3). Both are post-processing: the guarantee is the same.
-    """
-
-    kind: str = "none"
-    epsilon: float = math.inf
-    delta: float = 0.0
-    padding_p: float = 0.5
-    mechanism: str = "laplace"
-    sensitivity_mode: str = "true"
-    vdp_clip: float = 0.001
-    seed: int = 0
-    normalization: str = "softplus"
-
-    def __post_init__(self) -> None:
-        _check_choice(self.kind, "serving", SERVING_KINDS)
-        _check_choice(self.mechanism, "serving mechanism", ("laplace", "gaussian"))
-        _check_choice(self.sensitivity_mode, "sensitivity_mode", ("true", "paper"))
-        _check_choice(self.normalization, "serving normalization", ("softplus", "relu"))
-        _check(self.epsilon > 0, "epsilon_serve", f"got {self.epsilon!r}, expected > 0")
-        _check(self.kind != "local" or math.isinf(self.epsilon), "epsilon_serve",
-               f"got {self.epsilon!r}; local ranking sends nothing (epsilon_s = 0) and adds "
-               f"no noise: drop --epsilon-serve")
-        _check(0 <= self.padding_p < 1, "padding_p",
-               f"got {self.padding_p!r}, expected a probability 0 <= p < 1")
-        _check(0 < self.vdp_clip < math.inf, "vdp_clip",
-               f"got {self.vdp_clip!r}, expected a finite number > 0")
-        if self.mechanism == "laplace":
-            _check(self.delta == 0, "delta_serve",
-                   f"got {self.delta!r}; Laplace is pure DP: use 0 or --noise gaussian")
-        else:
-            _check(0 < self.delta < 1, "delta_serve",
-                   f"got {self.delta!r}, expected 0 < delta < 1 for the Gaussian mechanism")
-
-    @property
-    def effective_padding(self) -> float:
-        """p actually applied: 0 unless PrivateRec serving with finite ε_s."""
-        if self.kind != "privaterec" or math.isinf(self.epsilon):
-            return 0.0
-        return self.padding_p
-
-
-@functools.lru_cache(maxsize=32)
-def serving_calibration(config: ServingConfig, *, basis_size: int, dim: int) -> Calibration:
-    """How one query is released under ``config`` (its noise and event), calibrated once per
-    configuration (cached).
-
-    ``basis_size``: B (``privaterec``); ``dim``: d, the size of the user vector.
-    """
-    if config.kind == "local":
-        return no_noise(epsilon=0.0, phase="serve", note=LOCAL_NOTE)
-    if config.kind == "none":
-        return no_noise(phase="serve", dimension=max(1, dim),
-                        note="user vector sent in the clear")
-    if config.kind == "privaterec":
-        return dpa_calibration(epsilon=config.epsilon, delta=config.delta,
-                               padding_p=config.effective_padding,
-                               mechanism=config.mechanism,  # type: ignore[arg-type]
-                               sensitivity=config.sensitivity_mode,  # type: ignore[arg-type]
-                               phase="serve", dimension=max(1, basis_size))
-    return vdp_calibration(clip=config.vdp_clip, epsilon=config.epsilon, delta=config.delta,
-                           mechanism=config.mechanism,  # type: ignore[arg-type]
-                           dimension=max(1, dim), phase="serve")
-
-
-def serving_event(config: ServingConfig, *, basis_size: int, dim: int) -> PrivacyEvent:
-    """The privacy event of one query under ``config`` (:func:`serving_calibration`)."""
-    return serving_calibration(config, basis_size=basis_size, dim=dim).event
-
-
-@dataclass(frozen=True)
-class DpaRelease:
-    """One batch of PrivateRec releases (Alg. 2), with its intermediate values.
-
-    Attributes
-    ----------
-    alpha: ``Tensor[m, B]`` α = softmax(u·bᵀ/√d) of the padded histories (never released).
-    noise: ``Tensor[m, B]`` the DPA noise n added before normalisation.
-    released: ``Tensor[m, B]`` α̃ = normalise(α + n) (α itself when ε = ∞).
-    padded: ``BoolTensor[m, H]`` positions replaced by r₀.
-    event: the :class:`PrivacyEvent` of ONE row's release.
-    """
-
-    alpha: torch.Tensor
-    noise: torch.Tensor
-    released: torch.Tensor
-    padded: torch.Tensor
-    event: PrivacyEvent
-
-
-@torch.no_grad()
-def dpa_release(model: Recommender, anonymous: torch.Tensor, vectors: torch.Tensor,
-                mask: torch.Tensor, config: ServingConfig, *,
-                generator: torch.Generator | None = None,
-                noise: NoiseSource | None = None) -> DpaRelease:
-    """PrivateRec Alg. 2 on clicked-news vectors: padding, α, DPA noise, normalisation.
-
-    The device computation of one query batch, shared by the offline evaluation
-    (:func:`private_user_encoder`, whose output is ``basis.reconstruct(released)``) and the
-    device SDK (:class:`privaterec.serving.device.PrivateRecDevice`): the same random draws
-    in the same order (padding first, then the noise), so both agree exactly for the same
-    source state. A device passes ``noise=SecureNoise()`` (OS CSPRNG, float-safe release of
-    α + n); the offline evaluation passes its seeded ``generator`` (equivalent to
-    ``noise=SimulationNoise(generator)``, :mod:`privaterec.privacy.samplers`).
-
-    Parameters
-    ----------
-    model:
-        A recommender with basic vectors (``model.basis``), in eval mode.
-    anonymous:
-        ``Tensor[d]`` r₀ = Θ_N(all-padding news), row 0 of every news table.
-    vectors:
-        ``Tensor[m, H, d]`` clicked-news vectors (right-aligned histories).
-    mask:
-        ``BoolTensor[m, H]`` real clicks.
-    config:
-        ``ServingConfig(kind="privaterec", epsilon=ε_s, delta, padding_p, mechanism,
-        normalization)``; its sensitivity mode must be ``"true"`` on a device.
-    generator:
-        Seeded randomness of a simulation (padding first, then the noise).
-    noise:
-        A :class:`~privaterec.privacy.samplers.NoiseSource` instead of ``generator``
-        (exactly one of the two).
-
-    Returns
-    -------
-    :class:`DpaRelease`.
-
-    Raises
-    ------
-    ConfigError
-        The model has no basic vectors, ``config`` is not a ``privaterec`` configuration, or
-        not exactly one of ``generator`` / ``noise`` was given.
-    """
-    if config.kind != "privaterec":
-        raise ConfigError(f"dpa_release needs ServingConfig(kind='privaterec'), got "
-                          f"kind={config.kind!r}")
-    basis = model.basis
-    if basis is None:
-        raise ConfigError("this model has no basic vectors; train with --method privaterec")
-    source = noise_source(generator, noise)
-    p = config.effective_padding
-    # Alg. 2 lines 2-5 (as padding_mask: one float64 uniform per position; none when p = 0).
-    pad = (source.uniform(mask.shape) < p) & mask if p > 0 else torch.zeros_like(mask)
-    if p > 0:
-        vectors = torch.where(pad[..., None], anonymous.expand_as(vectors), vectors)
-    alpha = basis.attention(model.interest(vectors, mask))
-    calibration = serving_calibration(config, basis_size=int(alpha.shape[-1]), dim=0)
-    event = calibration.event
-    if config.epsilon == math.inf:
-        return DpaRelease(alpha=alpha, noise=torch.zeros_like(alpha), released=alpha,
-                          padded=pad, event=event)
-    if config.mechanism == "laplace":
-        noisy = source.release_laplace(alpha, scale=calibration.scale)
-    else:
-        noisy = source.release_gaussian(alpha, sigma=calibration.scale)
-    normalize = softplus_normalize if config.normalization == "softplus" else relu_normalize
-    return DpaRelease(alpha=alpha, noise=noisy - alpha, released=normalize(noisy), padded=pad,
-                      event=event)
-
-
-def noise_source(generator: torch.Generator | None, noise: NoiseSource | None) -> NoiseSource:
-    """``noise``, or ``SimulationNoise(generator)``: exactly one of the two must be given."""
-    if (generator is None) == (noise is None):
-        raise ConfigError("pass exactly one randomness source: noise=SecureNoise() on a device, "
-                          "or generator=<seeded torch.Generator> in a simulation")
-    if noise is not None:
-        if not isinstance(noise, NoiseSource):
-            raise ConfigError(f"'noise' must be a NoiseSource (SecureNoise() or "
-                              f"SimulationNoise(generator)), got {type(noise).__name__}")
-        return noise
-    return SimulationNoise(generator)  # type: ignore[arg-type]
 
 
 def private_user_encoder(model: Recommender, features: NewsFeatures, config: ServingConfig, *,
@@ -295,7 +98,8 @@ def local_ranking_seams(model: Recommender) -> tuple[UserEncoder, CandidateTrans
     With basic vectors: the device's exact α = softmax(u·bᵀ/√d) ``[b, B]`` (no padding, no
     noise) against the candidates' columns of P = b·Rᵀ ``[C, B]`` (float64 → float32, like the
     downloaded matrix), so a score is α·P_c. Without: u ``[b, d]`` against the float32 news
-    vectors. Nothing is sent: each query's event is :func:`serving_event` of ``local``.
+    vectors. Nothing is sent: each query's event is
+    :func:`~privaterec.serving.release.serving_event` of ``local``.
     """
     basis = model.basis
     if basis is None:
@@ -321,6 +125,5 @@ def local_download_bytes(news_ids: list[str], rows: int, dtype: str = "float32")
     return len(encode_full(state, "0" * 64))
 
 
-__all__ = ["LOCAL_NOTE", "local_download_bytes", "local_ranking_seams",
-           "SERVING_KINDS", "DpaRelease", "ServingConfig", "dpa_release", "noise_source",
-           "private_user_encoder", "serving_calibration", "serving_event"]
+__all__ = ["CandidateTransform", "UserEncoder", "local_download_bytes", "local_ranking_seams",
+           "private_user_encoder"]

@@ -29,10 +29,10 @@ import numpy as np
 from privaterec.config import FedConfig, ModelConfig, RunConfig, TrainConfig
 from privaterec.data.synth import write_synthetic
 from privaterec.errors import ConfigError
-from privaterec.eval.serving import ServingConfig
-from privaterec.experiments.demo import DEMO_ROUNDS, demo_synth_config
+from privaterec.experiments.settings import DEMO_ROUNDS, demo_synth_config
 from privaterec.fed.methods import PRIVATEREC_BASIS, resolve_run_config
 from privaterec.runs.directory import RunDirectory
+from privaterec.serving.release import ServingConfig
 
 # Training budget of every experiment run: the ONE place to change it.
 ROUNDS = DEMO_ROUNDS  # federated rounds (FedAdam at r = 2%)

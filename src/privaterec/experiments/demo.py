@@ -1,15 +1,14 @@
 """``privaterec demo``: the whole story on the embedded synthetic data set, in minutes.
 
 Synthesises (and caches) the default synthetic data, trains each method of the demo table,
-evaluates it on the test split, prints the results tables and ends with closing lines
-computed from them (:mod:`privaterec.experiments.demo_summary`).
+evaluates it on the test split and returns the results (:class:`DemoResult`): its tables and
+the closing lines computed from them (:mod:`privaterec.experiments.demo_summary`), which
+``privaterec demo`` prints.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
-import os
 import shutil
 import sys
 import time
@@ -19,12 +18,14 @@ from typing import Any
 
 from privaterec.config import FedConfig, ModelConfig, RunConfig, TrainConfig
 from privaterec.data.mind import load_dataset
-from privaterec.data.synth import SynthConfig, write_synthetic
-from privaterec.eval.serving import ServingConfig
+from privaterec.data.synth import write_synthetic
+from privaterec.experiments.demo_recall import RecallDemo, run_recall_demo
 from privaterec.experiments.demo_summary import (DemoFacts, DemoRow, chance_auc_se,
                                                  demo_conclusion, format_main_footnotes,
                                                  format_main_table, format_recall_footnote)
+from privaterec.experiments.settings import DEMO_ROUNDS, demo_synth_config
 from privaterec.runs.ranking import evaluate_run, train_run
+from privaterec.serving.release import ServingConfig
 
 
 @dataclass(frozen=True)
@@ -38,7 +39,6 @@ class DemoEntry:
     serve: tuple[ServingConfig, ...] = ()
 
 
-DEMO_ROUNDS = 300  # FedAdam/SGD rounds at r = 2% (about 6 passes over the samples)
 DEMO_SERVE_EPSILON = 10.0  # ε_s per query of the demo's private serving rows
 
 
@@ -68,25 +68,45 @@ def demo_entries(quick: bool) -> list[DemoEntry]:
     return entries
 
 
-def demo_synth_config(quick: bool) -> SynthConfig:
-    """The embedded default synthetic data set (a smaller one with ``quick``)."""
-    return SynthConfig(users=400, news=800, seed=0) if quick else SynthConfig(seed=0)
+@dataclass(frozen=True)
+class DemoResult:
+    """What the demo computed.
 
-
-def default_demo_root() -> Path:
-    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(cache) / "privaterec" / "demo"
-
-
-def run_demo(*, out: str | Path | None = None, quick: bool = False,
-             progress: bool = True) -> int:
-    """Run the demo; print its tables and closing lines. Returns the process exit code.
-
-    Prints, in order: the ranking table with its footnotes, the Uni-FedRec recall part, one
-    private query over HTTP, and the closing lines ("What this shows:") computed from the
-    tables by :func:`~privaterec.experiments.demo_summary.demo_conclusion`.
+    Attributes
+    ----------
+    rows: the ranking table's rows (one per trained method and serving evaluation).
+    facts: what the footnotes and closing lines cite (test impressions, chance band, noise,
+        clients per round, the recall pool, where the runs are).
+    delta: δ of the federated runs' user-level ε (``None`` without a private run).
+    recall: the Uni-FedRec part (its text and table rows).
+    http: one private PrivateRec query over HTTP (:func:`http_query`).
     """
-    root = Path(out) if out is not None else default_demo_root()
+
+    rows: tuple[DemoRow, ...]
+    facts: DemoFacts
+    delta: float | None
+    recall: RecallDemo
+    http: dict[str, Any]
+
+    def text(self) -> str:
+        """What ``privaterec demo`` prints, in order: the ranking table with its footnotes,
+        the Uni-FedRec recall part, the private query over HTTP, and the closing lines
+        ("What this shows:") computed from the tables by
+        :func:`~privaterec.experiments.demo_summary.demo_conclusion`."""
+        rows = list(self.rows)
+        return "\n".join([format_main_table(rows), "",
+                          format_main_footnotes(self.facts, delta=self.delta),
+                          self.recall.text, format_recall_footnote(self.facts),
+                          format_http_query(self.http), "",
+                          "\n".join(demo_conclusion(rows, self.recall.rows, self.facts))])
+
+
+def run_demo(root: str | Path, *, quick: bool = False, progress: bool = True) -> DemoResult:
+    """Run the demo in ``root`` (synthetic data, runs and the serving store go there).
+
+    Returns its results; :meth:`DemoResult.text` is what ``privaterec demo`` prints.
+    """
+    root = Path(root)
     synth = demo_synth_config(quick)
     data_dir = root / ("synth-quick" if quick else "synth-default")
     if not (data_dir / "test" / "behaviors.tsv").exists():
@@ -119,23 +139,16 @@ def run_demo(*, out: str | Path | None = None, quick: bool = False,
                              _privacy_columns(run_dir), time.perf_counter() - started,
                              epsilon_query=0.0 if serving.kind == "local" else serving.epsilon,
                              bytes_per_query=result["serving"]["bytes_per_query"]))
-    count, se = chance_auc_se(imp.labels for imp in load_dataset(data_dir).test.behaviors
-                              if imp.labels is not None)
-    facts = DemoFacts(impressions=count, chance_se=se, noise_ratio=noise,
-                      clients_per_round=clients_per_round, runs=_home(root / "runs"))
-    print(format_main_table(rows))
-    print()
-    print(format_main_footnotes(facts, delta=delta))
-    from privaterec.experiments.demo_recall import run_recall_demo
+    test = load_dataset(data_dir).test
+    assert test is not None  # the demo's synthetic data set has a test split
+    count, se = chance_auc_se(imp.labels for imp in test.behaviors if imp.labels is not None)
     recall = run_recall_demo(root, root / "runs" / "fedrec-nrms", quick=quick,
                              progress=progress)
-    facts = dataclasses.replace(facts, recall_pool=recall.pool, recall_users=recall.users)
-    print(recall.text)
-    print(format_recall_footnote(facts))
-    print(http_demo(root / "runs" / "privaterec_eps_t=10-nrms", data_dir, root))
-    print()
-    print("\n".join(demo_conclusion(rows, recall.rows, facts)))
-    return 0
+    facts = DemoFacts(impressions=count, chance_se=se, noise_ratio=noise,
+                      clients_per_round=clients_per_round, runs=_home(root / "runs"),
+                      recall_pool=recall.pool, recall_users=recall.users)
+    http = http_query(root / "runs" / "privaterec_eps_t=10-nrms", data_dir, root)
+    return DemoResult(tuple(rows), facts, delta, recall, http)
 
 
 def run_dir_name(name: str) -> str:
@@ -175,14 +188,19 @@ def _serving_label(name: str, serving: ServingConfig, result: dict[str, Any]) ->
     return f"{name} → {serving.kind} serving"
 
 
-def http_demo(run_dir: Path, data_dir: Path, root: Path) -> str:
-    """One private PrivateRec query over HTTP to a ``privaterec serve`` the demo starts."""
+def http_query(run_dir: Path, data_dir: Path, root: Path) -> dict[str, Any]:
+    """One private PrivateRec query over HTTP to a ``privaterec serve`` the demo starts
+    (:func:`privaterec.serving.client.demo_query`: what the device sent and received)."""
     from privaterec.serving.client import demo_query
 
     print("starting privaterec serve on loopback ...", file=sys.stderr)
     store = root / "serving-store"
     shutil.rmtree(store, ignore_errors=True)
-    result = demo_query(run_dir, data_dir, epsilon=DEMO_SERVE_EPSILON, store=store)
+    return demo_query(run_dir, data_dir, epsilon=DEMO_SERVE_EPSILON, store=store)
+
+
+def format_http_query(result: dict[str, Any]) -> str:
+    """The demo's lines about the query of :func:`http_query`."""
     alpha = ", ".join(f"{a:.4f}" for a in result["sent"]["alpha"])
     lines = ["", f"Private query over HTTP ({result['url']}, model {result['model_version']}):",
              f"- the device read {len(result['history'])} news (kept on the device); it sent "

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from privaterec.experiments.demo_summary import RecallRow, format_recall_table
-
+from privaterec.experiments.unifedrec import VARIANTS, recall_train_config
 from privaterec.recall.evaluate import query_generator, recall_users
 from privaterec.recall.index import ScoreSpaceIndex
 from privaterec.recall.query import release_query
@@ -29,8 +29,6 @@ DEMO_RECALL_SIZE = 100  # R of the shown query
 
 def demo_recall_config(ranker: Path, *, quick: bool) -> RecallRunConfig:
     """The demo's recall model: the experiment's LDP training at a smaller budget."""
-    from privaterec.experiments.unifedrec import VARIANTS, recall_train_config
-
     (paper,) = [v for v in VARIANTS if v.slug == "unifedrec"]
     config = paper.run_config(ranker, seed=0, quick=quick)
     fed, train = recall_train_config(ldp=True, quick=quick)
@@ -41,7 +39,7 @@ def demo_recall_config(ranker: Path, *, quick: bool) -> RecallRunConfig:
 
 @dataclass(frozen=True)
 class RecallDemo:
-    """What the demo's recall part printed (``text``) and its table rows (recall ×100)."""
+    """The demo's recall part: its text (``text``) and table rows (recall ×100)."""
 
     text: str
     rows: tuple[RecallRow, ...]
@@ -50,7 +48,7 @@ class RecallDemo:
 
 
 def run_recall_demo(root: Path, ranker: Path, *, quick: bool, progress: bool) -> RecallDemo:
-    """Train, query and evaluate; returns the markdown printed by the demo and its rows."""
+    """Train, query and evaluate; returns the demo's markdown of the recall part and its rows."""
     out = root / "runs" / "unifedrec-recall"
     shutil.rmtree(out, ignore_errors=True)
     print("training unifedrec recall model ...", file=sys.stderr)

@@ -20,14 +20,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from privaterec.eval.serving import ServingConfig
-from privaterec.fed.methods import ClientMethod, resolve_run_config
+from privaterec.fed.methods import method_from_config, resolve_run_config
 from privaterec.experiments.common import (DIGITS, METRIC_LABELS, METRICS, MODEL_LABELS, SCALE,
                                            RunSpec, Stopwatch, Summary, check_models,
                                            check_seeds, format_epsilon, format_summary, log,
                                            markdown_table, metric_columns, over_seeds,
                                            resolve_data, training_budget, write_csv,
                                            write_text)
+from privaterec.serving.release import ServingConfig
 
 TRAIN_EPSILON = 10.0  # ε_t of the private rows (Tables 1-2)
 SERVE_EPSILON = 10.0  # ε_s of Table 2
@@ -83,7 +83,7 @@ def round_epsilons(spec: RunSpec) -> tuple[float, float, bool] | None:
     if spec.method == "centralized":
         return None
     config = resolve_run_config(spec.run_config(data="-", model="nrms", seed=0, quick=True))
-    method = ClientMethod.from_config(config)
+    method = method_from_config(config)
     valid = all(e.valid for e in method.events(1))
     return (method.round_epsilon(1, "click")[0], method.round_epsilon(1, "user")[0], valid)
 
@@ -147,7 +147,7 @@ def run_table1(out: Path, *, data: str | None = None,
 
     Trains (or reuses from ``out/runs``) every row × model × seed, then writes
     ``out/table1.md``, ``out/table1.csv`` (raw mean/std per metric) and
-    ``out/table1_runs.csv`` (every seed's raw metrics), and prints the markdown table.
+    ``out/table1_runs.csv`` (every seed's raw metrics); returns the markdown table (``table``).
 
     Parameters
     ----------
@@ -210,7 +210,6 @@ def run_table1(out: Path, *, data: str | None = None,
     csv_path = write_csv(out / "table1.csv", records, _columns([]))
     runs_path = write_csv(out / "table1_runs.csv", seed_rows,
                           ["table", "model", "row", "seed", *METRICS])
-    print(markdown)
     return {"markdown": md_path, "csv": csv_path, "runs_csv": runs_path, "table": markdown,
             "rows": rows, "data": data_dir}
 
@@ -224,7 +223,7 @@ def run_table2(out: Path, *, data: str | None = None,
     Reuses (or trains) Table 1's runs and evaluates each with its serving mechanism, seeded
     with the run's seed; every evaluation is recorded in the run's ``privacy.json`` once
     (repeated calls reuse ``RUN/serving/*.json``). Writes ``out/table2.md``,
-    ``out/table2.csv`` and ``out/table2_runs.csv`` and prints the markdown table.
+    ``out/table2.csv`` and ``out/table2_runs.csv``; returns the markdown table (``table``).
 
     Parameters and return value as in :func:`run_table1`; each row also has
     ``bytes_per_query`` (4 bytes per float sent: B for PrivateRec, d for VDP).
@@ -289,7 +288,6 @@ def run_table2(out: Path, *, data: str | None = None,
                                    "bytes_per_query"]))
     runs_path = write_csv(out / "table2_runs.csv", seed_rows,
                           ["table", "model", "row", "serving", "seed", *METRICS])
-    print(markdown)
     return {"markdown": md_path, "csv": csv_path, "runs_csv": runs_path, "table": markdown,
             "rows": rows, "data": data_dir}
 

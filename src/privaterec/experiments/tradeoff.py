@@ -21,13 +21,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from privaterec.eval.serving import ServingConfig
 from privaterec.experiments.common import (MODEL_LABELS, SCALE, RunSpec, Stopwatch, Summary,
                                            check_models, check_seeds, format_epsilon,
                                            format_summary, log, markdown_table, over_seeds,
                                            resolve_data, training_budget, write_csv,
                                            write_text)
 from privaterec.privacy.dpa import dpa_calibration
+from privaterec.serving.release import ServingConfig
 
 INF = math.inf
 TRAIN_EPSILON = 10.0  # ε_t of the PrivateRec run served in Figs. 4-5 and of Fig. 7
@@ -349,7 +349,6 @@ def run_tradeoff(out: Path, *, data: str | None = None, model: str = "nrms",
               "docs/privacy.md#paper-and-strict-mode).", ""]
     markdown = "\n".join(header + sections)
     md_path = write_text(out / "tradeoff.md", markdown)
-    print(markdown)
     return {"markdown": md_path, "table": markdown, "figures": figures, "data": ctx.data}
 
 

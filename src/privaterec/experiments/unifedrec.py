@@ -40,7 +40,6 @@ from typing import Any, Callable, Sequence
 
 from privaterec.config import FedConfig, replace
 from privaterec.data.synth import SynthConfig, write_synthetic
-from privaterec.eval.serving import ServingConfig
 from privaterec.experiments.common import (RunSpec, Stopwatch, Summary, check_seeds,
                                            checkpoint_stamp, ensure_run, format_summary, log,
                                            markdown_table, run_dir, summarize, write_csv,
@@ -49,6 +48,7 @@ from privaterec.recall.evaluate import RECALL_KS
 from privaterec.runs.recall import (RecallModelConfig, RecallRunConfig, evaluate_recall_run,
                                    is_recall_run, train_recall_run)
 from privaterec.recall.task import RecallTrainConfig
+from privaterec.serving.release import ServingConfig
 
 RECALL_SYNTH = SynthConfig(news=6000, seed=0)
 """Data of the experiment: the demo's synthetic generator with a 6,000-news pool."""
@@ -260,7 +260,6 @@ def run_unifedrec(out: Path, *, data: str | None = None, seeds: Sequence[int] = 
     write_csv(out / "unifedrec_fig5_interest_noise.csv", sweep,
               list(sweep[0]) if sweep else ["interest_noise"])
     png = _plot_sweep(out / "unifedrec_fig5_interest_noise.png", sweep)
-    print(markdown)
     log(f"[{watch}] done", progress=progress)
     return {"markdown": md_path, "table": markdown, "rows": rows_out, "sweep": sweep,
             "png": png, "data": data_dir}

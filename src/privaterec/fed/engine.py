@@ -17,7 +17,7 @@ from typing import Any, Callable, Protocol
 from privaterec.config import FedConfig, RunConfig
 from privaterec.data.clients import ClientDataset
 from privaterec.errors import ConfigError
-from privaterec.fed.methods import ClientMethod, resolve_run_config
+from privaterec.fed.methods import ClientMethod, method_from_config, resolve_run_config
 from privaterec.fed.objective import LocalObjective
 from privaterec.fed.sampling import clients_per_round, eligible_clients
 from privaterec.fed.simulator import FederatedState, RoundCallback, train_federated
@@ -82,7 +82,7 @@ def check_engine(method: ClientMethod, clients: ClientDataset, *, engine: str) -
 def check_run(config: RunConfig, clients: ClientDataset) -> None:
     """:func:`check_engine` of a ranking run configuration."""
     config = resolve_run_config(config)
-    check_engine(ClientMethod.from_config(config), clients, engine=config.fed.engine)
+    check_engine(method_from_config(config), clients, engine=config.fed.engine)
 
 
 @dataclass
@@ -128,7 +128,7 @@ def federated_job(config: RunConfig, model: Recommender, *,
     θ₀ and the final θ is loaded into it.
     """
     config = resolve_run_config(config)
-    method = ClientMethod.from_config(config)
+    method = method_from_config(config)
     model.prepare_news_table(progress=progress)  # PLM: frozen MiniLM layers, once (tqdm)
     task = LocalObjective(model)
     strategy = with_pretrained_lr(build_strategy(config.fed), task.pretrained_mask(),
@@ -153,7 +153,7 @@ def train_federated_run(config: RunConfig, model: Recommender, clients: ClientDa
     Other parameters: see :func:`privaterec.fed.simulator.train_federated`.
     """
     config = resolve_run_config(config)
-    check_engine(ClientMethod.from_config(config), clients, engine=config.fed.engine)
+    check_engine(method_from_config(config), clients, engine=config.fed.engine)
     return federated_job(config, model, progress=progress).train(
         clients, engine=engine, checkpoint_path=checkpoint_path, progress=progress,
         on_evaluate=on_evaluate, on_checkpoint=on_checkpoint,

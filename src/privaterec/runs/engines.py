@@ -39,7 +39,7 @@ def load_device(spec: "ClientSpec") -> "Device":
     ConfigError
         If ``spec.run_dir`` holds no run configuration.
     """
-    from privaterec.runs.recall import RECALL_CONFIG_FILE
+    from privaterec.runs.recall_setup import RECALL_CONFIG_FILE
 
     run_dir = Path(spec.run_dir)
     if (run_dir / RECALL_CONFIG_FILE).exists():
@@ -54,9 +54,9 @@ def _ranking_device(run_dir: Path, data_dir: str) -> "Device":
     from privaterec.config import RunConfig, replace
     from privaterec.data.text import TextVocabularies
     from privaterec.fed.flower import Device
-    from privaterec.fed.methods import ClientMethod, resolve_run_config
+    from privaterec.fed.methods import method_from_config, resolve_run_config
     from privaterec.fed.objective import LocalObjective
-    from privaterec.runs.ranking import build_run_model, prepare_data
+    from privaterec.runs.ranking_setup import build_run_model, prepare_data
 
     config = resolve_run_config(RunConfig.from_yaml(run_dir / "config.yaml"))
     if data_dir:
@@ -68,14 +68,14 @@ def _ranking_device(run_dir: Path, data_dir: str) -> "Device":
     prepared = prepare_data(config, drop_missing=True, vocabs=vocabs)
     # The public model exactly as privaterec.runs.ranking.train_run initialises it.
     task = LocalObjective(build_run_model(config, prepared))
-    return Device.of(task, ClientMethod.from_config(config), prepared.train_clients)
+    return Device.of(task, method_from_config(config), prepared.train_clients)
 
 
 def _recall_device(run_dir: Path, data_dir: str) -> "Device":
     from privaterec.data.mind import load_dataset
     from privaterec.fed.flower import Device
     from privaterec.recall.task import RecallTask
-    from privaterec.runs.recall import RECALL_CONFIG_FILE, RecallRunConfig, recall_setup
+    from privaterec.runs.recall_setup import RECALL_CONFIG_FILE, RecallRunConfig, recall_setup
 
     config = RecallRunConfig.from_yaml(run_dir / RECALL_CONFIG_FILE).resolved()
     dataset = load_dataset(data_dir or config.data, drop_missing=True)

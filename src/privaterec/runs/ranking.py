@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections import Counter
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -20,64 +19,26 @@ import torch
 import yaml
 
 from privaterec.config import FEDERATED_METHODS, RunConfig
-from privaterec.data.clients import ClientDataset, build_client_dataset
-from privaterec.data.features import NewsFeatures, build_news_features, build_vocabularies
+from privaterec.data.features import build_news_features
 from privaterec.data.mind import load_dataset
 from privaterec.data.records import MindDataset, MindSplit
 from privaterec.data.text import TextVocabularies
 from privaterec.errors import CheckpointError, ConfigError
 from privaterec.eval.evaluate import evaluate_model
-from privaterec.eval.serving import ServingConfig, private_user_encoder, serving_event
+from privaterec.eval.serving import private_user_encoder
 from privaterec.fed.engine import check_run, federated_job
 from privaterec.fed.methods import resolve_run_config
-from privaterec.models.factory import build_recommender, vocabulary_kind
 from privaterec.models.recommender import Recommender
 from privaterec.privacy.events import PrivacyEvent
 from privaterec.runs.directory import RunDirectory
 from privaterec.runs.engines import build_engine
+from privaterec.runs.ranking_setup import (PreparedData, build_run_model, load_run_model,
+                                          prepare_data)
 from privaterec.runs.report import release_description
-from privaterec.runtime.checkpoint import load_checkpoint
 from privaterec.runtime.determinism import flush_denormals
+from privaterec.serving.release import ServingConfig, serving_event
 from privaterec.training.centralized import train_centralized
 from privaterec.training.popularity import PopularityModel, evaluate_popularity
-
-
-@dataclass
-class PreparedData:
-    """A loaded dataset with its vocabularies, news table and training clients."""
-
-    dataset: MindDataset
-    vocabs: TextVocabularies
-    features: NewsFeatures
-    train_clients: ClientDataset
-
-
-def prepare_data(config: RunConfig, *, drop_missing: bool = False,
-                 vocabs: TextVocabularies | None = None) -> PreparedData:
-    """Load ``config.data`` and build everything a trainer needs.
-
-    Vocabularies come from the training split's news only (DESIGN §4 erratum 9) unless
-    ``vocabs`` (e.g. those of a trained run) are given.
-    """
-    dataset = load_dataset(config.data, drop_missing=drop_missing)
-    model = config.model
-    if vocabs is None:
-        vocabs = build_vocabularies(dataset.train.news.values(), kind=vocabulary_kind(model),
-                                    min_count=model.min_word_count)
-    features = build_news_features(dataset.all_news(), vocabs, title_len=model.title_len,
-                                   abstract_len=model.abstract_len)
-    clients = build_client_dataset(dataset.train, features, history_len=model.history_len)
-    return PreparedData(dataset, vocabs, features, clients)
-
-
-def build_run_model(config: RunConfig, prepared: PreparedData) -> Recommender:
-    """The run's initial model: seeded with ``train.seed``, news table attached.
-
-    Every engine builds it this way, so frozen parameters that are not trained (e.g. random
-    frozen word vectors) are the same on the server and on every device.
-    """
-    torch.manual_seed(config.train.seed)
-    return build_recommender(config.model, prepared.vocabs, prepared.features)
 
 
 def evaluation_split(dataset: MindDataset, split: str) -> MindSplit:
@@ -197,24 +158,6 @@ def run_files(run: RunDirectory, config: RunConfig) -> dict[str, str]:
     if run.vocab_path.exists():
         files["vocab.json"] = run.vocab_path.read_text()
     return files
-
-
-def load_run_model(run_dir: str | Path) -> tuple[RunConfig, TextVocabularies, Recommender]:
-    """Rebuild a trained model from its run directory (no news table attached)."""
-    run = RunDirectory(Path(run_dir))
-    config = run.config()
-    if config.train.method == "popularity":
-        raise CheckpointError(f"{run.path}: a popularity run has no neural model")
-    vocabs = TextVocabularies.load(run.vocab_path)
-    model = build_recommender(config.model, vocabs)
-    state = load_checkpoint(run.checkpoint_path)
-    try:
-        model.load_state_dict(state["model"])
-    except RuntimeError as exc:
-        raise CheckpointError(f"{run.checkpoint_path}: does not match the model in "
-                              f"{run.config_path} ({exc})") from None
-    model.eval()
-    return config, vocabs, model
 
 
 def evaluate_run(run_dir: str | Path, data_dir: str | Path | None = None, *,

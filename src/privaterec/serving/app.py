@@ -35,11 +35,12 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
 from privaterec import __version__
+from privaterec.data.records import NewsRecord
 from privaterec.serving import schemas
 from privaterec.serving.bundle import ServingModels
 from privaterec.serving.pool_download import VersionError, delta_pool, full_pool
 from privaterec.serving.pool_format import PoolFormatError
-from privaterec.serving.store import Article, NewsPool, NewsStore, top_k_positions
+from privaterec.serving.store import NewsPool, NewsStore, article_json, top_k_positions
 
 DEFAULT_MAX_BODY_BYTES = 1_000_000
 NO_BASIS = ("this model has no basic vectors; train with --method privaterec to serve "
@@ -329,8 +330,8 @@ def create_app(store: NewsStore, models: ServingModels, *,
 
     @app.post("/v1/news", response_model=schemas.IngestResponse, responses=ERRORS)
     def ingest(request: schemas.IngestRequest) -> Response:
-        articles = [Article(item.news_id, item.category, item.subcategory, item.title,
-                            item.abstract) for item in request.news]
+        articles = [NewsRecord(item.news_id, item.category, item.subcategory, item.title,
+                               item.abstract) for item in request.news]
         result = store.upsert(articles)
         return json_response({"added": result.added, "updated": result.updated,
                               "num_news": result.num_news})
@@ -420,7 +421,7 @@ def create_app(store: NewsStore, models: ServingModels, *,
             if article is None:
                 missing.append(news_id)
             else:
-                found.append(article.to_dict())
+                found.append(article_json(article))
         return json_response({"news": found, "missing": missing})
 
     @app.get("/v1/news/{news_id}", response_model=schemas.Article, responses=ERRORS)
@@ -428,7 +429,7 @@ def create_app(store: NewsStore, models: ServingModels, *,
         article = store.pool.get(news_id)
         if article is None:
             raise HTTPException(404, "unknown news id; it is not in the news pool")
-        return json_response(article.to_dict())
+        return json_response(article_json(article))
 
     return app
 

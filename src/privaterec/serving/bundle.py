@@ -31,10 +31,10 @@ import yaml
 
 from privaterec.config import RunConfig
 from privaterec.data.features import build_news_features
+from privaterec.data.records import NewsRecord
 from privaterec.data.text import TextVocabularies
 from privaterec.errors import CheckpointError, ConfigError
 from privaterec.models.recommender import Recommender
-from privaterec.serving.store import Article
 
 if TYPE_CHECKING:
     from privaterec.recall.model import UniFedRecRecall
@@ -242,9 +242,9 @@ class ServingModels:
 
     # ------------------------------------------------------------------ encoding
     @torch.inference_mode()
-    def encode_news(self, articles: Sequence[Article]) -> np.ndarray:
+    def encode_news(self, articles: Sequence[NewsRecord]) -> np.ndarray:
         """Θ_N of the ranker on articles: ``float32[n, d]`` (unknown words → ``<unk>``)."""
-        records = [a.to_record() for a in articles]
+        records = list(articles)
         features = build_news_features(records, self.vocabs,
                                        title_len=self.config.model.title_len,
                                        abstract_len=self.config.model.abstract_len)

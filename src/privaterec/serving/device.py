@@ -4,7 +4,7 @@ A device holds the news its user read (:class:`~privaterec.data.records.NewsReco
 sends them. It downloads the public model once (:mod:`privaterec.serving.download`) and per
 query releases only a privatised summary of the (truncated) history:
 
-* :class:`PrivateRecDevice` — Alg. 2 (:func:`privaterec.eval.serving.dpa_release`): α̃ [B]
+* :class:`PrivateRecDevice` — Alg. 2 (:func:`privaterec.serving.release.dpa_release`): α̃ [B]
   to ``/v1/recommend/privaterec``; the server scores ũ = Σ α̃ᵢ bᵢ over its pool (Alg. 1).
 * :class:`VDPDevice` — the VDP baseline (§3.2.1): the clipped, noised user vector [d] to
   ``/v1/recommend/vdp``.
@@ -54,7 +54,6 @@ from torch import Tensor
 
 from privaterec.data.records import NewsRecord
 from privaterec.errors import CheckpointError, ConfigError
-from privaterec.eval.serving import ServingConfig, dpa_release, serving_event
 from privaterec.privacy.events import PrivacyEvent
 from privaterec.privacy.ledger import Composition, PrivacyLedger
 from privaterec.privacy.mechanisms import clip_elementwise, clip_l1, clip_l2
@@ -67,6 +66,7 @@ from privaterec.serving.budget import (DEFAULT_DEVICE_BUDGET, DEFAULT_GAUSSIAN_D
                                        history_digest, release_key)
 from privaterec.serving.download import (DeviceModel, RecallBuilder, build_recall_model,
                                          download_model, download_recall_model)
+from privaterec.serving.release import ServingConfig, dpa_release, serving_event
 from privaterec.serving.transport import (HttpSession, ModelChangedError, ServerError,
                                           Transport, json_body, json_floats)
 
@@ -322,7 +322,7 @@ class _RankingDevice(_Device):
 class PrivateRecDevice(_RankingDevice):
     """A PrivateRec device: releases α̃ (B floats) per query (Alg. 1-2 with errata 1-3).
 
-    Alg. 2 on the device (:func:`privaterec.eval.serving.dpa_release`): each clicked news is
+    Alg. 2 on the device (:func:`privaterec.serving.release.dpa_release`): each clicked news is
     replaced by the anonymous news r₀ with probability p, u = Θ_U(history) [d],
     α = softmax(u·bᵀ/√d) [B], Laplace or analytic-Gaussian noise calibrated with the TRUE
     simplex sensitivity (L1 = 2, L2 = √2) at the padding-amplified budget, α̃ =

@@ -54,37 +54,27 @@ from privaterec.errors import PrivateRecError
 FORMAT_VERSION = 1
 INGEST_BATCH = 1000
 
-Encoder = Callable[[Sequence["Article"]], np.ndarray]
+Encoder = Callable[[Sequence[NewsRecord]], np.ndarray]
 """Articles → ``float32[n, d]`` news vectors (the ranker's news encoder Θ_N)."""
+
+POOL_FIELDS = ("news_id", "category", "subcategory", "title", "abstract")
+"""The fields of a :class:`~privaterec.data.records.NewsRecord` the pool keeps (the columns
+of table ``news``) and the API serves; in the pool the others (url, entities) are empty."""
 
 
 class StoreError(PrivateRecError):
     """A news store cannot be opened or written (the message names the directory)."""
 
 
-@dataclass(frozen=True)
-class Article:
-    """One news article of the pool."""
+def pool_record(record: NewsRecord) -> NewsRecord:
+    """``record`` as the pool keeps it: its :data:`POOL_FIELDS`, the other fields empty."""
+    return NewsRecord(record.news_id, record.category, record.subcategory, record.title,
+                      record.abstract)
 
-    news_id: str
-    category: str = ""
-    subcategory: str = ""
-    title: str = ""
-    abstract: str = ""
 
-    @classmethod
-    def from_record(cls, record: NewsRecord) -> "Article":
-        return cls(record.news_id, record.category, record.subcategory, record.title,
-                   record.abstract)
-
-    def to_record(self) -> NewsRecord:
-        return NewsRecord(self.news_id, self.category, self.subcategory, self.title,
-                          self.abstract)
-
-    def to_dict(self) -> dict[str, str]:
-        return {"news_id": self.news_id, "category": self.category,
-                "subcategory": self.subcategory, "title": self.title,
-                "abstract": self.abstract}
+def article_json(record: NewsRecord) -> dict[str, str]:
+    """The API's article object: the :data:`POOL_FIELDS` of ``record``."""
+    return {name: getattr(record, name) for name in POOL_FIELDS}
 
 
 @dataclass(frozen=True)
@@ -170,13 +160,13 @@ class NewsPool:
         Encodings of this snapshot (downloads), filled lazily by the server.
     """
 
-    def __init__(self, articles: Sequence[Article], vectors: np.ndarray,
+    def __init__(self, articles: Sequence[NewsRecord], vectors: np.ndarray,
                  scores: Mapping[str, np.ndarray],
                  positions: dict[str, int] | None = None, *, version: int = 0,
                  versions: np.ndarray | None = None, pool_id: str = "",
                  base_version: int = 0,
                  removed: Sequence[tuple[int, str]] = ()) -> None:
-        self.articles: tuple[Article, ...] = tuple(articles)
+        self.articles: tuple[NewsRecord, ...] = tuple(articles)
         self.positions = (positions if positions is not None else
                           {a.news_id: i for i, a in enumerate(self.articles)})
         self.vectors = _frozen(vectors)
@@ -198,7 +188,7 @@ class NewsPool:
     def dim(self) -> int:
         return int(self.vectors.shape[1])
 
-    def get(self, news_id: str) -> Article | None:
+    def get(self, news_id: str) -> NewsRecord | None:
         position = self.positions.get(news_id)
         return None if position is None else self.articles[position]
 
@@ -308,17 +298,17 @@ class NewsStore:
     def __len__(self) -> int:
         return len(self._pool)
 
-    def get(self, news_id: str) -> Article | None:
+    def get(self, news_id: str) -> NewsRecord | None:
         return self._pool.get(news_id)
 
-    def upsert(self, articles: Sequence[Article],
+    def upsert(self, articles: Sequence[NewsRecord],
                vectors: np.ndarray | None = None) -> IngestResult:
         """Add new articles and update existing ones (by news id), atomically.
 
         Parameters
         ----------
         articles:
-            Distinct news ids.
+            Distinct news ids; the pool keeps their :data:`POOL_FIELDS` (:func:`pool_record`).
         vectors:
             Their ``[n, d]`` news vectors; default: the store's encoder.
 
@@ -327,7 +317,7 @@ class NewsStore:
         :class:`IngestResult`. The new articles are servable when this returns; on any
         exception the pool (in memory and on disk) is the previous one.
         """
-        articles = list(articles)
+        articles = [pool_record(a) for a in articles]
         ids = [a.news_id for a in articles]
         if len(set(ids)) != len(ids):
             raise ValueError("upsert: the articles must have distinct news ids")
@@ -381,7 +371,7 @@ class NewsStore:
                                   removed=pool.removed + tuple((version, i) for i in ordered))
             return len(gone)
 
-    def add_missing(self, articles: Iterable[Article], *,
+    def add_missing(self, articles: Iterable[NewsRecord], *,
                     batch_size: int = INGEST_BATCH) -> int:
         """Upsert the articles whose id is not in the pool yet (batches of ``batch_size``,
         each atomic); return how many were added."""
@@ -506,10 +496,10 @@ class NewsStore:
             return
         self._pool = snapshot(vectors, readable)
 
-    def _read_articles(self) -> tuple[list[Article], np.ndarray, np.ndarray]:
+    def _read_articles(self) -> tuple[list[NewsRecord], np.ndarray, np.ndarray]:
         rows = self._db.execute("SELECT news_id, category, subcategory, title, abstract, slot, "
                                 "version FROM news ORDER BY position").fetchall()
-        articles = [Article(*row[:5]) for row in rows]
+        articles = [NewsRecord(*row[:5]) for row in rows]
         return (articles, np.asarray([row[5] for row in rows], dtype=np.int64),
                 np.asarray([row[6] for row in rows], dtype=np.int64))
 
@@ -595,7 +585,7 @@ class NewsStore:
             db.execute("ROLLBACK")
             raise
 
-    def _upsert_locked(self, articles: list[Article], vectors: np.ndarray) -> IngestResult:
+    def _upsert_locked(self, articles: list[NewsRecord], vectors: np.ndarray) -> IngestResult:
         pool = self._pool
         start = self._slots
         rows = self._rows(vectors)
@@ -704,14 +694,15 @@ class NewsStore:
                               pool_id=pool.pool_id, base_version=base, removed=pool.removed)
 
 
-def read_articles(path: str | Path) -> list[Article]:
-    """Articles of a MIND ``news.tsv`` file, or of a data directory (``news.tsv`` of the
-    train and test splits, train first; see :func:`privaterec.data.mind.split_directories`)."""
+def read_articles(path: str | Path) -> list[NewsRecord]:
+    """The articles of a MIND ``news.tsv`` file, or of a data directory (``news.tsv`` of the
+    train and test splits, train first; see :func:`privaterec.data.mind.split_directories`),
+    as the pool keeps them (:func:`pool_record`)."""
     from privaterec.data.mind import NEWS_FILE, read_news, split_directories
 
     path = Path(path)
     if path.is_file():
-        return [Article.from_record(r) for r in read_news(path).values()]
+        return [pool_record(r) for r in read_news(path).values()]
     news: dict[str, NewsRecord] = {}
     dirs = split_directories(path)
     for directory in (dirs["train"], dirs["test"]):
@@ -721,8 +712,9 @@ def read_articles(path: str | Path) -> list[Article]:
     if not news:
         raise StoreError(f"{path}: no {NEWS_FILE} found (pass a news.tsv file or a MIND data "
                          f"directory)")
-    return [Article.from_record(r) for r in news.values()]
+    return [pool_record(r) for r in news.values()]
 
 
-__all__ = ["Article", "Encoder", "INGEST_BATCH", "IngestResult", "NewsPool", "NewsStore",
-           "StoreError", "basis_digest", "read_articles", "top_k_positions"]
+__all__ = ["Encoder", "INGEST_BATCH", "POOL_FIELDS", "IngestResult", "NewsPool", "NewsStore",
+           "StoreError", "article_json", "basis_digest", "pool_record", "read_articles",
+           "top_k_positions"]

@@ -79,13 +79,6 @@ class ClientMethod(ABC):
     negatives: int
     max_samples: int
 
-    @classmethod
-    def from_config(cls, config: Any) -> "ClientMethod":
-        """The client method of a resolved run configuration (:mod:`.registry`)."""
-        from privaterec.fed.methods.registry import method_from_config
-
-        return method_from_config(config)
-
     # ---------------------------------------------------------------- participation
     def check_client(self, data: ClientData) -> None:
         """Raise ``ValueError`` if the client cannot take part (no training sample)."""

@@ -107,7 +107,7 @@ def fed_run_config(method: str, *, mode: str, epsilon: float, noise: str = "lapl
 def _federated_target(method: str, world: AuditWorld, *, mode: str, epsilon: float,
                       noise: str, delta: float, model: ModelConfig) -> Target:
     from privaterec.fed.client import client_update
-    from privaterec.fed.methods import ClientMethod
+    from privaterec.fed.methods import method_from_config
     from privaterec.fed.objective import LocalObjective
     from privaterec.models.factory import build_recommender
 
@@ -121,7 +121,7 @@ def _federated_target(method: str, world: AuditWorld, *, mode: str, epsilon: flo
     if method == "fednewsrec":
         config = fed_run_config(method, mode=mode, epsilon=epsilon, noise=noise, delta=delta,
                                 dimension=objective.dimension, model=model)
-    client = ClientMethod.from_config(config)
+    client = method_from_config(config)
     params = objective.parameters()
 
     def upload(data: ClientData, generator: torch.Generator) -> Release:

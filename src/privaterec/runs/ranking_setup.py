@@ -1,0 +1,84 @@
+"""What a ranking run is built from: its data, vocabularies, training clients and model.
+
+The run layer (:mod:`privaterec.runs.ranking`) trains and evaluates with them, and a Flower
+device (:func:`privaterec.runs.engines.load_device`) rebuilds exactly the same public task
+from the run's public files; both import them from here, below the engine choice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from privaterec.config import RunConfig
+from privaterec.data.clients import ClientDataset, build_client_dataset
+from privaterec.data.features import NewsFeatures, build_news_features, build_vocabularies
+from privaterec.data.mind import load_dataset
+from privaterec.data.records import MindDataset
+from privaterec.data.text import TextVocabularies
+from privaterec.errors import CheckpointError
+from privaterec.models.factory import build_recommender, vocabulary_kind
+from privaterec.models.recommender import Recommender
+from privaterec.runs.directory import RunDirectory
+from privaterec.runtime.checkpoint import load_checkpoint
+
+
+@dataclass
+class PreparedData:
+    """A loaded dataset with its vocabularies, news table and training clients."""
+
+    dataset: MindDataset
+    vocabs: TextVocabularies
+    features: NewsFeatures
+    train_clients: ClientDataset
+
+
+def prepare_data(config: RunConfig, *, drop_missing: bool = False,
+                 vocabs: TextVocabularies | None = None) -> PreparedData:
+    """Load ``config.data`` and build everything a trainer needs.
+
+    Vocabularies come from the training split's news only (DESIGN §4 erratum 9) unless
+    ``vocabs`` (e.g. those of a trained run) are given.
+    """
+    dataset = load_dataset(config.data, drop_missing=drop_missing)
+    model = config.model
+    if vocabs is None:
+        vocabs = build_vocabularies(dataset.train.news.values(), kind=vocabulary_kind(model),
+                                    min_count=model.min_word_count)
+    features = build_news_features(dataset.all_news(), vocabs, title_len=model.title_len,
+                                   abstract_len=model.abstract_len)
+    clients = build_client_dataset(dataset.train, features, history_len=model.history_len)
+    return PreparedData(dataset, vocabs, features, clients)
+
+
+def build_run_model(config: RunConfig, prepared: PreparedData) -> Recommender:
+    """The run's initial model: seeded with ``train.seed``, news table attached.
+
+    Every engine builds it this way, so frozen parameters that are not trained (e.g. random
+    frozen word vectors) are the same on the server and on every device.
+    """
+    torch.manual_seed(config.train.seed)
+    return build_recommender(config.model, prepared.vocabs, prepared.features)
+
+
+def load_run_model(run_dir: str | Path) -> tuple[RunConfig, TextVocabularies, Recommender]:
+    """Rebuild a trained model from its run directory (no news table attached)."""
+    run = RunDirectory(Path(run_dir))
+    config = run.config()
+    if config.train.method == "popularity":
+        raise CheckpointError(f"{run.path}: a popularity run has no neural model")
+    vocabs = TextVocabularies.load(run.vocab_path)
+    model = build_recommender(config.model, vocabs)
+    state = load_checkpoint(run.checkpoint_path)
+    try:
+        model.load_state_dict(state["model"])
+    except RuntimeError as exc:
+        raise CheckpointError(f"{run.checkpoint_path}: does not match the model in "
+                              f"{run.config_path} ({exc})") from None
+    model.eval()
+    return config, vocabs, model
+
+
+__all__ = ["PreparedData", "build_run_model", "load_run_model", "prepare_data"]
