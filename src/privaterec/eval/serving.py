@@ -11,7 +11,8 @@ candidates with it. :func:`private_user_encoder` returns the device side as the
   (true simplex sensitivity), server ũ = Σ α̃ᵢ bᵢ (Alg. 1 line 3). The device computation is
   :func:`privaterec.serving.release.dpa_release`, the one the device SDK runs
   (:mod:`privaterec.serving.device`);
-* ``vdp`` — §3.2.1: clip the d-dim user vector to θ and add noise calibrated to ε_s;
+* ``vdp`` — §3.2.1: clip the d-dim user vector to θ and add noise calibrated to ε_s
+  (:func:`privaterec.serving.release.vdp_user_release`, the device SDK's computation too);
 * ``local`` — local ranking (issue 16): the device holds the pool's score matrix P = b·Rᵀ
   (or, without basic vectors, the news vectors R) and ranks with its exact α (or u); nothing
   is sent, ε_s = 0. :func:`local_ranking_seams` scores candidates as the device does, α·P with
@@ -32,8 +33,7 @@ import torch
 from privaterec.data.features import ANONYMOUS_NEWS, NewsFeatures
 from privaterec.errors import ConfigError
 from privaterec.models.recommender import Recommender
-from privaterec.privacy.dpa import vdp_release
-from privaterec.serving.release import ServingConfig, dpa_release, serving_calibration
+from privaterec.serving.release import ServingConfig, dpa_release, vdp_user_release
 
 UserEncoder = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 CandidateTransform = Callable[[torch.Tensor], torch.Tensor]
@@ -65,11 +65,9 @@ def private_user_encoder(model: Recommender, features: NewsFeatures, config: Ser
         raise ConfigError("local ranking scores candidates on the device: use "
                           "local_ranking_seams(model)")
     if config.kind == "vdp":
-        calibration = serving_calibration(config, basis_size=0, dim=model.dim)
-
         def vdp(vectors: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-            return vdp_release(model.encode_user(vectors, mask), calibration,
-                               generator=generator)
+            return vdp_user_release(model.encode_user(vectors, mask), config,
+                                    generator=generator)
         return vdp
     basis = model.basis
     if basis is None:

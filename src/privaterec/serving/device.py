@@ -47,7 +47,7 @@ import dataclasses
 import logging
 import math
 from pathlib import Path
-from typing import Any, Mapping, Self, Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 from torch import Tensor
@@ -56,7 +56,7 @@ from privaterec.data.records import NewsRecord
 from privaterec.errors import CheckpointError, ConfigError
 from privaterec.privacy.events import PrivacyEvent
 from privaterec.privacy.ledger import Composition, PrivacyLedger
-from privaterec.privacy.mechanisms import clip_elementwise, clip_l1, clip_l2
+from privaterec.privacy.mechanisms import clip_elementwise
 from privaterec.privacy.samplers import (SIMULATED_NOTE, NoiseSource, SecureNoise,
                                          SimulationNoise)
 from privaterec.recall.interest import query_events
@@ -64,35 +64,14 @@ from privaterec.serving.budget import (DEFAULT_DEVICE_BUDGET, DEFAULT_GAUSSIAN_D
                                        DEFAULT_MAX_FRESH_RELEASES, DEFAULT_RELEASE_WINDOW,
                                        STATE_FILE, DeviceBudget, Events, default_state_dir,
                                        history_digest, release_key)
-from privaterec.serving.download import (DeviceModel, RecallBuilder, build_recall_model,
-                                         download_model, download_recall_model)
-from privaterec.serving.release import ServingConfig, dpa_release, serving_event
-from privaterec.serving.transport import (HttpSession, ModelChangedError, ServerError,
-                                          Transport, json_body, json_floats)
-
-MAX_K = 1000
-"""Largest ``k`` (and Uni-FedRec ``total``) the server accepts (serving spec)."""
+from privaterec.serving.device_common import MAX_K, DeviceBase, check_count, check_history
+from privaterec.serving.download import RecallBuilder, build_recall_model, download_recall_model
+from privaterec.serving.release import (ServingConfig, dpa_release, serving_event,
+                                        vdp_user_release)
+from privaterec.serving.transport import (ModelChangedError, ServerError, Transport, json_body,
+                                          json_floats)
 
 _log = logging.getLogger(__name__)
-
-
-def _check_history(history: Sequence[NewsRecord]) -> list[NewsRecord]:
-    if isinstance(history, (str, bytes)) or not isinstance(history, Sequence):
-        raise ConfigError("'history' must be a sequence of NewsRecord (the news this user "
-                          "read, held on the device)")
-    items = list(history)
-    for i, n in enumerate(items):
-        if not isinstance(n, NewsRecord):
-            raise ConfigError(f"history[{i}] is a {type(n).__name__}, expected a NewsRecord: "
-                              f"the device encodes the news it holds and never sends ids")
-    return items
-
-
-def _check_count(value: int, name: str, upper: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= upper:
-        raise ConfigError(f"invalid '{name}': got {value!r}, expected an integer in "
-                          f"[1, {upper}]")
-    return value
 
 
 def _check_gaussian_budget(mechanism: str, budget: float, budget_delta: float) -> None:
@@ -121,8 +100,9 @@ def _noise_source(insecure_simulation_noise: SimulationNoise | None) -> NoiseSou
     return insecure_simulation_noise
 
 
-class _Device:
-    """Shared machinery of the devices: transport, downloaded model, budget, release cache.
+class _Device(DeviceBase):
+    """What the querying devices add to :class:`DeviceBase`: noise source, budget, release
+    cache.
 
     A subclass names its ``kind`` (release-cache key) and ``endpoint``, and implements
     :meth:`_params` (what a release depends on besides the history) and :meth:`_new_release`
@@ -140,9 +120,8 @@ class _Device:
                  max_fresh_releases: int | None, release_window: float,
                  insecure_simulation_noise: SimulationNoise | None) -> None:
         self.noise = _noise_source(insecure_simulation_noise)
-        self.cache_dir = None if cache_dir is None else Path(cache_dir).expanduser()
+        super().__init__(base_url, cache_dir=cache_dir, transport=transport, timeout=timeout)
         state_dir = self.cache_dir if self.cache_dir is not None else default_state_dir()
-        self._http = HttpSession(base_url, transport, timeout)
         self.budget = DeviceBudget(cap=budget, delta=budget_delta, composition=composition,
                                    path=state_dir / STATE_FILE,
                                    max_fresh_releases=max_fresh_releases,
@@ -166,29 +145,6 @@ class _Device:
                       for e, c in events]
         self.budget.spend(events, history=history)
 
-    # -- model -----------------------------------------------------------------------
-    def refresh(self) -> None:
-        """(Re)download ``/v1/model`` and, if its version is new, the parameters."""
-        info = self._http.get_json("/v1/model")
-        self._check_info(info)
-        current = getattr(self, "_model", None)
-        if current is None or current.model_version != info["model_version"]:
-            self._download(info)
-
-    def _check_info(self, info: Mapping[str, Any]) -> None:
-        pass
-
-    def _download(self, info: Mapping[str, Any]) -> None:
-        self._model = download_model(self._http, info, self.cache_dir)
-
-    @property
-    def model(self) -> DeviceModel:
-        return self._model
-
-    @property
-    def model_version(self) -> str:
-        return self._model.model_version
-
     @property
     def bytes_sent(self) -> int:
         """Size in bytes of the JSON body of the last query (what left the device)."""
@@ -204,15 +160,6 @@ class _Device:
         ∞ once a non-private release was recorded (Uni-FedRec quotas in the clear).
         """
         return self.budget.spent(delta=delta)
-
-    def close(self) -> None:
-        self._http.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     # -- release ---------------------------------------------------------------------
     def _params(self) -> dict[str, Any]:
@@ -231,7 +178,7 @@ class _Device:
         release of a history already released ``max_fresh_releases`` times within
         ``release_window`` raises :class:`~privaterec.serving.budget.ReleaseLimitExceeded`.
         """
-        items = _check_history(history)
+        items = check_history(history)
         kept = items[-self._model.config.model.history_len:]
         params = self._params()
         if self.simulated:  # never re-send a simulated release from a real device's cache
@@ -308,7 +255,7 @@ class _RankingDevice(_Device):
         ServerError, ModelChangedError
             The server refused the query or now serves another model.
         """
-        _check_count(k, "k", MAX_K)
+        check_count(k, "k", MAX_K)
         values, cached = self.release(history)
         payload = {self.field: values, "k": k}
         response, body = self._post(payload)
@@ -454,20 +401,13 @@ class VDPDevice(_RankingDevice):
 
     @torch.no_grad()
     def _draw(self, history: Sequence[NewsRecord]) -> Tensor:
-        """The clipped, noised user vector ``Tensor[d]`` (§3.2.1, as ``vdp_release``).
-
-        L1 clip to θ + Laplace(2θ/ε), or L2 clip to θ + the analytic Gaussian of Δ₂ = 2θ
-        (the event's noise scale), released by the device's noise source.
+        """The clipped, noised user vector ``Tensor[d]`` (§3.2.1,
+        :func:`~privaterec.serving.release.vdp_user_release` with the device's noise source):
+        L1 clip to θ + Laplace(2θ/ε), or L2 clip to θ + the analytic Gaussian of Δ₂ = 2θ.
         """
         vectors, mask, _ = self._model.history_tensors(history)
-        c = self.config
         user = self._model.model.encode_user(vectors, mask)
-        scale = self._event().noise_scale
-        if c.mechanism == "laplace":
-            released = self.noise.release_laplace(clip_l1(user, c.vdp_clip), scale=scale)
-        else:
-            released = self.noise.release_gaussian(clip_l2(user, c.vdp_clip), sigma=scale)
-        return released[0]
+        return vdp_user_release(user, self.config, noise=self.noise)[0]
 
 
 @torch.no_grad()
@@ -599,7 +539,7 @@ class UniFedRecDevice(_Device):
                               f"expected 'server' or 'local'")
         self.noise_scale = noise_scale
         self.quota_noise_scale = quota_noise_scale
-        self.total = _check_count(total, "total", MAX_K)
+        self.total = check_count(total, "total", MAX_K)
         self.candidate_vectors = candidate_vectors
         self.recall_builder = recall_builder or build_recall_model
         super().__init__(base_url, budget=budget,
@@ -652,8 +592,8 @@ class UniFedRecDevice(_Device):
         ``{"news_id", "title", "category", "score", "channel"}`` best first, ``score`` being
         the ranking model's click score uᵀr computed on the device.
         """
-        _check_count(k, "k", self.total)
-        items = _check_history(history)
+        check_count(k, "k", self.total)
+        items = check_history(history)
         channels, cached = self.release(items)
         payload = {"channels": channels, "total": self.total,
                    "include_vectors": self.candidate_vectors == "server"}

@@ -30,7 +30,7 @@ import os
 import random
 import time
 from pathlib import Path
-from typing import Any, Self, Sequence
+from typing import Any, Mapping, Sequence
 
 import httpx
 import numpy as np
@@ -40,19 +40,17 @@ from privaterec.data.records import NewsRecord
 from privaterec.errors import CheckpointError, ConfigError
 from privaterec.privacy.events import PrivacyEvent
 from privaterec.privacy.ledger import PrivacyLedger
-from privaterec.serving.download import DeviceModel, download_model
+from privaterec.serving.device_common import MAX_K, DeviceBase, check_count, check_history
 from privaterec.serving.pool_format import (DTYPES, PoolFormatError, PoolState, apply_delta,
                                             decode_delta, decode_full, encode_full, etag_of,
                                             content_hash)
 from privaterec.serving.store import top_k_positions
-from privaterec.serving.transport import (HttpSession, ModelChangedError, ServerError,
-                                          Transport, json_body)
+from privaterec.serving.transport import ModelChangedError, ServerError, Transport, json_body
 
 LOCAL_USER = "device"
 """The ledger's user id (a device accounts for one user)."""
 LEDGER_FILE = "local_ledger.json"
 TITLE_MODES = ("pool", "lookup", "decoys", "none")
-MAX_K = 1000
 _CHUNK = 16384  # records per block when scoring int8 vectors
 
 RANKING_NOTE = ("local ranking: the pool was ranked on the device; nothing user-dependent "
@@ -74,7 +72,7 @@ def lookup_event(ids: Sequence[str], results: int) -> PrivacyEvent:
               f"user's history, so the server learns them (decoys give no DP guarantee)"))
 
 
-class LocalRankingDevice:
+class LocalRankingDevice(DeviceBase):
     """A device that ranks the whole pool locally and sends nothing about its user.
 
     Parameters
@@ -127,8 +125,7 @@ class LocalRankingDevice:
         self.titles = titles
         self.decoys = decoys
         self.decoy_rng = decoy_rng if decoy_rng is not None else random.SystemRandom()
-        self.cache_dir = None if cache_dir is None else Path(cache_dir)
-        self._http = HttpSession(base_url, transport, timeout)
+        super().__init__(base_url, cache_dir=cache_dir, transport=transport, timeout=timeout)
         self.ledger = self._load_ledger()
         self.bytes_downloaded = 0
         self.last_sync: dict[str, Any] | None = None
@@ -140,9 +137,8 @@ class LocalRankingDevice:
         self._state = self._load_cached_pool()
 
     # ------------------------------------------------------------------ model
-    def refresh(self) -> None:
-        """(Re)download ``/v1/model`` and, if its version is new, the parameters."""
-        info = self._http.get_json("/v1/model")
+    def _check_info(self, info: Mapping[str, Any]) -> None:
+        """Choose the pool's space for the served model (``auto``: scores with a basis)."""
         space = self._requested_space
         if space == "auto":
             space = "scores" if info.get("basis_size") else "vectors"
@@ -150,17 +146,6 @@ class LocalRankingDevice:
             raise ConfigError(f"the server's model {info.get('model_version')!r} has no basic "
                               f"vectors: use space='vectors' (or 'auto')")
         self.space = space
-        current: DeviceModel | None = getattr(self, "_model", None)
-        if current is None or current.model_version != info["model_version"]:
-            self._model = download_model(self._http, info, self.cache_dir)
-
-    @property
-    def model(self) -> DeviceModel:
-        return self._model
-
-    @property
-    def model_version(self) -> str:
-        return self._model.model_version
 
     @property
     def pool(self) -> PoolState | None:
@@ -328,7 +313,7 @@ class LocalRankingDevice:
     def user_weights(self, history: Sequence[NewsRecord]) -> np.ndarray:
         """What the device scores the pool with, computed from its own history (never sent):
         α = softmax(u·bᵀ/√d) ``float32[B]`` for ``scores``, u ``float32[d]`` for ``vectors``."""
-        items = _check_history(history)
+        items = check_history(history)
         vectors, mask, _ = self._model.history_tensors(items)
         model = self._model.model
         if self.space == "scores":
@@ -374,7 +359,8 @@ class LocalRankingDevice:
         """The top ``k`` ``(news_id, score)`` of the pool the device holds, best first, ties
         by pool order (:func:`~privaterec.serving.store.top_k_positions`). No request."""
         state = self._require_pool()
-        k = _check_k(k, len(state))
+        k = check_count(k, "k", min(MAX_K, len(state)),
+                        why="at most 1000 and the pool's size")
         scores = self.scores(self.user_weights(history))
         top = top_k_positions(scores, k)
         return [(state.ids[p], float(scores[p])) for p in top.tolist()]
@@ -444,40 +430,12 @@ class LocalRankingDevice:
                  for a in response.get("news", [])}
         return {i: found[i] for i in ids if i in found}, sent
 
-    def close(self) -> None:
-        self._http.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
 
 def _detail(response: Any) -> Any:
     try:
         return response.json().get("detail", response.text)
     except (ValueError, AttributeError):
         return response.text
-
-
-def _check_history(history: Sequence[NewsRecord]) -> list[NewsRecord]:
-    if isinstance(history, (str, bytes)) or not isinstance(history, Sequence):
-        raise ConfigError("'history' must be a sequence of NewsRecord (the news this user "
-                          "read, held on the device)")
-    items = list(history)
-    for i, n in enumerate(items):
-        if not isinstance(n, NewsRecord):
-            raise ConfigError(f"history[{i}] is a {type(n).__name__}, expected a NewsRecord")
-    return items
-
-
-def _check_k(k: int, n: int) -> int:
-    upper = min(MAX_K, n)
-    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= upper:
-        raise ConfigError(f"invalid 'k': got {k!r}, expected an integer in [1, {upper}] "
-                          f"(at most 1000 and the pool's size)")
-    return k
 
 
 __all__ = ["LEDGER_FILE", "LOCAL_USER", "LocalRankingDevice", "RANKING_NOTE", "TITLE_MODES",

@@ -11,6 +11,10 @@ evaluation that simulates the devices (:mod:`privaterec.eval.serving`):
   r₀ with probability p, u = Θ_U(history), α = softmax(u·bᵀ/√d), α̃ = normalised α + DPA
   noise at the amplified budget (true simplex sensitivity); the server computes
   ũ = Σ α̃ᵢ bᵢ (Alg. 1 line 3);
+* :func:`vdp_user_release` — VDP (§3.2.1) on a batch of user vectors: each clipped to θ
+  plus noise with Δ = 2θ (as :func:`privaterec.privacy.dpa.vdp_release`, from either source);
+* :func:`source_release` — a release clipped and noised as its calibration says, every draw
+  from one :class:`~privaterec.privacy.samplers.NoiseSource`;
 * :func:`noise_source` — the randomness of a release: a device's ``SecureNoise`` or a
   simulation's seeded generator.
 
@@ -33,6 +37,7 @@ from privaterec.privacy.calibrated import Calibration, no_noise
 from privaterec.privacy.dpa import (dpa_calibration, relu_normalize, softplus_normalize,
                                     vdp_calibration)
 from privaterec.privacy.events import PrivacyEvent
+from privaterec.privacy.mechanisms import apply_clip
 from privaterec.privacy.samplers import NoiseSource, SimulationNoise
 
 LOCAL_NOTE = ("local ranking: the device ranks the downloaded pool itself; nothing "
@@ -207,13 +212,65 @@ def dpa_release(model: Recommender, anonymous: torch.Tensor, vectors: torch.Tens
     if config.epsilon == math.inf:
         return DpaRelease(alpha=alpha, noise=torch.zeros_like(alpha), released=alpha,
                           padded=pad, event=event)
-    if config.mechanism == "laplace":
-        noisy = source.release_laplace(alpha, scale=calibration.scale)
-    else:
-        noisy = source.release_gaussian(alpha, sigma=calibration.scale)
+    noisy = source_release(alpha, calibration, source)  # DPA does not clip: α is on the simplex
     normalize = softplus_normalize if config.normalization == "softplus" else relu_normalize
     return DpaRelease(alpha=alpha, noise=noisy - alpha, released=normalize(noisy), padded=pad,
                       event=event)
+
+
+def vdp_user_release(user: torch.Tensor, config: ServingConfig, *,
+                     generator: torch.Generator | None = None,
+                     noise: NoiseSource | None = None) -> torch.Tensor:
+    """VDP (PrivateRec §3.2.1) of user vectors: each clipped to θ, plus noise calibrated to ε_s.
+
+    L1 clip + Laplace(2θ/ε_s), or L2 clip + the analytic Gaussian of Δ₂ = 2θ
+    (:func:`serving_calibration` of ``config``). The device computation of one query, shared
+    by the device SDK (:class:`privaterec.serving.device.VDPDevice`, ``noise=SecureNoise()``)
+    and the offline evaluation (:func:`~privaterec.eval.serving.private_user_encoder`, its
+    seeded ``generator``); with a generator it draws exactly what
+    :func:`privaterec.privacy.dpa.vdp_release` draws.
+
+    Parameters
+    ----------
+    user:
+        ``Tensor[m, d]`` user vectors u = Θ_U(history), one release per row.
+    config:
+        ``ServingConfig(kind="vdp", epsilon=ε_s, delta, vdp_clip=θ, mechanism)``.
+    generator, noise:
+        Exactly one randomness source (as in :func:`dpa_release`).
+
+    Returns
+    -------
+    ``Tensor[m, d]`` released vectors.
+
+    Raises
+    ------
+    ConfigError
+        ``config`` is not a ``vdp`` configuration, or not exactly one source was given.
+    """
+    if config.kind != "vdp":
+        raise ConfigError(f"vdp_user_release needs ServingConfig(kind='vdp'), got "
+                          f"kind={config.kind!r}")
+    calibration = serving_calibration(config, basis_size=0, dim=int(user.shape[-1]))
+    return source_release(user, calibration, noise_source(generator, noise))
+
+
+def source_release(x: torch.Tensor, calibration: Calibration,
+                   source: NoiseSource) -> torch.Tensor:
+    """One release per row of ``x``, clipped then noised as ``calibration`` says, every draw
+    from ``source``: :func:`privaterec.privacy.mechanisms.clip_and_noise` for a
+    :class:`~privaterec.privacy.samplers.NoiseSource` (a float-safe ``SecureNoise`` on a
+    device; ``SimulationNoise(g)`` draws what ``clip_and_noise`` draws with ``g``).
+
+    ``x`` is e.g. ``Tensor[m, d]``; the result has its shape and dtype (``x`` clipped, without
+    noise, for a calibration without noise).
+    """
+    x = apply_clip(x, calibration)
+    if calibration.mechanism == "laplace":
+        return source.release_laplace(x, scale=calibration.scale)
+    if calibration.mechanism == "gaussian":
+        return source.release_gaussian(x, sigma=calibration.scale)
+    return x
 
 
 def noise_source(generator: torch.Generator | None, noise: NoiseSource | None) -> NoiseSource:
@@ -230,4 +287,5 @@ def noise_source(generator: torch.Generator | None, noise: NoiseSource | None) -
 
 
 __all__ = ["LOCAL_NOTE", "SERVING_KINDS", "DpaRelease", "ServingConfig", "dpa_release",
-           "noise_source", "serving_calibration", "serving_event"]
+           "noise_source", "serving_calibration", "serving_event", "source_release",
+           "vdp_user_release"]
