@@ -65,6 +65,27 @@ def test_none_and_infinite_epsilon_are_the_model_itself(model_and_features):
                                expected / expected.norm(dim=-1, keepdim=True))
 
 
+@pytest.mark.parametrize("mechanism, delta", [("laplace", 0.0), ("gaussian", 1e-5)])
+def test_vdp_user_encoder_draws_what_vdp_release_draws(model_and_features, mechanism, delta):
+    """The offline VDP runs the device's function (serving.release.vdp_user_release); with a
+    seeded generator it equals the reference mechanism privacy.dpa.vdp_release bitwise."""
+    from privaterec.privacy.dpa import vdp_calibration, vdp_release
+
+    model, _, features = model_and_features
+    vectors, mask = _history(model, features)
+    config = ServingConfig(kind="vdp", epsilon=1.5, delta=delta, vdp_clip=0.5,
+                           mechanism=mechanism)
+    with torch.no_grad():
+        got = private_user_encoder(model, features, config,
+                                   generator=torch.Generator().manual_seed(4))(vectors, mask)
+        user = model.encode_user(vectors, mask)
+        calibration = vdp_calibration(clip=0.5, epsilon=1.5, delta=delta, mechanism=mechanism,
+                                      dimension=model.dim)
+        want = vdp_release(user, calibration, generator=torch.Generator().manual_seed(4))
+    assert not torch.equal(got, user)
+    assert torch.equal(got, want)
+
+
 def test_privaterec_release_lies_in_the_span_of_b_and_is_noisy(model_and_features):
     model, _, features = model_and_features
     vectors, mask = _history(model, features)
