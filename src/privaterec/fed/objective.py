@@ -26,10 +26,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.func import functional_call, grad, grad_and_value
+from torch.func import grad, grad_and_value
 
 from privaterec.data.clients import ClientData, draw_candidates
-from privaterec.fed.task import ParamSpec, per_client_gradients
+from privaterec.fed.task import ModuleTask, ParamSpec, per_client_gradients
 from privaterec.models.recommender import Recommender
 from privaterec.privacy.dpa import relu_normalize
 from privaterec.privacy.randomness import Randomness, randperm
@@ -196,7 +196,7 @@ def draw_samples(data: ClientData, *, max_samples: int, negatives: int,
                                    generator=generator)
 
 
-class LocalObjective:
+class LocalObjective(ModuleTask):
     """Losses and gradients of the global model's trainable parameters θ ∈ R^D.
 
     Parameters
@@ -210,41 +210,16 @@ class LocalObjective:
         model.eval()
         model.prepare_news_table()  # before reading supports_vmap (PLM: needs the table)
         self.model = model
-        self._loss_module = _RoundLoss(model)
+        super().__init__(_RoundLoss(model), prefix="recommender")
         self._attention_module = _Attention(model)
-        self.spec = ParamSpec.of(self._loss_module)
-        trainable = set(self.spec.names)
-        self._frozen = {n: t.detach() for n, t in
-                        list(self._loss_module.named_parameters())
-                        + list(self._loss_module.named_buffers()) if n not in trainable}
         self.supports_vmap = bool(getattr(model.news_encoder, "supports_vmap", True))
 
-    # -- parameters ------------------------------------------------------------------------
-    @property
-    def dimension(self) -> int:
-        return self.spec.dimension
-
+    # -- parameters (θ's layout, parameters(), load(), parameter_names(): ModuleTask) ---------
     @property
     def basis_size(self) -> int:
         """B, the number of PrivateRec basic vectors of the model (0 without)."""
         basis = self.model.basis
         return 0 if basis is None else int(basis.size)
-
-    def parameters(self) -> torch.Tensor:
-        """The model's current θ, ``Tensor[D]``."""
-        params = dict(self._loss_module.named_parameters())
-        return self.spec.flatten({n: params[n].detach() for n in self.spec.names})
-
-    def load(self, flat: torch.Tensor) -> None:
-        """Copy θ ``Tensor[D]`` into the model (e.g. before evaluation or saving)."""
-        params = dict(self._loss_module.named_parameters())
-        with torch.no_grad():
-            for name, value in self.spec.unflatten(flat).items():
-                params[name].copy_(value)
-
-    def parameter_names(self) -> list[str]:
-        """Names of θ's parameters, as the model's ``state_dict`` calls them."""
-        return [n.removeprefix("recommender.") for n in self.spec.names]
 
     def pretrained_mask(self) -> torch.Tensor:
         """``BoolTensor[D]``: the coordinates of θ fine-tuned from a pre-trained model."""
@@ -254,8 +229,7 @@ class LocalObjective:
 
     def public_state(self) -> dict[str, torch.Tensor]:
         """The model's tensors outside θ (frozen parameters and buffers)."""
-        trainable = set(self.parameter_names())
-        return {n: t for n, t in self.model.state_dict().items() if n not in trainable}
+        return self._model_public_state()
 
     # -- the task protocol (privaterec.fed.task.FederatedTask) --------------------------------
     def client_inputs(self, data: ClientData, *, max_samples: int, negatives: int,
@@ -285,10 +259,6 @@ class LocalObjective:
         return self.client_gradients(flat, self.batch(inputs), chunk_clients=chunk_clients)
 
     # -- losses ----------------------------------------------------------------------------
-    def _call(self, flat: torch.Tensor, *args: object) -> torch.Tensor:
-        return functional_call(self._loss_module, {**self._frozen, **self.spec.unflatten(flat)},
-                               args)
-
     def _client_loss(self, flat: torch.Tensor, history: torch.Tensor, mask: torch.Tensor,
                      candidates: torch.Tensor, weights: torch.Tensor,
                      attention_noise: torch.Tensor | None = None,
@@ -307,9 +277,8 @@ class LocalObjective:
         device releases with DPA (PrivateRec Alg. 2 lines 6-9)."""
         keep = int(mask.sum()) or int(mask.shape[0])
         with torch.no_grad():
-            alpha = functional_call(self._attention_module,
-                                    {**self._frozen, **self.spec.unflatten(flat)},
-                                    (history[None, -keep:], mask[None, -keep:]))
+            alpha = self._call(flat, history[None, -keep:], mask[None, -keep:],
+                               module=self._attention_module)
         return alpha[0]
 
     # -- gradients -------------------------------------------------------------------------

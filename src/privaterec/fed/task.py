@@ -8,9 +8,11 @@ sequential reference round and the Flower engine — only sees this protocol; wh
 does with the task's gradients (clip, noise, local steps, DPA, ...) is its method's
 (:mod:`privaterec.fed.methods`).
 
-Per-client gradients of every task come from one helper, :func:`per_client_gradients`:
-``vmap(grad)`` over memory-bounded chunks of clients, with a loop over the clients of a
-chunk for models that cannot run under ``vmap``.
+Both tasks build on :class:`ModuleTask`, θ as the trainable parameters of a loss module
+(its layout, reading and loading θ, the loss called at a given θ). Per-client gradients of
+every task come from one helper, :func:`per_client_gradients`: ``vmap(grad)`` over
+memory-bounded chunks of clients, with a loop over the clients of a chunk for models that
+cannot run under ``vmap``.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any, Callable, Iterable, Protocol, Sequence, TypeVar, runtime
 
 import torch
 from torch import nn
-from torch.func import vmap
+from torch.func import functional_call, vmap
 
 from privaterec.data.clients import ClientData
 from privaterec.privacy.randomness import Randomness
@@ -126,6 +128,69 @@ class FederatedTask(Protocol[InputsT]):
         ...
 
 
+class ModuleTask:
+    """The parameter half of a :class:`FederatedTask` whose θ ∈ R^D is the trainable
+    parameters of a loss module wrapping the task's model.
+
+    The ranking task (:class:`~privaterec.fed.objective.LocalObjective`) and the recall task
+    (:class:`~privaterec.recall.task.RecallTask`) build on it: θ's layout (:attr:`spec`),
+    :meth:`parameters`, :meth:`load`, :meth:`parameter_names`, and :meth:`_call`, the loss
+    module (or another module over the same parameters) called at a given θ with
+    ``functional_call``, the module's other tensors held fixed.
+
+    Parameters
+    ----------
+    loss:
+        The ``nn.Module`` whose trainable parameters are θ, in registration order.
+    prefix:
+        The attribute of ``loss`` that holds the task's model (``loss.<prefix>``): θ's names
+        without it are the model's ``state_dict`` names.
+    """
+
+    def __init__(self, loss: nn.Module, *, prefix: str) -> None:
+        self._loss_module = loss
+        self._prefix = prefix
+        self.spec = ParamSpec.of(loss)
+        trainable = set(self.spec.names)
+        self._frozen = {n: t.detach() for n, t in [*loss.named_parameters(),
+                                                   *loss.named_buffers()]
+                        if n not in trainable}
+
+    @property
+    def dimension(self) -> int:
+        """D, the number of trainable (uploaded) coordinates."""
+        return self.spec.dimension
+
+    def parameters(self) -> torch.Tensor:
+        """The model's current θ, ``Tensor[D]``."""
+        params = dict(self._loss_module.named_parameters())
+        return self.spec.flatten({n: params[n].detach() for n in self.spec.names})
+
+    def load(self, flat: torch.Tensor) -> None:
+        """Copy θ ``Tensor[D]`` into the model (e.g. before evaluation or saving)."""
+        params = dict(self._loss_module.named_parameters())
+        with torch.no_grad():
+            for name, value in self.spec.unflatten(flat).items():
+                params[name].copy_(value)
+
+    def parameter_names(self) -> list[str]:
+        """Names of θ's parameters, as the model's ``state_dict`` calls them."""
+        return [n.removeprefix(self._prefix + ".") for n in self.spec.names]
+
+    def _model_public_state(self) -> dict[str, torch.Tensor]:
+        """The model's tensors outside θ (frozen parameters and buffers)."""
+        trainable = set(self.parameter_names())
+        state = self._loss_module.get_submodule(self._prefix).state_dict()
+        return {n: t for n, t in state.items() if n not in trainable}
+
+    def _call(self, flat: torch.Tensor, *args: Any,
+              module: nn.Module | None = None) -> torch.Tensor:
+        """``module(*args)`` (default: the loss module) with θ = ``flat`` (differentiable,
+        vmap-compatible) and the loss module's other tensors."""
+        return functional_call(self._loss_module if module is None else module,
+                               {**self._frozen, **self.spec.unflatten(flat)}, args)
+
+
 Chunk = tuple[torch.Tensor, tuple[Any, ...]]
 """(indices of the chunk's clients ``LongTensor[c]``, the chunk's batched arguments)."""
 
@@ -179,4 +244,4 @@ def per_client_gradients(fn: Callable[..., tuple[torch.Tensor, torch.Tensor]],
     return values, losses
 
 
-__all__ = ["Chunk", "FederatedTask", "ParamSpec", "per_client_gradients"]
+__all__ = ["Chunk", "FederatedTask", "ModuleTask", "ParamSpec", "per_client_gradients"]

@@ -60,7 +60,7 @@ from typing import Any, Callable, ClassVar, Literal, Sequence
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.func import functional_call, grad_and_value
+from torch.func import grad_and_value
 
 from privaterec.config import FedConfig, replace
 from privaterec.data.clients import ClientData, ClientDataset, draw_candidates
@@ -70,7 +70,7 @@ from privaterec.fed.methods.base import ClientMethod
 from privaterec.fed.sampling import eligible_clients
 from privaterec.fed.simulator import FederatedState
 from privaterec.fed.strategies import build_strategy
-from privaterec.fed.task import ParamSpec, per_client_gradients
+from privaterec.fed.task import ModuleTask, per_client_gradients
 from privaterec.privacy.calibrated import Calibration, clipped_release, no_noise
 from privaterec.privacy.events import PrivacyEvent
 from privaterec.privacy.mechanisms import laplace_noise
@@ -252,7 +252,7 @@ class RecallClientInputs:
 
 
 
-class RecallTask:
+class RecallTask(ModuleTask):
     """The recall model's parameters θ ∈ R^D over fixed news vectors, as a federated task.
 
     Parameters
@@ -286,39 +286,13 @@ class RecallTask:
             raise ConfigError(f"pool_rows must be >= 2 distinct rows in [0, {n}) of the news "
                               f"table, got {pool.numel()} rows")
         self.pool_rows = pool
-        self._loss = _RecallLoss(model)
-        self.spec = ParamSpec.of(self._loss)
-        trainable = set(self.spec.names)
-        self._frozen = {k: v.detach() for k, v in [*self._loss.named_parameters(),
-                                                   *self._loss.named_buffers()]
-                        if k not in trainable}
+        super().__init__(_RecallLoss(model), prefix="model")
 
-    # -- parameters ------------------------------------------------------------------------
-    @property
-    def dimension(self) -> int:
-        """D, the number of uploaded coordinates."""
-        return self.spec.dimension
-
+    # -- parameters (θ's layout, parameters(), load(), parameter_names(): ModuleTask) ---------
     @property
     def score_shape(self) -> tuple[int, int]:
         """(M, B): channel slots × basic interests."""
         return (self.model.max_channels, self.model.num_basis)
-
-    def parameters(self) -> Tensor:
-        """The model's current θ ``[D]``."""
-        params = dict(self._loss.named_parameters())
-        return self.spec.flatten({n: params[n].detach() for n in self.spec.names})
-
-    def load(self, flat: Tensor) -> None:
-        """Copy θ ``[D]`` into the model."""
-        params = dict(self._loss.named_parameters())
-        with torch.no_grad():
-            for name, value in self.spec.unflatten(flat).items():
-                params[name].copy_(value)
-
-    def parameter_names(self) -> list[str]:
-        """Names of θ's parameters, as the model's ``state_dict`` calls them."""
-        return [n.removeprefix("model.") for n in self.spec.names]
 
     def pretrained_mask(self) -> Tensor:
         """No coordinate of the recall model is pre-trained: ``BoolTensor[D]`` of False."""
@@ -326,14 +300,10 @@ class RecallTask:
 
     def public_state(self) -> dict[str, Tensor]:
         """The model's frozen tensors, the news vectors and the pool rows."""
-        trainable = set(self.parameter_names())
-        state = {n: t for n, t in self.model.state_dict().items() if n not in trainable}
-        return {**state, "news_vectors": self.news_vectors, "pool_rows": self.pool_rows}
+        return {**self._model_public_state(), "news_vectors": self.news_vectors,
+                "pool_rows": self.pool_rows}
 
     # -- losses ----------------------------------------------------------------------------
-    def _call(self, flat: Tensor, *args: Any) -> Tensor:
-        return functional_call(self._loss, {**self._frozen, **self.spec.unflatten(flat)}, args)
-
     @torch.no_grad()
     def channels(self, flat: Tensor, history: Tensor, mask: Tensor) -> ChannelBatch:
         """Interest channels under θ of histories ``LongTensor[b, H]`` (rows), ``[b, H]``."""
