@@ -1,10 +1,15 @@
 """Run directories: what ``privaterec train`` writes and ``privaterec evaluate`` reads.
 
-A run directory holds ``config.yaml`` (the :class:`~privaterec.config.RunConfig`),
+A ranking run directory holds ``config.yaml`` (the :class:`~privaterec.config.RunConfig`),
 ``vocab.json`` (vocabularies built from the training news), ``checkpoint.pt`` (the model
 ``state_dict`` under key ``model`` plus optimizer/RNG state for resuming) and
 ``metrics.json``; federated runs also ``privacy.json`` (the privacy ledger and its
 report). The popularity baseline writes ``popularity.json`` instead of a checkpoint.
+
+A Uni-FedRec run directory (:mod:`privaterec.runs.recall`) holds ``recall.yaml`` (its
+:class:`~privaterec.runs.recall_setup.RecallRunConfig`) instead of ``config.yaml`` and
+``vocab.json``, and the same ``checkpoint.pt``, ``privacy.json`` and ``metrics.json``.
+:class:`RunDirectory` names the files of both kinds.
 """
 
 from __future__ import annotations
@@ -13,10 +18,24 @@ import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, Self
 
 from privaterec.config import RunConfig
 from privaterec.errors import CheckpointError
+
+CONFIG_FILE = "config.yaml"
+RECALL_CONFIG_FILE = "recall.yaml"
+
+
+class SavedConfig(Protocol):
+    """A run's configuration as its file stores it: a :class:`RunConfig` (``config.yaml``) or a
+    Uni-FedRec run's ``RecallRunConfig`` (``recall.yaml``)."""
+
+    def to_yaml(self, path: Path) -> None: ...
+
+    @classmethod
+    def from_yaml(cls, path: Path) -> Self: ...
+
 
 
 def config_differences(old: Any, new: Any) -> list[tuple[str, Any, Any]]:
@@ -38,13 +57,22 @@ def config_differences(old: Any, new: Any) -> list[tuple[str, Any, Any]]:
 
 @dataclass(frozen=True)
 class RunDirectory:
-    """Paths of one run directory."""
+    """Paths of one run directory: a ranking run or a Uni-FedRec run (module docstring)."""
 
     path: Path
 
     @property
     def config_path(self) -> Path:
-        return self.path / "config.yaml"
+        return self.path / CONFIG_FILE
+
+    @property
+    def recall_config_path(self) -> Path:
+        return self.path / RECALL_CONFIG_FILE
+
+    @property
+    def is_recall(self) -> bool:
+        """Whether this is a Uni-FedRec run directory (it holds ``recall.yaml``)."""
+        return self.recall_config_path.is_file()
 
     @property
     def vocab_path(self) -> Path:
@@ -66,7 +94,12 @@ class RunDirectory:
     def popularity_path(self) -> Path:
         return self.path / "popularity.json"
 
-    def check(self, config: RunConfig) -> bool:
+    def config_file(self, config: SavedConfig) -> Path:
+        """Where ``config`` is saved: ``config.yaml`` for a :class:`RunConfig`, ``recall.yaml``
+        for a Uni-FedRec run's configuration."""
+        return self.config_path if isinstance(config, RunConfig) else self.recall_config_path
+
+    def check(self, config: SavedConfig) -> bool:
         """Whether ``config`` can train here, without creating anything.
 
         Returns ``True`` when the directory holds this run (training resumes), ``False``
@@ -78,19 +111,21 @@ class RunDirectory:
             If the directory holds a run with a different configuration; the message names
             every differing key with both values.
         """
-        if not self.config_path.exists():
+        file = self.config_file(config)
+        if not file.exists():
             return False
-        previous = RunConfig.from_yaml(self.config_path)
+        previous = type(config).from_yaml(file)
         if previous != config:
             changes = "; ".join(f"{key}: {old!r} in the run, {new!r} now"
                                 for key, old, new in config_differences(previous, config))
+            what = ("a run with a different configuration" if isinstance(config, RunConfig)
+                    else "a different Uni-FedRec run")
             raise CheckpointError(
-                f"{self.config_path}: this run directory holds a run with a different "
-                f"configuration ({changes}); choose another --out, delete the directory, "
-                f"or train with the run's values")
+                f"{file}: this run directory holds {what} ({changes}); choose another --out, "
+                f"delete the directory, or train with the run's values")
         return True
 
-    def start(self, config: RunConfig) -> bool:
+    def start(self, config: SavedConfig) -> bool:
         """Create the directory for ``config``; return ``True`` when resuming a previous run.
 
         Raises
@@ -101,7 +136,7 @@ class RunDirectory:
         if self.check(config):
             return True
         self.path.mkdir(parents=True, exist_ok=True)
-        config.to_yaml(self.config_path)
+        config.to_yaml(self.config_file(config))
         return False
 
     def config(self) -> RunConfig:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 from privaterec.errors import ConfigError
 from privaterec.fed.engine import Engine, SimulatorEngine
+from privaterec.runs.directory import RunDirectory
 
 if TYPE_CHECKING:
     from privaterec.fed.flower import ClientSpec, Device
@@ -39,18 +40,16 @@ def load_device(spec: "ClientSpec") -> "Device":
     ConfigError
         If ``spec.run_dir`` holds no run configuration.
     """
-    from privaterec.runs.recall_setup import RECALL_CONFIG_FILE
-
-    run_dir = Path(spec.run_dir)
-    if (run_dir / RECALL_CONFIG_FILE).exists():
-        return _recall_device(run_dir, spec.data_dir)
-    if not (run_dir / "config.yaml").exists():
-        raise ConfigError(f"{run_dir / 'config.yaml'}: not found; the SuperNode's run-dir "
-                          f"must hold the run's config.yaml (and vocab.json), or recall.yaml")
-    return _ranking_device(run_dir, spec.data_dir)
+    run = RunDirectory(Path(spec.run_dir))
+    if run.is_recall:
+        return _recall_device(run, spec.data_dir)
+    if not run.config_path.exists():
+        raise ConfigError(f"{run.config_path}: not found; the SuperNode's run-dir must hold "
+                          f"the run's config.yaml (and vocab.json), or recall.yaml")
+    return _ranking_device(run, spec.data_dir)
 
 
-def _ranking_device(run_dir: Path, data_dir: str) -> "Device":
+def _ranking_device(run: RunDirectory, data_dir: str) -> "Device":
     from privaterec.config import RunConfig, replace
     from privaterec.data.text import TextVocabularies
     from privaterec.fed.flower import Device
@@ -58,11 +57,10 @@ def _ranking_device(run_dir: Path, data_dir: str) -> "Device":
     from privaterec.fed.objective import LocalObjective
     from privaterec.runs.ranking_setup import build_run_model, prepare_data
 
-    config = resolve_run_config(RunConfig.from_yaml(run_dir / "config.yaml"))
+    config = resolve_run_config(RunConfig.from_yaml(run.config_path))
     if data_dir:
         config = replace(config, data=data_dir)
-    vocab_path = run_dir / "vocab.json"
-    vocabs = TextVocabularies.load(vocab_path) if vocab_path.exists() else None
+    vocabs = TextVocabularies.load(run.vocab_path) if run.vocab_path.exists() else None
     # A run that trained must have loaded its data; dropping dangling references is then a
     # no-op or what the run did (load_dataset raises on them otherwise).
     prepared = prepare_data(config, drop_missing=True, vocabs=vocabs)
@@ -71,13 +69,13 @@ def _ranking_device(run_dir: Path, data_dir: str) -> "Device":
     return Device.of(task, method_from_config(config), prepared.train_clients)
 
 
-def _recall_device(run_dir: Path, data_dir: str) -> "Device":
+def _recall_device(run: RunDirectory, data_dir: str) -> "Device":
     from privaterec.data.mind import load_dataset
     from privaterec.fed.flower import Device
     from privaterec.recall.task import RecallTask
-    from privaterec.runs.recall_setup import RECALL_CONFIG_FILE, RecallRunConfig, recall_setup
+    from privaterec.runs.recall_setup import RecallRunConfig, recall_setup
 
-    config = RecallRunConfig.from_yaml(run_dir / RECALL_CONFIG_FILE).resolved()
+    config = RecallRunConfig.from_yaml(run.recall_config_path).resolved()
     dataset = load_dataset(data_dir or config.data, drop_missing=True)
     # The recall model, news vectors and pool exactly as train_recall_run builds them.
     setup = recall_setup(config, dataset)

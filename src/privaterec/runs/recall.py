@@ -13,7 +13,8 @@ directory holds
 * ``metrics.json`` — training summary.
 
 :func:`load_recall_run` rebuilds the trained model; :func:`is_recall_run` tells the two kinds
-of run directory apart.
+of run directory apart (:class:`~privaterec.runs.directory.RunDirectory` names the files of
+both).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import torch
 from privaterec.errors import CheckpointError, ConfigError
 from privaterec.recall.interest import CHANNEL_NOTE, channel_event
 from privaterec.recall.model import UniFedRecRecall
+from privaterec.runs.directory import RunDirectory
 from privaterec.runs.recall_setup import (HEAD_DIM, METHOD, RECALL_CONFIG_FILE, REPORT_DELTA,
                                           RankerNews, RecallModelConfig, RecallRunConfig,
                                           RecallSetup, load_ranker_news, recall_setup)
@@ -42,7 +44,7 @@ if TYPE_CHECKING:
 class RecallRun:
     """A trained Uni-FedRec run: its directory, configuration and recall model (eval mode)."""
 
-    path: Path
+    directory: RunDirectory
     config: RecallRunConfig
     model: UniFedRecRecall
 
@@ -53,16 +55,13 @@ class RecallRun:
 
     @property
     def checkpoint_path(self) -> Path:
-        return self.path / "checkpoint.pt"
-
-    @property
-    def privacy_path(self) -> Path:
-        return self.path / "privacy.json"
+        """The run's ``checkpoint.pt`` (its recall model's ``state_dict`` under ``model``)."""
+        return self.directory.checkpoint_path
 
 
 def is_recall_run(path: str | Path) -> bool:
     """Whether ``path`` is a Uni-FedRec run directory (holds ``recall.yaml``)."""
-    return (Path(path) / RECALL_CONFIG_FILE).is_file()
+    return RunDirectory(Path(path)).is_recall
 
 
 def load_recall_run(path: str | Path) -> RecallRun:
@@ -75,25 +74,25 @@ def load_recall_run(path: str | Path) -> RecallRun:
     """
     from privaterec.runtime.checkpoint import load_checkpoint
 
-    run_dir = Path(path)
-    if not is_recall_run(run_dir):
-        raise CheckpointError(f"{run_dir}: not a Uni-FedRec run (no {RECALL_CONFIG_FILE}); "
+    run = RunDirectory(Path(path))
+    if not run.is_recall:
+        raise CheckpointError(f"{run.path}: not a Uni-FedRec run (no {RECALL_CONFIG_FILE}); "
                               f"train one with `privaterec train --method unifedrec --ranker "
-                              f"RUN --out {run_dir}`")
-    config = RecallRunConfig.from_yaml(run_dir / RECALL_CONFIG_FILE)
-    checkpoint = run_dir / "checkpoint.pt"
+                              f"RUN --out {run.path}`")
+    config = RecallRunConfig.from_yaml(run.recall_config_path)
+    checkpoint = run.checkpoint_path
     if not checkpoint.exists():
         raise CheckpointError(f"{checkpoint}: missing; the run has not trained yet (run "
-                              f"`privaterec train --method unifedrec` into {run_dir})")
+                              f"`privaterec train --method unifedrec` into {run.path})")
     state = load_checkpoint(checkpoint)
     try:
         model = config.model.build(int(state["model"]["interest.values"].shape[1]))
         model.load_state_dict(state["model"])
     except (KeyError, RuntimeError, ConfigError) as exc:
         raise CheckpointError(f"{checkpoint}: does not match the recall model of "
-                              f"{run_dir / RECALL_CONFIG_FILE} ({exc})") from None
+                              f"{run.recall_config_path} ({exc})") from None
     model.eval()
-    return RecallRun(run_dir, config, model)
+    return RecallRun(run, config, model)
 
 
 def train_recall_run(config: RecallRunConfig, out: str | Path, *, progress: bool = True,
@@ -112,36 +111,26 @@ def train_recall_run(config: RecallRunConfig, out: str | Path, *, progress: bool
     from privaterec.data.mind import load_dataset
     from privaterec.privacy.report import write_privacy_json
     from privaterec.recall.task import train_recall
-    from privaterec.runs.directory import RunDirectory
     from privaterec.runs.engines import build_engine
 
-    run_dir = Path(out)
+    run = RunDirectory(Path(out))
     ranker_config = RunDirectory(Path(config.ranker)).config()
     data = config.data or ranker_config.data
     config = dataclasses.replace(config, data=data).resolved()
-    saved = run_dir / RECALL_CONFIG_FILE
-    if saved.exists() and (previous := RecallRunConfig.from_yaml(saved)) != config:
-        from privaterec.runs.directory import config_differences
-        changes = "; ".join(f"{key}: {old!r} in the run, {new!r} now"
-                            for key, old, new in config_differences(previous, config))
-        raise CheckpointError(f"{run_dir}: holds a different Uni-FedRec run ({saved}: "
-                              f"{changes}); use another --out directory")
-    metrics_path = run_dir / "metrics.json"
-    if saved.exists() and metrics_path.exists():
+    if run.check(config) and run.metrics_path.exists():  # raises if it holds another run
         # Finished: nothing to train, and privacy.json may hold recorded queries since.
-        return json.loads(metrics_path.read_text())
+        return run.read_metrics()
     # load (and validate) the data and the ranker before the run directory exists
     dataset = load_dataset(data, drop_missing=drop_missing)
     setup = recall_setup(config, dataset, progress=progress)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    config.to_yaml(saved)
+    run.start(config)
+    engine = build_engine(config.fed.engine,
+                          run_files={RECALL_CONFIG_FILE: run.recall_config_path.read_text()})
     state = train_recall(setup.model, setup.vectors, setup.clients, config.fed, config.train,
-                         seed=config.seed, pool_rows=setup.pool_rows,
-                         engine=build_engine(config.fed.engine,
-                                             run_files={RECALL_CONFIG_FILE: saved.read_text()}),
-                         checkpoint_path=run_dir / "checkpoint.pt", progress=progress)
+                         seed=config.seed, pool_rows=setup.pool_rows, engine=engine,
+                         checkpoint_path=run.checkpoint_path, progress=progress)
     release = recall_release(config)
-    write_privacy_json(run_dir / "privacy.json", state.ledger, release=release,
+    write_privacy_json(run.privacy_path, state.ledger, release=release,
                        delta=config.fed.report_delta, rounds=state.round_index)
     losses = [entry["loss"] for entry in state.log if "loss" in entry]
     metrics = {"method": METHOD, "rounds": state.round_index,
@@ -149,7 +138,7 @@ def train_recall_run(config: RecallRunConfig, out: str | Path, *, progress: bool
                "last_loss": losses[-1] if losses else math.nan,
                "train_epsilon_per_round": release["epsilon_per_round"],
                "users_trained": len(state.ledger.users)}
-    metrics_path.write_text(json.dumps(metrics, indent=2))
+    run.metrics_path.write_text(json.dumps(metrics, indent=2))
     return metrics
 
 
@@ -172,7 +161,7 @@ def record_recall_queries(run: RecallRun, ledger_events: dict[str, list], *,
     """Add evaluation queries' releases (user → [(event, count)]) to ``RUN/privacy.json``."""
     from privaterec.privacy.report import record_queries
 
-    return record_queries(run.privacy_path, ledger_events, description,
+    return record_queries(run.directory.privacy_path, ledger_events, description,
                           release_if_new=recall_release(run.config),
                           delta_if_new=REPORT_DELTA)
 
@@ -235,7 +224,6 @@ def evaluate_recall_run(run_dir: str | Path, *, method: str, data: str | Path | 
     from privaterec.recall.evaluate import (AUC_RECALL_SIZE, RECALL_KS, RECALL_METHODS,
                                             evaluate_recall)
     from privaterec.runs.ranking import record_serving
-    from privaterec.runs.directory import RunDirectory
 
     if method not in RECALL_METHODS:
         raise ConfigError(f"invalid --recall method {method!r}; expected one of "

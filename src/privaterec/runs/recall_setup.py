@@ -29,9 +29,9 @@ from privaterec.recall.model import UniFedRecRecall
 from privaterec.recall.news import encode_news_table
 from privaterec.recall.task import (RecallTrainConfig, UniFedRecLDP, recall_fed_config,
                                     resolve_recall_fed)
+from privaterec.runs.directory import RECALL_CONFIG_FILE
 from privaterec.runs.ranking_setup import load_run_model
 
-RECALL_CONFIG_FILE = "recall.yaml"
 METHOD = "unifedrec"
 REPORT_DELTA = 1e-5  # target δ of privacy.json's composed ε (FedConfig.report_delta's default)
 HEAD_DIM = 16
