@@ -18,7 +18,7 @@ import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, Self
+from typing import Any, Protocol, Self, overload
 
 from privaterec.config import RunConfig
 from privaterec.errors import CheckpointError
@@ -55,44 +55,40 @@ def config_differences(old: Any, new: Any) -> list[tuple[str, Any, Any]]:
             if a.get(key) != b.get(key)]
 
 
+class RunFile:
+    """A file of a run directory: ``run.<attribute>`` is ``run.path / name``."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, run: None, owner: type) -> Self: ...
+
+    @overload
+    def __get__(self, run: RunDirectory, owner: type) -> Path: ...
+
+    def __get__(self, run: RunDirectory | None, owner: type) -> Self | Path:
+        return self if run is None else run.path / self.name
+
+
 @dataclass(frozen=True)
 class RunDirectory:
     """Paths of one run directory: a ranking run or a Uni-FedRec run (module docstring)."""
 
     path: Path
 
-    @property
-    def config_path(self) -> Path:
-        return self.path / CONFIG_FILE
-
-    @property
-    def recall_config_path(self) -> Path:
-        return self.path / RECALL_CONFIG_FILE
+    config_path = RunFile(CONFIG_FILE)
+    recall_config_path = RunFile(RECALL_CONFIG_FILE)
+    vocab_path = RunFile("vocab.json")
+    checkpoint_path = RunFile("checkpoint.pt")
+    metrics_path = RunFile("metrics.json")
+    privacy_path = RunFile("privacy.json")
+    popularity_path = RunFile("popularity.json")
 
     @property
     def is_recall(self) -> bool:
         """Whether this is a Uni-FedRec run directory (it holds ``recall.yaml``)."""
         return self.recall_config_path.is_file()
-
-    @property
-    def vocab_path(self) -> Path:
-        return self.path / "vocab.json"
-
-    @property
-    def checkpoint_path(self) -> Path:
-        return self.path / "checkpoint.pt"
-
-    @property
-    def metrics_path(self) -> Path:
-        return self.path / "metrics.json"
-
-    @property
-    def privacy_path(self) -> Path:
-        return self.path / "privacy.json"
-
-    @property
-    def popularity_path(self) -> Path:
-        return self.path / "popularity.json"
 
     def config_file(self, config: SavedConfig) -> Path:
         """Where ``config`` is saved: ``config.yaml`` for a :class:`RunConfig`, ``recall.yaml``
