@@ -46,20 +46,11 @@ class Engine(Protocol):
 
 
 class SimulatorEngine:
-    """The vectorized in-process simulator (:func:`~privaterec.fed.simulator.simulate_round`)."""
+    """The vectorized in-process simulator: its :meth:`train` is
+    :func:`~privaterec.fed.simulator.train_federated` itself, whose rounds are
+    :func:`~privaterec.fed.simulator.simulate_round`."""
 
-    def train(self, task: FederatedTask[Any], clients: ClientDataset, fed: FedConfig,
-              method: ClientMethod, strategy: Strategy, *, seed: int,
-              checkpoint_path: str | Path | None = None,
-              on_evaluate: RoundCallback | None = None,
-              on_checkpoint: CheckpointCallback | None = None, progress: bool = True,
-              stop_after_rounds: int | None = None,
-              checkpoint_extra: dict[str, Any] | None = None) -> FederatedState:
-        return train_federated(task, clients, fed, method, strategy, seed=seed,
-                               checkpoint_path=checkpoint_path, on_evaluate=on_evaluate,
-                               on_checkpoint=on_checkpoint, progress=progress,
-                               stop_after_rounds=stop_after_rounds,
-                               checkpoint_extra=checkpoint_extra)
+    train = staticmethod(train_federated)
 
 
 def check_engine(method: ClientMethod, clients: ClientDataset, *, engine: str) -> None:
