@@ -16,6 +16,7 @@ with a literal name included. The checks:
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -287,3 +288,41 @@ def test_layer_of_a_module_is_its_longest_declared_name() -> None:
     assert names[layer_index("privaterec.serving.store")] == "serving"
     assert names[layer_index(ROOT)] == "base"
     assert layer_index("privaterec.somewhere_new") is None  # the root covers itself only
+
+
+# --- the documented table ---------------------------------------------------------------
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "architecture.md"
+
+
+def documented_layers(text: str) -> list[tuple[str, set[str]]]:
+    """The rows ``| # | layer | modules | ... |`` of the "Layers" table of docs/architecture.md,
+    as (layer, dotted names): ``errors.py`` → ``privaterec.errors``, ``privacy/`` →
+    ``privaterec.privacy``, ``__init__.py`` → ``privaterec``."""
+    rows = []
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) < 3 or not cells[0].isdigit():
+            continue
+        names = set()
+        for path in re.findall(r"`([\w/]+(?:\.py|/))`", cells[2]):
+            parts = path.removesuffix("/").removesuffix(".py").split("/")
+            names.add(ROOT if parts == ["__init__"] else ".".join([ROOT, *parts]))
+        rows.append((cells[1], names))
+    return rows
+
+
+def test_docs_layer_table_is_the_tests() -> None:
+    """docs/architecture.md's layer table lists LAYERS, in order, with the same modules."""
+    documented = documented_layers(DOC.read_text())
+    declared = [(name, set(names)) for name, names in LAYERS]
+    assert documented == declared
+
+
+def test_documented_layers_reads_paths_as_module_names() -> None:
+    text = ("| # | layer | modules | what |\n|---|---|---|---|\n"
+            "| 0 | base | `__init__.py`, `errors.py` | x |\n"
+            "| 1 | mixed | `serving/release.py` and `privacy/e2e_audit/` (text) | `y.py` |\n")
+    assert documented_layers(text) == [
+        ("base", {ROOT, "privaterec.errors"}),
+        ("mixed", {"privaterec.serving.release", "privaterec.privacy.e2e_audit"})]

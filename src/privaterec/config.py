@@ -183,7 +183,7 @@ class TrainConfig:
 class FedConfig:
     """Federated training (DESIGN §3; FedNewsRec §3.2, PrivateRec Alg. 3).
 
-    ``None`` means "the method's default" (:func:`privaterec.fed.methods.resolve_fed_config`
+    ``None`` means "the method's default" (:func:`privaterec.fed.methods.resolve_run_config`
     fills them in before a run starts, so a saved ``config.yaml`` states every value used).
 
     Attributes

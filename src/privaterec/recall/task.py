@@ -34,7 +34,7 @@ paper's stated bound (§3.6) holds for this reading. ``clipping="elementwise"``:
 coordinate to [−θ, θ] as FedNewsRec (Qi et al. 2020, which the paper follows); then
 Δ₁ = 2θD and ε = 2θD/λ_g (the paper's 2θ/λ_g is per coordinate, DESIGN §4 erratum 6; both
 are recorded). ``clipping="none"`` uploads the raw gradient (no guarantee; needs λ_g = 0).
-Each upload's :class:`~privaterec.privacy.ledger.PrivacyEvent` goes into the run's
+Each upload's :class:`~privaterec.privacy.events.PrivacyEvent` goes into the run's
 :class:`~privaterec.privacy.ledger.PrivacyLedger` under the user's id (phase ``train``).
 
 News vectors are fixed inputs ``[N, d]``: row i is the ranking model's news encoding of row i

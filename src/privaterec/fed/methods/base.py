@@ -8,7 +8,7 @@ A method says what a client does in a round with a task's gradients
 * :meth:`ClientMethod.events` — the privacy events one client's upload spends (for the
   ledger; a function of the public settings only);
 * :meth:`ClientMethod.describe` — its public settings, for ``privacy.json``
-  (:func:`privaterec.privacy.release.release_description` builds the report's block).
+  (:func:`privaterec.runs.report.release_description` builds the report's block).
 
 The engine calls :meth:`ClientMethod.update` (one client: the reference every engine must
 reproduce) and :meth:`ClientMethod.round` (a round's clients at once, vectorized); their
