@@ -203,6 +203,32 @@ def _fraction(relevant: np.ndarray, recalled: np.ndarray) -> float:
     return recall_at_k(relevant.tolist(), recalled.tolist(), max(1, recalled.size))
 
 
+@dataclass
+class _RecallTally:
+    """Recall@K of one kind of relevant news (future clicks, or the history) over the users:
+    the sum of each user's fraction recalled, the users counted, the news outside the pool."""
+
+    sums: dict[int, float]
+    users: int = 0
+    outside: int = 0
+
+    def add(self, relevant: np.ndarray, in_pool: np.ndarray,
+            recalled: dict[int, np.ndarray]) -> None:
+        """One user's ``relevant`` news ids; ``recalled[k]``: its recalled set for cut-off k
+        (a user with no relevant news in the pool does not count)."""
+        kept = relevant[in_pool[relevant]]
+        self.outside += relevant.size - kept.size
+        if kept.size:
+            self.users += 1
+            for k in self.sums:
+                self.sums[k] += _fraction(kept, recalled[k])
+
+    def means(self, name: str) -> dict[str, float]:
+        """``{f"{name}_recall@{k}": mean}`` (NaN when no user counted)."""
+        return {f"{name}_recall@{k}": total / self.users if self.users else math.nan
+                for k, total in self.sums.items()}
+
+
 def _clear_event(dimension: int, what: str) -> EventList:
     return [(PrivacyEvent(mechanism="none", epsilon=math.inf, dimension=max(1, dimension),
                           phase="serve", note=f"{what} sent in the clear (no guarantee)"), 1)]
@@ -353,9 +379,8 @@ def _evaluate(users: RecallUsers, method: str, model: UniFedRecRecall | None,
     """The loop of :func:`evaluate_recall` over batches of users (its docstring): the result
     without ``events``, and the events."""
     longest = max(sizes)
-    future_sums = {k: 0.0 for k in ks}
-    history_sums = {k: 0.0 for k in ks}
-    future_users = history_users = future_outside = history_outside = 0
+    future_tally = _RecallTally({k: 0.0 for k in ks})
+    history_tally = _RecallTally({k: 0.0 for k in ks})
     aucs: list[float] = []
     single_class = 0
     events: dict[str, EventList] = {}
@@ -417,20 +442,10 @@ def _evaluate(users: RecallUsers, method: str, model: UniFedRecRecall | None,
             recalled = dict(zip(sizes, (pool[s] for s in recalled_sets(rankings, quotas,
                                                                           sizes))))
             events[users.user_ids[u]] = batch_events[i]
-            future = users.future[u]
-            kept = future[in_pool[future]]
-            future_outside += future.size - kept.size
-            if kept.size:
-                future_users += 1
-                for k in ks:
-                    future_sums[k] += _fraction(kept, recalled[size_of[k]])
+            at_k = {k: recalled[size_of[k]] for k in ks}
             clicks = np.unique(users.history[u][users.history_mask[u]].numpy())
-            kept = clicks[in_pool[clicks]]
-            history_outside += clicks.size - kept.size
-            if kept.size:
-                history_users += 1
-                for k in ks:
-                    history_sums[k] += _fraction(kept, recalled[size_of[k]])
+            future_tally.add(users.future[u], in_pool, at_k)
+            history_tally.add(clicks, in_pool, at_k)
             if ranker_users is not None:
                 shown = recalled[auc_size]
                 for cands, labels in users.impressions[u]:
@@ -444,16 +459,12 @@ def _evaluate(users: RecallUsers, method: str, model: UniFedRecRecall | None,
                     aucs.append(impression_auc(labels, np.where(hit, scores, floor)))
         bar.update(stop - start)
     bar.close()
-    result: dict[str, object] = {}
-    for k in ks:
-        result[f"future_recall@{k}"] = (future_sums[k] / future_users if future_users
-                                        else math.nan)
-    for k in ks:
-        result[f"history_recall@{k}"] = (history_sums[k] / history_users if history_users
-                                         else math.nan)
+    result: dict[str, object] = {**future_tally.means("future"),
+                                  **history_tally.means("history")}
     result.update(auc=float(np.mean(aucs)) if aucs else math.nan, users=users.num_users,
-                  future_users=future_users, history_users=history_users,
-                  future_outside_pool=future_outside, history_outside_pool=history_outside,
+                  future_users=future_tally.users, history_users=history_tally.users,
+                  future_outside_pool=future_tally.outside,
+                  history_outside_pool=history_tally.outside,
                   auc_impressions=len(aucs), single_class_impressions=single_class,
                   pool_size=int(pool.size), method=method)
     return result, events
