@@ -16,7 +16,7 @@ are printed ×100 like the paper's tables.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -139,6 +139,40 @@ def _columns(extra: Sequence[str]) -> list[str]:
              "n_seeds", "seeds"] + [f"{m}_{s}" for m in METRICS for s in ("mean", "std")])
 
 
+@dataclass
+class _Table:
+    """A table's inputs, checked, and what it collects row by row before it is written."""
+
+    out: Path
+    models: tuple[str, ...]
+    seeds: tuple[int, ...]
+    data_dir: str
+    watch: Stopwatch = field(default_factory=Stopwatch)
+    cells: list[list[str]] = field(default_factory=list)
+    records: list[dict[str, Any]] = field(default_factory=list)
+    seed_rows: list[dict[str, Any]] = field(default_factory=list)
+    rows: list[dict[str, Any]] = field(default_factory=list)
+
+    @classmethod
+    def start(cls, out: Path, *, data: str | None, models: Sequence[str],
+              seeds: Sequence[int], quick: bool, progress: bool) -> "_Table":
+        """Check ``models`` and ``seeds``; resolve (or generate) the data set under ``out``."""
+        out = Path(out)
+        models, seeds = check_models(models), check_seeds(seeds)
+        return cls(out, tuple(models), tuple(seeds),
+                   resolve_data(out, data, quick=quick, progress=progress))
+
+    def write(self, name: str, markdown: str, columns: list[str],
+              run_columns: list[str]) -> dict[str, Any]:
+        """``out/NAME.md``, ``out/NAME.csv`` and ``out/NAME_runs.csv``; the result dict of
+        :func:`run_table1`."""
+        md_path = write_text(self.out / f"{name}.md", markdown)
+        csv_path = write_csv(self.out / f"{name}.csv", self.records, columns)
+        runs_path = write_csv(self.out / f"{name}_runs.csv", self.seed_rows, run_columns)
+        return {"markdown": md_path, "csv": csv_path, "runs_csv": runs_path,
+                "table": markdown, "rows": self.rows, "data": self.data_dir}
+
+
 def run_table1(out: Path, *, data: str | None = None,
                models: Sequence[str] = ("nrms", "naml", "plm"),
                seeds: Sequence[int] = (0, 1, 2), quick: bool = False,
@@ -172,29 +206,24 @@ def run_table1(out: Path, *, data: str | None = None,
         ``markdown``/``csv``/``runs_csv`` paths, ``table`` (the markdown text) and ``rows``
         (per row: model, slug, label, seeds and each metric's mean/std/n/values).
     """
-    out = Path(out)
-    models, seeds = check_models(models), check_seeds(seeds)
-    data_dir = resolve_data(out, data, quick=quick, progress=progress)
-    watch = Stopwatch()
-    cells: list[list[str]] = []
-    records: list[dict[str, Any]] = []
-    seed_rows: list[dict[str, Any]] = []
-    rows: list[dict[str, Any]] = []
-    for model in models:
+    tab = _Table.start(out, data=data, models=models, seeds=seeds, quick=quick,
+                       progress=progress)
+    out, seeds, data_dir = tab.out, tab.seeds, tab.data_dir
+    for model in tab.models:
         for spec in TABLE1_ROWS:
-            log(f"[table1 {watch}] {model} / {spec.slug}", progress=progress)
+            log(f"[table1 {tab.watch}] {model} / {spec.slug}", progress=progress)
             results, summaries = over_seeds(out, data_dir, model, spec, seeds, quick=quick,
                                             progress=progress)
-            cells.append([MODEL_LABELS.get(model, model), _train_epsilon_cell(spec),
-                          *_adjacency_cells(spec), spec.label,
-                          *_metric_cells(summaries), str(len(seeds))])
-            records.append(_summary_record(model, spec, seeds, summaries))
-            seed_rows += _seed_rows("table1", model, spec, seeds, results)
-            rows.append({"model": model, "row": spec.slug, "label": spec.label,
-                         "seeds": list(seeds),
-                         "metrics": {m: s.to_dict() for m, s in summaries.items()}})
+            tab.cells.append([MODEL_LABELS.get(model, model), _train_epsilon_cell(spec),
+                              *_adjacency_cells(spec), spec.label,
+                              *_metric_cells(summaries), str(len(seeds))])
+            tab.records.append(_summary_record(model, spec, seeds, summaries))
+            tab.seed_rows += _seed_rows("table1", model, spec, seeds, results)
+            tab.rows.append({"model": model, "row": spec.slug, "label": spec.label,
+                             "seeds": list(seeds),
+                             "metrics": {m: s.to_dict() for m, s in summaries.items()}})
     table = markdown_table(["Model", "ε_t", "ε/round (click)", "ε/round (user)", "Method",
-                            *_METRIC_HEADERS, "n"], cells)
+                            *_METRIC_HEADERS, "n"], tab.cells)
     notes = _common_notes(data_dir, seeds, quick) + [ADJACENCY_NOTE, 
         "ε_s = ∞: the model's own user vector (PrivateRec: ũ = Σ αᵢ bᵢ without noise). "
         "ε_t is per round and per client (Laplace mechanism, δ = 0); DP-FedRec ε_t = ∞ is "
@@ -206,12 +235,8 @@ def run_table1(out: Path, *, data: str | None = None,
         "in the paper, clips and noises that gradient too, so ε_t covers the whole upload."]
     markdown = "\n".join(["## Table 1: private training (ε_s = ∞)", "", table, "",
                           *[f"- {n}" for n in notes]])
-    md_path = write_text(out / "table1.md", markdown)
-    csv_path = write_csv(out / "table1.csv", records, _columns([]))
-    runs_path = write_csv(out / "table1_runs.csv", seed_rows,
-                          ["table", "model", "row", "seed", *METRICS])
-    return {"markdown": md_path, "csv": csv_path, "runs_csv": runs_path, "table": markdown,
-            "rows": rows, "data": data_dir}
+    return tab.write("table1", markdown, _columns([]),
+                     ["table", "model", "row", "seed", *METRICS])
 
 
 def run_table2(out: Path, *, data: str | None = None,
@@ -228,18 +253,13 @@ def run_table2(out: Path, *, data: str | None = None,
     Parameters and return value as in :func:`run_table1`; each row also has
     ``bytes_per_query`` (4 bytes per float sent: B for PrivateRec, d for VDP).
     """
-    out = Path(out)
-    models, seeds = check_models(models), check_seeds(seeds)
-    data_dir = resolve_data(out, data, quick=quick, progress=progress)
-    watch = Stopwatch()
-    cells: list[list[str]] = []
-    records: list[dict[str, Any]] = []
-    seed_rows: list[dict[str, Any]] = []
-    rows: list[dict[str, Any]] = []
-    for model in models:
+    tab = _Table.start(out, data=data, models=models, seeds=seeds, quick=quick,
+                       progress=progress)
+    out, seeds, data_dir = tab.out, tab.seeds, tab.data_dir
+    for model in tab.models:
         for served in TABLE2_ROWS:
             spec = served.run
-            log(f"[table2 {watch}] {model} / {spec.slug} + {served.serving} serving",
+            log(f"[table2 {tab.watch}] {model} / {spec.slug} + {served.serving} serving",
                 progress=progress)
             results, summaries = over_seeds(out, data_dir, model, spec, seeds, quick=quick,
                                             progress=progress,
@@ -251,21 +271,21 @@ def run_table2(out: Path, *, data: str | None = None,
             if local:  # nothing is sent per query; the pool is downloaded instead
                 down = sorted({int(r["serving"]["bytes_downloaded"]) for r in results})
                 size_cell = f"0 (↓ {'/'.join(map(str, down))} B pool)"
-            cells.append([MODEL_LABELS.get(model, model), _train_epsilon_cell(spec),
-                          "0" if local else format_epsilon(SERVE_EPSILON), served.label,
-                          *_metric_cells(summaries), size_cell, str(len(seeds))])
+            tab.cells.append([MODEL_LABELS.get(model, model), _train_epsilon_cell(spec),
+                              "0" if local else format_epsilon(SERVE_EPSILON), served.label,
+                              *_metric_cells(summaries), size_cell, str(len(seeds))])
             extra = {"serving": served.serving, "epsilon_serve": 0.0 if local else SERVE_EPSILON,
                      "padding_p": SERVE_PADDING if served.serving == "privaterec" else None,
                      "bytes_per_query": size_cell}
-            records.append(_summary_record(model, spec, seeds, summaries, **extra))
-            seed_rows += _seed_rows("table2", model, spec, seeds, results,
-                                    serving=served.serving)
-            rows.append({"model": model, "row": spec.slug, "serving": served.serving,
-                         "label": served.label, "seeds": list(seeds),
-                         "bytes_per_query": size if size is not None else sizes,
-                         "metrics": {m: s.to_dict() for m, s in summaries.items()}})
+            tab.records.append(_summary_record(model, spec, seeds, summaries, **extra))
+            tab.seed_rows += _seed_rows("table2", model, spec, seeds, results,
+                                        serving=served.serving)
+            tab.rows.append({"model": model, "row": spec.slug, "serving": served.serving,
+                             "label": served.label, "seeds": list(seeds),
+                             "bytes_per_query": size if size is not None else sizes,
+                             "metrics": {m: s.to_dict() for m, s in summaries.items()}})
     table = markdown_table(["Model", "ε_t", "ε_s", "Method", *_METRIC_HEADERS,
-                            "bytes / query", "n"], cells)
+                            "bytes / query", "n"], tab.cells)
     notes = _common_notes(data_dir, seeds, quick) + [
         f"ε_s = {SERVE_EPSILON:g} per query, Laplace (δ = 0); each labelled test impression is "
         "one query, and the serving noise is seeded with the run's seed.",
@@ -282,14 +302,9 @@ def run_table2(out: Path, *, data: str | None = None,
         "'privaterec privacy report --run RUN'."]
     markdown = "\n".join([f"## Table 2: private serving (ε_s = {SERVE_EPSILON:g})", "", table,
                           "", *[f"- {n}" for n in notes]])
-    md_path = write_text(out / "table2.md", markdown)
-    csv_path = write_csv(out / "table2.csv", records,
-                         _columns(["serving", "epsilon_serve", "padding_p",
-                                   "bytes_per_query"]))
-    runs_path = write_csv(out / "table2_runs.csv", seed_rows,
-                          ["table", "model", "row", "serving", "seed", *METRICS])
-    return {"markdown": md_path, "csv": csv_path, "runs_csv": runs_path, "table": markdown,
-            "rows": rows, "data": data_dir}
+    return tab.write("table2", markdown,
+                     _columns(["serving", "epsilon_serve", "padding_p", "bytes_per_query"]),
+                     ["table", "model", "row", "serving", "seed", *METRICS])
 
 
 __all__ = ["CENTRALIZED", "DP_FEDREC", "FEDREC", "PRIVATEREC", "PRIVATEREC_STRICT",
