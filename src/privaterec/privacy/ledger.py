@@ -564,4 +564,4 @@ class PrivacyLedger:
         return {u: {self._events[eid]: c for eid, c in per_user.items()}
                 for u, per_user in self._users.items()}
 
-    __hash__ = None  # type: ignore[assignment]  # unhashable (mutable); typeshed: a method
+    __hash__ = None  # type: ignore[assignment]  # unhashable: mutable, __eq__ by content
