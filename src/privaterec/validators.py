@@ -8,7 +8,8 @@ narrowed to that ``Literal``.
 
 from __future__ import annotations
 
-from typing import TypeVar
+import numbers
+from typing import TypeGuard, TypeVar
 
 from privaterec.errors import ConfigError
 
@@ -22,13 +23,14 @@ def check(condition: bool, name: str, message: str) -> None:
         raise ConfigError(f"invalid configuration value '{name}': {message}")
 
 
-def check_choice(value: object, name: str, choices: tuple[C, ...]) -> C:
+def check_choice(value: object, name: str, choices: tuple[C, ...], *,
+                 kind: str = "configuration value") -> C:
     """Return ``value`` as one of ``choices`` (its ``Literal`` type), or raise ``ConfigError``
-    listing them."""
+    (``"invalid <kind> '<name>': got ..., expected one of ..."``) listing them."""
     for choice in choices:
         if value == choice:
             return choice
-    raise ConfigError(f"invalid configuration value '{name}': got {value!r}, expected one of "
+    raise ConfigError(f"invalid {kind} '{name}': got {value!r}, expected one of "
                       f"{', '.join(choices)}")
 
 
@@ -37,4 +39,17 @@ def check_positive(value: float, name: str) -> None:
     check(value > 0, name, f"got {value!r}, expected a positive number")
 
 
-__all__ = ["check", "check_choice", "check_positive"]
+def is_real(value: object) -> TypeGuard[float]:
+    """True when ``value`` is a real number: any ``numbers.Real`` (``int``, ``float``, numpy
+    scalars; ``bool`` too). Narrows an untyped value (JSON, ``getattr``) to ``float`` for the
+    comparisons that follow."""
+    return isinstance(value, numbers.Real)
+
+
+def is_integer(value: object) -> TypeGuard[int]:
+    """True when ``value`` is an integer: any ``numbers.Integral`` (``int``, numpy integers;
+    ``bool`` too). Narrows an untyped value to ``int``."""
+    return isinstance(value, numbers.Integral)
+
+
+__all__ = ["check", "check_choice", "check_positive", "is_integer", "is_real"]

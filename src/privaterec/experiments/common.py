@@ -22,17 +22,19 @@ import sys
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Literal, Mapping, Sequence, get_args
 
 import numpy as np
 
-from privaterec.config import FedConfig, ModelConfig, RunConfig, TrainConfig
+from privaterec.config import (NEWS_ENCODERS, PRIVACY_MODES, FedConfig, ModelConfig,
+                               PrivacyMode, RunConfig, TrainConfig)
 from privaterec.data.synth import write_synthetic
 from privaterec.errors import ConfigError
 from privaterec.experiments.settings import DEMO_ROUNDS, demo_synth_config
 from privaterec.fed.methods import PRIVATEREC_BASIS, resolve_run_config
 from privaterec.runs.directory import RunDirectory
 from privaterec.serving.release import ServingConfig
+from privaterec.validators import check_choice
 
 # Training budget of every experiment run: the ONE place to change it.
 ROUNDS = DEMO_ROUNDS  # federated rounds (FedAdam at r = 2%)
@@ -52,7 +54,8 @@ MODEL_LABELS = {"nrms": "NRMS", "naml": "NAML", "plm": "PLM-NR (frozen MiniLM)",
 # at the default 5e-3 the training loss stalls higher (1.56 against 1.45 after one epoch).
 MODEL_SETTINGS: dict[str, dict[str, Any]] = {"plm": {"plm_trainable_layers": 0}}
 MODEL_LR: dict[str, float] = {"plm": 1e-3}
-EXPERIMENT_METHODS = ("centralized", "dp-fedrec", "privaterec")
+ExperimentMethod = Literal["centralized", "dp-fedrec", "privaterec"]
+EXPERIMENT_METHODS: tuple[ExperimentMethod, ...] = get_args(ExperimentMethod)
 SCALE = 100.0  # metrics are printed ×100, as in the paper's tables
 DIGITS = 2
 
@@ -81,15 +84,16 @@ class RunSpec:
     basis_size: PrivateRec's number of basic vectors B (0: the default, 5).
     """
 
-    method: str
+    method: ExperimentMethod
     epsilon_train: float = math.inf
-    privacy_mode: str = "paper"
+    privacy_mode: PrivacyMode = "paper"
     basis_size: int = 0
 
     def __post_init__(self) -> None:
         if self.method not in EXPERIMENT_METHODS:
             raise ConfigError(f"invalid experiment method {self.method!r}; expected one of "
                               f"{', '.join(EXPERIMENT_METHODS)}")
+        check_choice(self.privacy_mode, "privacy_mode", PRIVACY_MODES)
         if not self.epsilon_train > 0:
             raise ConfigError(f"invalid 'epsilon_train': got {self.epsilon_train!r}, "
                               f"expected > 0 (inf: no noise)")
@@ -127,7 +131,8 @@ class RunSpec:
     def run_config(self, *, data: str, model: str, seed: int, quick: bool) -> RunConfig:
         """The :class:`RunConfig` of this row for ``model`` and ``seed``."""
         rounds, epochs = training_budget(quick)
-        model_config = ModelConfig(news_encoder=model, basis_size=self.basis,
+        model_config = ModelConfig(news_encoder=check_choice(model, "news_encoder", NEWS_ENCODERS),
+                                   basis_size=self.basis,
                                    **MODEL_SETTINGS.get(model, {}))
         if self.method == "centralized":
             train = TrainConfig(method="centralized", epochs=epochs, seed=seed,
@@ -435,7 +440,7 @@ class Stopwatch:
         return f"{time.perf_counter() - self.start:.0f}s"
 
 
-__all__ = ["DIGITS", "EPOCHS", "METRICS", "METRIC_LABELS", "MODEL_LABELS", "QUICK_EPOCHS",
+__all__ = ["DIGITS", "EPOCHS", "EXPERIMENT_METHODS", "ExperimentMethod", "METRICS", "METRIC_LABELS", "MODEL_LABELS", "QUICK_EPOCHS",
            "QUICK_ROUNDS", "ROUNDS", "RunSpec", "SCALE", "Stopwatch", "Summary",
            "check_models", "check_seeds", "ensure_run", "finished_metrics", "format_epsilon",
            "format_summary", "log", "markdown_table", "metric_columns", "over_seeds",

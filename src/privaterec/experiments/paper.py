@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Literal, Sequence
 
 from privaterec.fed.methods import method_from_config, resolve_run_config
 from privaterec.experiments.common import (DIGITS, METRIC_LABELS, METRICS, MODEL_LABELS, SCALE,
@@ -48,7 +48,7 @@ class ServedRow:
     """A Table 2 row: a trained configuration and the mechanism serving it."""
 
     run: RunSpec
-    serving: str  # "vdp", "privaterec" or "local" (ranked on the device: ε_s = 0)
+    serving: Literal["vdp", "privaterec", "local"]  # local: ranked on the device, ε_s = 0
 
     @property
     def label(self) -> str:

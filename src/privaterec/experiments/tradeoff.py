@@ -21,11 +21,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from privaterec.experiments.common import (MODEL_LABELS, SCALE, RunSpec, Stopwatch, Summary,
-                                           check_models, check_seeds, format_epsilon,
-                                           format_summary, log, markdown_table, over_seeds,
-                                           resolve_data, training_budget, write_csv,
-                                           write_text)
+from privaterec.experiments.common import (MODEL_LABELS, SCALE, ExperimentMethod, RunSpec,
+                                           Stopwatch, Summary, check_models, check_seeds,
+                                           format_epsilon, format_summary, log, markdown_table,
+                                           over_seeds, resolve_data, training_budget,
+                                           write_csv, write_text)
 from privaterec.privacy.dpa import dpa_calibration
 from privaterec.serving.release import ServingConfig
 
@@ -250,8 +250,9 @@ def _fig5(ctx: _Context) -> tuple[dict[str, Any], list[str]]:
 def _fig6(ctx: _Context) -> tuple[dict[str, Any], list[str]]:
     """Training AUC (ε_s = ∞) vs ε_t: PrivateRec vs DP-FedRec."""
     epsilons = QUICK_TRAIN_EPSILONS if ctx.quick else TRAIN_EPSILONS
-    methods = (("PrivateRec", "privaterec", Curve("PrivateRec (paper mode)")),
-               ("DP-FedRec", "dp-fedrec", Curve("DP-FedRec")))
+    methods: tuple[tuple[str, ExperimentMethod, Curve], ...] = (
+        ("PrivateRec", "privaterec", Curve("PrivateRec (paper mode)")),
+        ("DP-FedRec", "dp-fedrec", Curve("DP-FedRec")))
     rows: list[dict[str, Any]] = []
     for eps in epsilons:
         for name, method, curve in methods:

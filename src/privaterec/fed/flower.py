@@ -62,7 +62,7 @@ import tempfile  # noqa: E402
 import time  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 from pathlib import Path  # noqa: E402
-from typing import Any, Callable, Mapping, Sequence  # noqa: E402
+from typing import Any, Callable, Mapping, Sequence, TypeVar  # noqa: E402
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -96,6 +96,47 @@ DISCOVERY_TIMEOUT = 120.0
 """Seconds the server waits for SuperNodes holding every training user to connect."""
 ROUND_TIMEOUT = 3600.0
 """Seconds the server waits for the replies of one round."""
+
+
+# ============================================================================ records
+# Flower types a RecordDict's records as ``ArrayRecord | MetricRecord | ConfigRecord`` and a
+# record's values as a union of scalars and lists. What arrives is what this module sent;
+# these accessors check it and name the field when it is not.
+_Record = TypeVar("_Record", ArrayRecord, MetricRecord, ConfigRecord)
+_Item = TypeVar("_Item", int, float, str)
+
+
+def _record(content: RecordDict, key: str, kind: type[_Record]) -> _Record:
+    """The record ``content[key]``, checked to be a ``kind``."""
+    record = content[key]
+    if not isinstance(record, kind):
+        raise PrivateRecError(f"Flower message: record {key!r} is a {type(record).__name__}, "
+                              f"expected a {kind.__name__}")
+    return record
+
+
+def _value(record: Mapping[str, object], key: str, kind: type[_Item]) -> _Item:
+    """The scalar ``record[key]``, checked to be a ``kind``."""
+    value = record[key]
+    if not isinstance(value, kind):
+        raise PrivateRecError(f"Flower message: {key!r} is {value!r}, expected a "
+                              f"{kind.__name__}")
+    return value
+
+
+def _values(record: Mapping[str, object], key: str, kind: type[_Item]) -> list[_Item]:
+    """The list ``record[key]``, checked to hold ``kind`` items only."""
+    value = record[key]
+    if not isinstance(value, list):
+        raise PrivateRecError(f"Flower message: {key!r} is a {type(value).__name__}, "
+                              f"expected a list of {kind.__name__}")
+    items: list[_Item] = []
+    for item in value:
+        if not isinstance(item, kind):
+            raise PrivateRecError(f"Flower message: {key!r} holds {item!r}, expected a list "
+                                  f"of {kind.__name__}")
+        items.append(item)
+    return items
 
 
 # ============================================================================ client side
@@ -133,9 +174,9 @@ class ClientSpec:
                               "server's query message); start it with --node-config "
                               "\"run-dir='/path/to/run'\" (a directory holding the run's "
                               "config.yaml and vocab.json) or restart the run")
-        record = context.state[_RUN_RECORD]
-        return cls(run_dir=str(_materialize(dict(zip(record["names"], record["texts"])))),
-                   data_dir=data_dir)
+        record = _record(context.state, _RUN_RECORD, ConfigRecord)
+        files = dict(zip(_values(record, "names", str), _values(record, "texts", str)))
+        return cls(run_dir=str(_materialize(files)), data_dir=data_dir)
 
 
 _SCRATCH: list[tempfile.TemporaryDirectory] = []
@@ -224,9 +265,9 @@ def _held_users(device: Device, node_config: Mapping[str, Any]) -> list[str]:
 
 def _client_query(load: DeviceLoader, message: Message, context: Context) -> Message:
     """Keep the run's public files; reply with the ids of the users held here."""
-    run = message.content["run"]
-    context.state[_RUN_RECORD] = ConfigRecord({"names": [str(x) for x in run["names"]],
-                                               "texts": [str(x) for x in run["texts"]]})
+    run = _record(message.content, "run", ConfigRecord)
+    context.state[_RUN_RECORD] = ConfigRecord({"names": _values(run, "names", str),
+                                               "texts": _values(run, "texts", str)})
     device = _load_device(load, ClientSpec.resolve(context))
     users = _held_users(device, context.node_config)
     return Message(RecordDict({"users": ConfigRecord({"ids": users})}), reply_to=message)
@@ -235,19 +276,21 @@ def _client_query(load: DeviceLoader, message: Message, context: Context) -> Mes
 def _client_train(load: DeviceLoader, message: Message, context: Context) -> Message:
     """Compute the requested users' updates with :func:`client_update`."""
     device = _load_device(load, ClientSpec.resolve(context))
-    config = message.content["config"]
-    if str(config["fingerprint"]) != device.fingerprint:
+    config = _record(message.content, "config", ConfigRecord)
+    if _value(config, "fingerprint", str) != device.fingerprint:
         raise ConfigError(
             "this device's public model or client method differs from the server's (the "
             "frozen parameters, θ's layout or the clipping/noise settings do not match): "
             "give the SuperNode the run's public files (config.yaml and vocab.json), and "
             "build the server's model as the run layer does (torch.manual_seed(seed) first)")
-    theta = torch.from_numpy(np.array(message.content["global"]["theta"].numpy(),
-                                      dtype=np.float32, copy=True))
+    theta = torch.from_numpy(np.array(
+        _record(message.content, "global", ArrayRecord)["theta"].numpy(),
+        dtype=np.float32, copy=True))
     if theta.numel() != device.task.dimension:
         raise ConfigError(f"received θ of dimension {theta.numel()}, the device's model has "
                           f"{device.task.dimension}")
-    seed, round_index = int(config["seed"]), int(config["round"])
+    seed, round_index = _value(config, "seed", int), _value(config, "round", int)
+    user_ids = _values(config, "users", str)
     held = set(_held_users(device, context.node_config))
     # A real device (node option user-id) draws everything from the OS CSPRNG with
     # float-safe noise (SecureNoise): with (seed, round, user) seeding the server could
@@ -256,9 +299,12 @@ def _client_train(load: DeviceLoader, message: Message, context: Context) -> Mes
     os_entropy = bool(context.node_config.get("os-entropy",
                                               bool(context.node_config.get("user-id", ""))))
     secure = SecureNoise() if os_entropy else None
-    payloads, counts, losses, events = [], [], [], []
+    payloads: list[torch.Tensor] = []
+    counts: list[int] = []
+    losses: list[float] = []
+    events: list[str] = []
     with deterministic_algorithms(), flush_denormals():  # as the simulator computes
-        for user_id, user in zip(config["users"], config["user-indices"]):
+        for user_id, user in zip(user_ids, _values(config, "user-indices", int)):
             if user_id not in held:
                 raise PrivateRecError(f"the server asked this SuperNode for user "
                                       f"{user_id!r}, which it does not hold")
@@ -273,13 +319,13 @@ def _client_train(load: DeviceLoader, message: Message, context: Context) -> Mes
                 counts.append(int(sent["num_examples"]))
                 losses.append(float(sent["loss"]))
             events.append(json.dumps([e.to_dict() for e in update.privacy_events]))
-    result = {"users": list(config["users"]), "events": events}
-    records: dict[str, Any] = {
+    result = ConfigRecord({"users": user_ids, "events": events})
+    records: dict[str, ArrayRecord | MetricRecord | ConfigRecord] = {
         "updates": ArrayRecord({"payloads": Array(torch.stack(payloads).detach().numpy())})}
     if device.method.sends_metadata:
         result["num-examples"] = counts
         records["metrics"] = MetricRecord({"loss": losses})
-    records["result"] = ConfigRecord(result)
+    records["result"] = result
     return Message(RecordDict(records), reply_to=message)
 
 
@@ -358,7 +404,7 @@ def discover_nodes(grid: Grid, clients: ClientDataset, run: ConfigRecord, *,
                 if reply.has_error():
                     raise PrivateRecError(_reply_error(reply))
                 node = reply.metadata.src_node_id
-                for uid in reply.content["users"]["ids"]:
+                for uid in _values(_record(reply.content, "users", ConfigRecord), "ids", str):
                     u = index.get(str(uid))
                     if u is None:
                         continue  # a user without training data on the server
@@ -382,10 +428,11 @@ def _parse_reply(reply: Message, expected: Sequence[int], clients: ClientDataset
     """The updates in one SuperNode's reply, keyed by user index."""
     if reply.has_error():
         raise PrivateRecError(_reply_error(reply))
-    result = reply.content["result"]
-    payloads = torch.from_numpy(np.array(reply.content["updates"]["payloads"].numpy(),
-                                         dtype=np.float32, copy=True))
-    users = list(result["users"])
+    result = _record(reply.content, "result", ConfigRecord)
+    payloads = torch.from_numpy(np.array(
+        _record(reply.content, "updates", ArrayRecord)["payloads"].numpy(),
+        dtype=np.float32, copy=True))
+    users = _values(result, "users", str)
     with_metadata = "num-examples" in result
     if with_metadata != method.sends_metadata:
         raise PrivateRecError(
@@ -393,11 +440,13 @@ def _parse_reply(reply: Message, expected: Sequence[int], clients: ClientDataset
             + ("sent its clients' sample counts and losses, which a private method's client "
                "must not release" if with_metadata else
                "did not send the sample counts and losses that its method aggregates with"))
-    counts = list(result["num-examples"]) if with_metadata else [0] * len(users)
-    losses = list(reply.content["metrics"]["loss"]) if with_metadata else [math.nan] * len(users)
+    counts = _values(result, "num-examples", int) if with_metadata else [0] * len(users)
+    losses = (_values(_record(reply.content, "metrics", MetricRecord), "loss", float)
+              if with_metadata else [math.nan] * len(users))
     index = {clients.user_ids[u]: u for u in expected}
     updates: dict[int, ClientUpdate] = {}
-    for row, (uid, n, events, loss) in enumerate(zip(users, counts, result["events"], losses)):
+    rows = zip(users, counts, _values(result, "events", str), losses)
+    for row, (uid, n, events, loss) in enumerate(rows):
         if uid not in index:
             raise PrivateRecError(f"SuperNode {reply.metadata.src_node_id} replied for "
                                   f"user {uid!r}, which it was not asked for")

@@ -244,9 +244,17 @@ class LocalObjective(ModuleTask):
               with_noise: bool = False) -> ClientBatch:
         """The clients' inputs padded to one :class:`ClientBatch` (``with_noise``: with
         their DPA noise)."""
-        noise = [x.attention_noise for x in inputs] if with_noise else None
+        noise: list[torch.Tensor] | None = None
+        if with_noise:
+            noise = []
+            for x in inputs:
+                if x.attention_noise is None:
+                    raise ValueError("a client's inputs carry no DPA noise (drawn on a secure "
+                                     "source, which releases alpha itself): batch them "
+                                     "without with_noise")
+                noise.append(x.attention_noise)
         return ClientBatch.stack([x.history for x in inputs], [x.history_mask for x in inputs],
-                                 [x.candidates for x in inputs], noise)  # type: ignore[arg-type]
+                                 [x.candidates for x in inputs], noise)
 
     def gradient(self, flat: torch.Tensor, inputs: ClientInputs) -> tuple[torch.Tensor, float]:
         """:meth:`client_gradient` of one client's inputs."""

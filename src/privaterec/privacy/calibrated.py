@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NoReturn
 
 from privaterec.errors import ConfigError
 from privaterec.privacy.calibration import amplified_budget, gaussian_sigma, laplace_scale
@@ -41,7 +41,7 @@ SIMPLEX_SENSITIVITY_L1 = 2.0
 by at most 2 in L1 (all mass on one coordinate against all mass on another)."""
 
 
-def _fail(name: str, value: object, expected: str) -> None:
+def _fail(name: str, value: object, expected: str) -> NoReturn:
     raise ConfigError(f"invalid privacy parameter '{name}': got {value!r}, expected {expected}")
 
 
@@ -218,7 +218,7 @@ def clipped_release(*, clipping: Literal["l1", "l2", "elementwise"], clip: float
         Copied into the event.
     """
     _check_clip(clipping, clip)
-    if clipping == "none":
+    if clipping not in ("l1", "l2", "elementwise"):  # an untyped caller's "none"
         _fail("clipping", clipping, "'l1', 'l2' or 'elementwise'")
     if (epsilon is None) == (noise_scale is None):
         raise ConfigError("give exactly one of 'epsilon' (target) and 'noise_scale' (given "

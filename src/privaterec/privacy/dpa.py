@@ -83,7 +83,7 @@ def padding_mask(mask: Tensor, *, padding_p: float,
     _check_probability(padding_p, "padding_p")
     if padding_p == 0:
         return torch.zeros_like(mask, dtype=torch.bool)
-    if not isinstance(generator, (list, tuple)):  # one generator or one secure source
+    if not isinstance(generator, Sequence):  # one generator or one secure source
         u = rand(generator, mask.shape, dtype=torch.float64)
     else:
         gens = list(generator)
@@ -142,7 +142,7 @@ def dpa_calibration(*, epsilon: float, delta: float = 0.0, padding_p: float = 0.
     """
     _check_mechanism(mechanism)
     _check_probability(padding_p, "padding_p")
-    norm = "l1" if mechanism == "laplace" else "l2"
+    norm: Literal["l1", "l2"] = "l1" if mechanism == "laplace" else "l2"
     valid = sensitivity == "true"
     note = ("PrivateRec DPA: noise on the B attention weights, simplex sensitivity, "
             "padding-amplified budget" if valid else PAPER_MODE_NOTE)

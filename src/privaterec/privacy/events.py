@@ -25,13 +25,14 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Literal, Mapping
+from typing import Any, Literal, Mapping, NoReturn
 
 import attr
 from dp_accounting import dp_event
 
 from privaterec.errors import CheckpointError, ConfigError
 from privaterec.privacy.calibration import amplified_budget, padding_amplification
+from privaterec.validators import is_real
 
 PHASES = ("train", "serve")
 NOISE_MECHANISMS = ("laplace", "gaussian")
@@ -63,7 +64,7 @@ class EpsilonDeltaDpEvent(dp_event.DpEvent):
     delta: float
 
 
-def _fail(name: str, value: object, expected: str) -> None:
+def _fail(name: str, value: object, expected: str) -> NoReturn:
     raise ConfigError(f"invalid privacy event field '{name}': got {value!r}, expected {expected}")
 
 
@@ -167,7 +168,7 @@ class PrivacyEvent:
             _fail("delta_user", self.delta_user, "None or a number in [delta, 1)")
         for name in ("noise_scale", "sensitivity", "coordinate_epsilon"):
             value = getattr(self, name)
-            if value is not None and not (isinstance(value, numbers.Real) and value >= 0):
+            if value is not None and not (is_real(value) and value >= 0):
                 _fail(name, value, "None or a number >= 0")
         # Normalise numeric types so equal events hash equally (np.float64(1) == 1.0 anyway).
         for name in ("epsilon", "delta", "padding_p"):
@@ -279,8 +280,9 @@ class PrivacyEvent:
                                   f"expected a subset of {sorted(names)}")
         float_fields = ("epsilon", "delta", "noise_scale", "sensitivity", "padding_p",
                         "coordinate_epsilon", "epsilon_user", "delta_user", "sampling_rate")
-        values = {k: _decode_float(v) if k in float_fields and v is not None else v
-                  for k, v in data.items()}
+        # Untyped JSON values: the constructor checks every field (``__post_init__``).
+        values: dict[str, Any] = {k: _decode_float(v) if k in float_fields and v is not None
+                                  else v for k, v in data.items()}
         return cls(**values)
 
 

@@ -255,12 +255,13 @@ class PrivacyLedger:
                 and 0 < value_discretization_interval < 1):
             raise ConfigError("invalid ledger setting 'value_discretization_interval': got "
                               f"{value_discretization_interval!r}, expected a number in (0, 1)")
-        self.value_discretization_interval = float(value_discretization_interval)
-        self.rdp_orders = None if rdp_orders is None else [float(o) for o in rdp_orders]
+        self.value_discretization_interval: float = float(value_discretization_interval)
+        self.rdp_orders: list[float] | None = (None if rdp_orders is None
+                                               else [float(o) for o in rdp_orders])
         self._events: list[PrivacyEvent] = []
         self._event_ids: dict[PrivacyEvent, int] = {}
         self._users: dict[UserId, dict[int, int]] = {}
-        self._cache: dict[tuple[Signature, float, str], float] = {}
+        self._cache: dict[tuple[Signature, float, Composition, Adjacency], float] = {}
 
     # -- recording ------------------------------------------------------------------------
     def _event_id(self, event: PrivacyEvent) -> int:
@@ -326,14 +327,13 @@ class PrivacyLedger:
                             if phase is None or self._events[eid].phase == phase))
 
     # -- composition ----------------------------------------------------------------------
-    def _compose_signature(self, signature: Signature, delta: float, composition: str,
+    def _compose_signature(self, signature: Signature, delta: float, composition: Composition,
                            adjacency: Adjacency = "click") -> float:
         key = (signature, float(delta), composition, adjacency)
         cached = self._cache.get(key)
         if cached is None:
             cached = max((compose_events(
-                group, delta=delta,
-                composition=composition,  # type: ignore[arg-type]
+                group, delta=delta, composition=composition,
                 value_discretization_interval=self.value_discretization_interval,
                 rdp_orders=self.rdp_orders)
                 for group in adjacency_view([(self._events[eid], c) for eid, c in signature],
@@ -471,12 +471,14 @@ class PrivacyLedger:
     def _phase_totals(self, delta: float, composition: Composition,
                       adjacency: Adjacency) -> dict[str, Any]:
         phases: dict[str, Any] = {}
-        for name, phase in (("train", "train"), ("serve", "serve"), ("total", None)):
+        named: tuple[tuple[str, Phase | None], ...] = (("train", "train"), ("serve", "serve"),
+                                                       ("total", None))
+        for name, phase in named:
             values: list[float] = []
             basic_eps: list[float] = []
             basic_delta: list[float] = []
             releases: list[int] = []
-            groups = self._groups(self._users, phase)  # type: ignore[arg-type]
+            groups = self._groups(self._users, phase)
             for signature, members in groups.items():
                 if not signature:
                     continue
@@ -562,4 +564,4 @@ class PrivacyLedger:
         return {u: {self._events[eid]: c for eid, c in per_user.items()}
                 for u, per_user in self._users.items()}
 
-    __hash__ = None  # type: ignore[assignment]
+    __hash__ = None  # type: ignore[assignment]  # unhashable: mutable, __eq__ by content

@@ -63,7 +63,7 @@ def rand(source: Randomness, shape: Sequence[int], *,
     g = _generator(source)
     if g is not None:
         return torch.rand(tuple(shape), generator=g, dtype=dtype)
-    u = source.uniform(tuple(shape))  # float64 on 53 bits
+    u = as_source(source).uniform(tuple(shape))  # float64 on 53 bits
     if dtype == torch.float64:
         return u
     # Keep as many bits as the dtype's significand holds, so the value stays < 1 after the
@@ -77,7 +77,7 @@ def randperm(source: Randomness, n: int) -> Tensor:
     g = _generator(source)
     if g is not None:
         return torch.randperm(n, generator=g)
-    return torch.argsort(source.uniform((n,)))
+    return torch.argsort(as_source(source).uniform((n,)))
 
 
 def randint(source: Randomness, low: int, high: int, shape: Sequence[int]) -> Tensor:
@@ -85,7 +85,7 @@ def randint(source: Randomness, low: int, high: int, shape: Sequence[int]) -> Te
     g = _generator(source)
     if g is not None:
         return torch.randint(low, high, tuple(shape), generator=g)
-    return low + source.randint(high - low, tuple(shape))
+    return low + as_source(source).randint(high - low, tuple(shape))
 
 
 def release_rows(x: Tensor, calibration: Calibration, sources: Sequence[Randomness]) -> Tensor:
@@ -105,7 +105,8 @@ def release_rows(x: Tensor, calibration: Calibration, sources: Sequence[Randomne
         raise ValueError(f"need one generator per client: {len(sources)} for "
                          f"{x.shape[0]} updates")
     if not any(is_secure(s) for s in sources):
-        return clip_and_noise(x, calibration, generator=list(sources))  # type: ignore[arg-type]
+        return clip_and_noise(x, calibration,
+                              generator=[seeded_generator(s) for s in sources])
     clipped = apply_clip(x, calibration)
     if not calibration.noisy or not calibration.event.is_private:
         return clipped

@@ -31,8 +31,10 @@ from privaterec.privacy.calibration import (PAPER_SENSITIVITY_WARNING, amplified
                                             fednewsrec_coordinate_epsilon,
                                             fednewsrec_update_epsilon, gaussian_sigma,
                                             laplace_scale)
+from privaterec.validators import is_integer, is_real
 
 if TYPE_CHECKING:  # the ledger imports dp_accounting (~1 s): only where it is needed
+    from privaterec.privacy.dpa import SensitivityMode
     from privaterec.privacy.ledger import PrivacyLedger
 
 Composition = Literal["basic", "pld", "rdp"]
@@ -103,10 +105,10 @@ def _check_inputs(release: Any, delta: Any, rounds: Any, composition: Any) -> No
     if missing:
         raise ConfigError(f"privacy report 'release' lacks the keys {missing}; it must "
                           f"describe one client's per-round release (method, mechanism, ...)")
-    if not (isinstance(delta, numbers.Real) and 0 <= delta < 1):
+    if not (is_real(delta) and 0 <= delta < 1):
         raise ConfigError(f"invalid privacy parameter 'delta': got {delta!r}, expected a "
                           f"number in [0, 1)")
-    if isinstance(rounds, bool) or not (isinstance(rounds, numbers.Integral) and rounds >= 0):
+    if isinstance(rounds, bool) or not (is_integer(rounds) and rounds >= 0):
         raise ConfigError(f"invalid 'rounds': got {rounds!r}, expected an integer >= 0")
     if composition not in COMPOSITIONS:
         raise ConfigError(f"invalid composition {composition!r}; expected one of "
@@ -551,7 +553,7 @@ def _calibrate_gaussian(*, epsilon: float, delta: float | None,
 
 def _calibrate_dpa(*, epsilon: float, delta: float | None, sensitivity: float | None,
                    padding_p: float = 0.0, basis: int | None = None,
-                   sensitivity_mode: str = "true") -> dict[str, Any]:
+                   sensitivity_mode: SensitivityMode = "true") -> dict[str, Any]:
     """PrivateRec's attention release α (Alg. 2): padding-amplified budget, simplex sensitivity.
 
     Laplace on the L1 sensitivity when δ is 0 or not given, analytic Gaussian on the L2
@@ -566,8 +568,8 @@ def _calibrate_dpa(*, epsilon: float, delta: float | None, sensitivity: float | 
     gaussian = bool(delta)
     eps_base, delta_base = amplified_budget(epsilon=epsilon, delta=delta or 0.0,
                                             padding_p=padding_p)
-    norm = "l2" if gaussian else "l1"
-    s = dpa_sensitivity(norm, sensitivity_mode)  # type: ignore[arg-type]
+    norm: Literal["l1", "l2"] = "l2" if gaussian else "l1"
+    s = dpa_sensitivity(norm, sensitivity_mode)  # checks the mode: options come from the CLI
     if gaussian:
         scale = gaussian_sigma(epsilon=eps_base, delta=delta_base, sensitivity_l2=s)
         parameter, formula = "sigma", "analytic Gaussian at (epsilon', delta')"

@@ -43,6 +43,7 @@ from scipy.cluster.hierarchy import fcluster, linkage
 from scipy.spatial.distance import pdist
 
 from privaterec.errors import ConfigError
+from privaterec.validators import check_choice
 
 MAX_CHANNELS = 5
 """Default maximum number of interest channels (official Uni-FedRec code, DESIGN §3)."""
@@ -64,6 +65,7 @@ DistanceMetric = Literal["braycurtis", "canberra", "chebyshev", "cityblock", "co
 DISTANCE_METRICS: tuple[DistanceMetric, ...] = get_args(DistanceMetric)
 
 Overflow = Literal["merge", "single"]
+OVERFLOWS: tuple[Overflow, ...] = get_args(Overflow)
 
 
 class ClusterOptions(TypedDict):
@@ -172,6 +174,18 @@ def check_cluster_params(distance_threshold: float, method: str, metric: str,
         raise ConfigError(f"invalid 'max_channels': got {max_channels!r}, expected an int >= 1")
     if overflow not in ("merge", "single"):
         raise ConfigError(f"invalid 'overflow': got {overflow!r}, expected 'merge' or 'single'")
+
+
+def cluster_options(*, distance_threshold: float, method: str, metric: str, max_channels: int,
+                    overflow: str) -> ClusterOptions:
+    """The keywords of :func:`cluster_batch`, checked by :func:`check_cluster_params` (its
+    errors) and narrowed to their ``Literal`` types."""
+    check_cluster_params(distance_threshold, method, metric, max_channels, overflow)
+    return ClusterOptions(distance_threshold=distance_threshold,
+                          method=check_choice(method, "method", LINKAGE_METHODS),
+                          metric=check_choice(metric, "metric", DISTANCE_METRICS),
+                          max_channels=max_channels,
+                          overflow=check_choice(overflow, "overflow", OVERFLOWS))
 
 
 def _as_numpy(x: np.ndarray | torch.Tensor, dtype: type) -> np.ndarray:
@@ -318,5 +332,5 @@ def cluster_batch(vectors: torch.Tensor, mask: torch.Tensor, *,
 
 __all__ = ["Channels", "ChannelBatch", "ClusterOptions", "DEFAULT_DISTANCE_THRESHOLD",
            "DISTANCE_METRICS", "DistanceMetric", "LINKAGE_METHODS", "LinkageMethod",
-           "MAX_CHANNELS", "Overflow", "channel_quotas", "check_cluster_params", "cluster_batch",
-           "cluster_history", "cluster_labels"]
+           "MAX_CHANNELS", "OVERFLOWS", "Overflow", "channel_quotas", "check_cluster_params",
+           "cluster_batch", "cluster_history", "cluster_labels", "cluster_options"]

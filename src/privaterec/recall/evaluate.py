@@ -62,7 +62,7 @@ from __future__ import annotations
 import math
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Iterator, Literal, Protocol, Sequence
+from typing import Callable, Iterator, Literal, Protocol, Sequence, get_args
 
 import numpy as np
 import torch
@@ -89,8 +89,8 @@ RECALL_KS = (100, 200, 300, 400)
 AUC_RECALL_SIZE = 400
 """R of the end-to-end evaluation (Uni-FedRec §4.3)."""
 
-RECALL_METHODS = ("unifedrec", "no-bie", "youtubenet", "privaterec", "vdp")
 RecallMethod = Literal["unifedrec", "no-bie", "youtubenet", "privaterec", "vdp"]
+RECALL_METHODS: tuple[RecallMethod, ...] = get_args(RecallMethod)
 UserEncoder = Callable[[Tensor, Tensor], Tensor]
 
 _QUERY_STREAM = 2  # distinct from fed.rng's server (0) and client (1) streams

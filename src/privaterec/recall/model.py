@@ -41,8 +41,8 @@ from torch import Tensor, nn
 from privaterec.errors import ConfigError
 from privaterec.models.layers import AdditiveAttention, MultiHeadSelfAttention, attend_all_if_empty
 from privaterec.recall.channels import (DEFAULT_DISTANCE_THRESHOLD, MAX_CHANNELS, ChannelBatch,
-                                        Overflow, check_cluster_params,
-                                        cluster_batch)
+                                        ClusterOptions, Overflow, cluster_batch,
+                                        cluster_options)
 from privaterec.recall.interest import (DEFAULT_CLIP, DEFAULT_NOISE_SCALE, DEFAULT_NUM_BASIS,
                                         BasicInterestEmbeddings, aggregator_weights,
                                         perturb_scores)
@@ -145,13 +145,13 @@ class UniFedRecRecall(nn.Module):
         if not noise_scale >= 0:
             raise ConfigError(f"invalid privacy parameter 'noise_scale': got {noise_scale!r}, "
                               f"expected >= 0")
-        check_cluster_params(distance_threshold, method, metric, max_channels, overflow)
+        options = cluster_options(distance_threshold=distance_threshold, method=method,
+                                  metric=metric, max_channels=max_channels, overflow=overflow)
         self.dim = dim
         self.clip = clip
         self.noise_scale = noise_scale
         self.max_channels = max_channels
-        self.cluster_options = dict(distance_threshold=distance_threshold, method=method,
-                                    metric=metric, max_channels=max_channels, overflow=overflow)
+        self.cluster_options: ClusterOptions = options
         self.self_attention = MultiHeadSelfAttention(dim, num_heads, head_dim)
         self.channel_attention = AdditiveAttention(dim, attention_dim)
         self.interest = BasicInterestEmbeddings(num_basis, dim)

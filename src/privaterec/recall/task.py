@@ -308,8 +308,7 @@ class RecallTask(ModuleTask):
     def channels(self, flat: Tensor, history: Tensor, mask: Tensor) -> ChannelBatch:
         """Interest channels under θ of histories ``LongTensor[b, H]`` (rows), ``[b, H]``."""
         context = self._call(flat.detach(), self.news_vectors[history], mask)
-        # recall.model's cluster_options is an untyped dict (its keys are ClusterOptions')
-        return cluster_batch(context, mask, **self.model.cluster_options)  # type: ignore[arg-type]
+        return cluster_batch(context, mask, **self.model.cluster_options)
 
     def client_loss(self, flat: Tensor, history: Tensor, mask: Tensor, channel_ids: Tensor,
                     quotas: Tensor, candidates: Tensor, weights: Tensor,

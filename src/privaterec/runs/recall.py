@@ -225,7 +225,8 @@ def evaluate_recall_run(run_dir: str | Path, *, method: str, data: str | Path | 
                                             evaluate_recall)
     from privaterec.runs.ranking import record_serving
 
-    if method not in RECALL_METHODS:
+    recall_method = next((m for m in RECALL_METHODS if m == method), None)
+    if recall_method is None:
         raise ConfigError(f"invalid --recall method {method!r}; expected one of "
                           f"{', '.join(RECALL_METHODS)}")
     recall = load_recall_run(run_dir) if is_recall_run(run_dir) else None
@@ -252,8 +253,8 @@ def evaluate_recall_run(run_dir: str | Path, *, method: str, data: str | Path | 
     ranker = load_ranker_news(ranker_dir, dataset.all_news(), progress=progress)
     dim = int(ranker.vectors.shape[-1])
     user_encoder = user_events = None
-    if method in ("privaterec", "vdp"):
-        serving = serving or ServingConfig(kind=method)
+    if recall_method == "privaterec" or recall_method == "vdp":
+        serving = serving or ServingConfig(kind=recall_method)
         if serving.kind != method:
             raise ConfigError(f"--recall {method} needs serving kind {method!r}, got "
                               f"{serving.kind!r}")
@@ -264,13 +265,14 @@ def evaluate_recall_run(run_dir: str | Path, *, method: str, data: str | Path | 
         event = serving_event(serving, basis_size=0 if basis is None else basis.size, dim=dim)
         user_events = [(event, 1)]
     result = evaluate_recall(
-        target, ranker.features, ranker.vectors, method=method,  # type: ignore[arg-type]
+        target, ranker.features, ranker.vectors, method=recall_method,
         history_len=ranker.history_len, model=None if recall is None else recall.model,
         ks=ks or RECALL_KS, ranker=ranker.model,
         auc_recall_size=auc_recall_size or AUC_RECALL_SIZE, seed=seed,
         serve_noise=serve_noise, quota_noise_scale=quota_noise_scale, progress=progress,
         user_encoder=user_encoder, user_events=user_events)
-    events: dict[str, list] = result.pop("events")  # type: ignore[assignment]
+    events = result.pop("events")  # user id → [(event, count)] of its query
+    assert isinstance(events, dict)
     epsilons = [sum(e.epsilon * c for e, c in pairs if e.mechanism != "clear_quotas")
                 for pairs in events.values()]
     channels = [sum(c for e, c in pairs if e.note.startswith(CHANNEL_NOTE))

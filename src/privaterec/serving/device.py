@@ -52,6 +52,7 @@ from typing import Any, Mapping, Sequence
 import torch
 from torch import Tensor
 
+from privaterec.config import NoiseKind
 from privaterec.data.records import NewsRecord
 from privaterec.errors import CheckpointError, ConfigError
 from privaterec.privacy.events import PrivacyEvent
@@ -66,8 +67,8 @@ from privaterec.serving.budget import (DEFAULT_DEVICE_BUDGET, DEFAULT_GAUSSIAN_D
                                        history_digest, release_key)
 from privaterec.serving.device_common import MAX_K, DeviceBase, check_count, check_history
 from privaterec.serving.download import RecallBuilder, build_recall_model, download_recall_model
-from privaterec.serving.release import (ServingConfig, dpa_release, serving_event,
-                                        vdp_user_release)
+from privaterec.serving.release import (Normalization, ServingConfig, dpa_release,
+                                        serving_event, vdp_user_release)
 from privaterec.serving.transport import (ModelChangedError, ServerError, Transport, json_body,
                                           json_floats)
 
@@ -322,8 +323,8 @@ class PrivateRecDevice(_RankingDevice):
     field = "alpha"
 
     def __init__(self, base_url: str | None = None, *, epsilon: float, delta: float = 0.0,
-                 padding_p: float = 0.5, mechanism: str = "laplace",
-                 normalization: str = "softplus", budget: float = DEFAULT_DEVICE_BUDGET,
+                 padding_p: float = 0.5, mechanism: NoiseKind = "laplace",
+                 normalization: Normalization = "softplus", budget: float = DEFAULT_DEVICE_BUDGET,
                  budget_delta: float | None = None, composition: Composition = "pld",
                  cache_dir: str | Path | None = None, transport: Transport | None = None,
                  timeout: float = 30.0,
@@ -377,7 +378,7 @@ class VDPDevice(_RankingDevice):
     field = "embedding"
 
     def __init__(self, base_url: str | None = None, *, epsilon: float, delta: float = 0.0,
-                 clip: float = 0.001, mechanism: str = "laplace",
+                 clip: float = 0.001, mechanism: NoiseKind = "laplace",
                  budget: float = DEFAULT_DEVICE_BUDGET, budget_delta: float | None = None,
                  composition: Composition = "pld", cache_dir: str | Path | None = None,
                  transport: Transport | None = None, timeout: float = 30.0,

@@ -109,8 +109,7 @@ class PoolState:
                 and self.titles == other.titles and self.data.dtype == other.data.dtype
                 and np.array_equal(self.data, other.data) and same_scales)
 
-    # unhashable (equality compares the arrays); mypy types __hash__ as a method
-    __hash__ = None  # type: ignore[assignment]
+    __hash__ = None  # type: ignore[assignment]  # unhashable: __eq__ compares arrays
 
     def dense(self) -> np.ndarray:
         """The records as ``float32[n, rows]`` (int8: q · scale, elementwise in float32)."""

@@ -27,10 +27,12 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 import torch
 
-from privaterec.config import SERVING_KINDS, _check, _check_choice
+from privaterec.config import (NOISE_KINDS, SENSITIVITY_MODES, SERVING_KINDS, NoiseKind,
+                               SensitivityMode, ServingKind, _check, _check_choice)
 from privaterec.errors import ConfigError
 from privaterec.models.recommender import Recommender
 from privaterec.privacy.calibrated import Calibration, no_noise
@@ -42,6 +44,10 @@ from privaterec.privacy.samplers import NoiseSource, SimulationNoise
 
 LOCAL_NOTE = ("local ranking: the device ranks the downloaded pool itself; nothing "
               "user-dependent is sent (the server sees only that the device synced the pool)")
+
+
+Normalization = Literal["softplus", "relu"]
+NORMALIZATIONS: tuple[Normalization, ...] = get_args(Normalization)
 
 
 @dataclass(frozen=True)
@@ -63,21 +69,21 @@ class ServingConfig:
         training uses, §3.3). Both are post-processing: the guarantee is the same.
     """
 
-    kind: str = "none"
+    kind: ServingKind = "none"
     epsilon: float = math.inf
     delta: float = 0.0
     padding_p: float = 0.5
-    mechanism: str = "laplace"
-    sensitivity_mode: str = "true"
+    mechanism: NoiseKind = "laplace"
+    sensitivity_mode: SensitivityMode = "true"
     vdp_clip: float = 0.001
     seed: int = 0
-    normalization: str = "softplus"
+    normalization: Normalization = "softplus"
 
     def __post_init__(self) -> None:
         _check_choice(self.kind, "serving", SERVING_KINDS)
-        _check_choice(self.mechanism, "serving mechanism", ("laplace", "gaussian"))
-        _check_choice(self.sensitivity_mode, "sensitivity_mode", ("true", "paper"))
-        _check_choice(self.normalization, "serving normalization", ("softplus", "relu"))
+        _check_choice(self.mechanism, "serving mechanism", NOISE_KINDS)
+        _check_choice(self.sensitivity_mode, "sensitivity_mode", SENSITIVITY_MODES)
+        _check_choice(self.normalization, "serving normalization", NORMALIZATIONS)
         _check(self.epsilon > 0, "epsilon_serve", f"got {self.epsilon!r}, expected > 0")
         _check(self.kind != "local" or math.isinf(self.epsilon), "epsilon_serve",
                f"got {self.epsilon!r}; local ranking sends nothing (epsilon_s = 0) and adds "
@@ -116,11 +122,11 @@ def serving_calibration(config: ServingConfig, *, basis_size: int, dim: int) -> 
     if config.kind == "privaterec":
         return dpa_calibration(epsilon=config.epsilon, delta=config.delta,
                                padding_p=config.effective_padding,
-                               mechanism=config.mechanism,  # type: ignore[arg-type]
-                               sensitivity=config.sensitivity_mode,  # type: ignore[arg-type]
+                               mechanism=config.mechanism,
+                               sensitivity=config.sensitivity_mode,
                                phase="serve", dimension=max(1, basis_size))
     return vdp_calibration(clip=config.vdp_clip, epsilon=config.epsilon, delta=config.delta,
-                           mechanism=config.mechanism,  # type: ignore[arg-type]
+                           mechanism=config.mechanism,
                            dimension=max(1, dim), phase="serve")
 
 
@@ -278,12 +284,12 @@ def noise_source(generator: torch.Generator | None, noise: NoiseSource | None) -
     if (generator is None) == (noise is None):
         raise ConfigError("pass exactly one randomness source: noise=SecureNoise() on a device, "
                           "or generator=<seeded torch.Generator> in a simulation")
-    if noise is not None:
-        if not isinstance(noise, NoiseSource):
-            raise ConfigError(f"'noise' must be a NoiseSource (SecureNoise() or "
-                              f"SimulationNoise(generator)), got {type(noise).__name__}")
-        return noise
-    return SimulationNoise(generator)  # type: ignore[arg-type]
+    if generator is not None:
+        return SimulationNoise(generator)
+    if not isinstance(noise, NoiseSource):
+        raise ConfigError(f"'noise' must be a NoiseSource (SecureNoise() or "
+                          f"SimulationNoise(generator)), got {type(noise).__name__}")
+    return noise
 
 
 __all__ = ["LOCAL_NOTE", "SERVING_KINDS", "DpaRelease", "ServingConfig", "dpa_release",

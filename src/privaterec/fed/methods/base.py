@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, ClassVar, Sequence
+from typing import Any, ClassVar, Generic, Sequence, TypeVar
 
 import torch
 
@@ -30,9 +30,13 @@ from privaterec.fed.sampling import sample_round
 from privaterec.fed.strategies import weighted_mean
 from privaterec.fed.task import FederatedTask
 from privaterec.privacy.calibrated import Calibration
-from privaterec.privacy.events import PrivacyEvent
+from privaterec.privacy.events import Adjacency, PrivacyEvent
 from privaterec.privacy.ledger import adjacency_view, basic_composition
 from privaterec.privacy.randomness import Randomness, release_rows
+
+TaskT = TypeVar("TaskT", bound="FederatedTask[Any]")
+"""The task a method trains (the ranking methods: ``LocalObjective``; Uni-FedRec's:
+``RecallTask``; a method for any task: ``FederatedTask[Any]``)."""
 
 
 @dataclass(frozen=True)
@@ -61,8 +65,9 @@ class RoundOutput:
 
 
 @dataclass(frozen=True, kw_only=True)
-class ClientMethod(ABC):
-    """What a client does in a round, fully resolved (a frozen, public description).
+class ClientMethod(ABC, Generic[TaskT]):
+    """What a client does in a round, fully resolved (a frozen, public description), for
+    the tasks of type ``TaskT``.
 
     Attributes
     ----------
@@ -70,9 +75,6 @@ class ClientMethod(ABC):
     """
 
     name: ClassVar[str] = ""
-    by_impressions: ClassVar[bool] = False
-    """Whether who takes part is decided by labelled impressions (PrivateRec) rather than
-    by training samples (:func:`~privaterec.fed.sampling.eligible_clients`)."""
     trusted_aggregator: ClassVar[bool] = False
     """Whether the server sees the clipped updates and adds the noise (central DP)."""
 
@@ -80,6 +82,12 @@ class ClientMethod(ABC):
     max_samples: int
 
     # ---------------------------------------------------------------- participation
+    @property
+    def by_impressions(self) -> bool:
+        """Whether who takes part is decided by labelled impressions (PrivateRec) rather than
+        by training samples (:func:`~privaterec.fed.sampling.eligible_clients`)."""
+        return False
+
     def check_client(self, data: ClientData) -> None:
         """Raise ``ValueError`` if the client cannot take part (no training sample)."""
         if data.num_samples == 0:
@@ -118,8 +126,7 @@ class ClientMethod(ABC):
         return True
 
     # -------------------------------------------------------------------- the hooks
-    def inputs(self, task: FederatedTask[Any], data: ClientData, *,
-               generator: Randomness) -> Any:
+    def inputs(self, task: TaskT, data: ClientData, *, generator: Randomness) -> Any:
         """The client's inputs after its own random draws (the task's, by default)."""
         return task.client_inputs(data, max_samples=self.max_samples,
                                   negatives=self.negatives, generator=generator)
@@ -170,12 +177,12 @@ class ClientMethod(ABC):
         DP's round release); none for a local method."""
         return ()
 
-    def round_epsilon(self, dimension: int, adjacency: str) -> tuple[float, float]:
+    def round_epsilon(self, dimension: int, adjacency: Adjacency) -> tuple[float, float]:
         """(ε, δ) of one client's round under ``adjacency`` by basic composition (the
         ledger composes the run more tightly)."""
         round_events = self.events(dimension) + self.population_events(dimension)
         events = [(e, 1) for e in round_events]
-        pairs = [basic_composition(g) for g in adjacency_view(events, adjacency)]  # type: ignore[arg-type]
+        pairs = [basic_composition(g) for g in adjacency_view(events, adjacency)]
         return max(p[0] for p in pairs), max(p[1] for p in pairs)
 
     @abstractmethod
@@ -195,14 +202,14 @@ class ClientMethod(ABC):
         """|B_u|: the number of samples in a client's inputs."""
         return int(inputs.candidates.shape[0])
 
-    def update(self, task: FederatedTask[Any], params: torch.Tensor, inputs: Any, *,
+    def update(self, task: TaskT, params: torch.Tensor, inputs: Any, *,
                generator: Randomness) -> tuple[torch.Tensor, float]:
         """One client's released update ``Tensor[D]`` and its loss (the reference)."""
         grad, loss = task.gradient(params, inputs)
         released, _ = self.privatize(grad[None], [generator])
         return released[0], loss
 
-    def client_updates(self, task: FederatedTask[Any], params: torch.Tensor,
+    def client_updates(self, task: TaskT, params: torch.Tensor,
                        inputs: Sequence[Any], generators: Sequence[torch.Generator], *,
                        chunk_clients: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The released updates ``Tensor[m, D]`` and losses ``Tensor[m]`` of a round's
@@ -211,7 +218,7 @@ class ClientMethod(ABC):
         released, _ = self.privatize(updates, generators)
         return released, losses
 
-    def round(self, task: FederatedTask[Any], params: torch.Tensor, inputs: Sequence[Any],
+    def round(self, task: TaskT, params: torch.Tensor, inputs: Sequence[Any],
               generators: Sequence[torch.Generator], context: RoundContext) -> RoundOutput:
         """A round's aggregate: the weighted mean of :meth:`client_updates`."""
         released, losses = self.client_updates(task, params, inputs, generators,
@@ -221,8 +228,8 @@ class ClientMethod(ABC):
 
 
 @functools.lru_cache(maxsize=64)
-def _calibration(method: ClientMethod, dimension: int) -> Calibration:
+def _calibration(method: ClientMethod[Any], dimension: int) -> Calibration:
     return method._calibrate(dimension)
 
 
-__all__ = ["ClientMethod", "RoundContext", "RoundOutput"]
+__all__ = ["ClientMethod", "RoundContext", "RoundOutput", "TaskT"]

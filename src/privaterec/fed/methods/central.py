@@ -31,7 +31,7 @@ from privaterec.privacy.randomness import Randomness
 
 
 @dataclass(frozen=True, kw_only=True)
-class CentralDP(ClientMethod):
+class CentralDP(ClientMethod[FederatedTask[Any]]):
     """``inner``'s clients, clipped to L2 norm ``clip`` C, noised once on the server.
 
     Attributes
@@ -44,7 +44,7 @@ class CentralDP(ClientMethod):
     name: ClassVar[str] = "dp-fedavg"
     trusted_aggregator: ClassVar[bool] = True
 
-    inner: ClientMethod
+    inner: ClientMethod[Any]
     clip: float
     noise_multiplier: float
     sampling_rate: float
@@ -52,7 +52,7 @@ class CentralDP(ClientMethod):
     delta: float = 0.0
 
     @property
-    def by_impressions(self) -> bool:  # type: ignore[override]
+    def by_impressions(self) -> bool:
         return self.inner.by_impressions
 
     def check_client(self, data: ClientData) -> None:

@@ -18,11 +18,12 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
-from typing import Any, ClassVar, Sequence
+from typing import Any, ClassVar, Literal, Sequence
 
 import torch
 
-from privaterec.config import replace
+from privaterec.config import (NOISE_KINDS, SENSITIVITY_MODES, NoiseKind, PrivacyMode,
+                               SensitivityMode, replace)
 from privaterec.data.clients import ClientData
 from privaterec.errors import ConfigError
 from privaterec.fed.methods.base import RoundContext, RoundOutput
@@ -36,6 +37,7 @@ from privaterec.privacy.events import PrivacyEvent
 from privaterec.privacy.labels import candidate_set_event, label_event, release_labels
 from privaterec.privacy.randomness import (Randomness, as_source, is_secure, randperm,
                                            seeded_generator)
+from privaterec.validators import check_choice
 
 PAPER_MODE_NOTE = (
     "PrivateRec paper mode (Alg. 3 as published): epsilon covers alpha~ (DPA) and the "
@@ -58,15 +60,22 @@ class PrivateRec(RankingMethod):
     """
 
     name: ClassVar[str] = "privaterec"
-    by_impressions: ClassVar[bool] = True
-    privacy_mode: ClassVar[str] = "paper"
-    clipping: ClassVar[str] = "none"
+    privacy_mode: ClassVar[PrivacyMode] = "paper"
 
-    noise: str = "laplace"  # type: ignore[misc]
+    noise: NoiseKind = "laplace"
     epsilon: float = math.inf
     delta: float = 0.0
     padding_p: float = 0.0
-    sensitivity_mode: str = "true"
+    sensitivity_mode: SensitivityMode = "true"
+
+    def __post_init__(self) -> None:
+        check_choice(self.noise, "noise", NOISE_KINDS)
+        check_choice(self.sensitivity_mode, "sensitivity_mode", SENSITIVITY_MODES)
+
+    @property
+    def by_impressions(self) -> bool:
+        """Who takes part is decided by labelled impressions (the label release needs one)."""
+        return True
 
     @property
     def per_client_release(self) -> bool:
@@ -94,7 +103,7 @@ class PrivateRec(RankingMethod):
         if data.impressions()[0].shape[0] == 0:
             raise ValueError(f"client {data.user_id!r} has no labelled impression")
 
-    def inputs(self, task: LocalObjective, data: ClientData, *,  # type: ignore[override]
+    def inputs(self, task: LocalObjective, data: ClientData, *,
                generator: Randomness) -> ClientInputs:
         return self.draw_inputs(data, basis_size=task.basis_size, generator=generator)
 
@@ -164,12 +173,12 @@ class PrivateRec(RankingMethod):
                                     inputs.candidates, attention_noise=attention,
                                     split_history=split, released_attention=released)
 
-    def update(self, task: LocalObjective, params: torch.Tensor,  # type: ignore[override]
+    def update(self, task: LocalObjective, params: torch.Tensor,
                inputs: ClientInputs, *, generator: Randomness) -> tuple[torch.Tensor, float]:
         """The gradient of the loss on ũ = Σ α̃ᵢ bᵢ (Alg. 3 lines 14-21), uploaded raw."""
         return self._gradient(task, params, inputs, generator, split=False)
 
-    def round(self, task: LocalObjective, params: torch.Tensor,  # type: ignore[override]
+    def round(self, task: LocalObjective, params: torch.Tensor,
               inputs: Sequence[ClientInputs], generators: Sequence[torch.Generator],
               context: RoundContext) -> RoundOutput:
         """One backward pass: the DPA noise and released labels are part of the batch."""
@@ -220,13 +229,13 @@ class PrivateRecStrict(PrivateRec):
     """PrivateRec strict mode: the history-path gradient clipped to ``clip`` (L1 for
     Laplace, L2 for Gaussian) and noised at the share ``history_budget`` of (ε_t, δ_t)."""
 
-    privacy_mode: ClassVar[str] = "strict"
+    privacy_mode: ClassVar[PrivacyMode] = "strict"
 
     clip: float
     history_budget: float = 0.5
 
     @property
-    def clipping(self) -> str:  # type: ignore[override]
+    def clipping(self) -> Literal["l1", "l2"]:
         return "l1" if self.noise == "laplace" else "l2"
 
     @property
@@ -248,18 +257,18 @@ class PrivateRecStrict(PrivateRec):
         eps, delta = history
         note = (f"PrivateRec strict: history-path gradient, {self.clipping.upper()} clip to "
                 f"{self.clip}, sensitivity 2*clip")
-        return clipped_release(clipping=self.clipping, clip=self.clip,  # type: ignore[arg-type]
+        return clipped_release(clipping=self.clipping, clip=self.clip,
                                dimension=dimension, epsilon=eps, delta=delta, note=note,
                                data="history")
 
-    def update(self, task: LocalObjective, params: torch.Tensor,  # type: ignore[override]
+    def update(self, task: LocalObjective, params: torch.Tensor,
                inputs: ClientInputs, *, generator: Randomness) -> tuple[torch.Tensor, float]:
         """The candidate-path gradient raw plus the history-path gradient privatized."""
         grad, loss = self._gradient(task, params, inputs, generator, split=True)
         noised, _ = self.privatize(grad[1][None], [generator])
         return grad[0] + noised[0], loss
 
-    def round(self, task: LocalObjective, params: torch.Tensor,  # type: ignore[override]
+    def round(self, task: LocalObjective, params: torch.Tensor,
               inputs: Sequence[ClientInputs], generators: Sequence[torch.Generator],
               context: RoundContext) -> RoundOutput:
         """Per-client split gradients: candidate path raw, history path clipped + noised."""
@@ -317,8 +326,7 @@ def privaterec_train_events(method: PrivateRec, *, dimension: int
 def _dpa_calibration(method: PrivateRec) -> Calibration:
     (eps, delta), _ = method.budget_split()
     return dpa_calibration(epsilon=eps, delta=delta, padding_p=method.padding_p,
-                           mechanism=method.noise,  # type: ignore[arg-type]
-                           sensitivity=method.sensitivity_mode,  # type: ignore[arg-type]
+                           mechanism=method.noise, sensitivity=method.sensitivity_mode,
                            data="history")
 
 

@@ -18,29 +18,38 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, ClassVar, Sequence
+from typing import Any, ClassVar, Literal, Sequence
 
 import torch
 
+from privaterec.config import NOISE_KINDS, NoiseKind
 from privaterec.fed.methods.base import ClientMethod, RoundContext, RoundOutput
 from privaterec.fed.objective import ClientBatch, ClientInputs, LocalObjective
-from privaterec.privacy.calibrated import Calibration, clipped_release, no_noise
+from privaterec.privacy.calibrated import Calibration, Clipping, clipped_release, no_noise
 from privaterec.privacy.randomness import Randomness
+from privaterec.validators import check_choice
 
 
 @dataclass(frozen=True, kw_only=True)
-class RankingMethod(ClientMethod):
+class RankingMethod(ClientMethod[LocalObjective]):
     """A method of the ranking task: its clients' updates are gradients, or with
     ``local_steps`` E > 1 FedAvg's pseudo-gradients θ − θ_u after E SGD steps at
     ``local_lr``."""
 
-    clipping: ClassVar[str] = "none"
-    noise: ClassVar[str] = "none"
-
     local_steps: int = 1
     local_lr: float = 0.05
 
-    def update(self, task: LocalObjective, params: torch.Tensor,  # type: ignore[override]
+    @property
+    def clipping(self) -> Clipping:
+        """How a client clips its update (reports; the calibration applies it)."""
+        return "none"
+
+    @property
+    def noise(self) -> Literal["none", "laplace", "gaussian"]:
+        """The noise a client adds to its update (reports)."""
+        return "none"
+
+    def update(self, task: LocalObjective, params: torch.Tensor,
                inputs: ClientInputs, *, generator: Randomness) -> tuple[torch.Tensor, float]:
         if self.local_steps == 1:
             grad, loss = task.client_gradient(params, inputs.history, inputs.history_mask,
@@ -64,14 +73,14 @@ class RankingMethod(ClientMethod):
         return task.local_deltas(params, batch, steps=self.local_steps, lr=self.local_lr,
                                  chunk_clients=chunk_clients)
 
-    def client_updates(self, task: LocalObjective, params: torch.Tensor,  # type: ignore[override]
+    def client_updates(self, task: LocalObjective, params: torch.Tensor,
                        inputs: Sequence[ClientInputs], generators: Sequence[torch.Generator],
                        *, chunk_clients: int) -> tuple[torch.Tensor, torch.Tensor]:
         updates, losses = self.raw_updates(task, params, task.batch(inputs), chunk_clients)
         released, _ = self.privatize(updates, generators)
         return released, losses
 
-    def round(self, task: LocalObjective, params: torch.Tensor,  # type: ignore[override]
+    def round(self, task: LocalObjective, params: torch.Tensor,
               inputs: Sequence[ClientInputs], generators: Sequence[torch.Generator],
               context: RoundContext) -> RoundOutput:
         """Without per-client clipping or noise, one backward pass gives the round's
@@ -126,11 +135,17 @@ class FedNewsRec(RankingMethod):
     (``noise_scale``) per coordinate."""
 
     name: ClassVar[str] = "fednewsrec"
-    clipping: ClassVar[str] = "elementwise"
-    noise: ClassVar[str] = "laplace"
 
     clip: float
     noise_scale: float
+
+    @property
+    def clipping(self) -> Literal["elementwise"]:
+        return "elementwise"
+
+    @property
+    def noise(self) -> Literal["laplace"]:
+        return "laplace"
 
     def _calibrate(self, dimension: int) -> Calibration:
         """ε = 2δD/λ for the whole update, 2δ/λ per coordinate (DESIGN §4 erratum 6)."""
@@ -149,19 +164,22 @@ class DPFedRec(RankingMethod):
     name: ClassVar[str] = "dp-fedrec"
 
     clip: float
-    noise: str = "laplace"  # type: ignore[misc]
+    noise: NoiseKind = "laplace"
     epsilon: float = math.inf
     delta: float = 0.0
 
+    def __post_init__(self) -> None:
+        check_choice(self.noise, "noise", NOISE_KINDS)
+
     @property
-    def clipping(self) -> str:  # type: ignore[override]
+    def clipping(self) -> Literal["l1", "l2"]:
         return "l1" if self.noise == "laplace" else "l2"
 
     def _calibrate(self, dimension: int) -> Calibration:
         """Noise calibrated to ε_t (and δ_t) with Δ = 2θ (replacement of a client's data)."""
         note = (f"DP-FedRec: {self.clipping.upper()} clip to {self.clip}, "
                 f"sensitivity 2*theta per client update")
-        return clipped_release(clipping=self.clipping, clip=self.clip,  # type: ignore[arg-type]
+        return clipped_release(clipping=self.clipping, clip=self.clip,
                                dimension=dimension, epsilon=self.epsilon, delta=self.delta,
                                note=note)
 

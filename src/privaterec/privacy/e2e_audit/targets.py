@@ -16,16 +16,21 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, get_args
 
 import torch
 
-from privaterec.config import FedConfig, ModelConfig, RunConfig, TrainConfig
+from privaterec.config import FederatedMethod, FedConfig, ModelConfig, RunConfig, TrainConfig
 from privaterec.data.clients import ClientData
 from privaterec.errors import ConfigError
 from privaterec.privacy.e2e_audit.world import AuditWorld
+from privaterec.validators import check_choice
 
-METHODS = ("fedrec", "fednewsrec", "dp-fedrec", "privaterec", "unifedrec")
+if TYPE_CHECKING:
+    from privaterec.recall.task import UniFedRecLDP
+
+AuditMethod = Literal["fedrec", "fednewsrec", "dp-fedrec", "privaterec", "unifedrec"]
+METHODS: tuple[AuditMethod, ...] = get_args(AuditMethod)
 MODES = ("paper", "strict")
 FEDNEWSREC_CLIP = 0.005  # FedNewsRec's δ (its default)
 RECALL_CLIP = 0.1  # Uni-FedRec's θ (its default)
@@ -80,7 +85,7 @@ def _release(update: Any) -> Release:
     return Release(sent_fields(update), tuple(update.privacy_events))
 
 
-def fed_run_config(method: str, *, mode: str, epsilon: float, noise: str = "laplace",
+def fed_run_config(method: FederatedMethod, *, mode: str, epsilon: float, noise: str = "laplace",
                    delta: float = 1e-5, dimension: int | None = None,
                    model: ModelConfig = TINY_MODEL) -> RunConfig:
     """The resolved run configuration of a federated method at per-round budget ε.
@@ -104,7 +109,7 @@ def fed_run_config(method: str, *, mode: str, epsilon: float, noise: str = "lapl
     return resolve_run_config(config)
 
 
-def _federated_target(method: str, world: AuditWorld, *, mode: str, epsilon: float,
+def _federated_target(method: FederatedMethod, world: AuditWorld, *, mode: str, epsilon: float,
                       noise: str, delta: float, model: ModelConfig) -> Target:
     from privaterec.fed.client import client_update
     from privaterec.fed.methods import method_from_config
@@ -131,7 +136,7 @@ def _federated_target(method: str, world: AuditWorld, *, mode: str, epsilon: flo
                   note=f"D = {objective.dimension}")
 
 
-def recall_config(*, epsilon: float):
+def recall_config(*, epsilon: float) -> UniFedRecLDP:
     """Uni-FedRec's LDP client method at per-round ε: L1 clip θ, λ_g = 2θ/ε."""
     from privaterec.recall.task import UniFedRecLDP
 
@@ -174,20 +179,18 @@ def make_target(method: str, world: AuditWorld, *, mode: str = "strict", epsilon
     ConfigError
         For an unknown method or mode, or ε ≤ 0.
     """
-    if method not in METHODS:
-        raise ConfigError(f"invalid audit parameter 'method': got {method!r}, expected one "
-                          f"of {', '.join(METHODS)}")
+    audited = check_choice(method, "method", METHODS, kind="audit parameter")
     if mode not in MODES:
         raise ConfigError(f"invalid audit parameter 'mode': got {mode!r}, expected 'paper' "
                           f"or 'strict'")
     if not (isinstance(epsilon, (int, float)) and epsilon > 0):
         raise ConfigError(f"invalid audit parameter 'epsilon': got {epsilon!r}, expected a "
                           f"number > 0")
-    if method == "unifedrec":
+    if audited == "unifedrec":
         return _recall_target(world, epsilon=float(epsilon))
-    return _federated_target(method, world, mode=mode, epsilon=float(epsilon), noise=noise,
+    return _federated_target(audited, world, mode=mode, epsilon=float(epsilon), noise=noise,
                              delta=delta, model=TINY_MODEL if model is None else model)
 
 
-__all__ = ["METHODS", "MODES", "Release", "Target", "TINY_MODEL", "Upload", "fed_run_config",
+__all__ = ["AuditMethod", "METHODS", "MODES", "Release", "Target", "TINY_MODEL", "Upload", "fed_run_config",
            "make_target", "recall_config", "sent_fields"]
