@@ -12,17 +12,9 @@ cost a few integers per user, not 10^8 objects), and composes them at a target �
   Gaussian releases are composed exactly in closed form instead);
 * ``"rdp"``: Rényi DP (Mironov 2017) via ``dp_accounting.rdp.RdpAccountant``.
 
-What an event means to the accountants (:meth:`PrivacyEvent.to_dp_event`):
-
-* Laplace / Gaussian without padding: the exact additive-noise pair, with noise multiplier
-  ``noise_scale / sensitivity`` (``LaplaceDpEvent`` / ``GaussianDpEvent``). The sensitivity
-  is the caller's, for the caller's adjacency, so the pair is (noise, Δ + noise).
-* any other pure ε event (exponential mechanism, DPL, randomized response, padded Laplace):
-  binary randomized response with the same ε, which dominates every ε-DP mechanism
-  (Kairouz, Oh & Viswanath 2015) — ``RandomizedResponseDpEvent`` under ``REPLACE_ONE``.
-* any other (ε, δ) event (e.g. a padded Gaussian, DESIGN §4 erratum 2): the generic
-  (ε, δ) dominating pair (:class:`EpsilonDeltaDpEvent`; PLD ``from_privacy_parameters``),
-  which RDP cannot represent.
+What an event means to the accountants (Laplace and Gaussian pairs, randomized response,
+generic (ε, δ) pairs) is stated once, in :mod:`privaterec.privacy.events`
+(:meth:`PrivacyEvent.to_dp_event`).
 
 Users whose event multisets coincide are composed once (results are cached), so ε for
 10^4 users costs one composition per distinct multiset.
