@@ -667,9 +667,11 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--vdp-clip", type=float, default=0.001,
                           help="VDP clipping norm theta of the user vector")
     evaluate.add_argument("--seed", type=int, default=0, help="seed of the simulated devices")
-    evaluate.add_argument("--normalization", choices=["softplus", "relu"], default="softplus",
+    evaluate.add_argument("--normalization", choices=["softplus", "relu", "simplex"],
+                          default="softplus",
                           help="how the device maps alpha + noise to the simplex: softplus "
-                               "(Alg. 2 line 10) or relu (the training normalisation)")
+                               "(Alg. 2 line 10), relu (the training normalisation) or "
+                               "simplex (Euclidean projection); post-processing, no extra ε")
     evaluate.add_argument("--recall", choices=["unifedrec", "youtubenet", "no-bie",
                                                "privaterec", "vdp"], default=None,
                           help="recall evaluation (Uni-FedRec Tables 2-4): R@100..400 of "

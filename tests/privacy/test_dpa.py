@@ -606,3 +606,24 @@ def test_audit_vdp_gaussian_below_epsilon_and_small_noise_variant_exceeds():
     bad = audit_mechanism(broken, x, xp, trials=100_000, generator=gen(83), alpha=ALPHA,
                           delta=delta)
     assert bad.epsilon_lower_bound > eps
+
+
+def test_simplex_project_is_the_euclidean_projection_onto_the_simplex():
+    from privaterec.privacy.dpa import simplex_project
+
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(200, 5, generator=g, dtype=torch.float64) * 2
+    p = simplex_project(x)
+    assert bool((p >= 0).all())
+    torch.testing.assert_close(p.sum(-1), torch.ones(200, dtype=torch.float64))
+    # Optimal: no point of the simplex is closer to x (random candidates, and the vertices).
+    candidates = torch.distributions.Dirichlet(torch.ones(5, dtype=torch.float64)).sample((500,))
+    candidates = torch.cat([candidates, torch.eye(5, dtype=torch.float64)])
+    best = torch.cdist(x, candidates).min(dim=1).values
+    assert bool((torch.linalg.vector_norm(x - p, dim=-1) <= best + 1e-12).all())
+    # A point already on the simplex is its own projection; a shift by c·1 changes nothing.
+    on = torch.softmax(x, dim=-1)
+    torch.testing.assert_close(simplex_project(on), on, rtol=0, atol=1e-15)
+    torch.testing.assert_close(simplex_project(x + 7.0), p, rtol=0, atol=1e-12)
+    # Unlike softplus, it keeps no floor: small coordinates go to exactly 0.
+    assert simplex_project(torch.tensor([2.0, 0.0, -1.0])).tolist() == [1.0, 0.0, 0.0]

@@ -196,6 +196,25 @@ def relu_normalize(x: Tensor) -> Tensor:
     return torch.where(total > 0, r / safe, uniform)
 
 
+def simplex_project(x: Tensor) -> Tensor:
+    """α̃ = argmin over the probability simplex of ‖α̃ − x‖₂, over the last dimension.
+
+    The Euclidean projection (Held, Wolfe & Crowder 1974; Duchi et al. 2008, Fig. 1): with u
+    the coordinates sorted in decreasing order and ρ the largest j such that
+    uⱼ − (Σ_{i≤j} uᵢ − 1)/j > 0, θ = (Σ_{i≤ρ} uᵢ − 1)/ρ and α̃ = max(x − θ, 0). A serving-side
+    alternative to :func:`softplus_normalize` (issue 15's normalisation study): it keeps no
+    floor on the small coordinates, and it is post-processing of the noised release, so it
+    costs no ε. ``[..., B]`` → ``[..., B]``.
+    """
+    u, _ = torch.sort(x, dim=-1, descending=True)
+    cumulative = torch.cumsum(u, dim=-1) - 1.0
+    index = torch.arange(1, x.shape[-1] + 1, dtype=x.dtype, device=x.device)
+    support = (u - cumulative / index) > 0  # always true at j = 1
+    rho = support.to(torch.int64).cumsum(dim=-1).argmax(dim=-1, keepdim=True)  # last True
+    theta = cumulative.gather(-1, rho) / (rho + 1).to(x.dtype)
+    return torch.clamp_min(x - theta, 0.0)
+
+
 def vdp_calibration(*, clip: float, epsilon: float, delta: float = 0.0,
                     mechanism: Mechanism = "laplace", dimension: int,
                     phase: Phase = "serve") -> Calibration:
@@ -309,4 +328,4 @@ def permute_columns(candidates: Tensor, chosen: Tensor) -> Tensor:
 __all__ = ["Mechanism", "PAPER_MODE_NOTE", "SensitivityMode", "dpa_calibration", "dpa_noise",
            "dpl_choose", "vdp_calibration",
            "pad_history", "padding_mask", "permute_columns", "relu_normalize",
-           "softplus_normalize", "vdp_release"]
+           "simplex_project", "softplus_normalize", "vdp_release"]

@@ -36,8 +36,8 @@ from privaterec.config import (NOISE_KINDS, SENSITIVITY_MODES, SERVING_KINDS, No
 from privaterec.errors import ConfigError
 from privaterec.models.recommender import Recommender
 from privaterec.privacy.calibrated import Calibration, no_noise
-from privaterec.privacy.dpa import (dpa_calibration, relu_normalize, softplus_normalize,
-                                    vdp_calibration)
+from privaterec.privacy.dpa import (dpa_calibration, relu_normalize, simplex_project,
+                                    softplus_normalize, vdp_calibration)
 from privaterec.privacy.events import PrivacyEvent
 from privaterec.privacy.mechanisms import apply_clip
 from privaterec.privacy.samplers import NoiseSource, SimulationNoise
@@ -46,8 +46,10 @@ LOCAL_NOTE = ("local ranking: the device ranks the downloaded pool itself; nothi
               "user-dependent is sent (the server sees only that the device synced the pool)")
 
 
-Normalization = Literal["softplus", "relu"]
+Normalization = Literal["softplus", "relu", "simplex"]
 NORMALIZATIONS: tuple[Normalization, ...] = get_args(Normalization)
+_NORMALIZERS = {"softplus": softplus_normalize, "relu": relu_normalize,
+                "simplex": simplex_project}
 
 
 @dataclass(frozen=True)
@@ -65,8 +67,10 @@ class ServingConfig:
     vdp_clip: VDP's clipping norm θ (the paper's serving baseline uses 0.001).
     seed: seed of the evaluation's generator (the simulated devices' randomness).
     normalization: how the device maps the noised α + n back to the simplex: ``softplus``
-        (Alg. 2 line 10, the default) or ``relu`` (the guarded ReLU normalisation that
-        training uses, §3.3). Both are post-processing: the guarantee is the same.
+        (Alg. 2 line 10, the default), ``relu`` (the guarded ReLU normalisation that
+        training uses, §3.3) or ``simplex`` (the Euclidean projection onto the simplex,
+        :func:`~privaterec.privacy.dpa.simplex_project`). All are post-processing: the
+        guarantee is the same.
     """
 
     kind: ServingKind = "none"
@@ -219,7 +223,7 @@ def dpa_release(model: Recommender, anonymous: torch.Tensor, vectors: torch.Tens
         return DpaRelease(alpha=alpha, noise=torch.zeros_like(alpha), released=alpha,
                           padded=pad, event=event)
     noisy = source_release(alpha, calibration, source)  # DPA does not clip: α is on the simplex
-    normalize = softplus_normalize if config.normalization == "softplus" else relu_normalize
+    normalize = _NORMALIZERS[config.normalization]
     return DpaRelease(alpha=alpha, noise=noisy - alpha, released=normalize(noisy), padded=pad,
                       event=event)
 
