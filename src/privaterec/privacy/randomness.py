@@ -110,14 +110,31 @@ def release_rows(x: Tensor, calibration: Calibration, sources: Sequence[Randomne
     clipped = apply_clip(x, calibration)
     if not calibration.noisy or not calibration.event.is_private:
         return clipped
-    rows = []
-    for row, source in zip(clipped, sources):
-        noise = as_source(source)
-        rows.append(noise.release_gaussian(row, sigma=calibration.scale)
-                    if calibration.mechanism == "gaussian"
-                    else noise.release_laplace(row, scale=calibration.scale))
-    return torch.stack(rows)
+    return torch.stack([source_noise(row, calibration, as_source(source))
+                        for row, source in zip(clipped, sources)])
+
+
+def source_noise(x: Tensor, calibration: Calibration, source: NoiseSource) -> Tensor:
+    """``x`` plus the noise ``calibration`` states (Laplace or Gaussian at its scale), every
+    draw from ``source`` (a float-safe :class:`~privaterec.privacy.samplers.SecureNoise` on a
+    device; ``SimulationNoise(g)`` in simulation); ``x`` unchanged for a calibration without
+    noise. No clipping: see :func:`source_release`. Same shape and dtype as ``x``.
+    """
+    if calibration.mechanism == "laplace":
+        return source.release_laplace(x, scale=calibration.scale)
+    if calibration.mechanism == "gaussian":
+        return source.release_gaussian(x, sigma=calibration.scale)
+    return x
+
+
+def source_release(x: Tensor, calibration: Calibration, source: NoiseSource) -> Tensor:
+    """One release per row of ``x`` (e.g. ``Tensor[m, d]``), clipped then noised as
+    ``calibration`` says, every draw from ``source`` (:func:`source_noise`); with
+    ``SimulationNoise(g)`` it draws what :func:`~privaterec.privacy.mechanisms.clip_and_noise`
+    draws with ``g``. ``x`` clipped, without noise, for a calibration without noise.
+    """
+    return source_noise(apply_clip(x, calibration), calibration, source)
 
 
 __all__ = ["Randomness", "as_source", "is_secure", "rand", "randint", "randperm",
-           "release_rows", "seeded_generator"]
+           "release_rows", "seeded_generator", "source_noise", "source_release"]

@@ -13,8 +13,8 @@ evaluation that simulates the devices (:mod:`privaterec.eval.serving`):
   ũ = Σ α̃ᵢ bᵢ (Alg. 1 line 3);
 * :func:`vdp_user_release` — VDP (§3.2.1) on a batch of user vectors: each clipped to θ
   plus noise with Δ = 2θ (as :func:`privaterec.privacy.dpa.vdp_release`, from either source);
-* :func:`source_release` — a release clipped and noised as its calibration says, every draw
-  from one :class:`~privaterec.privacy.samplers.NoiseSource`;
+* a release's draws come from one :class:`~privaterec.privacy.samplers.NoiseSource`
+  (:func:`privaterec.privacy.randomness.source_release`);
 * :func:`noise_source` — the randomness of a release: a device's ``SecureNoise`` or a
   simulation's seeded generator.
 
@@ -39,7 +39,7 @@ from privaterec.privacy.calibrated import Calibration, no_noise
 from privaterec.privacy.dpa import (dpa_calibration, relu_normalize, simplex_project,
                                     softplus_normalize, vdp_calibration)
 from privaterec.privacy.events import PrivacyEvent
-from privaterec.privacy.mechanisms import apply_clip
+from privaterec.privacy.randomness import source_release
 from privaterec.privacy.samplers import NoiseSource, SimulationNoise
 
 LOCAL_NOTE = ("local ranking: the device ranks the downloaded pool itself; nothing "
@@ -265,24 +265,6 @@ def vdp_user_release(user: torch.Tensor, config: ServingConfig, *,
     return source_release(user, calibration, noise_source(generator, noise))
 
 
-def source_release(x: torch.Tensor, calibration: Calibration,
-                   source: NoiseSource) -> torch.Tensor:
-    """One release per row of ``x``, clipped then noised as ``calibration`` says, every draw
-    from ``source``: :func:`privaterec.privacy.mechanisms.clip_and_noise` for a
-    :class:`~privaterec.privacy.samplers.NoiseSource` (a float-safe ``SecureNoise`` on a
-    device; ``SimulationNoise(g)`` draws what ``clip_and_noise`` draws with ``g``).
-
-    ``x`` is e.g. ``Tensor[m, d]``; the result has its shape and dtype (``x`` clipped, without
-    noise, for a calibration without noise).
-    """
-    x = apply_clip(x, calibration)
-    if calibration.mechanism == "laplace":
-        return source.release_laplace(x, scale=calibration.scale)
-    if calibration.mechanism == "gaussian":
-        return source.release_gaussian(x, sigma=calibration.scale)
-    return x
-
-
 def noise_source(generator: torch.Generator | None, noise: NoiseSource | None) -> NoiseSource:
     """``noise``, or ``SimulationNoise(generator)``: exactly one of the two must be given."""
     if (generator is None) == (noise is None):
@@ -297,5 +279,5 @@ def noise_source(generator: torch.Generator | None, noise: NoiseSource | None) -
 
 
 __all__ = ["LOCAL_NOTE", "SERVING_KINDS", "DpaRelease", "ServingConfig", "dpa_release",
-           "noise_source", "serving_calibration", "serving_event", "source_release",
+           "noise_source", "serving_calibration", "serving_event",
            "vdp_user_release"]

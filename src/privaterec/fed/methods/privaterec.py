@@ -36,7 +36,7 @@ from privaterec.privacy.dpa import (dpa_calibration, dpa_noise, pad_history, pad
 from privaterec.privacy.events import PrivacyEvent
 from privaterec.privacy.labels import candidate_set_event, label_event, release_labels
 from privaterec.privacy.randomness import (Randomness, as_source, is_secure, randperm,
-                                           seeded_generator)
+                                           seeded_generator, source_noise)
 from privaterec.validators import check_choice
 
 PAPER_MODE_NOTE = (
@@ -155,11 +155,7 @@ class PrivateRec(RankingMethod):
         """A device's float-safe DPA release α̃ = α + noise ``[B]`` (Alg. 2 lines 6-9), drawn
         from its secure source at the calibration of the method's DPA event."""
         alpha = task.attention(params, inputs.history, inputs.history_mask)
-        scale = self.dpa_calibration().scale
-        noise = as_source(source)
-        if self.noise == "gaussian":
-            return noise.release_gaussian(alpha, sigma=scale)
-        return noise.release_laplace(alpha, scale=scale)
+        return source_noise(alpha, self.dpa_calibration(), as_source(source))
 
     def _gradient(self, task: LocalObjective, params: torch.Tensor, inputs: ClientInputs,
                   generator: Randomness, *, split: bool) -> tuple[torch.Tensor, float]:
