@@ -33,8 +33,7 @@ import torch
 from privaterec.config import FedConfig, ModelConfig, RunConfig, TrainConfig
 from privaterec.data.synth import SynthConfig, write_synthetic
 from privaterec.fed.client import client_candidates
-from privaterec.fed.methods import (ClientMethod, method_from_config, privatize,
-                                    resolve_run_config)
+from privaterec.fed.methods import ClientMethod, method_from_config, resolve_run_config
 from privaterec.fed.objective import LocalObjective
 from privaterec.fed.simulator import eligible_clients, sample_round, sequential_round, simulate_round
 from privaterec.fed.rng import client_generator
@@ -71,7 +70,7 @@ def conventional_round(model, objective: LocalObjective, params: torch.Tensor, c
         logits = model(data.history.expand(n, -1), data.history_mask.expand(n, -1), candidates)
         info_nce_loss(logits).backward()
         grad = torch.cat([p.grad.reshape(-1) for p in trainable])
-        released, _ = privatize(grad[None], method, [generator])
+        released, _ = method.privatize(grad[None], [generator])
         payloads.append(released[0])
         counts.append(n)
     return weighted_mean(torch.stack(payloads), torch.tensor(counts))

@@ -9,7 +9,7 @@ import torch
 
 from privaterec.data.clients import ClientData
 from privaterec.fed.client import ClientUpdate, client_candidates, client_update
-from privaterec.fed.methods import ClientMethod, FedNewsRec, FedRec, privatize
+from privaterec.fed.methods import ClientMethod, FedNewsRec, FedRec
 from privaterec.fed.rng import client_generator
 
 
@@ -82,7 +82,7 @@ def test_client_update_follows_the_documented_generator_order(make_objective, cl
     generator = client_generator(5, 2, 0)
     candidates = client_candidates(data, method, generator=generator)
     grad, loss = objective.client_gradient(theta, data.history, data.history_mask, candidates)
-    expected, event = privatize(grad[None], method, [generator])
+    expected, event = method.privatize(grad[None], [generator])
     assert isinstance(update, ClientUpdate)
     assert torch.equal(update.payload, expected[0])
     assert update.num_examples == 3 and candidates.shape[0] == 3

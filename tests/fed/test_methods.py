@@ -21,7 +21,7 @@ import privaterec.privacy.calibrated as calibrated
 from privaterec.config import FedConfig, ModelConfig, RunConfig, TrainConfig
 from privaterec.errors import ConfigError
 from privaterec.fed.methods import (ClientMethod, DPFedRec, FedNewsRec, FedRec,
-                                    method_from_config, privatize, resolve_run_config)
+                                    method_from_config, resolve_run_config)
 from privaterec.runs.report import release_description
 from privaterec.fed.rng import client_generator
 from privaterec.privacy.audit import audit_mechanism
@@ -169,7 +169,7 @@ def test_fednewsrec_clips_every_coordinate_before_the_noise():
     assert clipped.abs().max() <= DELTA_CLIP
     assert (updates.abs() > DELTA_CLIP).float().mean() > 0.3  # clipping was exercised
     assert torch.equal(clipped, updates.clamp(-DELTA_CLIP, DELTA_CLIP))
-    released, event_noised = privatize(updates, FEDNEWSREC, _generators(4))
+    released, event_noised = FEDNEWSREC.privatize(updates, _generators(4))
     assert event_noised == event
     # the noise is added to the clipped update: released − clip(g) is pure Laplace(λ), so
     # its median absolute value is λ·ln 2 whatever g was.
@@ -197,7 +197,7 @@ def test_dp_fedrec_clips_each_update_norm(noise, ord):
 def test_fednewsrec_noise_is_laplace_with_scale_lambda():
     m, d = 8, 5000
     updates = _updates(m, d, 0.01)
-    released, _ = privatize(updates, FEDNEWSREC, _generators(m))
+    released, _ = FEDNEWSREC.privatize(updates, _generators(m))
     noise = (released - updates.clamp(-DELTA_CLIP, DELTA_CLIP)).double().flatten().numpy()
     # Laplace(λ): E|X| = λ, Var X = 2λ²
     assert np.mean(np.abs(noise)) == pytest.approx(LAMBDA, rel=0.03)
@@ -213,7 +213,7 @@ def test_dp_fedrec_laplace_scale_is_two_theta_over_epsilon():
     method = _dp_fedrec("laplace", clip=theta, epsilon=eps)
     updates = _updates(m, d, 0.01)
     clipped, event = _clipped(updates, method)
-    released, _ = privatize(updates, method, _generators(m))
+    released, _ = method.privatize(updates, _generators(m))
     b = 2 * theta / eps
     assert event.noise_scale == pytest.approx(b, rel=1e-12)
     assert (event.mechanism, event.epsilon, event.delta, event.sensitivity) == \
@@ -229,7 +229,7 @@ def test_dp_fedrec_gaussian_sigma_is_the_analytic_calibration(cached_gaussian_ca
     method = _dp_fedrec("gaussian", clip=theta, epsilon=eps, delta=delta)
     updates = _updates(m, d, 0.01)
     clipped, event = _clipped(updates, method)
-    released, _ = privatize(updates, method, _generators(m))
+    released, _ = method.privatize(updates, _generators(m))
     sigma = gaussian_sigma(epsilon=eps, delta=delta, sensitivity_l2=2 * theta)
     # Balle & Wang 2018 Thm 8 holds with equality at the calibrated σ (Δ = 2θ).
     big_delta = 2 * theta
@@ -249,7 +249,7 @@ def test_dp_fedrec_gaussian_sigma_is_the_analytic_calibration(cached_gaussian_ca
 def test_dp_fedrec_without_budget_clips_but_adds_no_noise(noise):
     method = _dp_fedrec(noise, clip=0.5, epsilon=math.inf)
     updates = _updates(3, 50, 1.0)
-    released, event = privatize(updates, method, _generators(3))
+    released, event = method.privatize(updates, _generators(3))
     clipped, _ = _clipped(updates, method)
     assert torch.equal(released, clipped)
     ord = 1 if noise == "laplace" else 2
@@ -261,7 +261,7 @@ def test_dp_fedrec_without_budget_clips_but_adds_no_noise(noise):
 def test_fedrec_releases_the_raw_update():
     method = FedRec(negatives=4, max_samples=64)
     updates = _updates(3, 20, 1.0)
-    released, event = privatize(updates, method, _generators(3))
+    released, event = method.privatize(updates, _generators(3))
     assert torch.equal(released, updates)
     assert event.mechanism == "none" and math.isinf(event.epsilon) and not event.is_private
 
@@ -269,7 +269,7 @@ def test_fedrec_releases_the_raw_update():
 # ------------------------------------------------------------------------------ events
 def test_fednewsrec_event_states_both_epsilons():
     d = 1234
-    _, event = privatize(torch.zeros(2, d), FEDNEWSREC, _generators(2))
+    _, event = FEDNEWSREC.privatize(torch.zeros(2, d), _generators(2))
     assert event.epsilon == pytest.approx(2 * 0.005 * 1234 / 0.015, rel=1e-12)  # 2δD/λ
     assert event.coordinate_epsilon == pytest.approx(2 * 0.005 / 0.015, rel=1e-12)  # 2δ/λ
     assert (event.mechanism, event.noise_scale, event.dimension, event.phase) == \
@@ -281,7 +281,7 @@ def test_fednewsrec_event_states_both_epsilons():
 @pytest.mark.parametrize("noise", ["laplace", "gaussian"])
 def test_dp_fedrec_event_is_the_per_round_budget(noise, cached_gaussian_calibration):
     method = _dp_fedrec(noise, clip=0.2, epsilon=0.7, delta=1e-6)
-    _, event = privatize(_updates(3, 10, 1.0), method, _generators(3))
+    _, event = method.privatize(_updates(3, 10, 1.0), _generators(3))
     assert event.epsilon == 0.7 and event.dimension == 10
     assert event.delta == (0.0 if noise == "laplace" else 1e-6)
     assert method.event(10) == event
@@ -304,22 +304,22 @@ def test_release_description(run_config):
 def test_noise_comes_from_each_clients_own_generator(method, cached_gaussian_calibration):
     users = [3, 8, 21, 30]
     same = torch.full((4, 50), 1e-3)  # identical updates
-    released, _ = privatize(same, method, [client_generator(7, 2, u) for u in users])
+    released, _ = method.privatize(same, [client_generator(7, 2, u) for u in users])
     for i in range(4):
         for j in range(i):
             assert not torch.allclose(released[i], released[j])
-    again, _ = privatize(same, method, [client_generator(7, 2, u) for u in users])
+    again, _ = method.privatize(same, [client_generator(7, 2, u) for u in users])
     assert torch.equal(again, released)
     # client 21's release does not depend on who else is in the batch
-    alone, _ = privatize(same[:1], method, [client_generator(7, 2, 21)])
+    alone, _ = method.privatize(same[:1], [client_generator(7, 2, 21)])
     assert torch.equal(alone[0], released[2])
-    other_round, _ = privatize(same[:1], method, [client_generator(7, 3, 21)])
+    other_round, _ = method.privatize(same[:1], [client_generator(7, 3, 21)])
     assert not torch.allclose(other_round[0], released[2])
 
 
 def test_one_generator_per_client_is_required():
     with pytest.raises(ValueError, match="one generator per client"):
-        privatize(torch.zeros(3, 4), FEDNEWSREC, _generators(2))
+        FEDNEWSREC.privatize(torch.zeros(3, 4), _generators(2))
 
 
 def test_gaussian_noise_is_calibrated_once_per_round_not_once_per_client(monkeypatch):
@@ -337,7 +337,7 @@ def test_gaussian_noise_is_calibrated_once_per_round_not_once_per_client(monkeyp
 
     monkeypatch.setattr(dp_accounting, "get_sigma_gaussian", counting)
     method = _dp_fedrec("gaussian", epsilon=1.2345)  # a budget no other test calibrates
-    privatize(_updates(50, 10, 1.0), method, _generators(50))
+    method.privatize(_updates(50, 10, 1.0), _generators(50))
     assert 1 <= len(calls) <= 2
 
 
@@ -354,8 +354,8 @@ def test_a_method_is_calibrated_once_not_per_round_or_per_event(monkeypatch):
     monkeypatch.setattr(calibrated, "calibrate", counting)
     method = _dp_fedrec("gaussian", epsilon=1.3579)  # a budget no other test calibrates
     for round_index in range(3):
-        released, event = privatize(_updates(4, 10, 1.0, seed=round_index), method,
-                                    _generators(4, seed=round_index))
+        released, event = method.privatize(_updates(4, 10, 1.0, seed=round_index),
+                                           _generators(4, seed=round_index))
         assert event == method.event(10) == method.events(10)[0]
         assert release_description(method, dimension=10, noised_parameters=["a"],
                                    clients_per_round=4,
@@ -368,7 +368,7 @@ def _release_fn(method: ClientMethod):
     """Mechanism for the audit: each row of ``inputs`` is one client's update."""
 
     def release(inputs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-        return privatize(inputs, method, [generator] * inputs.shape[0])[0]
+        return method.privatize(inputs, [generator] * inputs.shape[0])[0]
 
     return release
 

@@ -14,7 +14,6 @@ import pytest
 import torch
 
 from privaterec.fed.client import client_update
-from privaterec.fed.methods import privatize
 from privaterec.privacy.mechanisms import apply_clip
 from privaterec.privacy.randomness import is_secure, rand, randint, randperm
 from privaterec.privacy.samplers import SecureNoise, SimulationNoise, grid_exponent
@@ -49,7 +48,7 @@ def test_secure_update_is_fresh_and_on_the_public_grid(make_objective, clients, 
     # The secure path's noise has the calibrated scale: E|Laplace(b)| = b per coordinate.
     updates = torch.randn(1, 20000) * 1e-3
     clipped = apply_clip(updates, method.calibration(updates.shape[1]))
-    released, ev = privatize(updates, method, [source])
+    released, ev = method.privatize(updates, [source])
     noise = (released - clipped).double()
     b = float(ev.noise_scale)
     assert float(noise.abs().mean()) == pytest.approx(b, rel=5 / math.sqrt(20000))

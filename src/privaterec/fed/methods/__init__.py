@@ -12,10 +12,6 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence
-
-import torch
-
 from privaterec.fed.methods.base import ClientMethod, RoundContext, RoundOutput
 from privaterec.fed.methods.central import CentralDP
 from privaterec.fed.methods.privaterec import (PAPER_MODE_NOTE, PrivateRec, PrivateRecStrict,
@@ -25,18 +21,9 @@ from privaterec.fed.methods.registry import (DP_FEDAVG_CLIP, METHOD_DEFAULTS, ME
                                              PRIVATEREC_BASIS, PRIVATEREC_STRICT_CLIP,
                                              STRATEGY_LR, method_from_config,
                                              resolve_run_config)
-from privaterec.privacy.events import PrivacyEvent
-
-
-def privatize(updates: torch.Tensor, method: ClientMethod,
-              generators: Sequence[Any]) -> tuple[torch.Tensor, PrivacyEvent]:
-    """``method.privatize(updates, generators)`` (:meth:`ClientMethod.privatize`)."""
-    return method.privatize(updates, generators)
-
 
 __all__ = ["CentralDP", "ClientMethod", "DPFedRec", "DP_FEDAVG_CLIP", "FedNewsRec", "FedRec",
            "METHODS", "METHOD_DEFAULTS", "PAPER_MODE_NOTE", "PRIVATEREC_BASIS",
            "PRIVATEREC_STRICT_CLIP", "PrivateRec", "PrivateRecStrict", "RankingMethod",
            "RoundContext", "RoundOutput", "STRATEGY_LR", "method_from_config",
-           "privaterec_train_events", "privatize", "resolve_run_config",
-           "uncovered_groups"]
+           "privaterec_train_events", "resolve_run_config", "uncovered_groups"]
