@@ -133,7 +133,11 @@ def test_demo_quick_prints_a_results_table(tmp_path, capsys):
     # one definition of bytes per query: 4-byte floats sent (PrivateRec B = 5, VDP d = 128)
     by_name = {r.name: r for r in rows}
     assert by_name["privaterec eps_t=10 / nrms → privaterec serving"].bytes_per_query == 20
-    assert by_name["dp-fedrec eps_t=inf / nrms → vdp serving"].bytes_per_query == 512
+    assert by_name["fedrec / nrms → vdp serving"].bytes_per_query == 512
+    # issue 15: a central-DP row, with its whole-run ε and its noise explained in a footnote
+    central = [r for r in rows if r.name.startswith("dp-fedavg (central)")]
+    assert len(central) == 1 and central[0].epsilon_user <= 8.0
+    assert central[0].name in facts.central_noise_ratio and "- Central DP (" in out
     assert "B = 5 floats = 20 bytes per query" in out
     assert by_name["popularity"].epsilon_round == float("inf")  # ∞, the same as the README
 

@@ -39,6 +39,17 @@ def basis_arg(text: str) -> int:
     return value
 
 
+def _positive_int(text: str) -> int:
+    """An integer >= 1 (``--jobs``)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"got {text!r}, expected a positive integer")
+    return value
+
+
 def _print_json(payload: Any) -> None:
     print(json.dumps(payload, indent=2, sort_keys=True, default=str))
 
@@ -338,10 +349,14 @@ def default_demo_root() -> Path:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from privaterec.experiments.demo import run_demo
+    from privaterec.experiments.demo import default_jobs, run_demo
+    from privaterec.experiments.demo_summary import MAIN_HEADER, MAIN_SEPARATOR, format_main_row
 
     root = Path(args.out) if args.out is not None else default_demo_root()
-    print(run_demo(root, quick=args.quick, progress=not args.no_progress).text())
+    print(MAIN_HEADER, MAIN_SEPARATOR, sep="\n", flush=True)  # rows follow as they are done
+    result = run_demo(root, quick=args.quick, progress=not args.no_progress, jobs=args.jobs or default_jobs(),
+                      on_row=lambda row: print(format_main_row(row), flush=True))
+    print(result.text_after_table())
     return EXIT_OK
 
 
@@ -710,6 +725,10 @@ def build_parser() -> argparse.ArgumentParser:
                       "(default: ~/.cache/privaterec/demo)")
     demo.add_argument("--quick", action="store_true", help="smaller, for a smoke test")
     demo.add_argument("--no-progress", action="store_true", help="no progress bars")
+    demo.add_argument("--jobs", type=_positive_int, default=None,
+                      help="worker processes, one training run each at a time (default: one "
+                           "per core, at most 4; 1 runs everything in this process with "
+                           "progress bars)")
     demo.set_defaults(func=cmd_demo)
 
     _add_privacy_parser(sub)

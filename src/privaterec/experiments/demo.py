@@ -9,12 +9,15 @@ the closing lines computed from them (:mod:`privaterec.experiments.demo_summary`
 from __future__ import annotations
 
 import math
+import multiprocessing
+import os
 import shutil
 import sys
 import time
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator
 
 from privaterec.config import FedConfig, ModelConfig, RunConfig, TrainConfig
 from privaterec.data.mind import load_dataset
@@ -42,30 +45,38 @@ class DemoEntry:
 DEMO_SERVE_EPSILON = 10.0  # ε_s per query of the demo's private serving rows
 
 
+DEMO_CENTRAL_EPSILON = 8.0  # the central-DP row's user-level ε for the whole run
+
+
 def demo_entries(quick: bool) -> list[DemoEntry]:
-    """The methods the demo trains: baselines, then federated and private ones (nrms)."""
+    """The methods the demo trains, in table order: baselines, then the private ones (nrms).
+
+    The private rows: FedNewsRec and DP-FedRec (local DP on every upload), DP-FedAvg
+    (central, user-level DP on the sum of the sampled clients' clipped updates, ε for the
+    whole run; issue 15) and PrivateRec. Private serving: VDP on the FedRec model, and
+    PrivateRec's B-float release and zero-ε local ranking on the PrivateRec model.
+    """
     epochs = 1 if quick else 3
     rounds = 20 if quick else DEMO_ROUNDS
     nrms = ModelConfig(news_encoder="nrms")
-    entries = [
+    vdp = (ServingConfig(kind="vdp", epsilon=DEMO_SERVE_EPSILON),)
+    return [
         DemoEntry("popularity", ModelConfig(), TrainConfig(method="popularity")),
+        DemoEntry("fedrec / nrms", nrms, TrainConfig(method="fedrec"), FedConfig(rounds=rounds),
+                  serve=vdp),
         DemoEntry("centralized / nrms", nrms, TrainConfig(method="centralized", epochs=epochs)),
-        DemoEntry("fedrec / nrms", nrms, TrainConfig(method="fedrec"), FedConfig(rounds=rounds)),
         DemoEntry("fednewsrec / nrms", nrms, TrainConfig(method="fednewsrec"),
                   FedConfig(rounds=rounds)),
+        DemoEntry("dp-fedrec eps_t=10 / nrms", nrms, TrainConfig(method="dp-fedrec"),
+                  FedConfig(rounds=rounds, epsilon_train=10.0)),
+        DemoEntry(f"dp-fedavg (central) eps={DEMO_CENTRAL_EPSILON:g} / nrms", nrms,
+                  TrainConfig(method="dp-fedavg"),
+                  FedConfig(rounds=rounds, target_epsilon=DEMO_CENTRAL_EPSILON)),
+        DemoEntry("privaterec eps_t=10 / nrms", nrms, TrainConfig(method="privaterec"),
+                  FedConfig(rounds=rounds, epsilon_train=10.0),
+                  serve=(ServingConfig(kind="privaterec", epsilon=DEMO_SERVE_EPSILON),
+                         ServingConfig(kind="local"))),
     ]
-    vdp = (ServingConfig(kind="vdp", epsilon=DEMO_SERVE_EPSILON),)
-    for eps in (1.0, 10.0, float("inf")):
-        entries.append(DemoEntry(f"dp-fedrec eps_t={eps:g} / nrms", nrms,
-                                 TrainConfig(method="dp-fedrec"),
-                                 FedConfig(rounds=rounds, epsilon_train=eps),
-                                 serve=vdp if math.isinf(eps) else ()))
-    entries.append(DemoEntry(
-        "privaterec eps_t=10 / nrms", nrms, TrainConfig(method="privaterec"),
-        FedConfig(rounds=rounds, epsilon_train=10.0),
-        serve=(ServingConfig(kind="privaterec", epsilon=DEMO_SERVE_EPSILON),
-               ServingConfig(kind="local"))))
-    return entries
 
 
 @dataclass(frozen=True)
@@ -93,19 +104,52 @@ class DemoResult:
         the Uni-FedRec recall part, the private query over HTTP, and the closing lines
         ("What this shows:") computed from the tables by
         :func:`~privaterec.experiments.demo_summary.demo_conclusion`."""
+        return "\n".join([format_main_table(list(self.rows)), self.text_after_table()])
+
+    def text_after_table(self) -> str:
+        """What follows the ranking table (``privaterec demo`` prints the table's rows as
+        they come, then this)."""
         rows = list(self.rows)
-        return "\n".join([format_main_table(rows), "",
-                          format_main_footnotes(self.facts, delta=self.delta),
+        return "\n".join(["", format_main_footnotes(self.facts, delta=self.delta),
                           self.recall.text, format_recall_footnote(self.facts),
                           format_http_query(self.http), "",
                           "\n".join(demo_conclusion(rows, self.recall.rows, self.facts))])
 
 
-def run_demo(root: str | Path, *, quick: bool = False, progress: bool = True) -> DemoResult:
+# Which job starts first when a worker is free: the longest first (the recall model needs the
+# fedrec run), so that two workers finish together; rows are printed in table order.
+_START_ORDER = ("fedrec", "popularity", "recall", "fednewsrec", "centralized", "dp-fedrec",
+                "dp-fedavg", "privaterec")
+
+
+def default_jobs() -> int:
+    """Worker processes of ``privaterec demo``: one per core, at most 4."""
+    return max(1, min(4, os.cpu_count() or 1))
+
+
+def run_demo(root: str | Path, *, quick: bool = False, progress: bool = True,
+             jobs: int = 1, on_row: Callable[[DemoRow], None] | None = None) -> DemoResult:
     """Run the demo in ``root`` (synthetic data, runs and the serving store go there).
+
+    Parameters
+    ----------
+    quick:
+        A smaller data set and fewer rounds (a smoke test).
+    progress:
+        Progress bars (with ``jobs`` = 1; parallel workers print one line per job instead).
+    jobs:
+        Worker processes: each row's training (and the recall model) is one job; with
+        ``jobs`` > 1 each worker runs torch on cpu_count // jobs threads. Every run is seeded
+        on its own, so the order jobs run in does not change a result; the thread count may
+        change the last float digits.
+    on_row:
+        Called with each table row, in table order, as soon as it and the rows above it are
+        done (``privaterec demo`` prints them as they come).
 
     Returns its results; :meth:`DemoResult.text` is what ``privaterec demo`` prints.
     """
+    if not (isinstance(jobs, int) and jobs >= 1):
+        raise ValueError(f"jobs must be a positive integer, got {jobs!r}")
     root = Path(root)
     synth = demo_synth_config(quick)
     data_dir = root / ("synth-quick" if quick else "synth-default")
@@ -114,41 +158,134 @@ def run_demo(root: str | Path, *, quick: bool = False, progress: bool = True) ->
         write_synthetic(data_dir, synth)
     else:
         print(f"using cached synthetic data in {data_dir}", file=sys.stderr)
+    entries = demo_entries(quick)
+    fedrec_run = root / "runs" / run_dir_name("fedrec / nrms")
+    jobs_ = [_Job(entry.name, _train_entry, (entry, str(data_dir.resolve()), str(root),
+                                              progress and jobs == 1),
+                  priority=_start_priority(entry.name))
+             for entry in entries]
+    jobs_.append(_Job("recall", _train_recall, (str(root), str(fedrec_run), quick,
+                                                progress and jobs == 1),
+                      after=("fedrec / nrms",), priority=_start_priority("recall")))
+    results: dict[str, Any] = {}
+    printed = 0
     rows: list[DemoRow] = []
+    for name, result in _run_jobs(jobs_, jobs):
+        results[name] = result
+        while printed < len(entries) and entries[printed].name in results:
+            for row in results[entries[printed].name][0]:
+                rows.append(row)
+                if on_row is not None:
+                    on_row(row)
+            printed += 1
     noise: dict[str, float] = {}
+    central: dict[str, float] = {}
     clients_per_round = 0
     delta: float | None = None
-    for entry in demo_entries(quick):
-        run_dir = root / "runs" / run_dir_name(entry.name)
-        shutil.rmtree(run_dir, ignore_errors=True)  # the demo always trains afresh
-        config = RunConfig(data=str(data_dir.resolve()), model=entry.model, train=entry.train,
-                           fed=entry.fed)
-        print(f"training {entry.name} ...", file=sys.stderr)
-        started = time.perf_counter()
-        metrics = train_run(config, run_dir, progress=progress)
-        privacy = _privacy_columns(run_dir)
-        rows.append(_row(entry.name, metrics["test"], privacy, time.perf_counter() - started))
+    for entry in entries:
+        privacy = results[entry.name][1]
         if privacy.get("noise_ratio") is not None:
             noise[entry.name] = privacy["noise_ratio"]
+        if privacy.get("central_ratio") is not None:
+            central[entry.name] = privacy["central_ratio"]
         clients_per_round = privacy.get("clients_per_round") or clients_per_round
         delta = privacy.get("privacy_delta", delta)
-        for serving in entry.serve:
-            started = time.perf_counter()
-            result = evaluate_run(run_dir, progress=False, serving=serving)
-            rows.append(_row(_serving_label(entry.name, serving, result), result,
-                             _privacy_columns(run_dir), time.perf_counter() - started,
-                             epsilon_query=0.0 if serving.kind == "local" else serving.epsilon,
-                             bytes_per_query=result["serving"]["bytes_per_query"]))
     test = load_dataset(data_dir).test
     assert test is not None  # the demo's synthetic data set has a test split
     count, se = chance_auc_se(imp.labels for imp in test.behaviors if imp.labels is not None)
-    recall = run_recall_demo(root, root / "runs" / "fedrec-nrms", quick=quick,
-                             progress=progress)
+    recall: RecallDemo = results["recall"]
     facts = DemoFacts(impressions=count, chance_se=se, noise_ratio=noise,
+                      central_noise_ratio=central,
                       clients_per_round=clients_per_round, runs=_home(root / "runs"),
                       recall_pool=recall.pool, recall_users=recall.users)
     http = http_query(root / "runs" / "privaterec_eps_t=10-nrms", data_dir, root)
     return DemoResult(tuple(rows), facts, delta, recall, http)
+
+
+@dataclass(frozen=True)
+class _Job:
+    """One unit of the demo's work: ``function(*args)`` once the jobs ``after`` are done."""
+
+    name: str
+    function: Callable[..., Any]
+    args: tuple[Any, ...]
+    after: tuple[str, ...] = ()
+    priority: int = 0
+
+
+def _start_priority(name: str) -> int:
+    """The position of the demo job ``name`` in :data:`_START_ORDER`."""
+    return next(i for i, key in enumerate(_START_ORDER) if name.startswith(key))
+
+
+def _run_jobs(jobs: list[_Job], workers: int) -> Iterator[tuple[str, Any]]:
+    """Run ``jobs`` on ``workers`` processes (in this process when 1), a job starting once
+    its ``after`` jobs are done, the lowest :attr:`_Job.priority` first; yields
+    ``(name, result)`` as each finishes."""
+    waiting = sorted(jobs, key=lambda job: job.priority)
+    done: set[str] = set()
+
+    def ready() -> _Job | None:
+        job = next((j for j in waiting if done.issuperset(j.after)), None)
+        if job is not None:
+            waiting.remove(job)
+        return job
+
+    if workers == 1:
+        while (job := ready()) is not None:
+            done.add(job.name)
+            yield job.name, job.function(*job.args)
+        return
+    threads = max(1, (os.cpu_count() or 1) // workers)
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker,
+                             initargs=(threads,)) as pool:
+        running: dict[Future[Any], tuple[str, float]] = {}
+        while waiting or running:
+            while len(running) < workers and (job := ready()) is not None:
+                print(f"started {job.name}", file=sys.stderr, flush=True)
+                running[pool.submit(job.function, *job.args)] = (job.name, time.perf_counter())
+            finished, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in finished:
+                name, started = running.pop(future)
+                result = future.result()  # a failed job raises here; the pool is shut down
+                print(f"finished {name} in {time.perf_counter() - started:.0f} s",
+                      file=sys.stderr, flush=True)
+                done.add(name)
+                yield name, result
+
+
+def _init_worker(threads: int) -> None:
+    import torch
+
+    torch.set_num_threads(threads)
+
+
+def _train_entry(entry: DemoEntry, data_dir: str, root: str,
+                 progress: bool) -> tuple[list[DemoRow], dict[str, Any]]:
+    """Train ``entry`` afresh, evaluate it and its serving rows: (its rows, its privacy
+    columns)."""
+    run_dir = Path(root) / "runs" / run_dir_name(entry.name)
+    shutil.rmtree(run_dir, ignore_errors=True)  # the demo always trains afresh
+    config = RunConfig(data=data_dir, model=entry.model, train=entry.train, fed=entry.fed)
+    if progress:
+        print(f"training {entry.name} ...", file=sys.stderr)
+    started = time.perf_counter()
+    metrics = train_run(config, run_dir, progress=progress)
+    privacy = _privacy_columns(run_dir)
+    rows = [_row(entry.name, metrics["test"], privacy, time.perf_counter() - started)]
+    for serving in entry.serve:
+        started = time.perf_counter()
+        result = evaluate_run(run_dir, progress=False, serving=serving)
+        rows.append(_row(_serving_label(entry.name, serving, result), result,
+                         _privacy_columns(run_dir), time.perf_counter() - started,
+                         epsilon_query=0.0 if serving.kind == "local" else serving.epsilon,
+                         bytes_per_query=result["serving"]["bytes_per_query"]))
+    return rows, privacy
+
+
+def _train_recall(root: str, ranker: str, quick: bool, progress: bool) -> RecallDemo:
+    return run_recall_demo(Path(root), Path(ranker), quick=quick, progress=progress)
 
 
 def run_dir_name(name: str) -> str:
@@ -231,8 +368,12 @@ def _privacy_columns(run_dir: Path) -> dict[str, Any]:
     total = summary["report"]["phases"]["total"]
     release = summary["release"]
     invalid = any("does NOT hold" in w for w in summary["report"].get("warnings", []))
-    ratio = None
-    if (release.get("mechanism") == "laplace" and release.get("clip_bound")
+    ratio = central_ratio = None
+    if release.get("central") and release.get("clip_bound") and release.get("clients_per_round"):
+        # E‖N(0, σ²I_D)‖₂ ≈ σ√D against the largest sum m·C of m clipped updates
+        central_ratio = (release["noise_scale"] * math.sqrt(release["dimension"])
+                         / (release["clients_per_round"] * release["clip_bound"]))
+    elif (release.get("mechanism") == "laplace" and release.get("clip_bound")
             and release.get("noise_scale")):
         b, clip, dim = release["noise_scale"], release["clip_bound"], release["dimension"]
         if release.get("clipping") == "l1":
@@ -241,5 +382,5 @@ def _privacy_columns(run_dir: Path) -> dict[str, Any]:
             ratio = b / clip
     return {"epsilon_round": release.get("epsilon_per_round"),
             "epsilon_user_max": total["epsilon_max"], "privacy_delta": summary["delta"],
-            "epsilon_invalid": invalid, "noise_ratio": ratio,
+            "epsilon_invalid": invalid, "noise_ratio": ratio, "central_ratio": central_ratio,
             "clients_per_round": release.get("clients_per_round")}

@@ -79,7 +79,10 @@ class DemoFacts:
     chance_se: standard error of the mean AUC of random scores over those impressions.
     noise_ratio: per noised row, E‖noise‖₁ of one upload divided by the largest ‖update‖₁
         its clipping allows (D·b/θ for L1 clipping, b/δ for element-wise clipping).
-    clients_per_round: m, the clients whose uploads one round averages.
+    central_noise_ratio: per central-DP row, E‖noise‖₂ added to a round's sum divided by
+        the largest ‖sum‖₂ of its m clipped updates (σ√D / (m·C)).
+    clients_per_round: m, the clients whose uploads one round averages (for central DP, the
+        expected number qN).
     recall_pool: news the recall queries search; recall_users: users queried.
     runs: where the demo saved its runs (``~`` for the home directory).
     """
@@ -87,6 +90,7 @@ class DemoFacts:
     impressions: int
     chance_se: float
     noise_ratio: Mapping[str, float] = field(default_factory=dict)
+    central_noise_ratio: Mapping[str, float] = field(default_factory=dict)
     clients_per_round: int = 0
     recall_pool: int = 0
     recall_users: int = 0
@@ -139,16 +143,20 @@ def fmt_eps(value: float | None) -> str:
     return f"{value:,.3g}" if value < 1e4 else f"{value:,.0f}"
 
 
-def format_main_table(rows: Sequence[DemoRow]) -> str:
-    lines = [MAIN_HEADER, "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(
-            f"| {r.name} | {r.auc:.4f} | {r.mrr:.4f} | {r.ndcg5:.4f} | {r.ndcg10:.4f} | "
+MAIN_SEPARATOR = "|---|---|---|---|---|---|---|---|---|---|"
+
+
+def format_main_row(r: DemoRow) -> str:
+    """One line of the demo's ranking table (:data:`MAIN_HEADER`)."""
+    return (f"| {r.name} | {r.auc:.4f} | {r.mrr:.4f} | {r.ndcg5:.4f} | {r.ndcg10:.4f} | "
             f"{fmt_eps(r.epsilon_round)} | "
             f"{'–' if r.epsilon_query is None else fmt_eps(r.epsilon_query)} | "
             f"{'–' if r.bytes_per_query is None else r.bytes_per_query} | "
             f"{fmt_eps(r.epsilon_user)}{' †' if r.paper_mode else ''} | {r.seconds:.0f} |")
-    return "\n".join(lines)
+
+
+def format_main_table(rows: Sequence[DemoRow]) -> str:
+    return "\n".join([MAIN_HEADER, MAIN_SEPARATOR] + [format_main_row(r) for r in rows])
 
 
 def format_main_footnotes(facts: DemoFacts, *, delta: float | None) -> str:
@@ -163,6 +171,15 @@ def format_main_footnotes(facts: DemoFacts, *, delta: float | None) -> str:
         "private serving.",
         f"- Noise of one upload, as a multiple of the largest update its clipping allows (L1 "
         f"norms; {facts.clients_per_round} clients per round): {noise or 'none'}.",
+        *([f"- Central DP ({', '.join(facts.central_noise_ratio)}): the server adds Gaussian "
+           f"noise once to the sum of a round's clipped updates; that noise, as a multiple of "
+           f"the largest sum they can have (L2 norms; {facts.clients_per_round} expected "
+           f"clients per round): "
+           + "; ".join(f"{name} {ratio:,.0f}×" for name, ratio in
+                       facts.central_noise_ratio.items())
+           + ". Its ε_t is one round of that release, for every user, sampled or not; its ε "
+             "per user is the whole run's, for one user's data replaced. The server sees each "
+             "clipped update (a trusted aggregator)."] if facts.central_noise_ratio else []),
         f"- ε_t: one client's upload in one round; ε_s: one query; ε per user: the privacy "
         f"ledger's total over all of a user's rounds and queries (PLD composition"
         f"{f' at δ = {delta:g}' if delta else ''}). ∞: no formal guarantee. fednewsrec's ε "
@@ -238,13 +255,25 @@ def demo_conclusion(rows: Sequence[DemoRow], recall: Sequence[RecallRow],
         ratio = facts.noise_ratio.get(r.name)
         noise = (f" Its noise is {ratio:,.0f}× the clipped update, averaged over "
                  f"{facts.clients_per_round} clients per round." if ratio is not None else "")
+        if r.name in facts.central_noise_ratio:
+            lines.append(f"  {r.name} learns at ε = {fmt_eps(r.epsilon_user)} per user for the "
+                         f"whole run (central DP: the noise on a round's sum is "
+                         f"{facts.central_noise_ratio[r.name]:,.0f}× the largest sum of its "
+                         f"clipped updates).")
+            continue
         lines.append(f"  {r.name} learns at ε_t = {fmt_eps(r.epsilon_round)} per round "
                      f"(ε per user {fmt_eps(r.epsilon_user)}).{noise}{why}")
     if near:
         lines.append(f"- Near chance (inside the band): {_names(near)}.")
         for r in near:
             ratio = facts.noise_ratio.get(r.name)
-            if ratio is not None:
+            if r.name in facts.central_noise_ratio:
+                lines.append(f"  {r.name}: central DP at ε = {fmt_eps(r.epsilon_user)} per user "
+                             f"for the whole run; the noise on a round's sum is "
+                             f"{facts.central_noise_ratio[r.name]:,.0f}× the largest sum of the "
+                             f"{facts.clients_per_round} expected clients' clipped updates. The "
+                             f"same ε costs less noise per client in a larger population.")
+            elif ratio is not None:
                 lines.append(f"  {r.name}: each upload's noise is {ratio:,.0f}× the largest "
                              f"clipped update (L1 norms), and a round averages only "
                              f"{facts.clients_per_round} clients' uploads.")
@@ -294,7 +323,8 @@ def demo_conclusion(rows: Sequence[DemoRow], recall: Sequence[RecallRow],
                      f"(leakage; random picks: {facts.chance_recall(100):.2f}%).")
     lines.append("- What each ε protects: ε_t, one client's upload in one round (fednewsrec, "
                  "dp-fedrec: against replacing all of that user's data; privaterec: α̃ against "
-                 "changing one clicked news of the history, and the labels); ε_s, one query "
+                 "changing one clicked news of the history, and the labels; dp-fedavg: the "
+                 "round's noised sum, against replacing all of one user's data); ε_s, one query "
                  "(PrivateRec: one clicked news of the history, with padding; VDP: the whole "
                  "user vector); ε per user, the ledger's composition of everything recorded "
                  "for that user. ∞: nothing bounds what the server learns. docs/privacy.md "
@@ -359,10 +389,17 @@ def parse_demo_output(text: str) -> tuple[list[DemoRow], list[RecallRow], DemoFa
         for part in noise_m.group(2).split("; "):
             name, ratio = part.rsplit(" ", 1)
             noise[name] = float(ratio.rstrip("×").replace(",", ""))
+    central_m = re.search(r"- Central DP \(.*?\): .*?clients per round\): (.*?)\. Its ε_t",
+                          text)
+    central: dict[str, float] = {}
+    if central_m:
+        for part in central_m.group(1).split("; "):
+            name, ratio = part.rsplit(" ", 1)
+            central[name] = float(ratio.rstrip("×").replace(",", ""))
     pool_m = re.search(r"- (\d+) test users, one query each, over a pool of (\d+) news", text)
     runs_m = re.search(r"- Runs saved in (.*?)/ \(one directory per row\)", text)
     facts = DemoFacts(impressions=int(m.group(1)), chance_se=float(m.group(2)),
-                      noise_ratio=noise,
+                      noise_ratio=noise, central_noise_ratio=central,
                       clients_per_round=int(noise_m.group(1)) if noise_m else 0,
                       recall_pool=int(pool_m.group(2)) if pool_m else 0,
                       recall_users=int(pool_m.group(1)) if pool_m else 0,

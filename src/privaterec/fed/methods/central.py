@@ -149,6 +149,7 @@ class CentralDP(ClientMethod[FederatedTask[Any]]):
             "dimension": dimension, "epsilon_per_round": event.epsilon,
             "delta_per_round": event.delta, "coordinate_epsilon": None,
             "noised_parameters": list(parameters),
+            "clients_per_round": clients_per_round, "client_fraction": client_fraction,
             "central": {"noise_multiplier": self.noise_multiplier,
                         "sampling_rate": self.sampling_rate, "rounds": self.rounds,
                         "delta": self.delta,
