@@ -7,11 +7,17 @@ aggregator adds Gaussian noise of standard deviation z·C once to the sum and di
 expected number of clients qN: (Σ clip(Δ_u, C) + N(0, z²C²I)) / (qN). The round's release
 is recorded for every user of the population (Poisson sampling amplifies for everyone,
 sampled or not); the clients' clipped updates spend nothing of their own.
+
+On the Flower engine the clipped updates go through SecAgg+ (``secure_aggregation =
+"secaggplus"``, :mod:`privaterec.fed.secagg`): the server sees only their sum, and either
+adds the noise to it (``noise_placement = "central"``) or each client adds its share
+before masking (``"distributed"``, guaranteed when at most ``max_dropouts`` clients drop).
 """
 
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 from typing import Any, ClassVar, Sequence
 
@@ -22,12 +28,15 @@ from privaterec.errors import ConfigError
 from privaterec.fed.methods.base import ClientMethod, RoundContext, RoundOutput
 from privaterec.fed.rng import central_noise_generator
 from privaterec.fed.sampling import poisson_round
+from privaterec.fed.secagg import (NOISE_PLACEMENTS, SECURE_AGGREGATIONS, TAIL_SIGMAS,
+                                   SecAggRound, min_clients, plan_round)
 from privaterec.fed.task import FederatedTask
 from privaterec.privacy.calibrated import Calibration, no_noise
 from privaterec.privacy.central import central_calibration, central_epsilon
 from privaterec.privacy.events import PrivacyEvent
 from privaterec.privacy.mechanisms import calibrated_noise
 from privaterec.privacy.randomness import Randomness
+from privaterec.privacy.samplers import NoiseSource
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -39,6 +48,8 @@ class CentralDP(ClientMethod[FederatedTask[Any]]):
     inner: the wrapped method (its inputs and its updates). clip: C.
     noise_multiplier: z. sampling_rate: q (Poisson). rounds: T (for the run's ε).
     delta: δ of the run's guarantee.
+    secure_aggregation, noise_placement, max_dropouts: how the sum is formed (Flower engine
+        only; see the group of fields below).
     """
 
     name: ClassVar[str] = "dp-fedavg"
@@ -50,6 +61,59 @@ class CentralDP(ClientMethod[FederatedTask[Any]]):
     sampling_rate: float
     rounds: int = 1
     delta: float = 0.0
+    # --- Secure aggregation (Flower engine only; issue 15 item 2, fed/secagg.py). --------
+    # secure_aggregation: "none" (the server sees each clipped update: simulator) or
+    #   "secaggplus" (Flower's SecAgg+: the server sees only the sum).
+    # noise_placement: "central" (the server adds N(0, z²C²) to the sum) or "distributed"
+    #   (each of the n sampled clients adds N(0, z²C²/(n - k)) before masking).
+    # max_dropouts: k, the dropouts a round tolerates; SecAgg+'s threshold is n - k, so the
+    #   sum decodes only if at least n - k clients' vectors (and noise shares) are in it.
+    secure_aggregation: str = "none"
+    noise_placement: str = "central"
+    max_dropouts: int = 0
+
+    def __post_init__(self) -> None:
+        if self.secure_aggregation not in SECURE_AGGREGATIONS:
+            raise ConfigError(f"invalid 'secure_aggregation' {self.secure_aggregation!r}; "
+                              f"expected one of {', '.join(SECURE_AGGREGATIONS)}")
+        if self.noise_placement not in NOISE_PLACEMENTS:
+            raise ConfigError(f"invalid 'noise_placement' {self.noise_placement!r}; "
+                              f"expected one of {', '.join(NOISE_PLACEMENTS)}")
+        if not (isinstance(self.max_dropouts, int) and self.max_dropouts >= 0):
+            raise ConfigError(f"invalid 'max_dropouts' {self.max_dropouts!r}; expected an "
+                              f"integer >= 0")
+        if self.secure_aggregation == "none" and (self.noise_placement != "central"
+                                                  or self.max_dropouts):
+            raise ConfigError("'noise_placement' distributed and 'max_dropouts' need secure "
+                              "aggregation (--secure-aggregation secaggplus, Flower engine)")
+
+    @property
+    def distributed(self) -> bool:
+        """Whether the clients add the noise (in shares) instead of the server."""
+        return self.noise_placement == "distributed"
+
+    def secure_round(self, clients: int) -> SecAggRound | None:
+        """The SecAgg+ parameters of a round of ``clients`` sampled clients, or ``None`` when
+        the round has too few to hide each one (fewer than 2k + 1, or 2): then no client is
+        asked and the round releases the noise alone (:mod:`privaterec.fed.secagg`)."""
+        if clients < min_clients(self.max_dropouts):
+            return None
+        return plan_round(clients=clients, max_dropouts=self.max_dropouts, clip=self.clip,
+                          sigma=self.noise_multiplier * self.clip,
+                          distributed=self.distributed)
+
+    def central_noise(self, dimension: int, *, seed: int, round_index: int,
+                      source: NoiseSource | None = None) -> torch.Tensor:
+        """The aggregator's noise N(0, (z·C)² I) ``[dimension]`` (float32): the simulation's
+        seeded draw (:func:`~privaterec.fed.rng.central_noise_generator`), or float-safe
+        from ``source`` (a deployed server's :class:`~privaterec.privacy.samplers.
+        SecureNoise`)."""
+        calibration = self.central_calibration()
+        if source is None:
+            return calibrated_noise((dimension,), calibration,
+                                    generator=central_noise_generator(seed, round_index))
+        zeros = torch.zeros(dimension, dtype=torch.float64)
+        return source.release_gaussian(zeros, sigma=calibration.scale).to(torch.float32)
 
     @property
     def by_impressions(self) -> bool:
@@ -66,6 +130,15 @@ class CentralDP(ClientMethod[FederatedTask[Any]]):
                               f"training users: a delta that large allows releasing a user's "
                               f"data outright; pass --target-delta below "
                               f"{1 / max(1, population):.3g}")
+        if self.secure_aggregation != "none":
+            k = self.max_dropouts
+            if population < min_clients(k):
+                raise ConfigError(f"secure aggregation with --max-dropouts {k} needs rounds "
+                                  f"of at least {min_clients(k)} clients, but there are "
+                                  f"only {population} training users")
+            # The largest possible round (every user sampled): its quantisation and share.
+            plan_round(clients=population, max_dropouts=k, clip=self.clip,
+                       sigma=self.noise_multiplier * self.clip, distributed=self.distributed)
 
     def select(self, eligible: torch.Tensor, m: int, *, seed: int,
                round_index: int) -> list[int]:
@@ -125,11 +198,33 @@ class CentralDP(ClientMethod[FederatedTask[Any]]):
                                                   chunk_clients=context.chunk_clients)
             total = clipped.sum(0)
             losses = [float(x) for x in loss_t]
-        noise = calibrated_noise((dimension,), self.central_calibration(),
-                                 generator=central_noise_generator(context.seed,
-                                                                   context.round_index))
+        noise = self.central_noise(dimension, seed=context.seed,
+                                   round_index=context.round_index)
         direction = (total + noise) / (self.sampling_rate * context.population)
         return RoundOutput(direction, losses, (self.central_event(),))
+
+    def event_note(self) -> str:
+        """The ledger note of a round under secure aggregation (``""``: the default note of
+        :func:`~privaterec.privacy.central.central_round_event`, the server sees the
+        clipped updates)."""
+        if self.secure_aggregation == "none":
+            return ""
+        common = (f"Poisson sampling q = {self.sampling_rate:g}, updates clipped to L2 norm "
+                  f"{self.clip:g} and rounded toward zero onto SecAgg+'s grid (norm still <= "
+                  f"{self.clip:g}), summed by SecAgg+ (the server sees only the sum of the "
+                  f"clients that did not drop out, at most {self.max_dropouts})")
+        if not self.distributed:
+            return (f"central DP (DP-FedAvg) with secure aggregation: {common}; the server "
+                    f"adds Gaussian noise z = {self.noise_multiplier:g} to the sum; one "
+                    f"user's data replaced (covers one click and one user)")
+        return (f"distributed DP (DP-FedAvg) with secure aggregation: {common}; each of the "
+                f"n sampled clients adds N(0, (z C)^2/(n - {self.max_dropouts})), z = "
+                f"{self.noise_multiplier:g}, before masking, so the sum carries noise of "
+                f"std >= z C when at most {self.max_dropouts} clients drop out (SecAgg+'s "
+                f"threshold n - {self.max_dropouts} refuses to decode otherwise); rounding "
+                f"and SecAgg+'s range clip put the release within total variation 1.2e-38 "
+                f"per coordinate and client of the accounted Gaussian mechanism; one user's "
+                f"data replaced (covers one click and one user)")
 
     def describe(self, *, dimension: int, parameters: Sequence[str], clients_per_round: int,
                  client_fraction: float) -> dict[str, Any]:
@@ -140,7 +235,7 @@ class CentralDP(ClientMethod[FederatedTask[Any]]):
                                    sampling_rate=self.sampling_rate, rounds=self.rounds,
                                    delta=self.delta, accountant=accountant,
                                    neighbours=neighbours)
-        return {
+        out = {
             "method": self.name, "mechanism": "gaussian",
             "aggregation": "noise added once to the sum of the sampled clients' clipped "
                            "updates (central DP), divided by the expected count qN",
@@ -159,15 +254,75 @@ class CentralDP(ClientMethod[FederatedTask[Any]]):
                                      "user); add/remove values for comparison only",
                         "sampling": "Poisson: every user joins a round with probability q",
                         "trust": "the server adds the noise and sees the clipped updates "
-                                 "(no secure aggregation in this engine yet)"},
+                                 "(no secure aggregation; --secure-aggregation secaggplus "
+                                 "on the Flower engine hides them)"},
         }
+        if self.secure_aggregation != "none":
+            out["central"]["trust"] = self._secure_trust(dimension)
+        return out
+
+    def _secure_trust(self, dimension: int) -> dict[str, Any]:
+        """The secure-aggregation block of ``describe``: protocol, threat model, noise
+        placement with its dropout assumption, quantisation, and what the server learns."""
+        k = self.max_dropouts
+        per_share = math.erfc(TAIL_SIGMAS / math.sqrt(2))
+        out: dict[str, Any] = {
+            "secure_aggregation": "secaggplus (Flower's SecAgg+: pairwise and private masks "
+                                  "modulo M; every sampled client shares its secrets with "
+                                  "all the others)",
+            "threat_model": f"honest-but-curious server colluding with fewer than n - {k} "
+                            f"of the round's n clients: the server learns only the sum of "
+                            f"the surviving clients' quantised vectors; each client's "
+                            f"individual update stays hidden from it",
+            "noise_placement": self.noise_placement,
+            "max_dropouts": k,
+            "reconstruction_threshold": f"n - {k} (all n clients hold shares)",
+            "min_clients_per_round": min_clients(k),
+            "rounds_below_min_clients": "no client is asked; the round releases the noise "
+                                        "alone (central) or nothing (distributed)",
+            "quantisation": "each coordinate rounded toward zero onto the grid of step "
+                            "s = 2c/2^b (c >= C a power of two, b <= 24 bits with "
+                            "n 2^b < 2^32 = SecAgg+'s largest modulus M): the L2 norm stays "
+                            "<= C, so the sensitivity is C, exactly as accounted; the "
+                            "modulus M > n 2^b rules out wraparound",
+            "guarantee": "the ledger's epsilon is the sum's: against anyone who sees the "
+                         "released models (and the noised sums) but not who was sampled",
+        }
+        if self.distributed:
+            out["noise"] = (f"each of the n sampled clients adds N(0, (z C)^2/(n - {k})) "
+                            f"before masking (OS CSPRNG, float-safe, on a device); the sum "
+                            f"carries variance >= (z C)^2 when at most {k} clients drop out, "
+                            f"which SecAgg+'s threshold enforces")
+            out["total_variation_per_coordinate_and_client"] = per_share
+            out["total_variation_bound_run"] = (f"eta <= rounds x n x D x {per_share:.3g}; "
+                                                f"the run is (epsilon, delta + "
+                                                f"(1 + e^epsilon) eta)-DP")
+            out["against_the_server"] = (
+                "the server picks the sampled clients, so Poisson amplification does not "
+                "hold against it: each round a user takes part in is the Gaussian "
+                "mechanism with noise multiplier z on its own (sensitivity 2C under "
+                f"replacement): epsilon {self._epsilon_unsampled():.4g} at delta "
+                f"{self.delta:g} per participation")
+        else:
+            out["noise"] = ("the server adds N(0, (z C)^2) to the decoded sum (OS CSPRNG, "
+                            "float-safe, when deployed)")
+            out["against_the_server"] = ("the server adds the noise: it knows the noiseless "
+                                         "sum of the round's clipped updates (no individual "
+                                         "update)")
+        return out
+
+    def _epsilon_unsampled(self) -> float:
+        """ε at δ of one unsampled round (q = 1), replace-one: the guarantee against a
+        server that knows who took part."""
+        return central_epsilon(noise_multiplier=self.noise_multiplier, sampling_rate=1.0,
+                               rounds=1, delta=self.delta)
 
 
 @functools.lru_cache(maxsize=64)
 def _central_calibration(method: CentralDP) -> Calibration:
     return central_calibration(noise_multiplier=method.noise_multiplier,
                                sampling_rate=method.sampling_rate, clip=method.clip,
-                               delta=method.delta)
+                               delta=method.delta, note=method.event_note())
 
 
 __all__ = ["CentralDP"]

@@ -69,6 +69,11 @@ def resolve_run_config(config: RunConfig) -> RunConfig:
         raise ConfigError(f"'fed.noise_multiplier', 'fed.target_epsilon' and "
                           f"'fed.target_delta' apply to dp-fedavg (central DP) only, not "
                           f"{method}")
+    if method != "dp-fedavg" and (fed.secure_aggregation != "none"
+                                  or fed.noise_placement != "central" or fed.max_dropouts):
+        raise ConfigError(f"'fed.secure_aggregation', 'fed.noise_placement' and "
+                          f"'fed.max_dropouts' apply to dp-fedavg (central DP) only, not "
+                          f"{method}")
     if method == "dp-fedavg":
         changes.update(_resolve_central(fed, changes))
         # The report composes at the guarantee's own delta.
@@ -181,7 +186,9 @@ def _dp_fedavg(config: RunConfig) -> ClientMethod:
                      inner=_fedrec(config), clip=fed.clip,
                      noise_multiplier=fed.noise_multiplier,
                      sampling_rate=fed.client_fraction, rounds=fed.rounds,
-                     delta=float(fed.target_delta or 0.0))
+                     delta=float(fed.target_delta or 0.0),
+                     secure_aggregation=fed.secure_aggregation,
+                     noise_placement=fed.noise_placement, max_dropouts=fed.max_dropouts)
 
 
 METHODS: dict[str, MethodBuilder] = {
