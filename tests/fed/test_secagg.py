@@ -289,8 +289,9 @@ def test_secure_training_equals_the_simulator(data_dir, tmp_path):
     theta0 = s.task.parameters()
     assert float((sim.params - theta0).abs().max()) > 1e-3  # training moved θ
     # FedAdam's step lr·m/(√v + τ) turns a direction error e into at most about
-    # lr·e/τ per round (e ≈ 1e-7 here, lr = 1e-2, τ = 1e-3): ≤ 1e-6 over two rounds.
-    assert float((flw.params - sim.params).abs().max()) <= 1e-5
+    # lr·e/τ per round (e ≤ 3.5e-8 + float32 rounding here, lr = 1e-2, τ = 1e-3):
+    # ≤ 1e-6 over two rounds (measured: 6e-8).
+    assert float((flw.params - sim.params).abs().max()) <= 1e-6
     assert flw.ledger == sim.ledger
     assert [(e["round"], e["clients"]) for e in flw.log] == \
         [(e["round"], e["clients"]) for e in sim.log]
