@@ -409,3 +409,84 @@ def test_secure_aggregation_is_for_dp_fedavg_on_flower_only(data_dir, tmp_path):
         FedConfig(secure_aggregation="secagg")
     assert dc_replace(method, noise_placement="distributed").event_note() != \
         method.event_note() != plain.event_note() == ""
+
+
+# ================================================================= end-to-end audit
+def test_audit_what_a_client_sends_under_secagg(data_dir, tmp_path):
+    """The end-to-end audit of the upload under SecAgg+: the same distinguisher as
+    ``privaterec privacy audit`` (:func:`~privaterec.privacy.e2e_audit.distinguish`), on
+    everything the server receives from one client in its collect stage, for two
+    neighbouring users' data (one user's data replaced). Masked, the vector gives no lower
+    bound above 0 (at α = 1e-6); the same client's plaintext vector is told apart at once
+    (the audit has power). What a client sends in the four stages is listed and checked:
+    two public keys, its encrypted secret shares, its masked vector (with its masked
+    weight 1), the key shares for unmasking, and the constant ``num_examples = 1``."""
+    from flwr.client.mod import secaggplus_mod
+    from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
+    from flwr.compat.common import recorddict_compat as compat
+    from privaterec.privacy.e2e_audit import distinguish
+
+    s = Setup(data_dir, tmp_path)
+    params = s.task.parameters()
+    plan = s.method.secure_round(3)
+    assert plan is not None
+    vectors = {}
+    for u in range(3):  # users 0 and 1 are the neighbouring datasets of the audited client
+        g = client_generator(SEED, 0, u)
+        update = s.method.update(s.task, params, s.method.inputs(
+            s.task, s.clients.client(u), generator=g), generator=g)[0]
+        vectors[u] = plan.client_vector(update, g).numpy()
+    assert not np.array_equal(vectors[0], vectors[1])
+    audited, others = 1000, (1001, 1002)
+    sent_by_audited: list[Message] = []
+
+    def session(user: int) -> tuple[np.ndarray, np.ndarray]:
+        content = {audited: vectors[user], others[0]: vectors[2], others[1]: vectors[2]}
+
+        def handler(message: Message, context: Context) -> Message:
+            def fit(m: Message, c: Context) -> Message:
+                fitres = FitRes(Status(Code.OK, ""), ndarrays_to_parameters(
+                    [content[c.node_id]]), 1, {})
+                return Message(compat.fitres_to_recorddict(fitres, False), reply_to=m)
+            return secaggplus_mod(message, context, fit)
+
+        grid = LocalGrid(handler, {n: {} for n in (audited, *others)})
+        fitins = {n: flower.FitIns(flower.ndarrays_to_parameters([]), {})
+                  for n in (audited, *others)}
+        total, summed = flower.secure_sum(grid, plan, list(fitins), fitins, round_index=0,
+                                          timeout=None)
+        assert summed == 3
+        assert np.allclose(total.numpy(), vectors[user] + 2 * vectors[2], rtol=0, atol=1e-12)
+        mine = [r for r in grid.replies if r.metadata.src_node_id == audited]
+        sent_by_audited.extend(mine)
+        (masked,) = [r for r in _collect_replies(grid) if r.metadata.src_node_id == audited]
+        arrays = [bytes_to_ndarray(b) for b in
+                  masked.content.config_records[RECORD_KEY_CONFIGS][Key.MASKED_PARAMETERS]]
+        plain = quantize([vectors[user]], plan.clipping_range, plan.quantization_range)[0]
+        return np.concatenate(arrays).astype(np.float64), plain.astype(np.float64)
+
+    runs = 40  # per side and set: the ceiling of any bound is 0.83 at alpha = 1e-6
+    rows = {user: [session(user) for _ in range(3 * runs)] for user in (0, 1)}
+
+    def split(k: int) -> list[tuple[np.ndarray, np.ndarray]]:
+        return [(np.stack([rows[0][i][k] for i in range(j * runs, (j + 1) * runs)]),
+                 np.stack([rows[1][i][k] for i in range(j * runs, (j + 1) * runs)]))
+                for j in range(3)]
+
+    masked_sets, plain_sets = split(0), split(1)
+    names = [f"masked[{i}]" for i in range(masked_sets[0][0].shape[1])]
+    masked = distinguish(*masked_sets, names, alpha=1e-6)
+    plain = distinguish(*plain_sets, names[1:], alpha=1e-6)
+    assert masked.epsilon_lower_bound == 0.0
+    assert plain.epsilon_lower_bound > 0.8  # the audit tells the plaintext apart
+    # Everything the audited client sent, stage by stage.
+    allowed = {RECORD_KEY_CONFIGS: {Key.PUBLIC_KEY_1, Key.PUBLIC_KEY_2, Key.DESTINATION_LIST,
+                                    Key.CIPHERTEXT_LIST, Key.MASKED_PARAMETERS,
+                                    Key.NODE_ID_LIST, Key.SHARE_LIST},
+               "fitres.metrics": set(), "fitres.status": {"code", "message"}}
+    for reply in sent_by_audited:
+        for name, record in reply.content.config_records.items():
+            assert set(record) <= allowed[name], (name, set(record))
+        for name, record in reply.content.metric_records.items():
+            assert (name, dict(record)) == ("fitres.num_examples", {"num_examples": 1})
+        assert all(len(r) == 0 for r in reply.content.array_records.values())
