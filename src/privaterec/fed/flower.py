@@ -65,6 +65,7 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")  # silences a FutureWarning
 
 import hashlib  # noqa: E402
+import importlib  # noqa: E402
 import json  # noqa: E402
 import logging  # noqa: E402
 import math  # noqa: E402
@@ -160,6 +161,43 @@ def _values(record: Mapping[str, object], key: str, kind: type[_Item]) -> list[_
                                   f"of {kind.__name__}")
         items.append(item)
     return items
+
+
+# ====================================================================== SecAgg+ masks
+MASK_PRG = "shake256"
+"""The PRG that expands SecAgg+'s mask seeds here (server and devices must agree)."""
+
+
+def mask_prg(seed: bytes, num_range: int,
+             dimensions_list: list[tuple[int, ...]]) -> list[np.ndarray]:
+    """SecAgg+'s masks from the whole 256-bit ``seed``: SHAKE-256 output, 8 bytes per value,
+    reduced mod ``num_range`` (a power of two: exactly uniform on [0, num_range)).
+
+    Flower 1.41's ``pseudo_rand_gen`` XORs the seed's 32-bit words into one 32-bit seed of
+    NumPy's Mersenne Twister: every mask then has at most 2^32 possible values, and the
+    Mersenne Twister is not a cryptographic PRG, so a server could search the seeds of a
+    client's pairwise masks. This module replaces it in both of Flower's SecAgg+ modules
+    (client mod and server workflow) with this XOF; a device checks that the server does
+    too (``secagg-prg`` in the round's configuration).
+    """
+    if num_range & (num_range - 1) or not 1 < num_range <= 2 ** 62:
+        raise PrivateRecError(f"SecAgg+ modulus {num_range} is not a power of two")
+    sizes = [math.prod(d) for d in dimensions_list]
+    stream = hashlib.shake_256(b"privaterec-secaggplus-mask" + seed).digest(8 * sum(sizes))
+    values = (np.frombuffer(stream, dtype="<u8") & np.uint64(num_range - 1)).astype(np.int64)
+    out, start = [], 0
+    for shape, size in zip(dimensions_list, sizes):
+        out.append(values[start:start + size].reshape(shape))
+        start += size
+    return out
+
+
+SECAGGPLUS_MODULES = ("flwr.client.mod.secure_aggregation.secaggplus_mod",
+                      "flwr.server.workflow.secure_aggregation.secaggplus_workflow")
+"""Flower's modules that expand mask seeds (each imported ``pseudo_rand_gen`` by name; the
+packages' attributes of the same names are functions, so they are looked up as modules)."""
+for _name in SECAGGPLUS_MODULES:
+    importlib.import_module(_name).pseudo_rand_gen = mask_prg  # type: ignore[attr-defined]
 
 
 # ============================================================================ client side
@@ -402,6 +440,10 @@ def _client_secure_fit(load: DeviceLoader, message: Message, context: Context) -
     if user_id not in _held_users(device, context.node_config):
         raise PrivateRecError(f"the server asked this SuperNode for user {user_id!r}, which "
                               f"it does not hold")
+    if config.get("secagg-prg") != MASK_PRG:
+        raise ConfigError(f"the server expands SecAgg+'s mask seeds with "
+                          f"{config.get('secagg-prg')!r}, this device with {MASK_PRG!r}: "
+                          f"run the same privaterec on both")
     plan = _secure_plan(device.method, int(config["clients"]))
     _check_session(plan, context)
     source = (SecureNoise() if _os_entropy(context)
@@ -728,7 +770,7 @@ def _secure_round_fn(grid: Grid, clients: ClientDataset, owner: Mapping[int, int
             fitins = {node: FitIns(theta, {"round": t, "seed": seed,
                                            "fingerprint": fingerprint,
                                            "user": clients.user_ids[u], "user-index": u,
-                                           "clients": plan.clients})
+                                           "clients": plan.clients, "secagg-prg": MASK_PRG})
                       for node, u in zip(nodes, users)}
             summed, _ = secure_sum(grid, plan, nodes, fitins, round_index=t,
                                    timeout=timeout)
@@ -859,5 +901,6 @@ class FlowerEngine:
         return results[0]
 
 
-__all__ = ["ClientSpec", "Device", "DeviceLoader", "FlowerEngine", "discover_nodes",
-           "make_client_app", "public_fingerprint", "run_record", "secure_sum", "serve"]
+__all__ = ["ClientSpec", "Device", "DeviceLoader", "FlowerEngine", "MASK_PRG",
+           "discover_nodes", "make_client_app", "mask_prg", "public_fingerprint",
+           "run_record", "secure_sum", "serve"]
