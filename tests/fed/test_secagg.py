@@ -528,3 +528,22 @@ def test_audit_what_a_client_sends_under_secagg(data_dir, tmp_path):
         for name, record in reply.content.metric_records.items():
             assert (name, dict(record)) == ("fitres.num_examples", {"num_examples": 1})
         assert all(len(r) == 0 for r in reply.content.array_records.values())
+
+
+def test_flwr_run_config_takes_the_secure_aggregation_keys(tmp_path):
+    from privaterec.apps.flower_app import run_config_from_flower
+
+    yaml = tmp_path / "run.yaml"
+    RunConfig(model=TINY, train=TrainConfig(method="dp-fedavg", seed=7),
+              fed=FedConfig(noise_multiplier=1.0, target_delta=1e-4)).to_yaml(yaml)
+    base = {"data-dir": str(tmp_path / "data"), "out-dir": str(tmp_path / "run"),
+            "config": str(yaml), "method": "", "rounds": 0, "clients-per-round": 0,
+            "seed": -1, "eval-every": -1, "drop-missing": False}
+    config, _, _ = run_config_from_flower({**base, "secure-aggregation": "secaggplus",
+                                           "noise-placement": "distributed",
+                                           "max-dropouts": 2})
+    assert (config.fed.secure_aggregation, config.fed.noise_placement,
+            config.fed.max_dropouts) == ("secaggplus", "distributed", 2)
+    config, _, _ = run_config_from_flower({**base, "secure-aggregation": "",
+                                           "noise-placement": "", "max-dropouts": -1})
+    assert (config.fed.secure_aggregation, config.fed.max_dropouts) == ("none", 0)
