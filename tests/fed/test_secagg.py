@@ -442,8 +442,18 @@ def test_secure_aggregation_is_for_dp_fedavg_on_flower_only(data_dir, tmp_path):
                      clients, engine="flower")
     with pytest.raises(ConfigError, match="secure_aggregation"):
         FedConfig(secure_aggregation="secagg")
-    assert dc_replace(method, noise_placement="distributed").event_note() != \
-        method.event_note() != plain.event_note() == ""
+    distributed = dc_replace(method, noise_placement="distributed")
+    assert distributed.event_note() != method.event_note() != plain.event_note() == ""
+    # privacy.json's release block states the trust model and the dropout assumption.
+    kwargs = dict(dimension=600, parameters=["theta"], clients_per_round=6,
+                  client_fraction=0.5)
+    assert isinstance(plain.describe(**kwargs)["central"]["trust"], str)
+    trust = method.describe(**kwargs)["central"]["trust"]
+    assert trust["noise_placement"] == "central" and "honest-but-curious" in trust["threat_model"]
+    trust = distributed.describe(**kwargs)["central"]["trust"]
+    assert "at most 0 clients drop out" in trust["noise"]
+    assert "per participation" in trust["against_the_server"]
+    assert trust["total_variation_per_coordinate_and_client"] < 1e-37
 
 
 # ================================================================= end-to-end audit

@@ -73,7 +73,7 @@ import tempfile  # noqa: E402
 import time  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 from pathlib import Path  # noqa: E402
-from typing import Any, Callable, Mapping, Sequence, TypeVar  # noqa: E402
+from typing import Any, Callable, Mapping, Sequence, TypeVar, cast  # noqa: E402
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -197,7 +197,7 @@ SECAGGPLUS_MODULES = ("flwr.client.mod.secure_aggregation.secaggplus_mod",
 """Flower's modules that expand mask seeds (each imported ``pseudo_rand_gen`` by name; the
 packages' attributes of the same names are functions, so they are looked up as modules)."""
 for _name in SECAGGPLUS_MODULES:
-    importlib.import_module(_name).pseudo_rand_gen = mask_prg  # type: ignore[attr-defined]
+    setattr(importlib.import_module(_name), "pseudo_rand_gen", mask_prg)
 
 
 # ============================================================================ client side
@@ -713,7 +713,8 @@ def secure_sum(grid: Grid, plan: SecAggRound, nodes: Sequence[int],
         failed; their reasons are in the message).
     """
     log = _ErrorLog(grid)
-    strategy = _SecureSumStrategy(log, {n: fitins[n] for n in nodes})
+    logged = cast(Grid, log)  # a Grid in everything but its class
+    strategy = _SecureSumStrategy(logged, {n: fitins[n] for n in nodes})
     context = LegacyContext(Context(run_id=0, node_id=0, node_config={}, state=RecordDict(),
                                     run_config={}), strategy=strategy)
     context.state[MAIN_CONFIGS_RECORD] = ConfigRecord({"current_round": round_index + 1})
@@ -726,7 +727,7 @@ def secure_sum(grid: Grid, plan: SecAggRound, nodes: Sequence[int],
     level = flwr_logger.level
     flwr_logger.setLevel(max(level, logging.WARNING))  # four INFO lines per round otherwise
     try:
-        workflow(log, context)  # type: ignore[arg-type]
+        workflow(logged, context)
     finally:
         flwr_logger.setLevel(level)
     if strategy.aggregate is None:

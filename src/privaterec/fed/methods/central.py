@@ -235,7 +235,20 @@ class CentralDP(ClientMethod[FederatedTask[Any]]):
                                    sampling_rate=self.sampling_rate, rounds=self.rounds,
                                    delta=self.delta, accountant=accountant,
                                    neighbours=neighbours)
-        out = {
+        central: dict[str, Any] = {
+            "noise_multiplier": self.noise_multiplier, "sampling_rate": self.sampling_rate,
+            "rounds": self.rounds, "delta": self.delta,
+            "epsilon_run_pld": total("pld", "replace"),
+            "epsilon_run_pld_add_remove": total("pld", "add_remove"),
+            "epsilon_run_rdp_add_remove": total("rdp", "add_remove"),
+            "adjacency": "one user's data replaced (covers one click and one user); "
+                         "add/remove values for comparison only",
+            "sampling": "Poisson: every user joins a round with probability q",
+            "trust": (self._secure_trust(dimension) if self.secure_aggregation != "none" else
+                      "the server adds the noise and sees the clipped updates (no secure "
+                      "aggregation; --secure-aggregation secaggplus on the Flower engine "
+                      "hides them)")}
+        return {
             "method": self.name, "mechanism": "gaussian",
             "aggregation": "noise added once to the sum of the sampled clients' clipped "
                            "updates (central DP), divided by the expected count qN",
@@ -244,22 +257,8 @@ class CentralDP(ClientMethod[FederatedTask[Any]]):
             "dimension": dimension, "epsilon_per_round": event.epsilon,
             "delta_per_round": event.delta, "coordinate_epsilon": None,
             "noised_parameters": list(parameters),
-            "central": {"noise_multiplier": self.noise_multiplier,
-                        "sampling_rate": self.sampling_rate, "rounds": self.rounds,
-                        "delta": self.delta,
-                        "epsilon_run_pld": total("pld", "replace"),
-                        "epsilon_run_pld_add_remove": total("pld", "add_remove"),
-                        "epsilon_run_rdp_add_remove": total("rdp", "add_remove"),
-                        "adjacency": "one user's data replaced (covers one click and one "
-                                     "user); add/remove values for comparison only",
-                        "sampling": "Poisson: every user joins a round with probability q",
-                        "trust": "the server adds the noise and sees the clipped updates "
-                                 "(no secure aggregation; --secure-aggregation secaggplus "
-                                 "on the Flower engine hides them)"},
+            "central": central,
         }
-        if self.secure_aggregation != "none":
-            out["central"]["trust"] = self._secure_trust(dimension)
-        return out
 
     def _secure_trust(self, dimension: int) -> dict[str, Any]:
         """The secure-aggregation block of ``describe``: protocol, threat model, noise
@@ -294,9 +293,9 @@ class CentralDP(ClientMethod[FederatedTask[Any]]):
                             f"carries variance >= (z C)^2 when at most {k} clients drop out, "
                             f"which SecAgg+'s threshold enforces")
             out["total_variation_per_coordinate_and_client"] = per_share
-            out["total_variation_bound_run"] = (f"eta <= rounds x n x D x {per_share:.3g}; "
-                                                f"the run is (epsilon, delta + "
-                                                f"(1 + e^epsilon) eta)-DP")
+            out["total_variation_bound_run"] = (
+                f"eta <= {self.rounds} rounds x n clients x D = {dimension} x "
+                f"{per_share:.3g}: the run is (epsilon, delta + (1 + e^epsilon) eta)-DP")
             out["against_the_server"] = (
                 "the server picks the sampled clients, so Poisson amplification does not "
                 "hold against it: each round a user takes part in is the Gaussian "
