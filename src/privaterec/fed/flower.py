@@ -408,9 +408,11 @@ def _secure_plan(method: ClientMethod, clients: int) -> SecAggRound:
 
 def _check_session(plan: SecAggRound, context: Context) -> None:
     """The SecAgg+ session the server set up must be the device's plan: same grid, range,
-    modulus, client count and threshold (else the accounting would not hold)."""
+    modulus, client count, shares held by every client and threshold (else the accounting
+    would not hold)."""
     state = context.state.config_records[RECORD_KEY_STATE]
-    expected = {"sample_num": plan.clients, "threshold": plan.threshold,
+    expected = {"sample_num": plan.clients, "share_num": plan.clients,
+                "threshold": plan.threshold,
                 "clipping_range": plan.clipping_range,
                 "target_range": plan.quantization_range, "mod_range": plan.modulus,
                 "max_weight": 1.0}
