@@ -13,7 +13,7 @@ and moves the clip geometrically towards the target quantile γ:
 C_{t+1} = C_t · exp(−η_C (b̃ − γ)). b̃ and C_{t+1} are post-processing of the release, so
 the clip is public server state.
 
-Accounting (the paper's Thm 1, checked for the ledger's adjacency). Divide each coordinate
+Accounting (the paper's split, checked here for the ledger's adjacency). Divide each coordinate
 by its noise scale: one user's contribution becomes (clip(Δ)/(z_Δ C_t), (b − ½)/σ_b) under
 unit isotropic noise, a vector of L2 norm at most √(z_Δ⁻² + (2σ_b)⁻²) — because the
 indicator is centred, ±½ — around the origin, where an absent user sits. That is exactly

@@ -290,6 +290,8 @@ class CentralDP(ClientMethod[FederatedTask[Any]]):
             clipping="l2 (each client), adaptive: round t clips to C_t (server state, "
                      "logged per round as 'clip'); clip_bound is the initial C_0",
             noise_scale=event.noise_scale, sensitivity_l2=event.sensitivity)
+        out["sends"] = ("clipped update and clip indicator b - 1/2, to the trusted "
+                        "aggregator")
         out["central"]["trust"] = (
             "the server adds the noise and sees each client's clipped update and its clip "
             "indicator b - 1/2 (no secure aggregation in this engine yet)")

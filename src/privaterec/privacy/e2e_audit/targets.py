@@ -238,7 +238,7 @@ def make_target(method: str, world: AuditWorld, *, mode: str = "strict", epsilon
                           f"number > 0")
     if audited == "unifedrec":
         return _recall_target(world, epsilon=float(epsilon))
-    if audited in ("dp-fedavg", "dp-fedavg-adaptive"):
+    if audited == "dp-fedavg" or audited == "dp-fedavg-adaptive":
         return _central_target(world, adaptive=audited == "dp-fedavg-adaptive",
                                epsilon=float(epsilon), delta=delta,
                                model=TINY_MODEL if model is None else model)
