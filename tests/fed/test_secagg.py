@@ -309,8 +309,7 @@ def test_distributed_noise_equals_the_simulator_with_the_noise_switched_off(
     with_noise = s.round_fn()(params, selected, 0).direction
     monkeypatch.setattr(SecAggRound, "share_sigma", property(lambda self: 0.0))
     monkeypatch.setattr(SecAggRound, "check", lambda self: None)
-    monkeypatch.setattr(CentralDP, "central_noise",
-                        lambda self, d, **kw: torch.zeros(d))
+    monkeypatch.setattr(CentralDP, "central_noise", lambda self, d, source: torch.zeros(d))
     flw = s.round_fn()(params, selected, 0)
     sim = simulate_round(s.task, params, s.clients, selected, s.method, seed=SEED,
                          round_index=0)
@@ -442,6 +441,8 @@ def test_secure_aggregation_is_for_dp_fedavg_on_flower_only(data_dir, tmp_path):
                      clients, engine="flower")
     with pytest.raises(ConfigError, match="secure_aggregation"):
         FedConfig(secure_aggregation="secagg")
+    with pytest.raises(ConfigError, match="adaptive clipping .* secure"):
+        method_from_config(_config(data_dir, adaptive_clip_quantile=0.5))
     distributed = dc_replace(method, noise_placement="distributed")
     assert distributed.event_note() != method.event_note() != plain.event_note() == ""
     # privacy.json's release block states the trust model and the dropout assumption.

@@ -18,7 +18,6 @@ from privaterec.config import FedConfig, RunConfig
 from privaterec.data.clients import ClientDataset
 from privaterec.errors import ConfigError
 from privaterec.fed.methods import ClientMethod, method_from_config, resolve_run_config
-from privaterec.fed.methods.central import CentralDP
 from privaterec.fed.objective import LocalObjective
 from privaterec.fed.sampling import clients_per_round, eligible_clients
 from privaterec.fed.simulator import FederatedState, RoundCallback, train_federated
@@ -56,25 +55,18 @@ class SimulatorEngine:
 
 def check_engine(method: ClientMethod, clients: ClientDataset, *, engine: str) -> None:
     """Refuse a federated run whose settings cannot hold for these training users, before
-    anything is trained or written (central DP: δ below 1/N; on Flower only through secure
-    aggregation, which runs on Flower only).
+    anything is trained or written (central DP: δ below 1/N; the method's own rules,
+    :meth:`~privaterec.fed.methods.base.ClientMethod.check_engine`: central DP runs on
+    Flower only through secure aggregation, which runs on Flower only).
 
     Raises
     ------
     ConfigError
         Naming the setting and what to pass instead.
     """
-    secure = isinstance(method, CentralDP) and method.secure_aggregation != "none"
-    if method.trusted_aggregator and engine == "flower" and not secure:
-        raise ConfigError(f"{method.name} (central DP) on Flower runs through secure "
-                          f"aggregation only: pass --secure-aggregation secaggplus (the "
-                          f"server then sees only the sum), or use --engine simulator")
-    if secure and engine != "flower":
-        raise ConfigError("--secure-aggregation secaggplus runs on the Flower engine only "
-                          "(the simulator has no server to hide the updates from): pass "
-                          "--engine flower, or --secure-aggregation none")
-    population = len(eligible_clients(clients, by_impressions=method.by_impressions))
-    method.check_population(population)
+    method.check_engine(engine)
+    method.check_population(len(eligible_clients(clients,
+                                                 by_impressions=method.by_impressions)))
 
 
 def check_run(config: RunConfig, clients: ClientDataset) -> None:

@@ -99,7 +99,7 @@ from privaterec.errors import ConfigError, PrivateRecError  # noqa: E402
 from privaterec.fed.client import client_update  # noqa: E402
 from privaterec.fed.methods.base import ClientMethod  # noqa: E402
 from privaterec.fed.methods.central import CentralDP  # noqa: E402
-from privaterec.fed.rng import client_generator  # noqa: E402
+from privaterec.fed.rng import central_noise_generator, client_generator  # noqa: E402
 from privaterec.fed.secagg import SecAggRound  # noqa: E402
 from privaterec.fed.sampling import eligible_clients  # noqa: E402
 from privaterec.fed.simulator import (FederatedState, RoundCallback,  # noqa: E402
@@ -779,8 +779,9 @@ def _secure_round_fn(grid: Grid, clients: ClientDataset, owner: Mapping[int, int
                                    timeout=timeout)
             total = summed.to(torch.float32)
         if not method.distributed:
-            total = total + method.central_noise(dimension, seed=seed, round_index=t,
-                                                 source=server_noise)
+            total = total + method.central_noise(
+                dimension, server_noise if server_noise is not None
+                else central_noise_generator(seed, t))
         direction = total / (method.sampling_rate * population)
         return RoundResult(direction, None, None, [method.events(dimension)] * len(users),
                            population_events=(method.central_event(),))
