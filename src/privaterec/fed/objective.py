@@ -29,7 +29,6 @@ from torch import nn
 from torch.func import grad, grad_and_value
 
 from privaterec.data.clients import ClientData, draw_candidates
-from privaterec.fed.shared_news import SharedNewsGradients, supports
 from privaterec.fed.task import ModuleTask, ParamSpec, per_client_gradients
 from privaterec.models.recommender import Recommender
 from privaterec.privacy.dpa import relu_normalize
@@ -214,16 +213,6 @@ class LocalObjective(ModuleTask):
         super().__init__(_RoundLoss(model), prefix="recommender")
         self._attention_module = _Attention(model)
         self.supports_vmap = bool(getattr(model.news_encoder, "supports_vmap", True))
-        self._shared_news: SharedNewsGradients | None = None
-        if supports(model):
-            self._shared_news = SharedNewsGradients(model, self.spec.names, self.spec.numels,
-                                                    self._call, prefix="recommender")
-
-    @property
-    def supports_shared_news(self) -> bool:
-        """Whether :meth:`client_gradients` can encode the round's news once
-        (``shared_news=True``; :func:`privaterec.fed.shared_news.supports`)."""
-        return self._shared_news is not None
 
     # -- parameters (θ's layout, parameters(), load(), parameter_names(): ModuleTask) ---------
     @property
@@ -343,8 +332,8 @@ class LocalObjective(ModuleTask):
         return torch.stack([candidate_path, full - candidate_path]), loss
 
     def client_gradients(self, flat: torch.Tensor, batch: ClientBatch, *,
-                         chunk_clients: int = 16, split_history: bool = False,
-                         shared_news: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                         chunk_clients: int = 16,
+                         split_history: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-client gradients ``[m, D]`` (``[m, 2, D]`` with ``split_history``, see
         :meth:`client_gradient`) and losses ``[m]`` of a padded batch of clients.
 
@@ -352,16 +341,7 @@ class LocalObjective(ModuleTask):
         one chunk's activations); encoders whose ``supports_vmap`` is false (``plm`` with a
         fine-tuned MiniLM layer: a loop is as fast there, with less memory) take one
         :meth:`client_gradient` per client.
-
-        ``shared_news``: compute the same gradients with the round's news encoded once
-        (:class:`~privaterec.fed.shared_news.SharedNewsGradients`, equal up to float
-        rounding) when the model supports it (:attr:`supports_shared_news`), without DPA
-        noise and ``split_history``; otherwise the ``vmap`` path above.
         """
-        if (shared_news and self._shared_news is not None and not split_history
-                and batch.attention_noise is None):
-            return self._shared_news(flat, batch.history, batch.history_mask,
-                                     batch.candidates, batch.weights)
         shape = (2, self.dimension) if split_history else (self.dimension,)
         fn = self._split_grad if split_history else grad_and_value(self._client_loss)
         return self._per_client(fn, flat, batch, chunk_clients, shape)
