@@ -26,8 +26,8 @@ from typing import Any, Iterable, Literal, Mapping, Sequence, get_args
 
 import numpy as np
 
-from privaterec.config import (NEWS_ENCODERS, PRIVACY_MODES, FedConfig, ModelConfig,
-                               PrivacyMode, RunConfig, TrainConfig)
+from privaterec.config import (NEWS_ENCODERS, PRIVACY_MODES, ModelConfig, PrivacyMode,
+                               RunConfig, TrainConfig, fed_config)
 from privaterec.data.synth import write_synthetic
 from privaterec.errors import ConfigError
 from privaterec.experiments.settings import DEMO_ROUNDS, demo_synth_config
@@ -138,8 +138,10 @@ class RunSpec:
             train = TrainConfig(method="centralized", epochs=epochs, seed=seed,
                                 lr=MODEL_LR.get(model, TrainConfig.lr))
             return RunConfig(data=data, model=model_config, train=train)
-        fed = FedConfig(rounds=rounds, epsilon_train=self.epsilon_train,
-                        privacy_mode=self.privacy_mode)
+        own: dict[str, Any] = {"epsilon_train": self.epsilon_train}
+        if self.method == "privaterec":
+            own["privacy_mode"] = self.privacy_mode
+        fed = fed_config(self.method, rounds=rounds, **own)
         return RunConfig(data=data, model=model_config,
                          train=TrainConfig(method=self.method, seed=seed), fed=fed)
 

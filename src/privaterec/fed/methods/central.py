@@ -17,14 +17,19 @@ from typing import Any, ClassVar, Sequence
 
 import torch
 
+from privaterec.config import RunConfig, replace
 from privaterec.data.clients import ClientData
 from privaterec.errors import ConfigError
 from privaterec.fed.methods.base import ClientMethod, RoundContext, RoundOutput
+from privaterec.fed.methods.ranking import FedRec
 from privaterec.fed.rng import central_noise_generator
 from privaterec.fed.sampling import poisson_round
+from privaterec.fed.strategies import ServerDefaults
 from privaterec.fed.task import FederatedTask
+from privaterec.method_settings import DPFedAvgSettings
 from privaterec.privacy.calibrated import Calibration, no_noise
-from privaterec.privacy.central import central_calibration, central_epsilon
+from privaterec.privacy.central import (calibrate_noise_multiplier, central_calibration,
+                                        central_epsilon)
 from privaterec.privacy.events import PrivacyEvent
 from privaterec.privacy.mechanisms import calibrated_noise
 from privaterec.privacy.randomness import Randomness
@@ -42,6 +47,8 @@ class CentralDP(ClientMethod[FederatedTask[Any]]):
     """
 
     name: ClassVar[str] = "dp-fedavg"
+    settings_type: ClassVar[type[DPFedAvgSettings]] = DPFedAvgSettings
+    server_defaults: ClassVar[ServerDefaults] = ServerDefaults(strategy="fedadam")
     trusted_aggregator: ClassVar[bool] = True
 
     inner: ClientMethod[Any]
@@ -50,6 +57,56 @@ class CentralDP(ClientMethod[FederatedTask[Any]]):
     sampling_rate: float
     rounds: int = 1
     delta: float = 0.0
+
+    # ---------------------------------------------------------------- configuration
+    @classmethod
+    def resolve(cls, config: RunConfig) -> RunConfig:
+        """Also z from ``target_epsilon`` (with q = ``client_fraction`` and T = ``rounds``),
+        or a given z checked against it; the report composes at the guarantee's δ.
+
+        Raises
+        ------
+        ConfigError
+            If ``clients_per_round`` is set (the accounting assumes Poisson sampling), or the
+            given z does not reach ``target_epsilon``.
+        """
+        fed = config.fed
+        if fed.clients_per_round is not None:
+            raise ConfigError("dp-fedavg samples every user independently with probability "
+                              "'fed.client_fraction' (Poisson sampling, which the accounting "
+                              "assumes); 'fed.clients_per_round' does not apply")
+        fed = cls.server_defaults.fill(fed)
+        settings = fed.settings_as(DPFedAvgSettings)
+        q, delta = fed.client_fraction, settings.target_delta
+        assert q is not None  # filled by the server defaults
+        if settings.noise_multiplier is None:
+            assert settings.target_epsilon is not None  # DPFedAvgSettings needs one of them
+            settings = replace(settings, noise_multiplier=calibrate_noise_multiplier(
+                target_epsilon=settings.target_epsilon, sampling_rate=q, rounds=fed.rounds,
+                delta=delta))
+        elif settings.target_epsilon is not None:  # both given (a resolved config.yaml): check
+            reached = central_epsilon(noise_multiplier=settings.noise_multiplier,
+                                      sampling_rate=q, rounds=fed.rounds, delta=delta)
+            if reached > settings.target_epsilon * (1 + 1e-6):
+                raise ConfigError(f"'noise_multiplier' {settings.noise_multiplier} gives a "
+                                  f"user-level epsilon of {reached:.4g} over {fed.rounds} "
+                                  f"rounds at q = {q}, delta = {delta}, above "
+                                  f"'target_epsilon' {settings.target_epsilon}: give only one "
+                                  f"of the two")
+        return replace(config, fed=replace(fed, settings=settings, report_delta=delta))
+
+    @classmethod
+    def from_config(cls, config: RunConfig) -> "CentralDP":
+        """DP-FedAvg: FedRec's clients, central noise (a resolved configuration: z is set)."""
+        settings = config.fed.settings_as(DPFedAvgSettings)
+        fed = config.fed
+        assert (settings.noise_multiplier is not None
+                and fed.client_fraction is not None), "resolve the config first"
+        inner = FedRec(**FedRec.common(config))
+        return cls(negatives=config.train.negatives, max_samples=fed.max_client_samples,
+                   inner=inner, clip=settings.clip, noise_multiplier=settings.noise_multiplier,
+                   sampling_rate=fed.client_fraction, rounds=fed.rounds,
+                   delta=settings.target_delta)
 
     @property
     def by_impressions(self) -> bool:

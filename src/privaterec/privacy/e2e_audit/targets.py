@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, get_args
 
 import torch
 
-from privaterec.config import FederatedMethod, FedConfig, ModelConfig, RunConfig, TrainConfig
+from privaterec.config import FederatedMethod, ModelConfig, RunConfig, TrainConfig, fed_config
 from privaterec.data.clients import ClientData
 from privaterec.errors import ConfigError
 from privaterec.privacy.e2e_audit.world import AuditWorld
@@ -105,7 +105,7 @@ def fed_run_config(method: FederatedMethod, *, mode: str, epsilon: float, noise:
         if method == "privaterec":
             fed["privacy_mode"] = mode
     config = RunConfig(data="unused", model=model, train=TrainConfig(method=method, seed=0),
-                       fed=FedConfig(**fed))
+                       fed=fed_config(method, **fed))
     return resolve_run_config(config)
 
 
