@@ -54,7 +54,7 @@ def _check_delta(value: float, name: str, hint: str = "") -> None:
     check(0 < value < 1, name, f"got {value!r}, expected 0 < delta < 1{hint}")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class MethodSettings:
     """The settings of one federated method (a subclass per method; this base has none).
 
@@ -69,14 +69,14 @@ class MethodSettings:
         return tuple(f.name for f in fields(cls))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class FedRecSettings(MethodSettings):
     """FedRec: plain federated learning, raw updates (no setting of its own)."""
 
     method: ClassVar[str] = "fedrec"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class FedNewsRecSettings(MethodSettings):
     """FedNewsRec (Qi et al. 2020, Eq. 4-5): element-wise clip to [−δ, δ] and Laplace(λ) per
     coordinate; the paper's δ = 0.005 and λ = 0.015.
@@ -99,7 +99,7 @@ class FedNewsRecSettings(MethodSettings):
               f"(its epsilon is 2*clip*D/noise_scale); use fedrec for no noise")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class DPFedRecSettings(MethodSettings):
     """DP-FedRec (PrivateRec §4's baseline): clip a client's whole update to norm θ and noise
     it at (ε_t, δ_t) per round.
@@ -126,7 +126,7 @@ class DPFedRecSettings(MethodSettings):
         _check_delta(self.delta_train, "delta_train")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PrivateRecSettings(MethodSettings):
     """PrivateRec (Alg. 2-3): DPA on the user's attention, the label release, and in strict
     mode the history-path gradient clipped and noised too.
@@ -179,7 +179,7 @@ class PrivateRecSettings(MethodSettings):
             check_positive(self.clip, "clip")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class DPFedAvgSettings(MethodSettings):
     """DP-FedAvg (McMahan et al. 2018): central, user-level DP. Every user joins a round with
     probability q (``FedConfig.client_fraction``); each sampled update is clipped to L2 norm
@@ -215,7 +215,7 @@ class DPFedAvgSettings(MethodSettings):
                               "--noise-multiplier)")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class UniFedRecSettings(MethodSettings):
     """Uni-FedRec's LDP upload of the recall model's gradient (Eq. 8; §4.1's θ = 0.1,
     λ_g = 0.01).
