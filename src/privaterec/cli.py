@@ -554,8 +554,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--seed", type=int, default=None,
                        help=f"seed of every random draw (default {train_defaults.seed})")
     fed = train.add_argument_group(
-        "federated training (fedrec, fednewsrec, dp-fedrec, privaterec, dp-fedavg; unset = the "
-        "method's default; a flag of another method's settings is refused)")
+        "federated training (fedrec, fednewsrec, dp-fedrec, privaterec; unset = the "
+        "method's default; a flag that is not a setting of the method is refused)")
     fed.add_argument("--rounds", type=int, default=None, help="T communication rounds")
     fed.add_argument("--client-fraction", type=float, default=None,
                      help="r, fraction of users sampled per round (default 0.02)")
