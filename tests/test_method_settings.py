@@ -15,7 +15,7 @@ import pytest
 
 from privaterec.config import (FedConfig, ModelConfig, RunConfig, TrainConfig, fed_config,
                                fed_with_changes)
-from privaterec.errors import ConfigError
+from privaterec.errors import CheckpointError, ConfigError
 from privaterec.fed.methods import method_from_config, resolve_run_config
 from privaterec.method_settings import (DPFedAvgSettings, DPFedRecSettings, FedRecSettings,
                                         PrivateRecSettings, UniFedRecSettings)
@@ -135,3 +135,26 @@ def test_switching_the_method_carries_over_the_settings_it_shares():
                                           "'fed.settings.epsilon_train' of dp-fedrec do not "
                                           "apply to fedrec"):
         fed_with_changes(dp, "fedrec", {})
+
+
+def test_a_recall_checkpoint_of_the_flat_format_resumes_under_the_same_settings(tmp_path):
+    """A recall checkpoint stores its settings to refuse a resume under others; one written
+    before the settings moved (``fed.clip``, ``train.clipping``) is compared key by key."""
+    import dataclasses
+
+    import torch
+
+    from privaterec.recall.task import (CHECKPOINT_KIND, RecallTrainConfig, _check_resumable,
+                                        recall_fed_config, resolve_recall_fed)
+
+    fed, train = resolve_recall_fed(recall_fed_config(rounds=4)), RecallTrainConfig()
+    new = {"fed": dataclasses.asdict(fed), "train": dataclasses.asdict(train)}
+    flat = {k: v for k, v in new["fed"].items() if k != "settings"}
+    old = {"fed": {**flat, "clip": 0.1, "noise_scale": 0.01, "epsilon_train": float("inf")},
+           "train": {**new["train"], "clipping": "l1"}}
+    saved = {"kind": CHECKPOINT_KIND, "params": torch.zeros(3), "config": old, "seed": 0}
+    _check_resumable(saved, new, 0, 3, tmp_path / "c.pt")  # the same run: no error
+    other = {"fed": dataclasses.asdict(dataclasses.replace(
+        fed, settings=UniFedRecSettings(clipping="elementwise"))), "train": new["train"]}
+    with pytest.raises(CheckpointError, match="fed.settings.clipping"):
+        _check_resumable(saved, other, 0, 3, tmp_path / "c.pt")
