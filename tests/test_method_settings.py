@@ -2,9 +2,12 @@
 
 ``tests/fixtures/legacy_configs/`` holds ``config.yaml`` and ``recall.yaml`` files written by
 the code before the settings moved to ``fed.settings`` (a flat FedConfig; generated with
-commit 6e456f9's ``RunConfig.to_yaml`` after ``resolve_run_config``). They must load, give
-the configuration the current code resolves from the same options, and build the very
-method the old code built (its repr, recorded when the files were written).
+commit 6e456f9's ``RunConfig.to_yaml`` after ``resolve_run_config``, and
+``dp-fedavg-adaptive.yaml`` with commit 58ea357's, which added adaptive clipping's flat
+keys). They must load, give the configuration the current code resolves from the same
+options, and build the very method the old code built (its repr, recorded when the files
+were written; DP-FedAvg's ``adaptive=None`` is the field adaptive clipping added later, at
+its default: off).
 """
 
 from __future__ import annotations
@@ -45,7 +48,16 @@ LEGACY_RUNS = {
     "dp-fedavg": ("dp-fedavg", {"target_epsilon": 8.0, "client_fraction": 0.1, "rounds": 20},
                   "CentralDP(negatives=4, max_samples=64, inner=FedRec(negatives=4, "
                   "max_samples=64, local_steps=1, local_lr=0.05), clip=0.1, "
-                  "noise_multiplier=0.73046875, sampling_rate=0.1, rounds=20, delta=1e-05)"),
+                  "noise_multiplier=0.73046875, sampling_rate=0.1, rounds=20, delta=1e-05, "
+                  "adaptive=None)"),
+    "dp-fedavg-adaptive": ("dp-fedavg", {"noise_multiplier": 1.0, "client_fraction": 0.25,
+                                         "clip": 0.05, "adaptive_clip_quantile": 0.5,
+                                         "clip_count_stddev": 1.0, "rounds": 6},
+                           "CentralDP(negatives=4, max_samples=64, inner=FedRec(negatives=4, "
+                           "max_samples=64, local_steps=1, local_lr=0.05), clip=0.05, "
+                           "noise_multiplier=1.0, sampling_rate=0.25, rounds=6, delta=1e-05, "
+                           "adaptive=AdaptiveClipping(target_quantile=0.5, learning_rate=0.2, "
+                           "count_stddev=1.0))"),
 }
 
 

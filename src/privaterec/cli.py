@@ -103,7 +103,8 @@ _FED_FLAGS = ("rounds", "client_fraction", "clients_per_round", "strategy", "ser
               "local_steps", "local_lr", "max_client_samples", "eval_every", "engine", "clip",
               "noise_scale", "epsilon_train", "delta_train", "noise", "padding_p",
               "privacy_mode", "sensitivity_mode", "history_budget", "noise_multiplier",
-              "target_epsilon", "target_delta")
+              "target_epsilon", "target_delta", "adaptive_clip_quantile", "clip_lr",
+              "clip_count_stddev")
 """The flags of ``train`` that set a federated setting: the engine's (FedConfig's fields) and
 the methods' own (:mod:`privaterec.method_settings`), by their configuration key."""
 
@@ -481,8 +482,8 @@ def _add_serve_parser(sub: Any) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from privaterec.method_settings import (GRADIENT_CLIPPINGS, PRIVATEREC_STRICT_CLIP,
-                                            DPFedAvgSettings,
+    from privaterec.method_settings import (DEFAULT_CLIP_LR, GRADIENT_CLIPPINGS,
+                                            PRIVATEREC_STRICT_CLIP, DPFedAvgSettings,
                                             DPFedRecSettings, FedNewsRecSettings,
                                             PrivateRecSettings, UniFedRecSettings)
 
@@ -604,6 +605,17 @@ def build_parser() -> argparse.ArgumentParser:
     central.add_argument("--target-delta", type=float, default=None,
                          help=f"delta of the run's guarantee (default "
                               f"{DPFedAvgSettings.target_delta:g}; must be < 1/N)")
+    central.add_argument("--adaptive-clip-quantile", type=float, default=None,
+                         help="adaptive clipping (Andrew et al. 2021): the clip starts at "
+                              "--clip and follows this quantile of the update norms, e.g. "
+                              "0.5 (default: off, a fixed clip); the run's epsilon is "
+                              "unchanged, the count's noise is taken from the update's")
+    central.add_argument("--clip-lr", type=float, default=None,
+                         help="adaptive clipping: geometric learning rate of the clip "
+                              f"(default {DEFAULT_CLIP_LR:g})")
+    central.add_argument("--clip-count-stddev", type=float, default=None,
+                         help="adaptive clipping: noise std on the count of unclipped "
+                              "clients, > z/2 (default: expected clients per round / 20)")
     private = train.add_argument_group("PrivateRec (--method privaterec)")
     private.add_argument("--basis", type=basis_arg, default=None,
                          help="B basic vectors, an integer >= 2 (default 5)")

@@ -31,7 +31,7 @@ from dataclasses import dataclass, fields
 from typing import ClassVar, Literal, get_args
 
 from privaterec.errors import ConfigError
-from privaterec.validators import check, check_choice, check_positive
+from privaterec.validators import check, check_adaptive_clip, check_choice, check_positive
 
 NoiseKind = Literal["laplace", "gaussian"]
 PrivacyMode = Literal["paper", "strict"]
@@ -42,6 +42,10 @@ NOISE_KINDS: tuple[NoiseKind, ...] = get_args(NoiseKind)
 PRIVACY_MODES: tuple[PrivacyMode, ...] = get_args(PrivacyMode)
 SENSITIVITY_MODES: tuple[SensitivityMode, ...] = get_args(SensitivityMode)
 GRADIENT_CLIPPINGS: tuple[GradientClipping, ...] = get_args(GradientClipping)
+
+DEFAULT_CLIP_LR = 0.2
+"""η_C of DP-FedAvg's adaptive clipping: the paper's learning rate of the geometric update
+(Andrew et al., NeurIPS 2021)."""
 
 PRIVATEREC_STRICT_CLIP = 1e-4
 """PrivateRec strict mode's clip bound C of the history-path gradient (DESIGN §4 erratum 4).
@@ -193,6 +197,13 @@ class DPFedAvgSettings(MethodSettings):
     target_epsilon: the user-level ε of the whole run (``None``: z is given and the report
         states the ε it reaches). One of the two is required; with both, z must reach it.
     target_delta: δ of the run's guarantee (it must be below 1/N for N training users).
+    adaptive_clip_quantile, clip_lr, clip_count_stddev: adaptive clipping (Andrew et al.,
+        NeurIPS 2021), one group: the clip starts at ``clip`` and follows the quantile
+        γ = ``adaptive_clip_quantile`` of the clients' update norms (``None``: a fixed clip),
+        with geometric learning rate η_C = ``clip_lr`` (default :data:`DEFAULT_CLIP_LR`,
+        stated once adaptive clipping is on) and noise σ_b = ``clip_count_stddev`` on the
+        count of unclipped clients (``None``: the expected clients per round / 20, which
+        depends on the population); the run's ε is unchanged (docs/privacy.md).
     """
 
     method: ClassVar[str] = "dp-fedavg"
@@ -201,6 +212,9 @@ class DPFedAvgSettings(MethodSettings):
     noise_multiplier: float | None = None
     target_epsilon: float | None = None
     target_delta: float = 1e-5
+    adaptive_clip_quantile: float | None = None
+    clip_lr: float | None = None
+    clip_count_stddev: float | None = None
 
     def __post_init__(self) -> None:
         check_positive(self.clip, "clip")
@@ -213,6 +227,18 @@ class DPFedAvgSettings(MethodSettings):
             raise ConfigError("dp-fedavg needs 'target_epsilon' (the user-level epsilon of the "
                               "whole run; CLI --target-epsilon) or 'noise_multiplier' (z; CLI "
                               "--noise-multiplier)")
+        check_adaptive_clip(adaptive_clip_quantile=self.adaptive_clip_quantile,
+                            clip_lr=self.clip_lr, clip_count_stddev=self.clip_count_stddev)
+        if self.adaptive_clip_quantile is None:
+            given = [k for k in ("clip_lr", "clip_count_stddev") if getattr(self, k) is not None]
+            if given:
+                raise ConfigError(f"{', '.join(repr(k) for k in given)} (CLI "
+                                  f"{', '.join('--' + k.replace('_', '-') for k in given)}) "
+                                  f"apply to adaptive clipping only: pass "
+                                  f"--adaptive-clip-quantile too (e.g. 0.5), or drop them for "
+                                  f"a fixed --clip")
+        elif self.clip_lr is None:  # the default learning rate, stated in the saved config
+            object.__setattr__(self, "clip_lr", DEFAULT_CLIP_LR)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -253,7 +279,8 @@ SETTINGS: dict[str, type[MethodSettings]] = {
 LEGACY_FLAT_KEYS: frozenset[str] = frozenset({
     "clip", "noise_scale", "epsilon_train", "delta_train", "noise", "padding_p",
     "privacy_mode", "sensitivity_mode", "history_budget", "noise_multiplier",
-    "target_epsilon", "target_delta"})
+    "target_epsilon", "target_delta", "adaptive_clip_quantile", "clip_lr",
+    "clip_count_stddev"})
 """The method settings that earlier versions kept as flat ``fed.*`` keys of one FedConfig
 (:func:`privaterec.config.fed_from_mapping` reads such files)."""
 
@@ -274,7 +301,7 @@ def settings_type(method: str) -> type[MethodSettings]:
 
 
 __all__ = ["DPFedAvgSettings", "DPFedRecSettings", "FedNewsRecSettings", "FedRecSettings",
-           "GRADIENT_CLIPPINGS", "GradientClipping", "LEGACY_FLAT_KEYS", "MethodSettings",
+           "DEFAULT_CLIP_LR", "GRADIENT_CLIPPINGS", "GradientClipping", "LEGACY_FLAT_KEYS", "MethodSettings",
            "NOISE_KINDS", "NoiseKind", "PRIVACY_MODES", "PRIVATEREC_STRICT_CLIP",
            "PrivacyMode", "PrivateRecSettings", "SENSITIVITY_MODES", "SETTINGS",
            "SensitivityMode", "UniFedRecSettings", "settings_type"]
