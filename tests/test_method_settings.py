@@ -4,10 +4,11 @@
 the code before the settings moved to ``fed.settings`` (a flat FedConfig; generated with
 commit 6e456f9's ``RunConfig.to_yaml`` after ``resolve_run_config``, and
 ``dp-fedavg-adaptive.yaml`` with commit 58ea357's, which added adaptive clipping's flat
-keys). They must load, give the configuration the current code resolves from the same
-options, and build the very method the old code built (its repr, recorded when the files
-were written; DP-FedAvg's ``adaptive=None`` is the field adaptive clipping added later, at
-its default: off).
+keys, and ``dp-fedavg-secagg.yaml`` with commit 9fc7711's, which added secure
+aggregation's). They must load, give the configuration the current code resolves from the
+same options, and build the very method the old code built (its repr, recorded when the
+files were written; DP-FedAvg's fields added after a file was written appear at their
+defaults: off).
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from privaterec.method_settings import (DPFedAvgSettings, DPFedRecSettings, FedR
                                         PrivateRecSettings, UniFedRecSettings)
 
 LEGACY = Path(__file__).parent / "fixtures" / "legacy_configs"
+# DP-FedAvg's fields added after a file was written, at their defaults (off).
+NO_SECAGG = ", secure_aggregation='none', noise_placement='central', max_dropouts=0"
 
 # file → (method, the options it was trained with, the method the old code built)
 LEGACY_RUNS = {
@@ -49,7 +52,7 @@ LEGACY_RUNS = {
                   "CentralDP(negatives=4, max_samples=64, inner=FedRec(negatives=4, "
                   "max_samples=64, local_steps=1, local_lr=0.05), clip=0.1, "
                   "noise_multiplier=0.73046875, sampling_rate=0.1, rounds=20, delta=1e-05, "
-                  "adaptive=None)"),
+                  "adaptive=None" + NO_SECAGG + ")"),
     "dp-fedavg-adaptive": ("dp-fedavg", {"noise_multiplier": 1.0, "client_fraction": 0.25,
                                          "clip": 0.05, "adaptive_clip_quantile": 0.5,
                                          "clip_count_stddev": 1.0, "rounds": 6},
@@ -57,7 +60,17 @@ LEGACY_RUNS = {
                            "max_samples=64, local_steps=1, local_lr=0.05), clip=0.05, "
                            "noise_multiplier=1.0, sampling_rate=0.25, rounds=6, delta=1e-05, "
                            "adaptive=AdaptiveClipping(target_quantile=0.5, learning_rate=0.2, "
-                           "count_stddev=1.0))"),
+                           "count_stddev=1.0)" + NO_SECAGG + ")"),
+    "dp-fedavg-secagg": ("dp-fedavg", {"noise_multiplier": 1.0, "client_fraction": 0.5,
+                                       "target_delta": 1e-3, "engine": "flower",
+                                       "secure_aggregation": "secaggplus",
+                                       "noise_placement": "distributed", "max_dropouts": 1,
+                                       "rounds": 2},
+                         "CentralDP(negatives=4, max_samples=64, inner=FedRec(negatives=4, "
+                         "max_samples=64, local_steps=1, local_lr=0.05), clip=0.1, "
+                         "noise_multiplier=1.0, sampling_rate=0.5, rounds=2, delta=0.001, "
+                         "adaptive=None, secure_aggregation='secaggplus', "
+                         "noise_placement='distributed', max_dropouts=1)"),
 }
 
 

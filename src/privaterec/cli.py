@@ -17,7 +17,8 @@ from typing import Any, Sequence
 
 from privaterec import __version__
 from privaterec.config import (EMBEDDINGS, ENGINES, FEDERATED_METHODS, METHODS, NEWS_ENCODERS,
-                               NOISE_KINDS, PRIVACY_MODES, SENSITIVITY_MODES, SERVING_KINDS,
+                               NOISE_KINDS, NOISE_PLACEMENTS, PRIVACY_MODES,
+                               SECURE_AGGREGATIONS, SENSITIVITY_MODES, SERVING_KINDS,
                                STRATEGIES, USER_ENCODERS, ModelConfig, RunConfig, TrainConfig,
                                fed_with_changes, replace)
 from privaterec.errors import PrivateRecError
@@ -104,7 +105,7 @@ _FED_FLAGS = ("rounds", "client_fraction", "clients_per_round", "strategy", "ser
               "noise_scale", "epsilon_train", "delta_train", "noise", "padding_p",
               "privacy_mode", "sensitivity_mode", "history_budget", "noise_multiplier",
               "target_epsilon", "target_delta", "adaptive_clip_quantile", "clip_lr",
-              "clip_count_stddev")
+              "clip_count_stddev", "secure_aggregation", "noise_placement", "max_dropouts")
 """The flags of ``train`` that set a federated setting: the engine's (FedConfig's fields) and
 the methods' own (:mod:`privaterec.method_settings`), by their configuration key."""
 
@@ -616,6 +617,18 @@ def build_parser() -> argparse.ArgumentParser:
     central.add_argument("--clip-count-stddev", type=float, default=None,
                          help="adaptive clipping: noise std on the count of unclipped "
                               "clients, > z/2 (default: expected clients per round / 20)")
+    central.add_argument("--secure-aggregation", choices=SECURE_AGGREGATIONS, default=None,
+                         help="--engine flower only: secaggplus sums the clipped updates "
+                              "with Flower's SecAgg+, so the server sees only the sum "
+                              "(default none: it sees each update; simulator)")
+    central.add_argument("--noise-placement", choices=NOISE_PLACEMENTS, default=None,
+                         help="with secaggplus: central (the server adds the noise to the "
+                              "sum, default) or distributed (each client adds its share "
+                              "before masking)")
+    central.add_argument("--max-dropouts", type=int, default=None,
+                         help="with secaggplus: k clients a round may lose; the sum decodes "
+                              "only with at least n - k of the n sampled clients (and their "
+                              "noise shares) in it (default 0)")
     private = train.add_argument_group("PrivateRec (--method privaterec)")
     private.add_argument("--basis", type=basis_arg, default=None,
                          help="B basic vectors, an integer >= 2 (default 5)")

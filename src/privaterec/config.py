@@ -17,9 +17,11 @@ from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, TypeVar, get_
 import yaml
 
 from privaterec.errors import ConfigError
-from privaterec.method_settings import (LEGACY_FLAT_KEYS, NOISE_KINDS, PRIVACY_MODES,
-                                        SENSITIVITY_MODES, MethodSettings, NoiseKind,
-                                        PrivacyMode, SensitivityMode, SETTINGS, settings_type)
+from privaterec.method_settings import (LEGACY_FLAT_KEYS, NOISE_KINDS, NOISE_PLACEMENTS,
+                                        PRIVACY_MODES, SECURE_AGGREGATIONS, SENSITIVITY_MODES,
+                                        SETTINGS, MethodSettings, NoiseKind, NoisePlacement,
+                                        PrivacyMode, SecureAggregation, SensitivityMode,
+                                        settings_type)
 from privaterec.validators import check as _check
 from privaterec.validators import check_choice as _check_choice
 from privaterec.validators import check_positive as _check_positive

@@ -37,11 +37,15 @@ NoiseKind = Literal["laplace", "gaussian"]
 PrivacyMode = Literal["paper", "strict"]
 SensitivityMode = Literal["true", "paper"]
 GradientClipping = Literal["l1", "elementwise", "none"]
+SecureAggregation = Literal["none", "secaggplus"]
+NoisePlacement = Literal["central", "distributed"]
 
 NOISE_KINDS: tuple[NoiseKind, ...] = get_args(NoiseKind)
 PRIVACY_MODES: tuple[PrivacyMode, ...] = get_args(PrivacyMode)
 SENSITIVITY_MODES: tuple[SensitivityMode, ...] = get_args(SensitivityMode)
 GRADIENT_CLIPPINGS: tuple[GradientClipping, ...] = get_args(GradientClipping)
+SECURE_AGGREGATIONS: tuple[SecureAggregation, ...] = get_args(SecureAggregation)
+NOISE_PLACEMENTS: tuple[NoisePlacement, ...] = get_args(NoisePlacement)
 
 DEFAULT_CLIP_LR = 0.2
 """η_C of DP-FedAvg's adaptive clipping: the paper's learning rate of the geometric update
@@ -56,6 +60,42 @@ the noise it adds to the raw candidate-path gradient grows with C: a small C is 
 
 def _check_delta(value: float, name: str, hint: str = "") -> None:
     check(0 < value < 1, name, f"got {value!r}, expected 0 < delta < 1{hint}")
+
+
+def check_secure_aggregation(*, secure_aggregation: str, noise_placement: str,
+                             max_dropouts: int, adaptive: bool) -> None:
+    """Check DP-FedAvg's secure aggregation group (the Flower engine's SecAgg+).
+
+    Parameters
+    ----------
+    secure_aggregation: ``none`` or ``secaggplus``. noise_placement: ``central`` or
+    ``distributed`` (the clients add the noise in shares; needs secure aggregation).
+    max_dropouts: k >= 0, the dropouts a round tolerates (needs secure aggregation).
+    adaptive: whether adaptive clipping is on (it does not run with secure aggregation yet).
+
+    Raises
+    ------
+    ConfigError
+        Naming the field and what to pass instead.
+    """
+    if secure_aggregation not in SECURE_AGGREGATIONS:
+        raise ConfigError(f"invalid 'secure_aggregation' {secure_aggregation!r}; "
+                          f"expected one of {', '.join(SECURE_AGGREGATIONS)}")
+    if noise_placement not in NOISE_PLACEMENTS:
+        raise ConfigError(f"invalid 'noise_placement' {noise_placement!r}; "
+                          f"expected one of {', '.join(NOISE_PLACEMENTS)}")
+    if not (isinstance(max_dropouts, int) and not isinstance(max_dropouts, bool)
+            and max_dropouts >= 0):
+        raise ConfigError(f"invalid 'max_dropouts' {max_dropouts!r}; expected an "
+                          f"integer >= 0")
+    if secure_aggregation == "none" and (noise_placement != "central" or max_dropouts):
+        raise ConfigError("'noise_placement' distributed and 'max_dropouts' need secure "
+                          "aggregation (--secure-aggregation secaggplus, Flower engine)")
+    if adaptive and secure_aggregation != "none":
+        raise ConfigError("adaptive clipping (--adaptive-clip-quantile) does not run with "
+                          "secure aggregation yet: its clip indicators and the round's "
+                          "clip would need a secure sum and server state of their own; "
+                          "use a fixed --clip")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -204,6 +244,13 @@ class DPFedAvgSettings(MethodSettings):
         stated once adaptive clipping is on) and noise σ_b = ``clip_count_stddev`` on the
         count of unclipped clients (``None``: the expected clients per round / 20, which
         depends on the population); the run's ε is unchanged (docs/privacy.md).
+    secure_aggregation, noise_placement, max_dropouts: the Flower engine only, one group
+        (:func:`check_secure_aggregation`): ``secaggplus`` sums the clipped updates with
+        Flower's SecAgg+ so the server sees only the sum (``none``: it sees each one); the
+        noise is added to the sum by the server (``central``) or in shares by the clients
+        before masking (``distributed``); ``max_dropouts`` k: SecAgg+'s threshold is n − k,
+        so a sum decodes only with at least n − k of the n sampled clients (and their noise
+        shares) in it.
     """
 
     method: ClassVar[str] = "dp-fedavg"
@@ -215,6 +262,9 @@ class DPFedAvgSettings(MethodSettings):
     adaptive_clip_quantile: float | None = None
     clip_lr: float | None = None
     clip_count_stddev: float | None = None
+    secure_aggregation: SecureAggregation = "none"
+    noise_placement: NoisePlacement = "central"
+    max_dropouts: int = 0
 
     def __post_init__(self) -> None:
         check_positive(self.clip, "clip")
@@ -239,6 +289,10 @@ class DPFedAvgSettings(MethodSettings):
                                   f"a fixed --clip")
         elif self.clip_lr is None:  # the default learning rate, stated in the saved config
             object.__setattr__(self, "clip_lr", DEFAULT_CLIP_LR)
+        check_secure_aggregation(secure_aggregation=self.secure_aggregation,
+                                 noise_placement=self.noise_placement,
+                                 max_dropouts=self.max_dropouts,
+                                 adaptive=self.adaptive_clip_quantile is not None)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -280,7 +334,7 @@ LEGACY_FLAT_KEYS: frozenset[str] = frozenset({
     "clip", "noise_scale", "epsilon_train", "delta_train", "noise", "padding_p",
     "privacy_mode", "sensitivity_mode", "history_budget", "noise_multiplier",
     "target_epsilon", "target_delta", "adaptive_clip_quantile", "clip_lr",
-    "clip_count_stddev"})
+    "clip_count_stddev", "secure_aggregation", "noise_placement", "max_dropouts"})
 """The method settings that earlier versions kept as flat ``fed.*`` keys of one FedConfig
 (:func:`privaterec.config.fed_from_mapping` reads such files)."""
 
@@ -301,7 +355,9 @@ def settings_type(method: str) -> type[MethodSettings]:
 
 
 __all__ = ["DPFedAvgSettings", "DPFedRecSettings", "FedNewsRecSettings", "FedRecSettings",
-           "DEFAULT_CLIP_LR", "GRADIENT_CLIPPINGS", "GradientClipping", "LEGACY_FLAT_KEYS", "MethodSettings",
+           "DEFAULT_CLIP_LR", "GRADIENT_CLIPPINGS", "GradientClipping", "NOISE_PLACEMENTS",
+           "NoisePlacement", "SECURE_AGGREGATIONS", "SecureAggregation",
+           "check_secure_aggregation", "LEGACY_FLAT_KEYS", "MethodSettings",
            "NOISE_KINDS", "NoiseKind", "PRIVACY_MODES", "PRIVATEREC_STRICT_CLIP",
            "PrivacyMode", "PrivateRecSettings", "SENSITIVITY_MODES", "SETTINGS",
            "SensitivityMode", "UniFedRecSettings", "settings_type"]
