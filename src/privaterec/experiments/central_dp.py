@@ -36,14 +36,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Sequence
 
-from privaterec.config import RunConfig, replace
+from privaterec.config import PrivacyMode, RunConfig, replace
 from privaterec.data.synth import SynthConfig, write_synthetic
 from privaterec.errors import ConfigError
-from privaterec.experiments.common import (METRICS, MODEL_LABELS, SCALE, RunSpec, Stopwatch,
-                                           Summary, cached_serving, check_models,
-                                           check_seeds, ensure_run, finished_metrics,
-                                           format_epsilon, format_summary, log,
-                                           markdown_table, metric_columns, resolve_data,
+from privaterec.experiments.common import (METRICS, MODEL_LABELS, SCALE, ExperimentMethod,
+                                           RunSpec, Stopwatch, Summary, cached_serving,
+                                           check_models, check_seeds, ensure_run,
+                                           finished_metrics, format_epsilon, format_summary,
+                                           log, markdown_table, metric_columns, resolve_data,
                                            run_dir, serve_run, serving_key,
                                            summarize_metrics, training_budget, write_csv,
                                            write_text)
@@ -120,23 +120,25 @@ def plan_rows(epsilons: Sequence[float], *, ldp: bool, client_fraction: float | 
     """The rows of one population: FedRec and DP-FedAvg at every finite ε of ``epsilons``;
     with ``ldp`` also the local-DP rows and the PrivateRec central-trained rows (trained at
     the largest finite ε, none if there is no finite ε)."""
-    common = {"client_fraction": client_fraction, "rounds": rounds}
+    def spec(method: ExperimentMethod, epsilon_train: float = INF,
+             privacy_mode: PrivacyMode = "paper", **more: Any) -> RunSpec:
+        return RunSpec(method, epsilon_train, privacy_mode, client_fraction=client_fraction,
+                       rounds=rounds, **more)
+
     finite = sorted(e for e in epsilons if math.isfinite(e))
-    rows = [Row("central", RunSpec("dp-fedavg", target_epsilon=e, **common)) for e in finite]
+    rows = [Row("central", spec("dp-fedavg", target_epsilon=e)) for e in finite]
     if any(math.isinf(e) for e in epsilons):
-        rows.append(Row("central", RunSpec("fedrec", **common)))
+        rows.append(Row("central", spec("fedrec")))
     if not ldp:
         return rows
-    rows += [Row("ldp", RunSpec("dp-fedrec", LDP_EPSILON, **common)),
-             Row("ldp", RunSpec("fednewsrec", **common)),
-             Row("ldp", RunSpec("privaterec", LDP_EPSILON, "paper", **common)),
-             Row("ldp", RunSpec("privaterec", LDP_EPSILON, "strict", **common))]
+    rows += [Row("ldp", spec("dp-fedrec", LDP_EPSILON)), Row("ldp", spec("fednewsrec")),
+             Row("ldp", spec("privaterec", LDP_EPSILON, "paper")),
+             Row("ldp", spec("privaterec", LDP_EPSILON, "strict"))]
     if finite:
-        spec = RunSpec("dp-fedavg", basis_size=PRIVATEREC_BASIS, target_epsilon=finite[-1],
-                       **common)
-        rows.append(Row("privaterec", spec, ServingConfig(kind="local")))
-        rows += [Row("privaterec", spec, ServingConfig(kind="privaterec", epsilon=e,
-                                                       padding_p=SERVE_PADDING))
+        model = spec("dp-fedavg", basis_size=PRIVATEREC_BASIS, target_epsilon=finite[-1])
+        rows.append(Row("privaterec", model, ServingConfig(kind="local")))
+        rows += [Row("privaterec", model, ServingConfig(kind="privaterec", epsilon=e,
+                                                        padding_p=SERVE_PADDING))
                  for e in SERVE_EPSILONS]
     return rows
 
@@ -402,8 +404,8 @@ def _populations(out: Path, data: str | None, users: Sequence[int] | None,
                           f"the local-DP rows run at some of the population sizes")
     populations = []
     for size in sizes:
-        path, root = population_paths(out, size, quick=quick)
-        populations.append(Population(size, str(path), root, ldp=size in ldp,
+        data_dir, root = population_paths(out, size, quick=quick)
+        populations.append(Population(size, str(data_dir), root, ldp=size in ldp,
                                       synth=population_config(size, quick=quick)))
     return populations
 

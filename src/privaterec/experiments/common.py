@@ -148,6 +148,7 @@ class RunSpec:
         ``privaterec_eps-10_paper_B5``, ``dp-fedavg_eps-8`` (``_B5`` for the PrivateRec
         model), with ``_q-<r>`` / ``_T-<rounds>`` when they are not the defaults."""
         eps = format_epsilon(self.epsilon_train, markdown=False)
+        base: str
         if self.method in ("centralized", "fedrec", "fednewsrec"):
             base = self.method
         elif self.method == "dp-fedrec":
