@@ -11,13 +11,17 @@ from typing import Any
 import pytest
 
 import privaterec.experiments.central_dp as central_dp
+import privaterec.experiments.central_dp_rows as central_dp_rows
 import privaterec.experiments.common as common
+import privaterec.experiments.populations as populations
 import privaterec.runs.ranking as pipeline
 from privaterec.cli import main
 from privaterec.data.synth import SynthConfig
 from privaterec.errors import ConfigError
-from privaterec.experiments.central_dp import (LedgerEpsilon, epsilon_cell, plan_rows,
-                                               population_paths, run_central_dp)
+from privaterec.experiments.central_dp import run_central_dp
+from privaterec.experiments.central_dp_rows import plan_rows
+from privaterec.experiments.populations import population_config, population_paths
+from privaterec.experiments.run_privacy import LedgerEpsilon, epsilon_cell
 from privaterec.experiments.common import RunSpec, run_dir
 from privaterec.fed.methods import METHOD_DEFAULTS
 from privaterec.privacy.central import central_epsilon
@@ -44,9 +48,9 @@ def read_csv(path: Path) -> list[dict[str, str]]:
 def _tiny(patch: pytest.MonkeyPatch) -> None:
     """A 60-user data set as the quick default, one training round per run, DPA serving at
     ε_s = 10 only (each serving evaluation recomposes the run's ledger)."""
-    patch.setattr(central_dp, "demo_synth_config", lambda quick: TINY)
+    patch.setattr(populations, "demo_synth_config", lambda quick: TINY)
     patch.setattr(common, "QUICK_ROUNDS", 1)
-    patch.setattr(central_dp, "SERVE_EPSILONS", (10.0,))
+    patch.setattr(central_dp_rows, "SERVE_EPSILONS", (10.0,))
 
 
 @pytest.fixture(scope="module")
@@ -223,7 +227,7 @@ def test_plan_rows_and_run_names() -> None:
         (Path("/o/data/synth-default"), Path("/o"))
     assert population_paths(Path("/o"), 20000, quick=False) == \
         (Path("/o/data/synth-20000"), Path("/o/users-20000"))
-    assert central_dp.population_config(50000, quick=False) == \
+    assert population_config(50000, quick=False) == \
         SynthConfig(seed=0, users=50000)  # same click model and news count
 
 

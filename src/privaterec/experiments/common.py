@@ -1,14 +1,16 @@
 """Shared machinery of the paper experiments (PrivateRec §4): runs, caches, aggregation, output.
 
 * :class:`RunSpec` — one trained configuration of a table row or a curve point (method, ε_t,
-  privacy mode, B); :meth:`RunSpec.run_config` turns it into a :class:`RunConfig` for a model
-  and a seed, with the round / epoch budget of :func:`training_budget`.
+  privacy mode, B; DP-FedAvg's target ε; r and T when not the defaults);
+  :meth:`RunSpec.run_config` turns it into a :class:`RunConfig` for a model and a seed, with
+  the round / epoch budget of :func:`training_budget`.
 * The **run cache** is the directory layout ``OUT/runs/<model>/<row>/seed<k>`` (``runs-quick``
   with ``--quick``): a finished run there is reused instead of retrained, so Table 2 and the
   trade-off figures reuse Table 1's runs. :func:`ensure_run` trains or reuses;
   :func:`serve_run` evaluates a run under a private serving mechanism and caches the result
   inside the run directory (``RUN/serving/<key>.json``), so a repeated evaluation is neither
-  recomputed nor recorded twice in the run's privacy ledger.
+  recomputed nor recorded twice in the run's privacy ledger; :func:`cached_serving` reads
+  that cache without computing.
 * :func:`summarize` / :func:`format_summary` — mean ± sample standard deviation over seeds.
 * :func:`markdown_table`, :func:`write_csv`, :func:`write_text` — the output files.
 """
@@ -513,9 +515,10 @@ class Stopwatch:
         return f"{time.perf_counter() - self.start:.0f}s"
 
 
-__all__ = ["DIGITS", "EPOCHS", "EXPERIMENT_METHODS", "ExperimentMethod", "METRICS", "METRIC_LABELS", "MODEL_LABELS", "QUICK_EPOCHS",
-           "QUICK_ROUNDS", "ROUNDS", "RunSpec", "SCALE", "Stopwatch", "Summary",
-           "cached_serving", "check_models", "check_seeds", "ensure_run", "finished_metrics", "format_epsilon",
-           "format_summary", "log", "markdown_table", "metric_columns", "over_seeds",
-           "resolve_data", "run_dir", "run_metrics", "serve_run", "serving_key", "summarize",
-           "summarize_metrics", "training_budget", "write_csv", "write_text"]
+__all__ = ["DIGITS", "EPOCHS", "EXPERIMENT_METHODS", "ExperimentMethod", "METRICS",
+           "METRIC_LABELS", "MODEL_LABELS", "QUICK_EPOCHS", "QUICK_ROUNDS", "ROUNDS", "RunSpec",
+           "SCALE", "Stopwatch", "Summary", "cached_serving", "check_models", "check_seeds",
+           "ensure_run", "finished_metrics", "format_epsilon", "format_summary", "log",
+           "markdown_table", "metric_columns", "over_seeds", "resolve_data", "run_dir",
+           "run_metrics", "serve_run", "serving_key", "summarize", "summarize_metrics",
+           "training_budget", "write_csv", "write_text"]
