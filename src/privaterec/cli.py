@@ -123,6 +123,8 @@ def run_config_from_args(args: argparse.Namespace) -> RunConfig:
         "sensitivity_mode": args.sensitivity_mode, "history_budget": args.history_budget,
         "noise_multiplier": args.noise_multiplier, "target_epsilon": args.target_epsilon,
         "target_delta": args.target_delta,
+        "adaptive_clip_quantile": args.adaptive_clip_quantile, "clip_lr": args.clip_lr,
+        "clip_count_stddev": args.clip_count_stddev,
     }.items() if v is not None}
     data = str(Path(args.data).resolve()) if args.data else config.data
     if not data:
@@ -141,7 +143,7 @@ _RECALL_IGNORED = ("model", "user_encoder", "embeddings", "history_len", "epochs
                    "batch_size", "local_steps", "local_lr", "epsilon_train", "delta_train",
                    "noise", "eval_every", "basis", "padding_p", "privacy_mode",
                    "sensitivity_mode", "history_budget", "noise_multiplier", "target_epsilon",
-                   "target_delta")
+                   "target_delta", "adaptive_clip_quantile", "clip_lr", "clip_count_stddev")
 
 
 def recall_config_from_args(args: argparse.Namespace) -> Any:
@@ -608,6 +610,17 @@ def build_parser() -> argparse.ArgumentParser:
                               "the report gives the epsilon)")
     central.add_argument("--target-delta", type=float, default=None,
                          help="delta of the run's guarantee (default 1e-5; must be < 1/N)")
+    central.add_argument("--adaptive-clip-quantile", type=float, default=None,
+                         help="adaptive clipping (Andrew et al. 2021): the clip starts at "
+                              "--clip and follows this quantile of the update norms, e.g. "
+                              "0.5 (default: off, a fixed clip); the run's epsilon is "
+                              "unchanged, the count's noise is taken from the update's")
+    central.add_argument("--clip-lr", type=float, default=None,
+                         help="adaptive clipping: geometric learning rate of the clip "
+                              "(default 0.2)")
+    central.add_argument("--clip-count-stddev", type=float, default=None,
+                         help="adaptive clipping: noise std on the count of unclipped "
+                              "clients, > z/2 (default: expected clients per round / 20)")
     private = train.add_argument_group("PrivateRec (--method privaterec)")
     private.add_argument("--basis", type=basis_arg, default=None,
                          help="B basic vectors, an integer >= 2 (default 5)")

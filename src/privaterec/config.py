@@ -19,6 +19,7 @@ import yaml
 
 from privaterec.errors import ConfigError
 from privaterec.validators import check as _check
+from privaterec.validators import check_adaptive_clip
 from privaterec.validators import check_choice as _check_choice
 from privaterec.validators import check_positive as _check_positive
 
@@ -222,6 +223,12 @@ class FedConfig:
         (with ``client_fraction`` as the Poisson sampling rate q and ``rounds``).
     target_delta: ``dp-fedavg``: δ of the run's guarantee (default 1e-5; it must be below
         1/N for N training users).
+    adaptive_clip_quantile, clip_lr, clip_count_stddev: ``dp-fedavg``'s adaptive clipping
+        (Andrew et al., NeurIPS 2021), one group: the clip starts at ``clip`` and follows the
+        quantile γ = ``adaptive_clip_quantile`` of the clients' update norms (None: a fixed
+        clip), with geometric learning rate η_C = ``clip_lr`` (None: 0.2) and noise σ_b =
+        ``clip_count_stddev`` on the count of unclipped clients (None: the expected clients
+        per round / 20); the run's ε is unchanged (docs/privacy.md).
     """
 
     rounds: int = 100
@@ -252,6 +259,10 @@ class FedConfig:
     noise_multiplier: float | None = None
     target_epsilon: float | None = None
     target_delta: float | None = None
+    # dp-fedavg's adaptive clipping (one group; checked by validators.check_adaptive_clip)
+    adaptive_clip_quantile: float | None = None
+    clip_lr: float | None = None
+    clip_count_stddev: float | None = None
 
     def __post_init__(self) -> None:
         if self.padding_p is not None:
@@ -301,6 +312,8 @@ class FedConfig:
         if self.target_delta is not None:
             _check(0 < self.target_delta < 1, "target_delta",
                    f"got {self.target_delta!r}, expected 0 < delta < 1 (below 1/N)")
+        check_adaptive_clip(adaptive_clip_quantile=self.adaptive_clip_quantile,
+                            clip_lr=self.clip_lr, clip_count_stddev=self.clip_count_stddev)
 
 
 @dataclass(frozen=True)

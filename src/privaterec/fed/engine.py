@@ -55,13 +55,15 @@ class SimulatorEngine:
 
 def check_engine(method: ClientMethod, clients: ClientDataset, *, engine: str) -> None:
     """Refuse a federated run whose settings cannot hold for these training users, before
-    anything is trained or written (central DP: δ below 1/N; simulator only).
+    anything is trained or written (central DP: δ below 1/N; simulator only; the method's
+    own rules, :meth:`~privaterec.fed.methods.base.ClientMethod.check_engine`).
 
     Raises
     ------
     ConfigError
         Naming the setting and what to pass instead.
     """
+    method.check_engine(engine)
     if method.trusted_aggregator and engine == "flower":
         raise ConfigError(f"{method.name} (central DP) runs on the simulator only for now: "
                           f"on Flower the server's noise on the sum and secure aggregation "
