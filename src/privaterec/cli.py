@@ -17,7 +17,8 @@ from typing import Any, Sequence
 
 from privaterec import __version__
 from privaterec.config import (EMBEDDINGS, ENGINES, FEDERATED_METHODS, METHODS, NEWS_ENCODERS,
-                               NOISE_KINDS, PRIVACY_MODES, SENSITIVITY_MODES, SERVING_KINDS,
+                               NOISE_KINDS, NOISE_PLACEMENTS, PRIVACY_MODES,
+                               SECURE_AGGREGATIONS, SENSITIVITY_MODES, SERVING_KINDS,
                                STRATEGIES, USER_ENCODERS, ModelConfig, RunConfig, TrainConfig,
                                replace)
 from privaterec.errors import PrivateRecError
@@ -125,6 +126,8 @@ def run_config_from_args(args: argparse.Namespace) -> RunConfig:
         "target_delta": args.target_delta,
         "adaptive_clip_quantile": args.adaptive_clip_quantile, "clip_lr": args.clip_lr,
         "clip_count_stddev": args.clip_count_stddev,
+        "secure_aggregation": args.secure_aggregation,
+        "noise_placement": args.noise_placement, "max_dropouts": args.max_dropouts,
     }.items() if v is not None}
     data = str(Path(args.data).resolve()) if args.data else config.data
     if not data:
@@ -143,7 +146,8 @@ _RECALL_IGNORED = ("model", "user_encoder", "embeddings", "history_len", "epochs
                    "batch_size", "local_steps", "local_lr", "epsilon_train", "delta_train",
                    "noise", "eval_every", "basis", "padding_p", "privacy_mode",
                    "sensitivity_mode", "history_budget", "noise_multiplier", "target_epsilon",
-                   "target_delta", "adaptive_clip_quantile", "clip_lr", "clip_count_stddev")
+                   "target_delta", "adaptive_clip_quantile", "clip_lr", "clip_count_stddev",
+                   "secure_aggregation", "noise_placement", "max_dropouts")
 
 
 def recall_config_from_args(args: argparse.Namespace) -> Any:
@@ -621,6 +625,18 @@ def build_parser() -> argparse.ArgumentParser:
     central.add_argument("--clip-count-stddev", type=float, default=None,
                          help="adaptive clipping: noise std on the count of unclipped "
                               "clients, > z/2 (default: expected clients per round / 20)")
+    central.add_argument("--secure-aggregation", choices=SECURE_AGGREGATIONS, default=None,
+                         help="--engine flower only: secaggplus sums the clipped updates "
+                              "with Flower's SecAgg+, so the server sees only the sum "
+                              "(default none: it sees each update; simulator)")
+    central.add_argument("--noise-placement", choices=NOISE_PLACEMENTS, default=None,
+                         help="with secaggplus: central (the server adds the noise to the "
+                              "sum, default) or distributed (each client adds its share "
+                              "before masking)")
+    central.add_argument("--max-dropouts", type=int, default=None,
+                         help="with secaggplus: k clients a round may lose; the sum decodes "
+                              "only with at least n - k of the n sampled clients (and their "
+                              "noise shares) in it (default 0)")
     private = train.add_argument_group("PrivateRec (--method privaterec)")
     private.add_argument("--basis", type=basis_arg, default=None,
                          help="B basic vectors, an integer >= 2 (default 5)")

@@ -41,6 +41,8 @@ ServingKind = Literal["none", "privaterec", "vdp", "local"]
 Strategy = Literal["sgd", "fedavg", "fedadam"]
 NoiseKind = Literal["laplace", "gaussian"]
 Engine = Literal["simulator", "flower"]
+SecureAggregation = Literal["none", "secaggplus"]
+NoisePlacement = Literal["central", "distributed"]
 
 NEWS_ENCODERS: tuple[NewsEncoder, ...] = get_args(NewsEncoder)
 USER_ENCODERS: tuple[UserEncoder, ...] = get_args(UserEncoder)
@@ -56,6 +58,8 @@ METHODS: tuple[Method, ...] = get_args(Method)
 STRATEGIES: tuple[Strategy, ...] = get_args(Strategy)
 NOISE_KINDS: tuple[NoiseKind, ...] = get_args(NoiseKind)
 ENGINES: tuple[Engine, ...] = get_args(Engine)
+SECURE_AGGREGATIONS: tuple[SecureAggregation, ...] = get_args(SecureAggregation)
+NOISE_PLACEMENTS: tuple[NoisePlacement, ...] = get_args(NoisePlacement)
 
 # The user encoder each news model pairs with when --user-encoder is not given.
 DEFAULT_USER_ENCODER: dict[NewsEncoder, UserEncoder] = {
@@ -229,6 +233,13 @@ class FedConfig:
         clip), with geometric learning rate η_C = ``clip_lr`` (None: 0.2) and noise σ_b =
         ``clip_count_stddev`` on the count of unclipped clients (None: the expected clients
         per round / 20); the run's ε is unchanged (docs/privacy.md).
+    secure_aggregation, noise_placement, max_dropouts: ``dp-fedavg`` on the Flower engine
+        only (one group, :class:`~privaterec.fed.methods.central.CentralDP`'s fields):
+        ``secaggplus`` sums the clipped updates with Flower's SecAgg+ so the server sees
+        only the sum (``none``: it sees each one); the noise is added to the sum by the
+        server (``central``) or in shares by the clients before masking (``distributed``);
+        ``max_dropouts`` k: SecAgg+'s threshold is n − k, so a sum decodes only with at
+        least n − k of the n sampled clients (and their noise shares) in it.
     """
 
     rounds: int = 100
@@ -263,6 +274,10 @@ class FedConfig:
     adaptive_clip_quantile: float | None = None
     clip_lr: float | None = None
     clip_count_stddev: float | None = None
+    # dp-fedavg on Flower: secure aggregation (issue 15 item 2; fed/secagg.py).
+    secure_aggregation: SecureAggregation = "none"
+    noise_placement: NoisePlacement = "central"
+    max_dropouts: int = 0
 
     def __post_init__(self) -> None:
         if self.padding_p is not None:
@@ -309,6 +324,10 @@ class FedConfig:
         for name in ("noise_multiplier", "target_epsilon"):
             if getattr(self, name) is not None:
                 _check_positive(getattr(self, name), name)
+        _check_choice(self.secure_aggregation, "secure_aggregation", SECURE_AGGREGATIONS)
+        _check_choice(self.noise_placement, "noise_placement", NOISE_PLACEMENTS)
+        _check(isinstance(self.max_dropouts, int) and self.max_dropouts >= 0, "max_dropouts",
+               f"got {self.max_dropouts!r}, expected an integer >= 0")
         if self.target_delta is not None:
             _check(0 < self.target_delta < 1, "target_delta",
                    f"got {self.target_delta!r}, expected 0 < delta < 1 (below 1/N)")

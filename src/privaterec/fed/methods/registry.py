@@ -76,6 +76,11 @@ def resolve_run_config(config: RunConfig) -> RunConfig:
         raise ConfigError(f"'fed.adaptive_clip_quantile', 'fed.clip_lr' and "
                           f"'fed.clip_count_stddev' (adaptive clipping) apply to dp-fedavg "
                           f"(central DP) only, not {method}")
+    if method != "dp-fedavg" and (fed.secure_aggregation != "none"
+                                  or fed.noise_placement != "central" or fed.max_dropouts):
+        raise ConfigError(f"'fed.secure_aggregation', 'fed.noise_placement' and "
+                          f"'fed.max_dropouts' apply to dp-fedavg (central DP) only, not "
+                          f"{method}")
     if method == "dp-fedavg":
         changes.update(_resolve_central(fed, changes))
         changes.update(_resolve_adaptive_clip(fed, changes))
@@ -214,7 +219,9 @@ def _dp_fedavg(config: RunConfig) -> ClientMethod:
                      inner=_fedrec(config), clip=fed.clip,
                      noise_multiplier=fed.noise_multiplier,
                      sampling_rate=fed.client_fraction, rounds=fed.rounds,
-                     delta=float(fed.target_delta or 0.0), adaptive=adaptive)
+                     delta=float(fed.target_delta or 0.0), adaptive=adaptive,
+                     secure_aggregation=fed.secure_aggregation,
+                     noise_placement=fed.noise_placement, max_dropouts=fed.max_dropouts)
 
 
 METHODS: dict[str, MethodBuilder] = {
