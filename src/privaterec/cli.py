@@ -308,9 +308,28 @@ def cmd_evaluate_recall(args: argparse.Namespace, serving: Any) -> int:
     return EXIT_OK
 
 
+_CENTRAL_DP_FLAGS = {"users": "--users", "ldp_users": "--ldp-users",
+                     "epsilons": "--epsilons", "client_fraction": "--client-fraction",
+                     "rounds": "--rounds", "report_only": "--report-only"}
+
+
 def cmd_experiment(args: argparse.Namespace) -> int:
     out = Path(args.out)
-    if args.name == "unifedrec":
+    if args.name != "central-dp":
+        given = [flag for name, flag in _CENTRAL_DP_FLAGS.items()
+                 if getattr(args, name) not in (None, False)]
+        if given:
+            raise PrivateRecError(f"{', '.join(given)} apply to 'experiment central-dp' only")
+    if args.name == "central-dp":
+        from privaterec.experiments.central_dp import run_central_dp
+
+        result = run_central_dp(out, data=args.data, users=args.users,
+                                ldp_users=args.ldp_users, models=args.models,
+                                seeds=args.seeds, epsilons=args.epsilons,
+                                client_fraction=args.client_fraction, rounds=args.rounds,
+                                quick=args.quick, report_only=args.report_only,
+                                progress=not args.no_progress)
+    elif args.name == "unifedrec":
         from privaterec.experiments.unifedrec import run_unifedrec
 
         if args.models:
@@ -735,18 +754,38 @@ def build_parser() -> argparse.ArgumentParser:
     experiment = sub.add_parser(
         "experiment", help="paper experiments: PrivateRec table1 (training), table2 "
                            "(serving), tradeoff (figures 4-7); Uni-FedRec unifedrec (tables "
-                           "2-4, figure 5); markdown, CSV and PNG")
-    experiment.add_argument("name", choices=["table1", "table2", "tradeoff", "unifedrec"])
+                           "2-4, figure 5); central-dp (central against local DP at several "
+                           "population sizes); markdown, CSV and PNG")
+    experiment.add_argument("name", choices=["table1", "table2", "tradeoff", "unifedrec",
+                                             "central-dp"])
     experiment.add_argument("--out", default="experiments-out",
                             help="output directory (runs are cached there and reused)")
     experiment.add_argument("--data", default=None,
                             help="data directory (default: the embedded synthetic data)")
     experiment.add_argument("--models", nargs="+", choices=NEWS_ENCODERS, default=None,
-                            help="news encoders (tables: nrms naml plm; tradeoff: nrms)")
+                            help="news encoders (tables: nrms naml plm; tradeoff: nrms; "
+                                 "central-dp: nrms naml)")
     experiment.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     experiment.add_argument("--quick", action="store_true",
                             help="small data, few rounds, nrms only: runs in minutes")
     experiment.add_argument("--no-progress", action="store_true", help="no progress bars")
+    central = experiment.add_argument_group("central-dp only")
+    central.add_argument("--users", nargs="+", type=int, default=None,
+                         help="synthetic population sizes (default 2000 20000 50000; "
+                              "--quick: 400); each is synthesised once under OUT/data")
+    central.add_argument("--ldp-users", nargs="+", type=int, default=None,
+                         help="sizes that also get the local-DP and PrivateRec rows "
+                              "(default: the smallest; they need per-client gradients)")
+    central.add_argument("--epsilons", nargs="+", type=float, default=None,
+                         help="user-level epsilon of the whole DP-FedAvg run (inf: FedRec; "
+                              "default 1 2 4 8 inf, --quick: 1 8 inf)")
+    central.add_argument("--client-fraction", type=float, default=None,
+                         help="q (r) of every federated run (default 0.02)")
+    central.add_argument("--rounds", type=int, default=None,
+                         help="T of every federated run (default 300, --quick 20)")
+    central.add_argument("--report-only", action="store_true",
+                         help="train and evaluate nothing: write the table from the runs "
+                              "that have finished")
     experiment.set_defaults(func=cmd_experiment)
 
     demo = sub.add_parser("demo", help="synthesise data, train, evaluate, print a table")
