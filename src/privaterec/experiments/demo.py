@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from privaterec.config import FedConfig, ModelConfig, RunConfig, TrainConfig
+from privaterec.config import FedConfig, ModelConfig, RunConfig, TrainConfig, fed_config
 from privaterec.data.mind import load_dataset
 from privaterec.data.synth import write_synthetic
 from privaterec.experiments.demo_recall import RecallDemo, run_recall_demo
@@ -43,8 +43,6 @@ class DemoEntry:
 
 
 DEMO_SERVE_EPSILON = 10.0  # ε_s per query of the demo's private serving rows
-
-
 DEMO_CENTRAL_EPSILON = 8.0  # the central-DP row's user-level ε for the whole run
 
 
@@ -62,18 +60,18 @@ def demo_entries(quick: bool) -> list[DemoEntry]:
     vdp = (ServingConfig(kind="vdp", epsilon=DEMO_SERVE_EPSILON),)
     return [
         DemoEntry("popularity", ModelConfig(), TrainConfig(method="popularity")),
-        DemoEntry("fedrec / nrms", nrms, TrainConfig(method="fedrec"), FedConfig(rounds=rounds),
-                  serve=vdp),
+        DemoEntry("fedrec / nrms", nrms, TrainConfig(method="fedrec"),
+                  fed_config("fedrec", rounds=rounds), serve=vdp),
         DemoEntry("centralized / nrms", nrms, TrainConfig(method="centralized", epochs=epochs)),
         DemoEntry("fednewsrec / nrms", nrms, TrainConfig(method="fednewsrec"),
-                  FedConfig(rounds=rounds)),
+                  fed_config("fednewsrec", rounds=rounds)),
         DemoEntry("dp-fedrec eps_t=10 / nrms", nrms, TrainConfig(method="dp-fedrec"),
-                  FedConfig(rounds=rounds, epsilon_train=10.0)),
+                  fed_config("dp-fedrec", rounds=rounds, epsilon_train=10.0)),
         DemoEntry(f"dp-fedavg (central) eps={DEMO_CENTRAL_EPSILON:g} / nrms", nrms,
                   TrainConfig(method="dp-fedavg"),
-                  FedConfig(rounds=rounds, target_epsilon=DEMO_CENTRAL_EPSILON)),
+                  fed_config("dp-fedavg", rounds=rounds, target_epsilon=DEMO_CENTRAL_EPSILON)),
         DemoEntry("privaterec eps_t=10 / nrms", nrms, TrainConfig(method="privaterec"),
-                  FedConfig(rounds=rounds, epsilon_train=10.0),
+                  fed_config("privaterec", rounds=rounds, epsilon_train=10.0),
                   serve=(ServingConfig(kind="privaterec", epsilon=DEMO_SERVE_EPSILON),
                          ServingConfig(kind="local"))),
     ]
