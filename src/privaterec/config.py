@@ -40,6 +40,7 @@ ServingKind = Literal["none", "privaterec", "vdp", "local"]
 Strategy = Literal["sgd", "fedavg", "fedadam"]
 NoiseKind = Literal["laplace", "gaussian"]
 Engine = Literal["simulator", "flower"]
+BasisAttention = Literal["dot", "centered"]
 
 NEWS_ENCODERS: tuple[NewsEncoder, ...] = get_args(NewsEncoder)
 USER_ENCODERS: tuple[UserEncoder, ...] = get_args(UserEncoder)
@@ -55,6 +56,7 @@ METHODS: tuple[Method, ...] = get_args(Method)
 STRATEGIES: tuple[Strategy, ...] = get_args(Strategy)
 NOISE_KINDS: tuple[NoiseKind, ...] = get_args(NoiseKind)
 ENGINES: tuple[Engine, ...] = get_args(Engine)
+BASIS_ATTENTION_KINDS: tuple[BasisAttention, ...] = get_args(BasisAttention)
 
 # The user encoder each news model pairs with when --user-encoder is not given.
 DEFAULT_USER_ENCODER: dict[NewsEncoder, UserEncoder] = {
@@ -77,6 +79,11 @@ class ModelConfig:
     set for ``random`` embeddings (default 64); pre-trained embeddings bring their own size
     (``glove50``: 50, ``minilm``: 384) and a conflicting ``word_dim`` is an error, so a saved
     configuration always states the size the model really has.
+
+    ``basis_attention`` and ``basis_scale`` shape PrivateRec's α when ``basis_size`` > 0:
+    ``centered`` (default), softmax(s·cos(u − c, bᵢ)) with s = ``basis_scale``, or ``dot``,
+    softmax(u·bᵀ/√d) as published (Alg. 2 line 7), which collapses (docs/privaterec.md,
+    "Collapse").
     """
 
     news_encoder: NewsEncoder = "nrms"
@@ -99,9 +106,13 @@ class ModelConfig:
     plm_trainable_layers: int = 1
     min_word_count: int = 1
     basis_size: int = 0
+    basis_attention: BasisAttention = "centered"
+    basis_scale: float = 5.0
 
     def __post_init__(self) -> None:
         _check_choice(self.news_encoder, "news_encoder", NEWS_ENCODERS)
+        _check_choice(self.basis_attention, "basis_attention", BASIS_ATTENTION_KINDS)
+        _check_positive(self.basis_scale, "basis_scale")
         if self.user_encoder is not None:
             _check_choice(self.user_encoder, "user_encoder", USER_ENCODERS)
         _check_choice(self.embeddings, "embeddings", EMBEDDINGS)
