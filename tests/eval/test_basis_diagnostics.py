@@ -3,7 +3,7 @@
 With the published α = softmax(u·bᵀ/√d) every user's u is nearly the same vector (the
 common component holds > 99% of its energy), so every user gets the same α from the first
 round and keeps it; centered attention compares u − c, where c estimates that common part,
-and stays diverse while training. docs/privaterec.md, "Collapse".
+and stays diverse while training, in every training mode. docs/privaterec.md, "Collapse".
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from privaterec.fed.engine import federated_job
 from privaterec.fed.methods import resolve_run_config
 from privaterec.runs.ranking import evaluate_run, train_run
 from privaterec.runs.ranking_setup import build_run_model, prepare_data
+from privaterec.training.centralized import train_centralized
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -35,18 +36,30 @@ def data(tmp_path_factory):
     return str(path)
 
 
-def _config(data: str, attention: str, *, rounds: int = 20,
-            epsilon: float = 10.0) -> RunConfig:
+# Every training mode of a PrivateRec model (FedConfig changes; None: centralized).
+MODES = {
+    "paper": dict(epsilon_train=10.0, clients_per_round=10),
+    "strict": dict(epsilon_train=10.0, clients_per_round=10, privacy_mode="strict"),
+    "noise-free": dict(epsilon_train=math.inf, clients_per_round=10),
+    "dp-fedavg": dict(noise_multiplier=0.6, client_fraction=0.2, target_delta=1e-3),
+    "centralized": None,
+}
+
+
+def _config(data: str, attention: str, mode: str = "paper", *, rounds: int = 10) -> RunConfig:
+    fed = MODES[mode]
+    if fed is None:
+        return RunConfig(data=data, model=replace(TINY, basis_attention=attention),
+                         train=TrainConfig(method="centralized", epochs=1))
+    method = "dp-fedavg" if mode == "dp-fedavg" else "privaterec"
     return resolve_run_config(RunConfig(
         data=data, model=replace(TINY, basis_attention=attention),
-        train=TrainConfig(method="privaterec"),
-        fed=FedConfig(rounds=rounds, epsilon_train=epsilon, clients_per_round=10)))
+        train=TrainConfig(method=method), fed=FedConfig(rounds=rounds, **fed)))
 
 
-def _diagnostics(data: str, attention: str, *, rounds: int):
-    """(diagnostics at initialisation, after ``rounds`` PrivateRec paper-mode rounds at
-    ε_t = 10) over the training users."""
-    config = _config(data, attention, rounds=rounds)
+def _diagnostics(data: str, attention: str, mode: str, tmp_path):
+    """(diagnostics at initialisation, after training in ``mode``) over the training users."""
+    config = _config(data, attention, mode)
     prepared = prepare_data(config)
     model = build_run_model(config, prepared)
 
@@ -55,12 +68,18 @@ def _diagnostics(data: str, attention: str, *, rounds: int):
                                  history_len=config.model.history_len)
 
     before = measure()
-    federated_job(config, model, progress=False).train(prepared.train_clients, progress=False)
+    if config.train.method == "centralized":
+        train_centralized(model, prepared.train_clients, config.train,
+                          checkpoint_path=tmp_path / "checkpoint.pt", progress=False)
+    else:
+        federated_job(config, model, progress=False).train(prepared.train_clients,
+                                                           progress=False)
     return before, measure()
 
 
-def test_published_attention_is_collapsed_and_the_diagnostics_say_so(data):
-    before, after = _diagnostics(data, "dot", rounds=10)
+@pytest.mark.parametrize("mode", ["paper", "centralized"])
+def test_published_attention_is_collapsed_and_the_diagnostics_say_so(data, mode, tmp_path):
+    before, after = _diagnostics(data, "dot", mode, tmp_path)
     for d in (before, after):
         # every user has (nearly) the same α; near-uniform here, so its argmax is noise
         assert d.collapsed and d.spread < 0.01
@@ -68,8 +87,9 @@ def test_published_attention_is_collapsed_and_the_diagnostics_say_so(data):
         assert d.users == 57  # training users with a labelled impression
 
 
-def test_centered_attention_stays_diverse_while_training(data):
-    before, after = _diagnostics(data, "centered", rounds=10)
+@pytest.mark.parametrize("mode", list(MODES))
+def test_centered_attention_stays_diverse_in_every_training_mode(data, mode, tmp_path):
+    before, after = _diagnostics(data, "centered", mode, tmp_path)
     for d in (before, after):
         assert not d.collapsed and d.spread > 0.15
         assert d.common_share < 0.7 and d.argmax_share < 0.8
@@ -78,7 +98,7 @@ def test_centered_attention_stays_diverse_while_training(data):
 
 def test_runs_report_the_diagnostics(data, tmp_path):
     run = tmp_path / "run"
-    metrics = train_run(_config(data, "centered", rounds=2, epsilon=math.inf), run,
+    metrics = train_run(_config(data, "centered", "noise-free", rounds=2), run,
                         progress=False)
     basis = metrics["basis"]
     assert basis["users"] > 0 and basis["basis_size"] == 5
