@@ -213,9 +213,9 @@ def _evaluate_model_run(run: RunDirectory, config: RunConfig, vocabs: TextVocabu
         plain: dict[str, Any] = dict(evaluate_model(
             model, target, features, history_len=config.model.history_len,
             batch_size=config.train.eval_batch_size, progress=progress))
-        basis = _basis_diagnostics(model, target, features, config)
-        if basis is not None:
-            plain["basis"] = basis
+        diagnostics = _basis_diagnostics(model, target, features, config)
+        if diagnostics is not None:
+            plain["basis"] = diagnostics
         return plain
     if serving.kind == "local":  # issue 16: the device ranks P = b·Rᵀ itself, sends nothing
         from privaterec.eval.serving import local_ranking_seams
