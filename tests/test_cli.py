@@ -318,3 +318,36 @@ def test_train_evaluate_demo_flags_all_have_help_and_defaults(capsys):
         assert f"(default {default})" in text.split(flag, 2)[2].split(" --", 1)[0], flag
     assert "dp-fedrec, privaterec; unset" in text
     assert "--epsilon-train EPSILON_TRAIN dp-fedrec, privaterec:" in text
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--adaptive-clip-quantile", "1.5"], "adaptive_clip_quantile"),
+    (["--clip-lr", "0.1"], "--adaptive-clip-quantile"),
+    (["--adaptive-clip-quantile", "0.5", "--clip-count-stddev", "0.4"], "--clip-count-stddev"),
+    (["--adaptive-clip-quantile", "0.5", "--engine", "flower"], "--adaptive-clip-quantile"),
+])
+def test_adaptive_clipping_user_errors_exit_2(extra, message, synth_dir, tmp_path, capsys):
+    argv = ["train", "--data", str(synth_dir), "--method", "dp-fedavg", "--noise-multiplier",
+            "1", "--client-fraction", "0.2", "--rounds", "1", "--out", str(tmp_path / "o"),
+            "--no-progress", *extra]
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+def test_adaptive_clipping_logs_the_clip_and_reports_the_split(synth_dir, tmp_path, capsys):
+    config = tmp_path / "tiny.yaml"
+    config.write_text(TINY_MODEL)
+    run = tmp_path / "a"
+    # q = 1 keeps the accounting cheap (the subsampled PLD under replacement takes seconds)
+    assert main(["train", "--data", str(synth_dir), "--config", str(config), "--method",
+                 "dp-fedavg", "--noise-multiplier", "1", "--client-fraction", "1",
+                 "--rounds", "2", "--adaptive-clip-quantile", "0.5", "--out", str(run),
+                 "--no-progress"]) == 0
+    rounds = json.loads((run / "metrics.json").read_text())["rounds"]
+    assert rounds[0]["clip"] == 0.1 and rounds[1]["clip"] != 0.1  # the clip per round
+    assert 0 <= rounds[0]["unclipped_fraction"] <= 1
+    capsys.readouterr()
+    assert main(["privacy", "report", "--run", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert "adaptive_clipping: update_noise_multiplier" in out and "clip indicator" in out

@@ -17,9 +17,10 @@ from typing import Any, Sequence
 
 from privaterec import __version__
 from privaterec.config import (BASIS_ATTENTION_KINDS, EMBEDDINGS, ENGINES, FEDERATED_METHODS,
-                               METHODS, NEWS_ENCODERS, NOISE_KINDS, PRIVACY_MODES,
-                               SENSITIVITY_MODES, SERVING_KINDS, STRATEGIES, USER_ENCODERS,
-                               ModelConfig, RunConfig, TrainConfig, replace)
+                               METHODS, NEWS_ENCODERS, NOISE_KINDS, NOISE_PLACEMENTS,
+                               PRIVACY_MODES, SECURE_AGGREGATIONS, SENSITIVITY_MODES,
+                               SERVING_KINDS, STRATEGIES, USER_ENCODERS, ModelConfig, RunConfig,
+                               TrainConfig, replace)
 from privaterec.errors import PrivateRecError
 
 EXIT_OK, EXIT_CHECK_FAILED, EXIT_USAGE = 0, 1, 2
@@ -139,6 +140,10 @@ def run_config_from_args(args: argparse.Namespace) -> RunConfig:
         "sensitivity_mode": args.sensitivity_mode, "history_budget": args.history_budget,
         "noise_multiplier": args.noise_multiplier, "target_epsilon": args.target_epsilon,
         "target_delta": args.target_delta,
+        "adaptive_clip_quantile": args.adaptive_clip_quantile, "clip_lr": args.clip_lr,
+        "clip_count_stddev": args.clip_count_stddev,
+        "secure_aggregation": args.secure_aggregation,
+        "noise_placement": args.noise_placement, "max_dropouts": args.max_dropouts,
     }.items() if v is not None}
     data = str(Path(args.data).resolve()) if args.data else config.data
     if not data:
@@ -158,7 +163,8 @@ _RECALL_IGNORED = ("model", "user_encoder", "embeddings", "history_len", "epochs
                    "noise", "eval_every", "basis", "basis_attention", "basis_scale",
                    "padding_p", "privacy_mode",
                    "sensitivity_mode", "history_budget", "noise_multiplier", "target_epsilon",
-                   "target_delta")
+                   "target_delta", "adaptive_clip_quantile", "clip_lr", "clip_count_stddev",
+                   "secure_aggregation", "noise_placement", "max_dropouts")
 
 
 def recall_config_from_args(args: argparse.Namespace) -> Any:
@@ -610,6 +616,29 @@ def build_parser() -> argparse.ArgumentParser:
                               "the report gives the epsilon)")
     central.add_argument("--target-delta", type=float, default=None,
                          help="delta of the run's guarantee (default 1e-5; must be < 1/N)")
+    central.add_argument("--adaptive-clip-quantile", type=float, default=None,
+                         help="adaptive clipping (Andrew et al. 2021): the clip starts at "
+                              "--clip and follows this quantile of the update norms, e.g. "
+                              "0.5 (default: off, a fixed clip); the run's epsilon is "
+                              "unchanged, the count's noise is taken from the update's")
+    central.add_argument("--clip-lr", type=float, default=None,
+                         help="adaptive clipping: geometric learning rate of the clip "
+                              "(default 0.2)")
+    central.add_argument("--clip-count-stddev", type=float, default=None,
+                         help="adaptive clipping: noise std on the count of unclipped "
+                              "clients, > z/2 (default: expected clients per round / 20)")
+    central.add_argument("--secure-aggregation", choices=SECURE_AGGREGATIONS, default=None,
+                         help="--engine flower only: secaggplus sums the clipped updates "
+                              "with Flower's SecAgg+, so the server sees only the sum "
+                              "(default none: it sees each update; simulator)")
+    central.add_argument("--noise-placement", choices=NOISE_PLACEMENTS, default=None,
+                         help="with secaggplus: central (the server adds the noise to the "
+                              "sum, default) or distributed (each client adds its share "
+                              "before masking)")
+    central.add_argument("--max-dropouts", type=int, default=None,
+                         help="with secaggplus: k clients a round may lose; the sum decodes "
+                              "only with at least n - k of the n sampled clients (and their "
+                              "noise shares) in it (default 0)")
     private = train.add_argument_group("PrivateRec (--method privaterec)")
     private.add_argument("--basis", type=basis_arg, default=None,
                          help="B basic vectors, an integer >= 2 (default 5)")

@@ -19,6 +19,7 @@ import yaml
 
 from privaterec.errors import ConfigError
 from privaterec.validators import check as _check
+from privaterec.validators import check_adaptive_clip
 from privaterec.validators import check_choice as _check_choice
 from privaterec.validators import check_positive as _check_positive
 
@@ -41,6 +42,8 @@ Strategy = Literal["sgd", "fedavg", "fedadam"]
 NoiseKind = Literal["laplace", "gaussian"]
 Engine = Literal["simulator", "flower"]
 BasisAttention = Literal["dot", "centered"]
+SecureAggregation = Literal["none", "secaggplus"]
+NoisePlacement = Literal["central", "distributed"]
 
 NEWS_ENCODERS: tuple[NewsEncoder, ...] = get_args(NewsEncoder)
 USER_ENCODERS: tuple[UserEncoder, ...] = get_args(UserEncoder)
@@ -57,6 +60,8 @@ STRATEGIES: tuple[Strategy, ...] = get_args(Strategy)
 NOISE_KINDS: tuple[NoiseKind, ...] = get_args(NoiseKind)
 ENGINES: tuple[Engine, ...] = get_args(Engine)
 BASIS_ATTENTION_KINDS: tuple[BasisAttention, ...] = get_args(BasisAttention)
+SECURE_AGGREGATIONS: tuple[SecureAggregation, ...] = get_args(SecureAggregation)
+NOISE_PLACEMENTS: tuple[NoisePlacement, ...] = get_args(NoisePlacement)
 
 # The user encoder each news model pairs with when --user-encoder is not given.
 DEFAULT_USER_ENCODER: dict[NewsEncoder, UserEncoder] = {
@@ -233,6 +238,19 @@ class FedConfig:
         (with ``client_fraction`` as the Poisson sampling rate q and ``rounds``).
     target_delta: ``dp-fedavg``: δ of the run's guarantee (default 1e-5; it must be below
         1/N for N training users).
+    adaptive_clip_quantile, clip_lr, clip_count_stddev: ``dp-fedavg``'s adaptive clipping
+        (Andrew et al., NeurIPS 2021), one group: the clip starts at ``clip`` and follows the
+        quantile γ = ``adaptive_clip_quantile`` of the clients' update norms (None: a fixed
+        clip), with geometric learning rate η_C = ``clip_lr`` (None: 0.2) and noise σ_b =
+        ``clip_count_stddev`` on the count of unclipped clients (None: the expected clients
+        per round / 20); the run's ε is unchanged (docs/privacy.md).
+    secure_aggregation, noise_placement, max_dropouts: ``dp-fedavg`` on the Flower engine
+        only (one group, :class:`~privaterec.fed.methods.central.CentralDP`'s fields):
+        ``secaggplus`` sums the clipped updates with Flower's SecAgg+ so the server sees
+        only the sum (``none``: it sees each one); the noise is added to the sum by the
+        server (``central``) or in shares by the clients before masking (``distributed``);
+        ``max_dropouts`` k: SecAgg+'s threshold is n − k, so a sum decodes only with at
+        least n − k of the n sampled clients (and their noise shares) in it.
     """
 
     rounds: int = 100
@@ -263,6 +281,14 @@ class FedConfig:
     noise_multiplier: float | None = None
     target_epsilon: float | None = None
     target_delta: float | None = None
+    # dp-fedavg's adaptive clipping (one group; checked by validators.check_adaptive_clip)
+    adaptive_clip_quantile: float | None = None
+    clip_lr: float | None = None
+    clip_count_stddev: float | None = None
+    # dp-fedavg on Flower: secure aggregation (issue 15 item 2; fed/secagg.py).
+    secure_aggregation: SecureAggregation = "none"
+    noise_placement: NoisePlacement = "central"
+    max_dropouts: int = 0
 
     def __post_init__(self) -> None:
         if self.padding_p is not None:
@@ -309,9 +335,15 @@ class FedConfig:
         for name in ("noise_multiplier", "target_epsilon"):
             if getattr(self, name) is not None:
                 _check_positive(getattr(self, name), name)
+        _check_choice(self.secure_aggregation, "secure_aggregation", SECURE_AGGREGATIONS)
+        _check_choice(self.noise_placement, "noise_placement", NOISE_PLACEMENTS)
+        _check(isinstance(self.max_dropouts, int) and self.max_dropouts >= 0, "max_dropouts",
+               f"got {self.max_dropouts!r}, expected an integer >= 0")
         if self.target_delta is not None:
             _check(0 < self.target_delta < 1, "target_delta",
                    f"got {self.target_delta!r}, expected 0 < delta < 1 (below 1/N)")
+        check_adaptive_clip(adaptive_clip_quantile=self.adaptive_clip_quantile,
+                            clip_lr=self.clip_lr, clip_count_stddev=self.clip_count_stddev)
 
 
 @dataclass(frozen=True)

@@ -52,4 +52,39 @@ def is_integer(value: object) -> TypeGuard[int]:
     return isinstance(value, numbers.Integral)
 
 
-__all__ = ["check", "check_choice", "check_positive", "is_integer", "is_real"]
+def check_adaptive_clip(*, adaptive_clip_quantile: float | None, clip_lr: float | None,
+                        clip_count_stddev: float | None) -> None:
+    """Check the settings of DP-FedAvg's adaptive clipping (Andrew et al., NeurIPS 2021).
+
+    Parameters
+    ----------
+    adaptive_clip_quantile:
+        γ, the quantile of the clients' update norms the clip follows, 0 < γ < 1
+        (CLI ``--adaptive-clip-quantile``); None: a fixed clip.
+    clip_lr:
+        η_C > 0, the clip's geometric learning rate (``--clip-lr``); None: the default.
+    clip_count_stddev:
+        σ_b > 0, the noise on the count of unclipped clients (``--clip-count-stddev``);
+        None: the default (expected clients per round / 20).
+
+    Raises
+    ------
+    ConfigError
+        Naming the field, its flag and the accepted values.
+    """
+    if adaptive_clip_quantile is not None:
+        check(is_real(adaptive_clip_quantile) and 0 < adaptive_clip_quantile < 1,
+              "adaptive_clip_quantile", f"got {adaptive_clip_quantile!r}, expected a quantile "
+              f"0 < gamma < 1 (--adaptive-clip-quantile; e.g. 0.5, the median update norm)")
+    if clip_lr is not None:
+        check(is_real(clip_lr) and 0 < clip_lr < float("inf"), "clip_lr",
+              f"got {clip_lr!r}, expected a finite learning rate > 0 (--clip-lr; the "
+              f"paper's 0.2)")
+    if clip_count_stddev is not None:
+        check(is_real(clip_count_stddev) and 0 < clip_count_stddev < float("inf"),
+              "clip_count_stddev", f"got {clip_count_stddev!r}, expected a finite noise "
+              f"standard deviation > 0 (--clip-count-stddev)")
+
+
+__all__ = ["check", "check_adaptive_clip", "check_choice", "check_positive", "is_integer",
+           "is_real"]

@@ -95,7 +95,7 @@ def test_training_accounts_every_user_of_the_population(fed_data, clients, make_
     eps = state.ledger.user_epsilon(eligible[0], delta=1e-3, adjacency="user")
     assert eps == pytest.approx(central_epsilon(noise_multiplier=2.0, sampling_rate=0.2,
                                                 rounds=3, delta=1e-3), rel=1e-3)
-    # delta must be below 1/N; the Flower engine is refused for now.
+    # delta must be below 1/N; the Flower engine is refused without secure aggregation.
     with pytest.raises(ConfigError, match="1/N"):
         train_federated_run(replace(config, fed=replace(config.fed, target_delta=0.5,
                                                         report_delta=0.5)),

@@ -202,3 +202,50 @@ def test_flower_engine_equals_simulator_for_unifedrec(data_dir, tmp_path, monkey
     assert all("loss" not in e for e in flw["log"])  # private uploads: no loss on the server
     assert flw_metrics["users_trained"] == sim_metrics["users_trained"] > 0
     assert flw_metrics["train_epsilon_per_round"] == pytest.approx(2 * 0.1 / 0.05)
+
+
+@pytest.mark.slow
+def test_flower_secaggplus_equals_the_simulators_dp_fedavg(data_dir, tmp_path, monkeypatch):
+    """dp-fedavg on Flower's Ray runtime with SecAgg+ and the server's (seeded) noise ends
+    with the simulator's parameters to quantisation tolerance (each client's coordinates
+    are rounded toward zero on a grid of step 2^-26 here, tests/fed/test_secagg.py) and
+    with its privacy accounting; every round's sum came out of a SecAgg+ session."""
+    sessions: list[int] = []
+    secure_sum = flower.secure_sum
+
+    def spy(grid, plan, nodes, fitins, **kwargs):
+        out = secure_sum(grid, plan, nodes, fitins, **kwargs)
+        sessions.append(out[1])
+        return out
+
+    monkeypatch.setattr(flower, "secure_sum", spy)
+    fed = dict(rounds=ROUNDS, client_fraction=0.5, noise_multiplier=1.0, target_delta=1e-3,
+               adam_tau=1e-3)
+    runs = {}
+    for engine, secure in (("simulator", "none"), ("flower", "secaggplus")):
+        config = RunConfig(data=str(data_dir), model=TINY,
+                           train=TrainConfig(method="dp-fedavg", seed=SEED),
+                           fed=FedConfig(engine=engine, secure_aggregation=secure, **fed))
+        train_run(config, tmp_path / engine, progress=False)
+        runs[engine] = load_checkpoint(tmp_path / engine / "checkpoint.pt")
+    sim, flw = runs["simulator"], runs["flower"]
+    assert sessions == [e["clients"] for e in sim["log"]] and min(sessions) >= 2
+    assert (sim["params"] - flw["params"]).abs().max() <= 1e-6
+    assert (sim["params"] - theta0_of(data_dir)).abs().max() > 1e-3  # training moved θ
+    sim_events = PrivacyLedger.from_dict(sim["ledger"]).events
+    flw_ledger = PrivacyLedger.from_dict(flw["ledger"])
+    for user in flw_ledger.users:  # the same release, its note stating SecAgg+
+        (sim_event, n), = sim_events(user)
+        (flw_event, m), = flw_ledger.events(user)
+        assert (flw_event.epsilon, flw_event.delta, flw_event.noise_scale, m) == \
+            (sim_event.epsilon, sim_event.delta, sim_event.noise_scale, n)
+        assert "SecAgg+" in flw_event.note and "SecAgg+" not in sim_event.note
+
+
+def theta0_of(data_dir) -> torch.Tensor:
+    config = resolve_run_config(RunConfig(data=str(data_dir), model=TINY,
+                                          train=TrainConfig(method="fedrec", seed=SEED)))
+    prepared = prepare_data(config)
+    torch.manual_seed(SEED)
+    return LocalObjective(build_recommender(config.model, prepared.vocabs,
+                                            prepared.features)).parameters()

@@ -97,6 +97,8 @@ def test_claim_uses_the_user_level_epsilon_under_user_adjacency():
     ("unifedrec", "user", "one-impression"),
     ("privaterec", "click", "history"),
     ("privaterec", "click", "label"),
+    ("dp-fedavg", "user", "one-impression"),
+    ("dp-fedavg-adaptive", "user", "one-impression"),
 ])
 def test_real_client_update_stays_below_its_claim(world, method, adjacency, name):
     result = audit(world, method, adjacency, name)
@@ -147,6 +149,23 @@ def test_noise_ten_times_smaller_than_calibrated_is_caught(world, method):
     assert result.violated, result.to_dict()
 
 
+def test_central_noise_a_hundred_times_smaller_than_calibrated_is_caught(world):
+    """The aggregator's noise on the sum and on the clip count at 1% of its scale."""
+    with broken.scaled_gaussian_noise(0.01):
+        result = audit(world, "dp-fedavg-adaptive", "user", "one-impression")
+    assert result.claimed_epsilon == pytest.approx(1.0, abs=2e-3)
+    assert result.violated, result.to_dict()
+
+
+def test_a_clip_count_released_without_its_noise_is_caught(world):
+    """Adaptive clipping: the two one-impression users' updates lie on either side of the
+    clip (norms 0.130 and 0.085 against 0.1 at theta_0), so their clip indicators differ;
+    released without noise, the count alone tells them apart."""
+    with broken.unnoised_clip_count():
+        result = audit(world, "dp-fedavg-adaptive", "user", "one-impression")
+    assert result.violated and result.result.statistic == "clip_count", result.to_dict()
+
+
 def test_a_reply_carrying_the_raw_loss_is_caught(world):
     with broken.reply_with_loss():
         result = audit(world, "dp-fedrec", "user", "one-impression")
@@ -154,12 +173,16 @@ def test_a_reply_carrying_the_raw_loss_is_caught(world):
 
 
 def test_the_broken_variants_are_undone_on_exit():
+    import privaterec.fed.methods.central as central
     before = (fed_client.release_labels, mechanisms.laplace_noise,
-              recall_training.laplace_noise, ClientUpdate.sent)
-    with broken.published_dpl(), broken.scaled_noise(0.1), broken.reply_with_loss():
+              recall_training.laplace_noise, ClientUpdate.sent, mechanisms.gaussian_noise,
+              central.gaussian_noise, central.CentralDP.noised_sums)
+    with broken.published_dpl(), broken.scaled_noise(0.1), broken.reply_with_loss(), \
+            broken.scaled_gaussian_noise(0.1), broken.unnoised_clip_count():
         assert fed_client.release_labels is broken.published_dpl_labels
     assert (fed_client.release_labels, mechanisms.laplace_noise,
-            recall_training.laplace_noise, ClientUpdate.sent) == before
+            recall_training.laplace_noise, ClientUpdate.sent, mechanisms.gaussian_noise,
+            central.gaussian_noise, central.CentralDP.noised_sums) == before
 
 
 # ------------------------------------------------------------------------------------ CLI

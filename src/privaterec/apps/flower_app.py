@@ -32,8 +32,9 @@ def run_config_from_flower(run_config: Mapping[str, Any]) -> tuple[RunConfig, Pa
     Keys (``[tool.flwr.app.config]`` in ``flower/pyproject.toml``, overridden by
     ``--run-config``): ``data-dir`` and ``out-dir`` (absolute paths, required), ``config``
     (a privaterec YAML, optional), ``method``, ``rounds``, ``clients-per-round``,
-    ``seed``, ``eval-every`` (``""``, ``0`` or ``-1``: keep the YAML's value or the
-    default), ``drop-missing``.
+    ``seed``, ``eval-every``, and for ``dp-fedavg`` ``secure-aggregation``,
+    ``noise-placement`` and ``max-dropouts`` (``""``, ``0`` or ``-1``: keep the YAML's
+    value or the default), ``drop-missing``.
 
     Raises
     ------
@@ -61,6 +62,11 @@ def run_config_from_flower(run_config: Mapping[str, Any]) -> tuple[RunConfig, Pa
         fed["clients_per_round"] = int(run_config["clients-per-round"])
     if int(run_config.get("eval-every", -1)) != -1:
         fed["eval_every"] = int(run_config["eval-every"])
+    for key in ("secure-aggregation", "noise-placement"):
+        if str(run_config.get(key, "")):
+            fed[key.replace("-", "_")] = str(run_config[key])
+    if int(run_config.get("max-dropouts", -1)) != -1:
+        fed["max_dropouts"] = int(run_config["max-dropouts"])
     config = replace(config, data=paths["data-dir"], train=replace(config.train, **train),
                      fed=replace(config.fed, engine="flower", **fed))
     if config.train.method not in FEDERATED_METHODS:

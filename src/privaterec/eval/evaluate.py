@@ -190,7 +190,13 @@ def score_impressions(model: Recommender, split: MindSplit, features: NewsFeatur
 
     was_training = model.training
     model.eval()
-    pairs: list[tuple[np.ndarray, np.ndarray]] = []
+    # Scores and labels go into two preallocated flat arrays, and each impression's pair is a
+    # view of them: one small score buffer per impression, kept alive between the freed
+    # per-batch torch temporaries, fragmented the heap (RSS grew ~175 KB per impression on
+    # 31k impressions; BENCHMARKS.md "Synthetic data at population scale").
+    all_scores = np.empty(int(offsets[-1]), dtype=np.float32)  # [Σ C_i]
+    all_labels = np.fromiter((label for imp in labelled for label in imp.labels or ()),
+                             dtype=np.int64, count=int(offsets[-1]))  # [Σ C_i]
     try:
         with torch.no_grad():
             cache = _encode_news(model, features, used, batch_size, progress)  # [U, d]
@@ -215,15 +221,13 @@ def score_impressions(model: Recommender, split: MindSplit, features: NewsFeatur
                     user = transformed
                 owners = torch.repeat_interleave(torch.arange(end - start), counts[start:end])
                 cands = scored[cand_idx[offsets[start]:offsets[end]]]  # [Σ C_i, d or D]
-                scores = (user[owners] * cands).sum(dim=-1).numpy()
-                for i in range(start, end):
-                    lo, hi = offsets[i] - offsets[start], offsets[i + 1] - offsets[start]
-                    labels = np.asarray(labelled[i].labels, dtype=np.int64)
-                    pairs.append((labels, scores[lo:hi].copy()))
+                all_scores[offsets[start]:offsets[end]] = (user[owners] * cands).sum(dim=-1)
                 bar.update(end - start)
             bar.close()
     finally:
         model.train(was_training)
+    pairs = [(all_labels[offsets[i]:offsets[i + 1]], all_scores[offsets[i]:offsets[i + 1]])
+             for i in range(len(labelled))]
     return ScoredImpressions([imp.impression_id for imp in labelled], pairs, unlabelled)
 
 

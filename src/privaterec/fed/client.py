@@ -67,11 +67,11 @@ def client_update(task: FederatedTask[Any], params: torch.Tensor, data: ClientDa
     method.check_client(data)
     inputs = method.inputs(task, data, generator=generator)
     n = method.num_examples(inputs)
-    payload, loss = method.update(task, params, inputs, generator=generator)
+    payload, loss, reports = method.release(task, params, inputs, generator=generator)
     return ClientUpdate(payload=payload, num_examples=n,
                         privacy_events=method.events(task.dimension), metrics={"loss": loss},
                         weight=method.aggregation_weight(n),
-                        sends_metadata=method.sends_metadata)
+                        sends_metadata=method.sends_metadata, reports=reports)
 
 
 __all__ = ["ClientUpdate", "client_candidates", "client_update"]

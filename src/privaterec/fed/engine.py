@@ -55,17 +55,16 @@ class SimulatorEngine:
 
 def check_engine(method: ClientMethod, clients: ClientDataset, *, engine: str) -> None:
     """Refuse a federated run whose settings cannot hold for these training users, before
-    anything is trained or written (central DP: δ below 1/N; simulator only).
+    anything is trained or written (central DP: δ below 1/N; the method's own rules,
+    :meth:`~privaterec.fed.methods.base.ClientMethod.check_engine`: central DP runs on
+    Flower only through secure aggregation, which runs on Flower only).
 
     Raises
     ------
     ConfigError
         Naming the setting and what to pass instead.
     """
-    if method.trusted_aggregator and engine == "flower":
-        raise ConfigError(f"{method.name} (central DP) runs on the simulator only for now: "
-                          f"on Flower the server's noise on the sum and secure aggregation "
-                          f"are not wired yet; use --engine simulator")
+    method.check_engine(engine)
     method.check_population(len(eligible_clients(clients,
                                                  by_impressions=method.by_impressions)))
 

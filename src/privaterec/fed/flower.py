@@ -36,6 +36,16 @@ the node option ``run-dir`` instead. The server sends a fingerprint of the publi
 of the client method with θ; a device whose rebuilt task or method differs refuses the
 round with a message saying so. The rebuilt device is cached per worker process.
 
+**Secure aggregation** (central DP, ``dp-fedavg`` with ``secure_aggregation =
+"secaggplus"``): a round's clients send their clipped updates through Flower's SecAgg+
+(``secaggplus_mod`` on the client, :class:`flwr.server.workflow.SecAggPlusWorkflow` on the
+server, run by :func:`secure_sum` inside the same round function), so the server decodes
+only their sum; the quantisation, threshold, modulus and noise shares are
+:mod:`privaterec.fed.secagg`'s. One user per SuperNode (each sends one masked vector).
+The server then adds the noise (``central``; seeded by
+:func:`~privaterec.fed.rng.central_noise_generator` in a simulation, float-safe from the OS
+CSPRNG on a real Grid) or the clients already added their shares (``distributed``).
+
 :class:`FlowerEngine` is the :class:`~privaterec.fed.engine.Engine` the run layer passes to
 train on Flower: on a given Grid (a ``flwr run`` ServerApp, :mod:`privaterec.apps.
 flower_app`), or in Flower's simulation runtime (``flwr.simulation.run_simulation``, Ray
@@ -55,6 +65,7 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")  # silences a FutureWarning
 
 import hashlib  # noqa: E402
+import importlib  # noqa: E402
 import json  # noqa: E402
 import logging  # noqa: E402
 import math  # noqa: E402
@@ -62,13 +73,24 @@ import tempfile  # noqa: E402
 import time  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 from pathlib import Path  # noqa: E402
-from typing import Any, Callable, Mapping, Sequence, TypeVar  # noqa: E402
+from typing import Any, Callable, Mapping, Sequence, TypeVar, cast  # noqa: E402
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from flwr.app import (Array, ArrayRecord, ConfigRecord, Context, Message,  # noqa: E402
                       MessageType, MetricRecord, RecordDict)
+from flwr.client.mod import secaggplus_mod  # noqa: E402
 from flwr.clientapp import ClientApp  # noqa: E402
+from flwr.common import (Code, FitIns, FitRes, Parameters, Status,  # noqa: E402
+                         ndarrays_to_parameters, parameters_to_ndarrays)
+from flwr.common.secure_aggregation.secaggplus_constants import (  # noqa: E402
+    RECORD_KEY_CONFIGS, RECORD_KEY_STATE)
+from flwr.compat.common import recorddict_compat as compat  # noqa: E402
+from flwr.server.compat.grid_client_proxy import GridClientProxy  # noqa: E402
+from flwr.server.compat.legacy_context import LegacyContext  # noqa: E402
+from flwr.server.strategy import Strategy as LegacyStrategy  # noqa: E402
+from flwr.server.workflow import SecAggPlusWorkflow  # noqa: E402
+from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECORD  # noqa: E402
 from flwr.serverapp import Grid, ServerApp  # noqa: E402
 
 from privaterec.config import FedConfig  # noqa: E402
@@ -76,7 +98,9 @@ from privaterec.data.clients import ClientDataset  # noqa: E402
 from privaterec.errors import ConfigError, PrivateRecError  # noqa: E402
 from privaterec.fed.client import client_update  # noqa: E402
 from privaterec.fed.methods.base import ClientMethod  # noqa: E402
-from privaterec.fed.rng import client_generator  # noqa: E402
+from privaterec.fed.methods.central import CentralDP  # noqa: E402
+from privaterec.fed.rng import central_noise_generator, client_generator  # noqa: E402
+from privaterec.fed.secagg import SecAggRound  # noqa: E402
 from privaterec.fed.sampling import eligible_clients  # noqa: E402
 from privaterec.fed.simulator import (FederatedState, RoundCallback,  # noqa: E402
                                       RoundResult, train_federated)
@@ -137,6 +161,43 @@ def _values(record: Mapping[str, object], key: str, kind: type[_Item]) -> list[_
                                   f"of {kind.__name__}")
         items.append(item)
     return items
+
+
+# ====================================================================== SecAgg+ masks
+MASK_PRG = "shake256"
+"""The PRG that expands SecAgg+'s mask seeds here (server and devices must agree)."""
+
+
+def mask_prg(seed: bytes, num_range: int,
+             dimensions_list: list[tuple[int, ...]]) -> list[np.ndarray]:
+    """SecAgg+'s masks from the whole 256-bit ``seed``: SHAKE-256 output, 8 bytes per value,
+    reduced mod ``num_range`` (a power of two: exactly uniform on [0, num_range)).
+
+    Flower 1.41's ``pseudo_rand_gen`` XORs the seed's 32-bit words into one 32-bit seed of
+    NumPy's Mersenne Twister: every mask then has at most 2^32 possible values, and the
+    Mersenne Twister is not a cryptographic PRG, so a server could search the seeds of a
+    client's pairwise masks. This module replaces it in both of Flower's SecAgg+ modules
+    (client mod and server workflow) with this XOF; a device checks that the server does
+    too (``secagg-prg`` in the round's configuration).
+    """
+    if num_range & (num_range - 1) or not 1 < num_range <= 2 ** 62:
+        raise PrivateRecError(f"SecAgg+ modulus {num_range} is not a power of two")
+    sizes = [math.prod(d) for d in dimensions_list]
+    stream = hashlib.shake_256(b"privaterec-secaggplus-mask" + seed).digest(8 * sum(sizes))
+    values = (np.frombuffer(stream, dtype="<u8") & np.uint64(num_range - 1)).astype(np.int64)
+    out, start = [], 0
+    for shape, size in zip(dimensions_list, sizes):
+        out.append(values[start:start + size].reshape(shape))
+        start += size
+    return out
+
+
+SECAGGPLUS_MODULES = ("flwr.client.mod.secure_aggregation.secaggplus_mod",
+                      "flwr.server.workflow.secure_aggregation.secaggplus_workflow")
+"""Flower's modules that expand mask seeds (each imported ``pseudo_rand_gen`` by name; the
+packages' attributes of the same names are functions, so they are looked up as modules)."""
+for _name in SECAGGPLUS_MODULES:
+    setattr(importlib.import_module(_name), "pseudo_rand_gen", mask_prg)
 
 
 # ============================================================================ client side
@@ -296,9 +357,7 @@ def _client_train(load: DeviceLoader, message: Message, context: Context) -> Mes
     # float-safe noise (SecureNoise): with (seed, round, user) seeding the server could
     # subtract the noise. Simulated partitions are seeded so that engines can be compared;
     # the node option os-entropy=true forces the secure source there too.
-    os_entropy = bool(context.node_config.get("os-entropy",
-                                              bool(context.node_config.get("user-id", ""))))
-    secure = SecureNoise() if os_entropy else None
+    secure = SecureNoise() if _os_entropy(context) else None
     payloads: list[torch.Tensor] = []
     counts: list[int] = []
     losses: list[float] = []
@@ -329,9 +388,91 @@ def _client_train(load: DeviceLoader, message: Message, context: Context) -> Mes
     return Message(RecordDict(records), reply_to=message)
 
 
+def _os_entropy(context: Context) -> bool:
+    """Whether this node draws from the OS CSPRNG (a real device, or ``os-entropy``)."""
+    return bool(context.node_config.get("os-entropy",
+                                        bool(context.node_config.get("user-id", ""))))
+
+
+def _secure_plan(method: ClientMethod, clients: int) -> SecAggRound:
+    """The device's own SecAgg+ plan for a round of ``clients`` (it must be the server's)."""
+    if not isinstance(method, CentralDP) or method.secure_aggregation == "none":
+        raise ConfigError("the server runs secure aggregation but this device's method does "
+                          "not (its config.yaml has fed.secure_aggregation: none)")
+    plan = method.secure_round(clients)
+    if plan is None:
+        raise PrivateRecError(f"the server ran secure aggregation with {clients} clients, "
+                              f"fewer than the method allows")
+    return plan
+
+
+def _check_session(plan: SecAggRound, context: Context) -> None:
+    """The SecAgg+ session the server set up must be the device's plan: same grid, range,
+    modulus, client count, shares held by every client and threshold (else the accounting
+    would not hold)."""
+    state = context.state.config_records[RECORD_KEY_STATE]
+    expected = {"sample_num": plan.clients, "share_num": plan.clients,
+                "threshold": plan.threshold,
+                "clipping_range": plan.clipping_range,
+                "target_range": plan.quantization_range, "mod_range": plan.modulus,
+                "max_weight": 1.0}
+    got = {key: state.get(key) for key in expected}
+    if got != expected:
+        raise ConfigError(f"the server's SecAgg+ parameters {got} differ from this device's "
+                          f"plan {expected} for the round's {plan.clients} clients")
+
+
+def _client_secure_fit(load: DeviceLoader, message: Message, context: Context) -> Message:
+    """SecAgg+'s collect stage calls this: the user's clipped update on SecAgg+'s grid (plus
+    its noise share with distributed noise), as a ``FitRes`` that ``secaggplus_mod`` masks;
+    the plaintext never leaves the device (the mod clears it from the reply)."""
+    device = _load_device(load, ClientSpec.resolve(context))
+    fitins = compat.recorddict_to_fitins(message.content, keep_input=True)
+    config = fitins.config
+    if config.get("fingerprint") != device.fingerprint:
+        raise ConfigError("this device's public model or client method differs from the "
+                          "server's (the frozen parameters, θ's layout or the clipping/noise/"
+                          "secure-aggregation settings do not match)")
+    arrays = parameters_to_ndarrays(fitins.parameters)
+    theta = torch.from_numpy(np.array(arrays[0], dtype=np.float32, copy=True))
+    if theta.numel() != device.task.dimension:
+        raise ConfigError(f"received θ of dimension {theta.numel()}, the device's model has "
+                          f"{device.task.dimension}")
+    user_id, user = str(config["user"]), int(config["user-index"])
+    if user_id not in _held_users(device, context.node_config):
+        raise PrivateRecError(f"the server asked this SuperNode for user {user_id!r}, which "
+                              f"it does not hold")
+    if config.get("secagg-prg") != MASK_PRG:
+        raise ConfigError(f"the server expands SecAgg+'s mask seeds with "
+                          f"{config.get('secagg-prg')!r}, this device with {MASK_PRG!r}: "
+                          f"run the same privaterec on both")
+    plan = _secure_plan(device.method, int(config["clients"]))
+    _check_session(plan, context)
+    source = (SecureNoise() if _os_entropy(context)
+              else client_generator(int(config["seed"]), int(config["round"]), user))
+    with deterministic_algorithms(), flush_denormals():  # as the simulator computes
+        data = device.clients.client(device.index[user_id])
+        update = client_update(device.task, theta, data, device.method, generator=source)
+        vector = plan.client_vector(update.sent()["payload"], source)
+    fitres = FitRes(status=Status(code=Code.OK, message=""),
+                    parameters=ndarrays_to_parameters([vector.numpy()]), num_examples=1,
+                    metrics={})
+    return Message(compat.fitres_to_recorddict(fitres, keep_input=False), reply_to=message)
+
+
+def _client_train_message(load: DeviceLoader, message: Message, context: Context) -> Message:
+    """A ``train`` message: a SecAgg+ stage (its config record present) goes through
+    ``secaggplus_mod`` around :func:`_client_secure_fit`; any other is a plain round."""
+    if RECORD_KEY_CONFIGS in message.content.config_records:
+        return secaggplus_mod(message, context,
+                              lambda m, c: _client_secure_fit(load, m, c))
+    return _client_train(load, message, context)
+
+
 def make_client_app(load_device: DeviceLoader) -> ClientApp:
-    """The ClientApp: ``query`` (which users a node holds) and ``train`` (their updates);
-    ``load_device`` rebuilds the run's public task, method and the device's clients."""
+    """The ClientApp: ``query`` (which users a node holds) and ``train`` (their updates, or
+    a SecAgg+ stage); ``load_device`` rebuilds the run's public task, method and the
+    device's clients."""
     app = ClientApp()
 
     @app.query()
@@ -340,7 +481,7 @@ def make_client_app(load_device: DeviceLoader) -> ClientApp:
 
     @app.train()
     def train(message: Message, context: Context) -> Message:
-        return _client_train(load_device, message, context)
+        return _client_train_message(load_device, message, context)
 
     return app
 
@@ -508,6 +649,146 @@ def _round_fn(grid: Grid, clients: ClientDataset, owner: Mapping[int, int],
     return round_fn
 
 
+class _SecureSumStrategy(LegacyStrategy):
+    """The legacy strategy :class:`SecAggPlusWorkflow` drives: it sends each node its FitIns
+    and keeps the decoded aggregate (SecAgg+ hands every result the same, the mean)."""
+
+    def __init__(self, grid: Grid, fitins: Mapping[int, FitIns]) -> None:
+        self.grid, self.fitins = grid, dict(fitins)
+        self.aggregate: tuple[np.ndarray, int] | None = None
+
+    def initialize_parameters(self, client_manager: Any) -> Parameters | None:
+        return None
+
+    def configure_fit(self, server_round: int, parameters: Parameters,
+                      client_manager: Any) -> list[tuple[Any, FitIns]]:
+        return [(GridClientProxy(node, self.grid, 0), ins) for node, ins in self.fitins.items()]
+
+    def aggregate_fit(self, server_round: int, results: list[tuple[Any, FitRes]],
+                      failures: list[Any]) -> tuple[Parameters | None, dict[str, Any]]:
+        if results:
+            (mean,) = parameters_to_ndarrays(results[0][1].parameters)
+            self.aggregate = (np.asarray(mean, dtype=np.float64), len(results))
+        return None, {}
+
+    def configure_evaluate(self, server_round: int, parameters: Parameters,
+                           client_manager: Any) -> list[tuple[Any, Any]]:
+        return []
+
+    def aggregate_evaluate(self, server_round: int, results: list[Any],
+                           failures: list[Any]) -> tuple[float | None, dict[str, Any]]:
+        return None, {}
+
+    def evaluate(self, server_round: int, parameters: Parameters) -> None:
+        return None
+
+
+class _ErrorLog:
+    """A Grid that forwards everything and keeps the reasons of the replies that failed."""
+
+    def __init__(self, grid: Grid) -> None:
+        self.grid = grid
+        self.errors: list[str] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.grid, name)
+
+    def send_and_receive(self, messages: Any, *, timeout: float | None = None) -> Any:
+        replies = list(self.grid.send_and_receive(messages, timeout=timeout))
+        self.errors += [_reply_error(r) for r in replies if r.has_error()]
+        return replies
+
+
+def secure_sum(grid: Grid, plan: SecAggRound, nodes: Sequence[int],
+               fitins: Mapping[int, FitIns], *, round_index: int,
+               timeout: float | None) -> tuple[torch.Tensor, int]:
+    """One SecAgg+ session: the sum ``[D]`` (float64) of the vectors the ``nodes`` compute
+    from their ``fitins`` (:func:`_client_secure_fit`), and how many were summed.
+
+    The server sees the clients' public keys, encrypted key shares, masked vectors and mask
+    shares, and decodes only the sum (of at least ``plan.threshold`` clients).
+
+    Raises
+    ------
+    PrivateRecError
+        If the session halts (more than ``plan.max_dropouts`` clients dropped out or
+        failed; their reasons are in the message).
+    """
+    log = _ErrorLog(grid)
+    logged = cast(Grid, log)  # a Grid in everything but its class
+    strategy = _SecureSumStrategy(logged, {n: fitins[n] for n in nodes})
+    context = LegacyContext(Context(run_id=0, node_id=0, node_config={}, state=RecordDict(),
+                                    run_config={}), strategy=strategy)
+    context.state[MAIN_CONFIGS_RECORD] = ConfigRecord({"current_round": round_index + 1})
+    context.state[MAIN_PARAMS_RECORD] = ArrayRecord()
+    workflow = SecAggPlusWorkflow(num_shares=1.0, reconstruction_threshold=plan.threshold,
+                                  max_weight=1.0, clipping_range=plan.clipping_range,
+                                  quantization_range=plan.quantization_range,
+                                  modulus_range=plan.modulus, timeout=timeout)
+    flwr_logger = logging.getLogger("flwr")
+    level = flwr_logger.level
+    flwr_logger.setLevel(max(level, logging.WARNING))  # four INFO lines per round otherwise
+    try:
+        workflow(logged, context)
+    finally:
+        flwr_logger.setLevel(level)
+    if strategy.aggregate is None:
+        raise PrivateRecError(
+            f"round {round_index + 1}: secure aggregation of {plan.clients} clients halted: "
+            f"more than {plan.max_dropouts} dropped out or failed (threshold "
+            f"{plan.threshold}; --max-dropouts sets how many a round tolerates)"
+            + (f": {'; '.join(log.errors[:3])}" if log.errors else ""))
+    mean, summed = strategy.aggregate
+    if summed < plan.threshold:  # SecAgg+ cannot unmask with fewer; refuse all the same
+        raise PrivateRecError(f"round {round_index + 1}: only {summed} of {plan.clients} "
+                              f"vectors in the sum, below the threshold {plan.threshold}")
+    if log.errors:
+        logging.getLogger("privaterec").warning(
+            "round %d: %d of %d clients dropped out of secure aggregation (at most %d "
+            "allowed): %s", round_index + 1, plan.clients - summed, plan.clients,
+            plan.max_dropouts, "; ".join(log.errors[:3]))
+    # SecAgg+ returns the mean over the summed vectors (each weighted Q/Q = 1).
+    return torch.from_numpy(mean * summed), summed
+
+
+def _secure_round_fn(grid: Grid, clients: ClientDataset, owner: Mapping[int, int],
+                     method: CentralDP, fingerprint: str, *, seed: int, timeout: float,
+                     server_noise: SecureNoise | None
+                     ) -> Callable[[torch.Tensor, list[int], int], RoundResult]:
+    """Central DP's round over SecAgg+: (decoded sum [+ the server's noise]) / (qN)."""
+    population = len(eligible_clients(clients, by_impressions=method.by_impressions))
+
+    def round_fn(params: torch.Tensor, selected: list[int], t: int) -> RoundResult:
+        dimension = int(params.numel())
+        users = sorted(selected)
+        plan = method.secure_round(len(users))
+        total = torch.zeros(dimension)
+        if plan is not None:  # else too few clients to hide each one: none is asked
+            nodes = [owner[u] for u in users]
+            if len(set(nodes)) != len(nodes):
+                raise PrivateRecError("secure aggregation needs one user per SuperNode "
+                                      "(each node sends one masked vector); start one "
+                                      "SuperNode per user")
+            theta = ndarrays_to_parameters([params.detach().float().contiguous().numpy()])
+            fitins = {node: FitIns(theta, {"round": t, "seed": seed,
+                                           "fingerprint": fingerprint,
+                                           "user": clients.user_ids[u], "user-index": u,
+                                           "clients": plan.clients, "secagg-prg": MASK_PRG})
+                      for node, u in zip(nodes, users)}
+            summed, _ = secure_sum(grid, plan, nodes, fitins, round_index=t,
+                                   timeout=timeout)
+            total = summed.to(torch.float32)
+        if not method.distributed:
+            total = total + method.central_noise(
+                dimension, server_noise if server_noise is not None
+                else central_noise_generator(seed, t))
+        direction = total / (method.sampling_rate * population)
+        return RoundResult(direction, None, None, [method.events(dimension)] * len(users),
+                           population_events=(method.central_event(),))
+
+    return round_fn
+
+
 def serve(grid: Grid, task: FederatedTask[Any], clients: ClientDataset, fed: FedConfig,
           method: ClientMethod, strategy: Strategy, *, seed: int,
           run_files: Mapping[str, str],
@@ -517,18 +798,27 @@ def serve(grid: Grid, task: FederatedTask[Any], clients: ClientDataset, fed: Fed
           progress: bool = True, stop_after_rounds: int | None = None,
           checkpoint_extra: dict[str, Any] | None = None,
           discovery_timeout: float = DISCOVERY_TIMEOUT,
-          round_timeout: float = ROUND_TIMEOUT) -> FederatedState:
+          round_timeout: float = ROUND_TIMEOUT,
+          secure_server_noise: bool = True) -> FederatedState:
     """The ServerApp's work on a connected ``grid``: discover nodes, then train.
 
     Parameters: see :meth:`FlowerEngine.train`; ``run_files`` are the run's public files
     sent to the devices (:func:`run_record`); ``discovery_timeout`` and ``round_timeout``
     bound the waits for SuperNodes (:func:`discover_nodes`) and for a round's replies.
+    ``secure_server_noise``: central DP's noise on the sum comes from the OS CSPRNG
+    (a deployment), else from the seeded simulation stream (equal to the simulator's).
     """
     owner = discover_nodes(grid, clients, run_record(run_files), timeout=discovery_timeout,
                            by_impressions=method.by_impressions)
     fingerprint = public_fingerprint(task, method)
-    round_fn = _round_fn(grid, clients, owner, method, fingerprint, seed=seed,
-                         timeout=round_timeout)
+    if isinstance(method, CentralDP) and method.secure_aggregation != "none":
+        round_fn = _secure_round_fn(grid, clients, owner, method, fingerprint, seed=seed,
+                                    timeout=round_timeout,
+                                    server_noise=SecureNoise() if secure_server_noise
+                                    else None)
+    else:
+        round_fn = _round_fn(grid, clients, owner, method, fingerprint, seed=seed,
+                             timeout=round_timeout)
     return train_federated(task, clients, fed, method, strategy, seed=seed, round_fn=round_fn,
                            checkpoint_path=checkpoint_path, on_evaluate=on_evaluate,
                            on_checkpoint=on_checkpoint, progress=progress,
@@ -552,7 +842,8 @@ class FlowerEngine:
         :data:`SIMULATION_CPUS` CPUs, one ClientApp worker per CPU).
     num_supernodes:
         Simulated SuperNodes (default: one per user, at most
-        :data:`MAX_SIMULATED_SUPERNODES`; node ``p`` holds a contiguous block of users).
+        :data:`MAX_SIMULATED_SUPERNODES`, node ``p`` holding a contiguous block of users;
+        with secure aggregation one per user whatever their number).
     """
 
     def __init__(self, load_device: DeviceLoader, run_files: Mapping[str, str], *,
@@ -579,11 +870,14 @@ class FlowerEngine:
             stop_after_rounds=stop_after_rounds, checkpoint_extra=checkpoint_extra)
         if self.grid is not None:
             return serve(self.grid, task, clients, fed, method, strategy, **kwargs)
+        kwargs["secure_server_noise"] = False  # a simulation: the simulator's seeded noise
 
         from flwr.simulation import run_simulation
 
         nodes = self.num_supernodes or max(1, min(clients.num_users,
                                                   MAX_SIMULATED_SUPERNODES))
+        if isinstance(method, CentralDP) and method.secure_aggregation != "none":
+            nodes = self.num_supernodes or clients.num_users  # one user per SuperNode
         results: list[FederatedState] = []
         server = ServerApp()
 
@@ -611,5 +905,6 @@ class FlowerEngine:
         return results[0]
 
 
-__all__ = ["ClientSpec", "Device", "DeviceLoader", "FlowerEngine", "discover_nodes",
-           "make_client_app", "public_fingerprint", "run_record", "serve"]
+__all__ = ["ClientSpec", "Device", "DeviceLoader", "FlowerEngine", "MASK_PRG",
+           "discover_nodes", "make_client_app", "mask_prg", "public_fingerprint",
+           "run_record", "secure_sum", "serve"]

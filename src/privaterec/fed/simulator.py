@@ -22,14 +22,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 from tqdm.auto import tqdm
 
 from privaterec.config import FedConfig
 from privaterec.data.clients import ClientDataset
-from privaterec.errors import TrainingDivergedError
+from privaterec.errors import CheckpointError, TrainingDivergedError
 from privaterec.fed.client import client_update
 from privaterec.fed.methods.base import ClientMethod, RoundContext
 from privaterec.fed.rng import client_generator
@@ -59,15 +59,26 @@ class RoundResult:
     population_events: tuple[PrivacyEvent, ...] = ()
     """Central DP: the round's release, recorded for every user of the population (Poisson
     sampling amplifies for everyone, sampled or not)."""
+    server_state: dict[str, float] | None = None
+    """The method's server state for the next round (None: unchanged; adaptive clipping's
+    next clip)."""
+    metrics: dict[str, float] = field(default_factory=dict)
+    """Public values of the round for the log (adaptive clipping: the clip used and the
+    noised fraction of unclipped clients)."""
 
 
-RoundFn = Callable[[torch.Tensor, list[int], int], RoundResult]
+RoundFn = Callable[..., RoundResult]
+"""``round_fn(params, selected, round_index)`` → :class:`RoundResult`; for a method with
+server state (:meth:`~privaterec.fed.methods.base.ClientMethod.server_state`, adaptive
+clipping) the loop also passes ``server_state=`` (the simulator's round function takes it;
+the Flower engine refuses such a method, :meth:`ClientMethod.check_engine`)."""
 
 
 # ------------------------------------------------------------------------------- rounds
 def simulate_round(task: FederatedTask[Any], params: torch.Tensor, clients: ClientDataset,
                    selected: Sequence[int], method: ClientMethod, *, seed: int,
-                   round_index: int, chunk_clients: int = 16) -> RoundResult:
+                   round_index: int, chunk_clients: int = 16,
+                   server_state: Mapping[str, float] | None = None) -> RoundResult:
     """All updates of one round, vectorized; equal to :func:`sequential_round` up to rounding.
 
     Each client's own random draws (its method's inputs, from its own generator), then the
@@ -79,7 +90,10 @@ def simulate_round(task: FederatedTask[Any], params: torch.Tensor, clients: Clie
     clients: all clients; ``selected`` the user indices of this round.
     method: what clients do. seed, round_index: select the clients' generators.
     chunk_clients: clients per ``vmap`` chunk (memory bound).
+    server_state: the method's server state in this round (default: its initial state).
     """
+    if server_state is not None:
+        method = method.at_server_state(server_state)
     generators = [client_generator(seed, round_index, u) for u in selected]
     inputs = [method.inputs(task, clients.client(u), generator=g)
               for u, g in zip(selected, generators)]
@@ -90,13 +104,17 @@ def simulate_round(task: FederatedTask[Any], params: torch.Tensor, clients: Clie
     counts = [method.num_examples(x) for x in inputs]
     events = method.events(task.dimension)
     return RoundResult(out.direction, counts, out.losses, [events] * len(selected),
-                       population_events=out.population_events)
+                       population_events=out.population_events,
+                       server_state=out.server_state, metrics=dict(out.metrics))
 
 
 def sequential_round(task: FederatedTask[Any], params: torch.Tensor, clients: ClientDataset,
                      selected: Sequence[int], method: ClientMethod, *, seed: int,
-                     round_index: int) -> RoundResult:
+                     round_index: int,
+                     server_state: Mapping[str, float] | None = None) -> RoundResult:
     """The reference: one :func:`client_update` per client, then :func:`aggregate`."""
+    if server_state is not None:
+        method = method.at_server_state(server_state)
     updates = [client_update(task, params, clients.client(u), method,
                              generator=client_generator(seed, round_index, u))
                for u in selected]
@@ -108,27 +126,34 @@ def sequential_round(task: FederatedTask[Any], params: torch.Tensor, clients: Cl
 # ------------------------------------------------------------------------------ training
 @dataclass
 class FederatedState:
-    """Everything a checkpoint holds: θ, strategy state, next round, ledger, log."""
+    """Everything a checkpoint holds: θ, strategy state, next round, ledger, log, and the
+    method's server state (adaptive clipping: the next round's clip)."""
 
     params: torch.Tensor
     strategy_state: State
     round_index: int = 0
     ledger: PrivacyLedger = field(default_factory=PrivacyLedger)
     log: list[dict[str, Any]] = field(default_factory=list)
+    server_state: dict[str, float] = field(default_factory=dict)
 
     def to_checkpoint(self, task: FederatedTask[Any], method: str) -> dict[str, Any]:
         task.load(self.params)
-        return {"model": task.model.state_dict(), "params": self.params,
-                "strategy_state": self.strategy_state, "round": self.round_index,
-                "ledger": self.ledger.to_dict(), "log": self.log, "method": method,
-                "rng": {"derived_from": "(seed, round, client)",
-                        "next_round": self.round_index}}
+        out = {"model": task.model.state_dict(), "params": self.params,
+               "strategy_state": self.strategy_state, "round": self.round_index,
+               "ledger": self.ledger.to_dict(), "log": self.log, "method": method,
+               "rng": {"derived_from": "(seed, round, client)",
+                       "next_round": self.round_index}}
+        if self.server_state:  # a method without server state writes the same file as before
+            out["server_state"] = dict(self.server_state)
+        return out
 
     @classmethod
     def from_checkpoint(cls, state: dict[str, Any]) -> "FederatedState":
         return cls(params=state["params"], strategy_state=state["strategy_state"],
                    round_index=int(state["round"]),
-                   ledger=PrivacyLedger.from_dict(state["ledger"]), log=list(state["log"]))
+                   ledger=PrivacyLedger.from_dict(state["ledger"]), log=list(state["log"]),
+                   server_state={str(k): float(v)
+                                 for k, v in state.get("server_state", {}).items()})
 
 
 RoundCallback = Callable[[int, "FederatedState"], dict[str, Any] | None]
@@ -161,9 +186,11 @@ def train_federated(task: FederatedTask[Any], clients: ClientDataset, fed: FedCo
     checkpoint_extra: entries added to every checkpoint (e.g. what a resume must match).
     """
     if round_fn is None:
-        def round_fn(params: torch.Tensor, selected: list[int], t: int) -> RoundResult:
+        def round_fn(params: torch.Tensor, selected: list[int], t: int, *,
+                     server_state: Mapping[str, float] | None = None) -> RoundResult:
             return simulate_round(task, params, clients, selected, method, seed=seed,
-                                  round_index=t, chunk_clients=fed.chunk_clients)
+                                  round_index=t, chunk_clients=fed.chunk_clients,
+                                  server_state=server_state)
     with deterministic_algorithms(), flush_denormals():
         return _train(task, clients, fed, method, strategy, seed=seed, round_fn=round_fn,
                       checkpoint_path=checkpoint_path, on_evaluate=on_evaluate,
@@ -181,9 +208,16 @@ def _train(task: FederatedTask[Any], clients: ClientDataset, fed: FedConfig,
         saved = load_checkpoint(checkpoint_path)
         task.model.load_state_dict(saved["model"])  # frozen parameters too
         state = FederatedState.from_checkpoint(saved)
+        missing = sorted(set(method.server_state()) - set(state.server_state))
+        if missing:
+            raise CheckpointError(f"{checkpoint_path}: the checkpoint lacks the server state "
+                                  f"{missing} that {method.name} carries from round to round "
+                                  f"(written by a run without it); train into a new --out "
+                                  f"directory")
     else:
         params = task.parameters()
-        state = FederatedState(params=params, strategy_state=strategy.init_state(params))
+        state = FederatedState(params=params, strategy_state=strategy.init_state(params),
+                               server_state=method.server_state())
     eligible = eligible_clients(clients, by_impressions=method.by_impressions)
     population_ids = [clients.user_ids[int(u)] for u in eligible]  # central DP's ledger rows
     m = clients_per_round(fed, len(eligible))
@@ -201,7 +235,8 @@ def _train(task: FederatedTask[Any], clients: ClientDataset, fed: FedConfig,
     while state.round_index < fed.rounds:
         t = state.round_index
         selected = method.select(eligible, m, seed=seed, round_index=t)
-        result = round_fn(state.params, selected, t)
+        result = (round_fn(state.params, selected, t, server_state=dict(state.server_state))
+                  if state.server_state else round_fn(state.params, selected, t))
         params, strategy_state = strategy.step(state.params, state.strategy_state,
                                                result.direction)
         if not bool(torch.isfinite(params).all()):
@@ -212,6 +247,8 @@ def _train(task: FederatedTask[Any], clients: ClientDataset, fed: FedConfig,
                 f"rate (--server-lr, now {getattr(strategy, 'lr', '?')}) and train into a new "
                 f"--out directory")
         state.params, state.strategy_state = params, strategy_state
+        if result.server_state is not None:
+            state.server_state = dict(result.server_state)
         by_event: dict[PrivacyEvent, list[str]] = {}
         for u, client_events in zip(selected, result.events):
             for event in client_events:
@@ -220,7 +257,7 @@ def _train(task: FederatedTask[Any], clients: ClientDataset, fed: FedConfig,
             state.ledger.record_many(users, event)
         for event in result.population_events:
             state.ledger.record_many(population_ids, event)
-        entry: dict[str, Any] = {"round": t + 1, "clients": len(selected)}
+        entry: dict[str, Any] = {"round": t + 1, "clients": len(selected), **result.metrics}
         if result.num_examples is not None and result.losses is not None:
             n = sum(result.num_examples)
             entry["samples"] = n

@@ -26,6 +26,9 @@ class ClientUpdate:
     weight: the update's weight in the server's mean (``num_examples`` for ``fedrec``, else 1;
         :meth:`~privaterec.fed.methods.base.ClientMethod.aggregation_weight`).
     sends_metadata: whether ``num_examples`` and the loss are part of what the client sends.
+    reports: scalars the client sends next to its payload, each covered by an accounted
+        release (adaptive clipping's centred clip indicator ``clip_indicator`` = b − ½, which
+        the trusted aggregator noises with the sum; none for the other methods).
     """
 
     payload: torch.Tensor
@@ -34,15 +37,17 @@ class ClientUpdate:
     metrics: dict[str, Any] = field(default_factory=dict)
     weight: float = 1.0
     sends_metadata: bool = False
+    reports: dict[str, float] = field(default_factory=dict)
 
     def sent(self) -> dict[str, Any]:
         """Everything the client transmits to the server (besides its public events).
 
         ``{"payload": Tensor[D]}``, plus ``num_examples`` and ``loss`` for a method that sends
-        metadata (``fedrec``). The Flower ClientApp sends exactly this; the end-to-end
-        privacy audit distinguishes neighbours on exactly this.
+        metadata (``fedrec``), plus the :attr:`reports` (adaptive clipping). The Flower
+        ClientApp sends exactly this; the end-to-end privacy audit distinguishes neighbours
+        on exactly this.
         """
-        out: dict[str, Any] = {"payload": self.payload}
+        out: dict[str, Any] = {"payload": self.payload, **self.reports}
         if self.sends_metadata:
             out["num_examples"] = self.num_examples
             out["loss"] = float(self.metrics["loss"])

@@ -184,16 +184,17 @@ def central_round_event(*, noise_multiplier: float, sampling_rate: float, clip: 
 
 
 def central_calibration(*, noise_multiplier: float, sampling_rate: float, clip: float,
-                        delta: float) -> Calibration:
+                        delta: float, note: str = "") -> Calibration:
     """The noise the aggregator adds to one round's sum, N(0, (z·C)² I), and its event
-    (:func:`central_round_event`), calibrated once per run.
+    (:func:`central_round_event`; ``note``: its trust model when not the default one),
+    calibrated once per run.
 
     The clients' clip to L2 norm C is their own calibration; this one noises the sum (no
     clipping of its own).
     """
     return Calibration(event=central_round_event(noise_multiplier=noise_multiplier,
                                                  sampling_rate=sampling_rate, clip=clip,
-                                                 delta=delta))
+                                                 delta=delta, note=note))
 
 
 __all__ = ["ACCOUNTANTS", "NEIGHBOURS", "calibrate_noise_multiplier", "central_calibration",

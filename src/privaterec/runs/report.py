@@ -27,8 +27,9 @@ def release_description(method: ClientMethod, *, dimension: int,
                           clients_per_round=clients_per_round, client_fraction=client_fraction)
     out["epsilon_per_round_user"], out["delta_per_round_user"] = method.round_epsilon(
         dimension, "user")
-    out["sends"] = ("released update, sample count, loss" if method.sends_metadata
-                    else "released update only")
+    if "sends" not in out:  # a method whose client sends more says so itself
+        out["sends"] = ("released update, sample count, loss" if method.sends_metadata
+                        else "released update only")
     return out
 
 

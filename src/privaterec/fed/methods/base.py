@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import functools
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
-from typing import Any, ClassVar, Generic, Sequence, TypeVar
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Generic, Mapping, Sequence, TypeVar
 
 import torch
 
@@ -57,11 +57,19 @@ class RoundContext:
 @dataclass(frozen=True)
 class RoundOutput:
     """A round's aggregate direction ḡ ``[D]`` and the clients' losses (a simulation-only
-    diagnostic), and the releases recorded for every user of the population (central DP)."""
+    diagnostic), and the releases recorded for every user of the population (central DP).
+
+    ``server_state``: the method's server state for the next round (``None``: unchanged;
+    adaptive clipping's next clip, :meth:`ClientMethod.server_state`). ``metrics``: public
+    values of the round for the run's log (e.g. the clip in use and the noised fraction of
+    unclipped clients: post-processing of the round's release).
+    """
 
     direction: torch.Tensor
     losses: list[float]
     population_events: tuple[PrivacyEvent, ...] = ()
+    server_state: dict[str, float] | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -102,10 +110,30 @@ class ClientMethod(ABC, Generic[TaskT]):
             Naming the setting and what to pass instead.
         """
 
+    def check_engine(self, engine: str) -> None:
+        """Refuse an engine this method's settings cannot run on (none here).
+
+        Raises
+        ------
+        ConfigError
+            Naming the setting and what to pass instead.
+        """
+
     def select(self, eligible: torch.Tensor, m: int, *, seed: int,
                round_index: int) -> list[int]:
         """The round's clients: m of the eligible users (seeded, without replacement)."""
         return sample_round(eligible, m, seed=seed, round_index=round_index)
+
+    # ------------------------------------------------------------------ server state
+    def server_state(self) -> dict[str, float]:
+        """The public state the server carries from round to round for this method, as it
+        starts (checkpointed with θ; none by default; adaptive clipping: the clip)."""
+        return {}
+
+    def at_server_state(self, state: Mapping[str, float]) -> ClientMethod[TaskT]:
+        """This method as its clients run it in a round whose server state is ``state``
+        (itself by default; adaptive clipping: with the round's clip)."""
+        return self
 
     @property
     def sends_metadata(self) -> bool:
@@ -208,6 +236,14 @@ class ClientMethod(ABC, Generic[TaskT]):
         grad, loss = task.gradient(params, inputs)
         released, _ = self.privatize(grad[None], [generator])
         return released[0], loss
+
+    def release(self, task: TaskT, params: torch.Tensor, inputs: Any, *,
+                generator: Randomness) -> tuple[torch.Tensor, float, dict[str, float]]:
+        """One client's upload: :meth:`update` and the scalars it sends next to it (none by
+        default; adaptive clipping: the centred clip indicator), each covered by an
+        accounted release."""
+        payload, loss = self.update(task, params, inputs, generator=generator)
+        return payload, loss, {}
 
     def client_updates(self, task: TaskT, params: torch.Tensor,
                        inputs: Sequence[Any], generators: Sequence[torch.Generator], *,

@@ -7,13 +7,27 @@ aggregator adds Gaussian noise of standard deviation z·C once to the sum and di
 expected number of clients qN: (Σ clip(Δ_u, C) + N(0, z²C²I)) / (qN). The round's release
 is recorded for every user of the population (Poisson sampling amplifies for everyone,
 sampled or not); the clients' clipped updates spend nothing of their own.
+
+On the Flower engine the clipped updates go through SecAgg+ (``secure_aggregation =
+"secaggplus"``, :mod:`privaterec.fed.secagg`): the server sees only their sum, and either
+adds the noise to it (``noise_placement = "central"``) or each client adds its share
+before masking (``"distributed"``, guaranteed when at most ``max_dropouts`` clients drop).
+
+With ``adaptive`` (:class:`~privaterec.privacy.adaptive_clip.AdaptiveClipping`; Andrew et
+al. 2021) the clip is server state: round t runs with C_t
+(:meth:`CentralDP.at_server_state`), each client also sends its centred clip indicator
+b − ½, the aggregator noises the sum of the updates with z_Δ·C_t and the sum of the
+indicators with σ_b (together one Gaussian release of multiplier z), and moves the clip
+towards the target quantile of the update norms.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import math
 from dataclasses import dataclass
-from typing import Any, ClassVar, Sequence
+from typing import Any, ClassVar, Mapping, Sequence
 
 import torch
 
@@ -22,12 +36,25 @@ from privaterec.errors import ConfigError
 from privaterec.fed.methods.base import ClientMethod, RoundContext, RoundOutput
 from privaterec.fed.rng import central_noise_generator
 from privaterec.fed.sampling import poisson_round
+from privaterec.fed.secagg import (NOISE_PLACEMENTS, SECURE_AGGREGATIONS, TAIL_SIGMAS,
+                                   SecAggRound, min_clients, plan_round)
 from privaterec.fed.task import FederatedTask
+from privaterec.privacy.adaptive_clip import (AdaptiveClipping, adaptive_round_event,
+                                              clip_indicators, equivalent_noise_multiplier)
 from privaterec.privacy.calibrated import Calibration, no_noise
 from privaterec.privacy.central import central_calibration, central_epsilon
 from privaterec.privacy.events import PrivacyEvent
-from privaterec.privacy.mechanisms import calibrated_noise
-from privaterec.privacy.randomness import Randomness
+from privaterec.privacy.mechanisms import calibrated_noise, gaussian_noise
+from privaterec.privacy.randomness import Randomness, as_source
+
+CLIP_INDICATOR = "clip_indicator"
+"""The name of adaptive clipping's centred indicator b − ½ in what a client sends."""
+
+
+def expected_clients(sampling_rate: float, population: int) -> int:
+    """m, the expected number of clients per round, max(1, round(qN)) (at most N): the
+    default count noise σ_b = m / 20 (the same m the run reports as clients per round)."""
+    return max(1, min(population, round(sampling_rate * population)))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -36,9 +63,12 @@ class CentralDP(ClientMethod[FederatedTask[Any]]):
 
     Attributes
     ----------
-    inner: the wrapped method (its inputs and its updates). clip: C.
+    inner: the wrapped method (its inputs and its updates). clip: C (with ``adaptive``: the
+    clip of the round this method runs, the initial clip C_0 as built from the config).
     noise_multiplier: z. sampling_rate: q (Poisson). rounds: T (for the run's ε).
-    delta: δ of the run's guarantee.
+    delta: δ of the run's guarantee. adaptive: adaptive clipping's settings (None: fixed C).
+    secure_aggregation, noise_placement, max_dropouts: how the sum is formed (Flower engine
+        only; see the group of fields below).
     """
 
     name: ClassVar[str] = "dp-fedavg"
@@ -50,6 +80,64 @@ class CentralDP(ClientMethod[FederatedTask[Any]]):
     sampling_rate: float
     rounds: int = 1
     delta: float = 0.0
+    adaptive: AdaptiveClipping | None = None
+    # --- Secure aggregation (Flower engine only; issue 15 item 2, fed/secagg.py). --------
+    # secure_aggregation: "none" (the server sees each clipped update: simulator) or
+    #   "secaggplus" (Flower's SecAgg+: the server sees only the sum).
+    # noise_placement: "central" (the server adds N(0, z²C²) to the sum) or "distributed"
+    #   (each of the n sampled clients adds N(0, z²C²/(n - k)) before masking).
+    # max_dropouts: k, the dropouts a round tolerates; SecAgg+'s threshold is n - k, so the
+    #   sum decodes only if at least n - k clients' vectors (and noise shares) are in it.
+    secure_aggregation: str = "none"
+    noise_placement: str = "central"
+    max_dropouts: int = 0
+
+    def __post_init__(self) -> None:
+        if self.secure_aggregation not in SECURE_AGGREGATIONS:
+            raise ConfigError(f"invalid 'secure_aggregation' {self.secure_aggregation!r}; "
+                              f"expected one of {', '.join(SECURE_AGGREGATIONS)}")
+        if self.noise_placement not in NOISE_PLACEMENTS:
+            raise ConfigError(f"invalid 'noise_placement' {self.noise_placement!r}; "
+                              f"expected one of {', '.join(NOISE_PLACEMENTS)}")
+        if not (isinstance(self.max_dropouts, int) and self.max_dropouts >= 0):
+            raise ConfigError(f"invalid 'max_dropouts' {self.max_dropouts!r}; expected an "
+                              f"integer >= 0")
+        if self.secure_aggregation == "none" and (self.noise_placement != "central"
+                                                  or self.max_dropouts):
+            raise ConfigError("'noise_placement' distributed and 'max_dropouts' need secure "
+                              "aggregation (--secure-aggregation secaggplus, Flower engine)")
+        if self.adaptive is not None and self.secure_aggregation != "none":
+            raise ConfigError("adaptive clipping (--adaptive-clip-quantile) does not run with "
+                              "secure aggregation yet: its clip indicators and the round's "
+                              "clip would need a secure sum and server state of their own; "
+                              "use a fixed --clip")
+
+    @property
+    def distributed(self) -> bool:
+        """Whether the clients add the noise (in shares) instead of the server."""
+        return self.noise_placement == "distributed"
+
+    def secure_round(self, clients: int) -> SecAggRound | None:
+        """The SecAgg+ parameters of a round of ``clients`` sampled clients, or ``None`` when
+        the round has too few to hide each one (fewer than 2k + 1, or 2): then no client is
+        asked and the round releases the noise alone (:mod:`privaterec.fed.secagg`)."""
+        if clients < min_clients(self.max_dropouts):
+            return None
+        return plan_round(clients=clients, max_dropouts=self.max_dropouts, clip=self.clip,
+                          sigma=self.noise_multiplier * self.clip,
+                          distributed=self.distributed)
+
+    def central_noise(self, dimension: int, source: Randomness) -> torch.Tensor:
+        """The aggregator's noise N(0, (z·C)² I) ``[dimension]`` (float32): with a seeded
+        generator (a simulation's :func:`~privaterec.fed.rng.central_noise_generator`)
+        ``calibrated_noise``'s draw, or float-safe from a deployed server's
+        :class:`~privaterec.privacy.samplers.SecureNoise`."""
+        calibration = self.central_calibration()
+        if isinstance(source, torch.Generator):
+            return calibrated_noise((dimension,), calibration, generator=source)
+        zeros = torch.zeros(dimension, dtype=torch.float64)
+        return as_source(source).release_gaussian(
+            zeros, sigma=calibration.scale).to(torch.float32)
 
     @property
     def by_impressions(self) -> bool:
@@ -59,13 +147,69 @@ class CentralDP(ClientMethod[FederatedTask[Any]]):
         self.inner.check_client(data)
 
     def check_population(self, population: int) -> None:
-        """δ must be below 1/N: a δ that large allows releasing a user's data outright."""
+        """δ must be below 1/N: a δ that large allows releasing a user's data outright; with
+        adaptive clipping, the count noise σ_b (its default m / 20 depends on N) must exceed
+        z/2."""
         if not self.delta < 1 / max(1, population):
             raise ConfigError(f"dp-fedavg's 'fed.target_delta' = {self.delta:g} is not below "
                               f"1/N = {1 / max(1, population):.3g} for N = {population} "
                               f"training users: a delta that large allows releasing a user's "
                               f"data outright; pass --target-delta below "
                               f"{1 / max(1, population):.3g}")
+        if self.secure_aggregation != "none":
+            k = self.max_dropouts
+            if population < min_clients(k):
+                raise ConfigError(f"secure aggregation with --max-dropouts {k} needs rounds "
+                                  f"of at least {min_clients(k)} clients, but there are "
+                                  f"only {population} training users")
+            # The largest possible round (every user sampled): its quantisation and share.
+            plan_round(clients=population, max_dropouts=k, clip=self.clip,
+                       sigma=self.noise_multiplier * self.clip, distributed=self.distributed)
+        self.noise_split(expected_clients(self.sampling_rate, max(1, population)))
+
+    def check_engine(self, engine: str) -> None:
+        """Adaptive clipping runs on the simulator only: its clip is server state that the
+        Flower engine's rounds do not carry. On Flower central DP runs through secure
+        aggregation only, and secure aggregation on Flower only."""
+        if self.adaptive is not None and engine != "simulator":
+            raise ConfigError(f"--adaptive-clip-quantile ('fed.adaptive_clip_quantile', "
+                              f"dp-fedavg's adaptive clipping) runs on the simulator engine "
+                              f"only: the round's clip is server state that the {engine} "
+                              f"engine does not send to its clients yet; use --engine "
+                              f"simulator, or a fixed --clip without --adaptive-clip-quantile")
+        if engine == "flower" and self.secure_aggregation == "none":
+            raise ConfigError(f"{self.name} (central DP) on Flower runs through secure "
+                              f"aggregation only: pass --secure-aggregation secaggplus (the "
+                              f"server then sees only the sum), or use --engine simulator")
+        if self.secure_aggregation != "none" and engine != "flower":
+            raise ConfigError("--secure-aggregation secaggplus runs on the Flower engine only "
+                              "(the simulator has no server to hide the updates from): pass "
+                              "--engine flower, or --secure-aggregation none")
+
+    # ------------------------------------------------------------------ server state
+    def server_state(self) -> dict[str, float]:
+        """Adaptive clipping: ``{"clip": C}``, the clip of this method's round (C_0 as built);
+        none for a fixed clip."""
+        return {} if self.adaptive is None else {"clip": float(self.clip)}
+
+    def at_server_state(self, state: Mapping[str, float]) -> CentralDP:
+        """This method with the round's clip C_t (adaptive clipping; itself otherwise)."""
+        if self.adaptive is None or float(state["clip"]) == self.clip:
+            return self
+        return dataclasses.replace(self, clip=float(state["clip"]))
+
+    def noise_split(self, expected: int) -> tuple[float, float | None]:
+        """(noise multiplier of the update's sum, σ_b of the indicators' sum or None) for m =
+        ``expected`` clients per round: (z, None) for a fixed clip, (z_Δ, σ_b) adaptive.
+
+        Raises
+        ------
+        ConfigError
+            If σ_b ≤ z/2 (:func:`~privaterec.privacy.adaptive_clip.update_noise_multiplier`).
+        """
+        if self.adaptive is None:
+            return self.noise_multiplier, None
+        return self.adaptive.noise_split(self.noise_multiplier, expected)
 
     def select(self, eligible: torch.Tensor, m: int, *, seed: int,
                round_index: int) -> list[int]:
@@ -88,7 +232,9 @@ class CentralDP(ClientMethod[FederatedTask[Any]]):
 
     def central_calibration(self) -> Calibration:
         """The noise the aggregator adds to the round's sum, N(0, (z·C)² I), and its event
-        (calibrated once per method, cached)."""
+        (calibrated once per method, cached). With adaptive clipping the event is the
+        equivalent single release in units of the round's clip (noise z, sensitivity 1; the
+        same every round) and the noises are drawn by :meth:`noised_sums`."""
         return _central_calibration(self)
 
     def central_event(self) -> PrivacyEvent:
@@ -101,9 +247,18 @@ class CentralDP(ClientMethod[FederatedTask[Any]]):
     def update(self, task: FederatedTask[Any], params: torch.Tensor, inputs: Any, *,
                generator: Randomness) -> tuple[torch.Tensor, float]:
         """The wrapped method's update, clipped to L2 norm C (sent to the aggregator)."""
+        payload, loss, _ = self.release(task, params, inputs, generator=generator)
+        return payload, loss
+
+    def release(self, task: FederatedTask[Any], params: torch.Tensor, inputs: Any, *,
+                generator: Randomness) -> tuple[torch.Tensor, float, dict[str, float]]:
+        """The clipped update ``Tensor[D]``, the loss and, with adaptive clipping, the
+        centred clip indicator b − ½ (``clip_indicator``), all sent to the aggregator."""
         update, loss = self.inner.update(task, params, inputs, generator=generator)
         clipped, _ = self.privatize(update[None], [generator])
-        return clipped[0], loss
+        reports = ({} if self.adaptive is None else
+                   {CLIP_INDICATOR: float(clip_indicators(update[None], self.clip)[0])})
+        return clipped[0], loss, reports
 
     def client_updates(self, task: FederatedTask[Any], params: torch.Tensor,
                        inputs: Sequence[Any], generators: Sequence[torch.Generator], *,
@@ -116,23 +271,95 @@ class CentralDP(ClientMethod[FederatedTask[Any]]):
     def round(self, task: FederatedTask[Any], params: torch.Tensor, inputs: Sequence[Any],
               generators: Sequence[torch.Generator], context: RoundContext) -> RoundOutput:
         """(Σ clip(Δ_u, C) + N(0, z²C²I)) / (qN); the noise is the simulation's seeded draw
-        (:func:`~privaterec.fed.rng.central_noise_generator`)."""
+        (:func:`~privaterec.fed.rng.central_noise_generator`). With adaptive clipping, also
+        the noised indicator count and the next clip (:meth:`aggregate`)."""
         dimension = task.dimension
         total = torch.zeros(dimension)
+        indicator_sum = 0.0
         losses: list[float] = []
         if inputs:
-            clipped, loss_t = self.client_updates(task, params, inputs, generators,
-                                                  chunk_clients=context.chunk_clients)
+            updates, loss_t = self.inner.client_updates(task, params, inputs, generators,
+                                                        chunk_clients=context.chunk_clients)
+            clipped, _ = self.privatize(updates, generators)
             total = clipped.sum(0)
+            if self.adaptive is not None:
+                indicator_sum = float(clip_indicators(updates, self.clip).sum())
             losses = [float(x) for x in loss_t]
-        noise = calibrated_noise((dimension,), self.central_calibration(),
-                                 generator=central_noise_generator(context.seed,
-                                                                   context.round_index))
-        direction = (total + noise) / (self.sampling_rate * context.population)
-        return RoundOutput(direction, losses, (self.central_event(),))
+        return self.aggregate(total, indicator_sum, population=context.population,
+                              generator=central_noise_generator(context.seed,
+                                                                context.round_index),
+                              losses=losses)
+
+    def noised_sums(self, total: torch.Tensor, indicator_sum: float, *, population: int,
+                    generator: torch.Generator) -> tuple[torch.Tensor, float | None]:
+        """The aggregator's release of one round: the sum of the clipped updates plus
+        N(0, (z·C)² I) ``Tensor[D]`` (z_Δ·C_t with adaptive clipping) and, with adaptive
+        clipping, the sum of the centred indicators plus N(0, σ_b²) (else None).
+
+        Parameters
+        ----------
+        total: ``Tensor[D]``, Σ clip(Δ_u, C). indicator_sum: Σ (b_u − ½) (ignored without
+        adaptive clipping). population: N (public), for the default σ_b. generator: the
+        aggregator's source (a simulation's seeded generator); the update's noise is drawn
+        first, then the count's.
+        """
+        if self.adaptive is None:
+            return total + self.central_noise(int(total.shape[0]), generator), None
+        z_update, sigma_b = self.noise_split(expected_clients(self.sampling_rate,
+                                                              max(1, population)))
+        assert sigma_b is not None
+        noise = gaussian_noise(tuple(total.shape), sigma=z_update * self.clip,
+                               generator=generator)
+        count_noise = gaussian_noise((1,), sigma=sigma_b, generator=generator,
+                                     dtype=torch.float64)
+        return total + noise, indicator_sum + float(count_noise[0])
+
+    def aggregate(self, total: torch.Tensor, indicator_sum: float, *, population: int,
+                  generator: torch.Generator, losses: list[float] | None = None
+                  ) -> RoundOutput:
+        """The round's output from the clients' sums: the noised sum over qN, and with
+        adaptive clipping the next clip C_{t+1} (``server_state``) and, in ``metrics``, the
+        clip C_t used and the noised fraction b̃ of unclipped clients (post-processing)."""
+        noisy_total, noisy_count = self.noised_sums(total, indicator_sum,
+                                                    population=population, generator=generator)
+        expected = self.sampling_rate * population
+        direction = noisy_total / expected
+        events = (self.central_event(),)
+        if self.adaptive is None or noisy_count is None:
+            return RoundOutput(direction, list(losses or []), events)
+        fraction = self.adaptive.unclipped_fraction(noisy_count, expected)
+        return RoundOutput(direction, list(losses or []), events,
+                           server_state={"clip": self.adaptive.next_clip(self.clip, fraction)},
+                           metrics={"clip": float(self.clip), "unclipped_fraction": fraction})
+
+    def event_note(self) -> str:
+        """The ledger note of a round under secure aggregation (``""``: the default note of
+        :func:`~privaterec.privacy.central.central_round_event`, the server sees the
+        clipped updates)."""
+        if self.secure_aggregation == "none":
+            return ""
+        common = (f"Poisson sampling q = {self.sampling_rate:g}, updates clipped to L2 norm "
+                  f"{self.clip:g} and rounded toward zero onto SecAgg+'s grid (norm still <= "
+                  f"{self.clip:g}), summed by SecAgg+ (the server sees only the sum of the "
+                  f"clients that did not drop out, at most {self.max_dropouts})")
+        if not self.distributed:
+            return (f"central DP (DP-FedAvg) with secure aggregation: {common}; the server "
+                    f"adds Gaussian noise z = {self.noise_multiplier:g} to the sum; one "
+                    f"user's data replaced (covers one click and one user)")
+        return (f"distributed DP (DP-FedAvg) with secure aggregation: {common}; each of the "
+                f"n sampled clients adds N(0, (z C)^2/(n - {self.max_dropouts})), z = "
+                f"{self.noise_multiplier:g}, before masking, so the sum carries noise of "
+                f"std >= z C when at most {self.max_dropouts} clients drop out (SecAgg+'s "
+                f"threshold n - {self.max_dropouts} refuses to decode otherwise); rounding "
+                f"and SecAgg+'s range clip put the release within total variation 1.2e-38 "
+                f"per coordinate and client of the accounted Gaussian mechanism; one user's "
+                f"data replaced (covers one click and one user)")
 
     def describe(self, *, dimension: int, parameters: Sequence[str], clients_per_round: int,
                  client_fraction: float) -> dict[str, Any]:
+        """DP-FedAvg's release for ``privacy.json``; with adaptive clipping also its
+        ``adaptive_clipping`` block (the noise split for m = ``clients_per_round``, the
+        expected clients per round)."""
         event = self.central_event()
 
         def total(accountant: str, neighbours: str) -> float:
@@ -140,7 +367,20 @@ class CentralDP(ClientMethod[FederatedTask[Any]]):
                                    sampling_rate=self.sampling_rate, rounds=self.rounds,
                                    delta=self.delta, accountant=accountant,
                                    neighbours=neighbours)
-        return {
+        central: dict[str, Any] = {
+            "noise_multiplier": self.noise_multiplier, "sampling_rate": self.sampling_rate,
+            "rounds": self.rounds, "delta": self.delta,
+            "epsilon_run_pld": total("pld", "replace"),
+            "epsilon_run_pld_add_remove": total("pld", "add_remove"),
+            "epsilon_run_rdp_add_remove": total("rdp", "add_remove"),
+            "adjacency": "one user's data replaced (covers one click and one user); "
+                         "add/remove values for comparison only",
+            "sampling": "Poisson: every user joins a round with probability q",
+            "trust": (self._secure_trust(dimension) if self.secure_aggregation != "none" else
+                      "the server adds the noise and sees the clipped updates (no secure "
+                      "aggregation; --secure-aggregation secaggplus on the Flower engine "
+                      "hides them)")}
+        out: dict[str, Any] = {
             "method": self.name, "mechanism": "gaussian",
             "aggregation": "noise added once to the sum of the sampled clients' clipped "
                            "updates (central DP), divided by the expected count qN",
@@ -149,25 +389,113 @@ class CentralDP(ClientMethod[FederatedTask[Any]]):
             "dimension": dimension, "epsilon_per_round": event.epsilon,
             "delta_per_round": event.delta, "coordinate_epsilon": None,
             "noised_parameters": list(parameters),
-            "central": {"noise_multiplier": self.noise_multiplier,
-                        "sampling_rate": self.sampling_rate, "rounds": self.rounds,
-                        "delta": self.delta,
-                        "epsilon_run_pld": total("pld", "replace"),
-                        "epsilon_run_pld_add_remove": total("pld", "add_remove"),
-                        "epsilon_run_rdp_add_remove": total("rdp", "add_remove"),
-                        "adjacency": "one user's data replaced (covers one click and one "
-                                     "user); add/remove values for comparison only",
-                        "sampling": "Poisson: every user joins a round with probability q",
-                        "trust": "the server adds the noise and sees the clipped updates "
-                                 "(no secure aggregation in this engine yet)"},
+            "central": central,
         }
+        if self.adaptive is None:
+            return out
+        z_update, sigma_b = self.noise_split(max(1, clients_per_round))
+        assert sigma_b is not None
+        out.update(
+            clipping="l2 (each client), adaptive: round t clips to C_t (server state, "
+                     "logged per round as 'clip'); clip_bound is the initial C_0",
+            noise_scale=event.noise_scale, sensitivity_l2=event.sensitivity)
+        out["sends"] = ("clipped update and clip indicator b - 1/2, to the trusted "
+                        "aggregator")
+        out["central"]["trust"] = (
+            "the server adds the noise and sees each client's clipped update and its clip "
+            "indicator b - 1/2 (adaptive clipping runs on the simulator, without secure "
+            "aggregation)")
+        out["adaptive_clipping"] = {
+            "paper": "Andrew, Thakkar, McMahan & Ramaswamy, NeurIPS 2021 (geometric update)",
+            "target_quantile": self.adaptive.target_quantile,
+            "clip_learning_rate": self.adaptive.learning_rate,
+            "initial_clip": self.clip,
+            "expected_clients_per_round": max(1, clients_per_round),
+            "count_stddev": sigma_b,
+            "count_stddev_default": self.adaptive.count_stddev is None,
+            "update_noise_multiplier": z_update,
+            "equivalent_noise_multiplier": equivalent_noise_multiplier(
+                update_noise_multiplier=z_update, count_stddev=sigma_b),
+            "update_noise": "N(0, (z_update * C_t)^2) on the sum of the clipped updates",
+            "count_noise": "N(0, count_stddev^2) on the sum of the centred indicators "
+                           "b - 1/2, b = 1[norm of the update <= C_t]",
+            "split": "z^-2 = z_update^-2 + (2 count_stddev)^-2: the two sums are one "
+                     "Gaussian release of noise multiplier z (each user's contribution, "
+                     "divided by the noise scales, lies within 1/z of the origin), under "
+                     "replacement and add/remove alike",
+            "noise_units": "the event's noise_scale and sensitivity_l2 are in units of C_t",
+            "clip_update": "C_t+1 = C_t * exp(-clip_learning_rate * (b - target_quantile)), "
+                           "b = clamp(noised indicator sum / qN + 1/2, 0, 1): "
+                           "post-processing, so the clip is public",
+        }
+        return out
+
+    def _secure_trust(self, dimension: int) -> dict[str, Any]:
+        """The secure-aggregation block of ``describe``: protocol, threat model, noise
+        placement with its dropout assumption, quantisation, and what the server learns."""
+        k = self.max_dropouts
+        per_share = math.erfc(TAIL_SIGMAS / math.sqrt(2))
+        out: dict[str, Any] = {
+            "secure_aggregation": "secaggplus (Flower's SecAgg+: pairwise and private masks "
+                                  "modulo M; every sampled client shares its secrets with "
+                                  "all the others)",
+            "threat_model": f"honest-but-curious server colluding with fewer than n - {k} "
+                            f"of the round's n clients: the server learns only the sum of "
+                            f"the surviving clients' quantised vectors; each client's "
+                            f"individual update stays hidden from it",
+            "noise_placement": self.noise_placement,
+            "max_dropouts": k,
+            "reconstruction_threshold": f"n - {k} (all n clients hold shares)",
+            "min_clients_per_round": min_clients(k),
+            "rounds_below_min_clients": "no client is asked; the round releases the noise "
+                                        "alone (central) or nothing (distributed)",
+            "quantisation": "each coordinate rounded toward zero onto the grid of step "
+                            "s = 2c/2^b (c >= C a power of two, b <= 24 bits with "
+                            "n 2^b < 2^32 = SecAgg+'s largest modulus M): the L2 norm stays "
+                            "<= C, so the sensitivity is C, exactly as accounted; the "
+                            "modulus M > n 2^b rules out wraparound",
+            "guarantee": "the ledger's epsilon is the sum's: against anyone who sees the "
+                         "released models (and the noised sums) but not who was sampled",
+        }
+        if self.distributed:
+            out["noise"] = (f"each of the n sampled clients adds N(0, (z C)^2/(n - {k})) "
+                            f"before masking (OS CSPRNG, float-safe, on a device); the sum "
+                            f"carries variance >= (z C)^2 when at most {k} clients drop out, "
+                            f"which SecAgg+'s threshold enforces")
+            out["total_variation_per_coordinate_and_client"] = per_share
+            out["total_variation_bound_run"] = (
+                f"eta <= {self.rounds} rounds x n clients x D = {dimension} x "
+                f"{per_share:.3g}: the run is (epsilon, delta + (1 + e^epsilon) eta)-DP")
+            out["against_the_server"] = (
+                "the server picks the sampled clients, so Poisson amplification does not "
+                "hold against it: each round a user takes part in is the Gaussian "
+                "mechanism with noise multiplier z on its own (sensitivity 2C under "
+                f"replacement): epsilon {self._epsilon_unsampled():.4g} at delta "
+                f"{self.delta:g} per participation")
+        else:
+            out["noise"] = ("the server adds N(0, (z C)^2) to the decoded sum (OS CSPRNG, "
+                            "float-safe, when deployed)")
+            out["against_the_server"] = ("the server adds the noise: it knows the noiseless "
+                                         "sum of the round's clipped updates (no individual "
+                                         "update)")
+        return out
+
+    def _epsilon_unsampled(self) -> float:
+        """ε at δ of one unsampled round (q = 1), replace-one: the guarantee against a
+        server that knows who took part."""
+        return central_epsilon(noise_multiplier=self.noise_multiplier, sampling_rate=1.0,
+                               rounds=1, delta=self.delta)
 
 
 @functools.lru_cache(maxsize=64)
 def _central_calibration(method: CentralDP) -> Calibration:
+    if method.adaptive is not None:
+        return Calibration(event=adaptive_round_event(
+            noise_multiplier=method.noise_multiplier, sampling_rate=method.sampling_rate,
+            delta=method.delta, adaptive=method.adaptive))
     return central_calibration(noise_multiplier=method.noise_multiplier,
                                sampling_rate=method.sampling_rate, clip=method.clip,
-                               delta=method.delta)
+                               delta=method.delta, note=method.event_note())
 
 
-__all__ = ["CentralDP"]
+__all__ = ["CLIP_INDICATOR", "CentralDP", "expected_clients"]

@@ -15,6 +15,8 @@ from privaterec.fed.methods.base import ClientMethod
 from privaterec.fed.methods.central import CentralDP
 from privaterec.fed.methods.privaterec import PrivateRec, PrivateRecStrict
 from privaterec.fed.methods.ranking import DPFedRec, FedNewsRec, FedRec
+from privaterec.privacy.adaptive_clip import (DEFAULT_CLIP_LR, AdaptiveClipping,
+                                              update_noise_multiplier)
 from privaterec.privacy.central import calibrate_noise_multiplier, central_epsilon
 
 # DP-FedAvg's clip norm C of a client's update (central DP, issue 15); see BENCHMARKS.md.
@@ -69,8 +71,19 @@ def resolve_run_config(config: RunConfig) -> RunConfig:
         raise ConfigError(f"'fed.noise_multiplier', 'fed.target_epsilon' and "
                           f"'fed.target_delta' apply to dp-fedavg (central DP) only, not "
                           f"{method}")
+    adaptive = ("adaptive_clip_quantile", "clip_lr", "clip_count_stddev")
+    if method != "dp-fedavg" and any(getattr(fed, k) is not None for k in adaptive):
+        raise ConfigError(f"'fed.adaptive_clip_quantile', 'fed.clip_lr' and "
+                          f"'fed.clip_count_stddev' (adaptive clipping) apply to dp-fedavg "
+                          f"(central DP) only, not {method}")
+    if method != "dp-fedavg" and (fed.secure_aggregation != "none"
+                                  or fed.noise_placement != "central" or fed.max_dropouts):
+        raise ConfigError(f"'fed.secure_aggregation', 'fed.noise_placement' and "
+                          f"'fed.max_dropouts' apply to dp-fedavg (central DP) only, not "
+                          f"{method}")
     if method == "dp-fedavg":
         changes.update(_resolve_central(fed, changes))
+        changes.update(_resolve_adaptive_clip(fed, changes))
         # The report composes at the guarantee's own delta.
         changes["report_delta"] = (fed.target_delta if fed.target_delta is not None
                                    else changes["target_delta"])
@@ -132,6 +145,25 @@ def _resolve_central(fed: FedConfig, changes: dict[str, Any]) -> dict[str, Any]:
 
 
 
+def _resolve_adaptive_clip(fed: FedConfig, changes: dict[str, Any]) -> dict[str, Any]:
+    """Adaptive clipping's settings: η_C's default; σ_b, when given, checked against z
+    (its default m / 20 depends on the population and is checked when the run starts,
+    :meth:`~privaterec.fed.methods.central.CentralDP.check_population`)."""
+    if fed.adaptive_clip_quantile is None:
+        given = [k for k in ("clip_lr", "clip_count_stddev") if getattr(fed, k) is not None]
+        if given:
+            raise ConfigError(f"{', '.join(repr('fed.' + k) for k in given)} (CLI "
+                              f"{', '.join('--' + k.replace('_', '-') for k in given)}) apply "
+                              f"to adaptive clipping only: pass --adaptive-clip-quantile too "
+                              f"(e.g. 0.5), or drop them for a fixed --clip")
+        return {}
+    if fed.clip_count_stddev is not None:
+        z = fed.noise_multiplier if fed.noise_multiplier is not None else changes[
+            "noise_multiplier"]
+        update_noise_multiplier(noise_multiplier=z, count_stddev=fed.clip_count_stddev)
+    return {"clip_lr": DEFAULT_CLIP_LR} if fed.clip_lr is None else {}
+
+
 MethodBuilder = Callable[[RunConfig], ClientMethod]
 
 
@@ -177,11 +209,19 @@ def _dp_fedavg(config: RunConfig) -> ClientMethod:
     fed = config.fed
     assert (fed.noise_multiplier is not None and fed.client_fraction is not None
             and fed.clip is not None), "resolve the config first"
+    adaptive = None
+    if fed.adaptive_clip_quantile is not None:
+        assert fed.clip_lr is not None, "resolve the config first"
+        adaptive = AdaptiveClipping(target_quantile=fed.adaptive_clip_quantile,
+                                    learning_rate=fed.clip_lr,
+                                    count_stddev=fed.clip_count_stddev)
     return CentralDP(negatives=config.train.negatives, max_samples=fed.max_client_samples,
                      inner=_fedrec(config), clip=fed.clip,
                      noise_multiplier=fed.noise_multiplier,
                      sampling_rate=fed.client_fraction, rounds=fed.rounds,
-                     delta=float(fed.target_delta or 0.0))
+                     delta=float(fed.target_delta or 0.0), adaptive=adaptive,
+                     secure_aggregation=fed.secure_aggregation,
+                     noise_placement=fed.noise_placement, max_dropouts=fed.max_dropouts)
 
 
 METHODS: dict[str, MethodBuilder] = {

@@ -9,6 +9,10 @@ Each is a context manager that patches the library for its duration (simulation 
 * :func:`scaled_noise` — every Laplace draw ``factor`` times its calibrated scale while the
   events still claim the calibrated ε (e.g. 0.1: noise 10x too small).
 * :func:`reply_with_loss` — the client's reply also carries its raw training loss (hole 5).
+* :func:`scaled_gaussian_noise` — every Gaussian draw (central DP's noise on the sum and on
+  the clip count included) ``factor`` times its calibrated scale.
+* :func:`unnoised_clip_count` — central DP's aggregator releases the count of unclipped
+  clients (adaptive clipping) without its noise.
 """
 
 from __future__ import annotations
@@ -87,4 +91,37 @@ def reply_with_loss() -> Iterator[None]:
         yield
 
 
-__all__ = ["published_dpl", "published_dpl_labels", "reply_with_loss", "scaled_noise"]
+@contextmanager
+def scaled_gaussian_noise(factor: float) -> Iterator[None]:
+    """Every Gaussian draw (the mechanisms and central DP's aggregator) at ``factor`` × σ."""
+    import privaterec.fed.methods.central as central
+    import privaterec.privacy.mechanisms as mechanisms
+
+    original = mechanisms.gaussian_noise
+
+    def noise(shape: Any, *, sigma: Any, generator: Any, **kwargs: Any) -> Tensor:
+        return original(shape, sigma=sigma * factor, generator=generator, **kwargs)
+
+    with _patched(mechanisms, "gaussian_noise", noise), \
+            _patched(central, "gaussian_noise", noise):
+        yield
+
+
+@contextmanager
+def unnoised_clip_count() -> Iterator[None]:
+    """:meth:`CentralDP.noised_sums` returns the exact sum of the clip indicators."""
+    from privaterec.fed.methods.central import CentralDP
+
+    original = CentralDP.noised_sums
+
+    def exact_count(self: CentralDP, total: Tensor, indicator_sum: float,
+                    **kwargs: Any) -> tuple[Tensor, float | None]:
+        noisy_total, noisy_count = original(self, total, indicator_sum, **kwargs)
+        return noisy_total, None if noisy_count is None else float(indicator_sum)
+
+    with _patched(CentralDP, "noised_sums", exact_count):
+        yield
+
+
+__all__ = ["published_dpl", "published_dpl_labels", "reply_with_loss", "scaled_gaussian_noise",
+           "scaled_noise", "unnoised_clip_count"]

@@ -308,12 +308,15 @@ def run_audit(method: str, *, adjacency: str, epsilon: float, mode: str = "stric
     Parameters
     ----------
     method:
-        ``fedrec``, ``fednewsrec``, ``dp-fedrec``, ``privaterec`` or ``unifedrec``.
+        ``fedrec``, ``fednewsrec``, ``dp-fedrec``, ``privaterec``, ``unifedrec``, or
+        ``dp-fedavg`` / ``dp-fedavg-adaptive`` (central DP: what the aggregator releases from
+        the user's upload in one round at q = 1).
     adjacency:
         ``click`` or ``user`` (:mod:`~privaterec.privacy.e2e_audit.world`).
     epsilon:
         The per-round budget the method is configured with (FedNewsRec: λ = 2δD/ε;
-        Uni-FedRec: λ_g = 2θ/ε; FedRec has no noise and claims ε = ∞).
+        Uni-FedRec: λ_g = 2θ/ε; FedRec has no noise and claims ε = ∞; DP-FedAvg: the
+        round's ε at q = 1).
     mode:
         PrivateRec's ``paper`` or ``strict`` (ignored by the other methods).
     runs, seed, alpha:

@@ -29,11 +29,17 @@ from privaterec.validators import check_choice
 if TYPE_CHECKING:
     from privaterec.recall.task import UniFedRecLDP
 
-AuditMethod = Literal["fedrec", "fednewsrec", "dp-fedrec", "privaterec", "unifedrec"]
+AuditMethod = Literal["fedrec", "fednewsrec", "dp-fedrec", "privaterec", "unifedrec",
+                      "dp-fedavg", "dp-fedavg-adaptive"]
 METHODS: tuple[AuditMethod, ...] = get_args(AuditMethod)
 MODES = ("paper", "strict")
 FEDNEWSREC_CLIP = 0.005  # FedNewsRec's δ (its default)
 RECALL_CLIP = 0.1  # Uni-FedRec's θ (its default)
+# dp-fedavg-adaptive: the count's noise sigma_b = this share of z (the count then takes
+# 1/1.5² = 44% of the budget: z_update = 1.34 z). The audit runs at dp-fedavg's default clip
+# 0.1, between the tiny model's update norms of the one-impression pair (0.130 and 0.085 at
+# theta_0), so the two users' clip indicators differ.
+CENTRAL_COUNT_SHARE = 0.75
 
 # d = 1: an additive-noise release is only as distinguishable as its signal is concentrated,
 # and a 1-d id encoder puts each news on one coordinate (measured: noise 10x too small for
@@ -112,9 +118,53 @@ def fed_run_config(method: FederatedMethod, *, mode: str, epsilon: float, noise:
         fed = {"epsilon_train": epsilon, "noise": noise, "delta_train": delta}
         if method == "privaterec":
             fed["privacy_mode"] = mode
+    elif method == "dp-fedavg":  # one round at q = 1: its epsilon is the round's
+        fed = {"target_epsilon": epsilon, "target_delta": delta, "rounds": 1,
+               "client_fraction": 1.0}
     config = RunConfig(data="unused", model=model, train=TrainConfig(method=method, seed=0),
                        fed=FedConfig(**fed))
     return resolve_run_config(config)
+
+
+def _central_target(world: AuditWorld, *, adaptive: bool, epsilon: float, delta: float,
+                    model: ModelConfig) -> Target:
+    """dp-fedavg's round release (module docstring): the audited user's real clipped update
+    (and, with adaptive clipping, its clip indicator) through the aggregator's real noise."""
+    from privaterec.config import replace
+    from privaterec.fed.client import client_update
+    from privaterec.fed.methods import method_from_config, resolve_run_config
+    from privaterec.fed.methods.central import CLIP_INDICATOR, CentralDP
+    from privaterec.fed.objective import LocalObjective
+    from privaterec.models.factory import build_recommender
+
+    config = fed_run_config("dp-fedavg", mode="-", epsilon=epsilon, delta=delta, model=model)
+    if adaptive:
+        z = config.fed.noise_multiplier
+        assert z is not None
+        config = resolve_run_config(replace(config, fed=replace(
+            config.fed, adaptive_clip_quantile=0.5, clip_lr=None,
+            clip_count_stddev=CENTRAL_COUNT_SHARE * z)))
+    method = method_from_config(config)
+    assert isinstance(method, CentralDP)
+    torch.manual_seed(0)
+    objective = LocalObjective(build_recommender(config.model, world.vocabs, world.features))
+    params = objective.parameters()
+    events = method.population_events(objective.dimension)
+
+    def upload(data: ClientData, generator: torch.Generator) -> Release:
+        sent = sent_fields(client_update(objective, params, data, method, generator=generator))
+        total, count = method.noised_sums(sent["payload"], float(sent.get(CLIP_INDICATOR, 0.0)),
+                                          population=1, generator=generator)
+        out: dict[str, Any] = {"payload": total}
+        if count is not None:
+            out["clip_count"] = count
+        return Release(out, events)
+
+    z_update, sigma_b = method.noise_split(1)
+    note = (f"D = {objective.dimension}, one round at q = 1, clip {method.clip:g}, z = "
+            f"{method.noise_multiplier:.4g}"
+            + (f", z_update = {z_update:.4g}, sigma_b = {sigma_b:.4g}" if adaptive else ""))
+    return Target("dp-fedavg-adaptive" if adaptive else "dp-fedavg", "-", upload, note=note)
 
 
 def _federated_target(method: FederatedMethod, world: AuditWorld, *, mode: str, epsilon: float,
@@ -196,10 +246,14 @@ def make_target(method: str, world: AuditWorld, *, mode: str = "strict", epsilon
                           f"number > 0")
     if audited == "unifedrec":
         return _recall_target(world, epsilon=float(epsilon))
+    if audited == "dp-fedavg" or audited == "dp-fedavg-adaptive":
+        return _central_target(world, adaptive=audited == "dp-fedavg-adaptive",
+                               epsilon=float(epsilon), delta=delta,
+                               model=TINY_MODEL if model is None else model)
     return _federated_target(audited, world, mode=mode, epsilon=float(epsilon), noise=noise,
                              delta=delta, model=TINY_MODEL if model is None else model)
 
 
-__all__ = ["AuditMethod", "CENTERED_MODEL", "METHODS", "MODES", "Release", "Target",
-           "TINY_MODEL", "Upload", "fed_run_config", "make_target", "recall_config",
+__all__ = ["AuditMethod", "CENTERED_MODEL", "CENTRAL_COUNT_SHARE", "METHODS", "MODES", "Release",
+           "Target", "TINY_MODEL", "Upload", "fed_run_config", "make_target", "recall_config",
            "sent_fields"]

@@ -1,0 +1,189 @@
+"""Cost of a central-DP round against the non-private round on the same clients (issue 15).
+
+Usage::
+
+    OMP_NUM_THREADS=1 python benchmarks/dp_round_cost.py [--repeats 3] [--model nrms]
+
+Two settings, each in one process, side by side:
+
+* ``large``: 1,000 clients per round on a 50,000-user synthetic set (``--large-data``;
+  made with ``write_synthetic(SynthConfig(users=50000))``, what ``privaterec data synth
+  --users 50000`` runs, when missing);
+* ``small``: 40 clients per round on the default 2,000-user synthetic set.
+
+In each, one fixed set of clients (``sample_round``, seed 0) and the same round index, so
+both methods draw the same samples and candidates: a ``fedrec`` round (one forward and one
+backward pass over the round's samples, the news encoded once:
+``LocalObjective.round_gradient``) and a ``dp-fedavg`` round (``CentralDP`` around FedRec:
+per-client gradients, each clipped to L2 norm C, summed, Gaussian noise). Both are timed
+through ``simulate_round`` (inputs drawn, round aggregated), alternately, ``--repeats``
+times after one untimed round of each (dp-fedavg's first round calibrates its noise with
+dp-accounting, once per run); the ratio is of the medians. The machine may be shared: the ratio, measured in one
+process on the same clients, is the figure to read.
+
+Also reported, to show where a DP round's time goes: the per-client gradients alone
+(``LocalObjective.client_gradients``, once), the number of (client, news) pairs a
+per-client gradient must backpropagate through the news encoder, and the number of distinct
+news the non-private round encodes.
+
+``--shared-news`` (with the code of commit 61f6536 first on ``PYTHONPATH``, which had
+``privaterec.fed.shared_news``, reverted since) also times the per-client gradients with
+the round's news encoded once against the ``vmap`` path on the same batch.
+
+Prints JSON and saves ``benchmarks/results/dp_round_cost.json`` (``--save``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from privaterec.config import FedConfig, ModelConfig, RunConfig, TrainConfig
+from privaterec.data.synth import SynthConfig, write_synthetic
+from privaterec.fed.methods import method_from_config, resolve_run_config
+from privaterec.fed.objective import LocalObjective
+from privaterec.fed.rng import client_generator
+from privaterec.fed.simulator import eligible_clients, sample_round, simulate_round
+from privaterec.models.factory import build_recommender
+from privaterec.runs.ranking import prepare_data
+
+RESULTS = Path(__file__).resolve().parent / "results"
+CACHE = Path.home() / ".cache/privaterec/bench"
+
+
+def _data(path: Path, users: int) -> Path:
+    if not (path / "train" / "behaviors.tsv").exists():
+        write_synthetic(path, SynthConfig(users=users, seed=0))
+    return path
+
+
+def _timed(fn: Any) -> tuple[Any, float]:
+    started = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - started
+
+
+def measure(data: Path, clients_per_round: int, *, model_name: str, repeats: int,
+            noise_multiplier: float, shared_news: bool = False) -> dict[str, Any]:
+    """Median seconds of a fedrec and a dp-fedavg round on the same clients."""
+    model_config = ModelConfig(news_encoder=model_name)
+    started = time.perf_counter()
+    prepared = prepare_data(RunConfig(data=str(data), model=model_config))
+    prepare_seconds = time.perf_counter() - started
+    clients = prepared.train_clients
+    torch.manual_seed(0)
+    model = build_recommender(model_config, prepared.vocabs, prepared.features)
+    objective = LocalObjective(model)
+    params = objective.parameters()
+    eligible = eligible_clients(clients)
+    population = len(eligible)
+    selected = sample_round(eligible, clients_per_round, seed=0, round_index=0)
+
+    def method(name: str, **fed: Any) -> Any:
+        config = RunConfig(data=str(data), model=model_config, train=TrainConfig(method=name),
+                           fed=FedConfig(**fed))
+        return method_from_config(resolve_run_config(config))
+    fedrec = method("fedrec", clients_per_round=clients_per_round)
+    dp = method("dp-fedavg", noise_multiplier=noise_multiplier,
+                client_fraction=clients_per_round / population,
+                target_delta=0.1 / population)
+
+    # The work a per-client gradient does that the fedrec round shares.
+    inputs = [fedrec.inputs(objective, clients.client(u), generator=client_generator(0, 0, u))
+              for u in selected]
+    batch = objective.batch(inputs)
+    real = batch.weights > 0
+    m, h = batch.history.shape
+    owner = torch.cat([torch.arange(m)[:, None].expand(m, h)[batch.history_mask],
+                       torch.arange(m)[:, None].expand_as(real)[real]
+                       .repeat_interleave(batch.candidates.shape[2])])
+    rows = torch.cat([batch.history[batch.history_mask], batch.candidates[real].reshape(-1)])
+    pairs = int(torch.unique(owner * (int(rows.max()) + 1) + rows).numel())
+    distinct_news = int(torch.unique(torch.cat([batch.history.reshape(-1),
+                                                batch.candidates[real].reshape(-1)])).numel())
+
+    # One untimed round of each first: dp-fedavg calibrates its noise (dp-accounting, once
+    # per run and cached), which is not the per-round cost.
+    warmup = {name: _timed(lambda: simulate_round(objective, params, clients, selected, m_,
+                                                  seed=0, round_index=0))[1]
+              for name, m_ in (("fedrec", fedrec), ("dp-fedavg", dp))}
+    times: dict[str, list[float]] = {"fedrec": [], "dp-fedavg": []}
+    for r in range(repeats):
+        for name, m_ in (("fedrec", fedrec), ("dp-fedavg", dp)):
+            _, seconds = _timed(lambda: simulate_round(objective, params, clients, selected, m_,
+                                                       seed=0, round_index=0))
+            times[name].append(seconds)
+        print(f"  repeat {r}: fedrec {times['fedrec'][-1]:.2f} s, dp-fedavg "
+              f"{times['dp-fedavg'][-1]:.2f} s", flush=True)
+    _, gradient_seconds = _timed(lambda: objective.client_gradients(params, batch))
+    variants: dict[str, Any] = {}
+    if shared_news:  # the reverted shared-news path (commit 61f6536), same batch
+        reference, _ = objective.client_gradients(params, batch)
+        shared, _ = objective.client_gradients(params, batch, shared_news=True)
+        variants = {"max_abs_difference": float((shared - reference).abs().max()),
+                    "vmap_seconds": [], "shared_news_seconds": []}
+        for _ in range(repeats):
+            variants["vmap_seconds"].append(
+                _timed(lambda: objective.client_gradients(params, batch))[1])
+            variants["shared_news_seconds"].append(
+                _timed(lambda: objective.client_gradients(params, batch, shared_news=True))[1])
+            print(f"  per-client gradients: vmap {variants['vmap_seconds'][-1]:.2f} s, "
+                  f"shared news {variants['shared_news_seconds'][-1]:.2f} s", flush=True)
+    fed_median = statistics.median(times["fedrec"])
+    dp_median = statistics.median(times["dp-fedavg"])
+    return {
+        "data": str(data), "population": population, "clients_per_round": len(selected),
+        "model": model_name, "parameters_D": objective.dimension, "repeats": repeats,
+        "samples": int(real.sum()), "client_news_pairs": pairs,
+        "distinct_news": distinct_news, "clip": dp.clip, "noise_multiplier": noise_multiplier,
+        "fedrec_seconds": times["fedrec"], "dp_fedavg_seconds": times["dp-fedavg"],
+        "fedrec_median_seconds": fed_median, "dp_fedavg_median_seconds": dp_median,
+        "ratio_dp_over_fedrec": dp_median / fed_median,
+        "per_client_gradients_seconds_once": gradient_seconds,
+        "warmup_seconds": warmup,
+        **({"per_client_gradient_variants": variants} if variants else {}),
+        "prepare_data_seconds": prepare_seconds,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--model", default="nrms")
+    parser.add_argument("--large-data", type=Path, default=CACHE / "synth-50k")
+    parser.add_argument("--large-clients", type=int, default=1000)
+    parser.add_argument("--small-data", type=Path, default=CACHE / "synth-default")
+    parser.add_argument("--small-clients", type=int, default=40)
+    parser.add_argument("--noise-multiplier", type=float, default=1.0)
+    parser.add_argument("--only", choices=("large", "small"), default=None)
+    parser.add_argument("--shared-news", action="store_true",
+                        help="also time the shared-news per-client gradients against the "
+                             "vmap path (needs the code of commit 61f6536 on PYTHONPATH)")
+    parser.add_argument("--save", type=Path, default=RESULTS / "dp_round_cost.json")
+    args = parser.parse_args()
+
+    settings = {"small": (_data(args.small_data, 2000), args.small_clients),
+                "large": (_data(args.large_data, 50000), args.large_clients)}
+    result: dict[str, Any] = {"torch_threads": torch.get_num_threads(), "settings": {}}
+    for name, (data, m) in settings.items():
+        if args.only not in (None, name):
+            continue
+        print(f"{name}: {m} clients per round on {data}", flush=True)
+        result["settings"][name] = measure(data, m, model_name=args.model,
+                                           repeats=args.repeats,
+                                           noise_multiplier=args.noise_multiplier,
+                                           shared_news=args.shared_news)
+        print(json.dumps(result["settings"][name], indent=2), flush=True)
+    args.save.parent.mkdir(parents=True, exist_ok=True)
+    args.save.write_text(json.dumps(result, indent=2))
+    print(f"saved {args.save}")
+
+
+if __name__ == "__main__":
+    main()
