@@ -65,7 +65,8 @@ def _basis_line(basis: dict[str, Any]) -> str:
     if basis["collapsed"]:
         line += ("\nWARNING: the basis attention has COLLAPSED: every user gets nearly the "
                  "same alpha, so the ranking is the same for everyone (docs/privaterec.md, "
-                 "\"Collapse\")")
+                 "\"Collapse of the basis attention\"; train with the default "
+                 "--basis-attention centered)")
     return line
 
 

@@ -88,7 +88,7 @@ class ModelConfig:
     ``basis_attention`` and ``basis_scale`` shape PrivateRec's α when ``basis_size`` > 0:
     ``centered`` (default), softmax(s·cos(u − c, bᵢ)) with s = ``basis_scale``, or ``dot``,
     softmax(u·bᵀ/√d) as published (Alg. 2 line 7), which collapses (docs/privaterec.md,
-    "Collapse").
+    "Collapse of the basis attention").
     """
 
     news_encoder: NewsEncoder = "nrms"

@@ -3,7 +3,7 @@
 With the published α = softmax(u·bᵀ/√d) every user's u is nearly the same vector (the
 common component holds > 99% of its energy), so every user gets the same α from the first
 round and keeps it; centered attention compares u − c, where c estimates that common part,
-and stays diverse while training, in every training mode. docs/privaterec.md, "Collapse".
+and stays diverse while training, in every training mode. docs/privaterec.md, "Collapse of the basis attention".
 """
 
 from __future__ import annotations

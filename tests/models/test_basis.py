@@ -54,7 +54,7 @@ def test_invalid_size():
         BasicVectors(0, D)
 
 
-# -- centered attention (the collapse fix; docs/privaterec.md, "Collapse") -------------------
+# -- centered attention (the collapse fix; docs/privaterec.md, "Collapse of the basis attention") -------------------
 
 def _reference(count: int = 3, length: int = 4) -> ReferenceNews:
     return ReferenceNews(count, title_len=5, abstract_len=2, length=length)

@@ -2,7 +2,7 @@
 
 c = Θ_U(r̄, …, r̄) is computed from the model and its public reference news: it must equal
 that formula, carry no gradient, ignore dropout, be batch independent and be part of the
-``state_dict`` (so a loaded model computes the same α). docs/privaterec.md, "Collapse".
+``state_dict`` (so a loaded model computes the same α). docs/privaterec.md, "Collapse of the basis attention".
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 PrivateRec's α = softmax(u·bᵀ/√d) (Alg. 2 line 7) can collapse: every user's α becomes the
 same (one-hot) vector, every user gets the same ũ = Σ αᵢ bᵢ and the ranking degenerates to
-popularity (docs/privaterec.md, "Collapse"). :func:`basis_diagnostics` measures it on the
+popularity (docs/privaterec.md, "Collapse of the basis attention"). :func:`basis_diagnostics` measures it on the
 users of a split, with their histories as the evaluation sees them, and
 :func:`privaterec.runs.ranking.train_run` writes it to ``metrics.json`` (``test.basis``).
 """

@@ -21,7 +21,7 @@ _NORM_EPS = 1e-12
 
 BASIS_ATTENTIONS = ("dot", "centered")
 """How α is computed from u and b (``ModelConfig.basis_attention``; docs/privaterec.md,
-"Collapse"):
+"Collapse of the basis attention"):
 
 * ``dot`` — softmax(u·bᵀ/√d), Alg. 2 line 7 as published;
 * ``centered`` — softmax(s·cos(u − c, bᵢ)), where c = Θ_U(r̄, …, r̄) is the user vector of a
@@ -159,7 +159,7 @@ class BasicVectors(nn.Module):
         return self.weight @ news.T
 
 
-# Collapse thresholds of :func:`attention_diagnostics` (docs/privaterec.md, "Collapse").
+# Collapse thresholds of :func:`attention_diagnostics` (docs/privaterec.md, "Collapse of the basis attention").
 COLLAPSE_SPREAD = 0.1
 """α spread (mean total-variation distance of the users' α from their mean) below which the
 users' attention is called collapsed: less than a tenth of a user's attention differs from

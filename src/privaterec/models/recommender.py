@@ -145,7 +145,7 @@ class Recommender(nn.Module):
 
         It estimates the component every user vector shares (the mean user vector), which
         otherwise dominates u and gives every user the same α (docs/privaterec.md,
-        "Collapse"). Computed in eval mode (no dropout) and without gradient: a constant
+        "Collapse of the basis attention"). Computed in eval mode (no dropout) and without gradient: a constant
         function of the current parameters and public news, reading no user's data. Inside
         ``torch.func.vmap`` it does not depend on the mapped inputs, so it runs once per call.
         """
