@@ -44,7 +44,7 @@ from typing import Any
 
 import torch
 
-from privaterec.config import FedConfig, ModelConfig, RunConfig, TrainConfig
+from privaterec.config import ModelConfig, RunConfig, TrainConfig, fed_config
 from privaterec.data.synth import SynthConfig, write_synthetic
 from privaterec.fed.methods import method_from_config, resolve_run_config
 from privaterec.fed.objective import LocalObjective
@@ -87,7 +87,7 @@ def measure(data: Path, clients_per_round: int, *, model_name: str, repeats: int
 
     def method(name: str, **fed: Any) -> Any:
         config = RunConfig(data=str(data), model=model_config, train=TrainConfig(method=name),
-                           fed=FedConfig(**fed))
+                           fed=fed_config(name, **fed))
         return method_from_config(resolve_run_config(config))
     fedrec = method("fedrec", clients_per_round=clients_per_round)
     dp = method("dp-fedavg", noise_multiplier=noise_multiplier,

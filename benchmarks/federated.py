@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from privaterec.config import FedConfig, ModelConfig, RunConfig, TrainConfig
+from privaterec.config import FedConfig, ModelConfig, RunConfig, TrainConfig, fed_config
 from privaterec.data.ebnerd import convert_ebnerd
 from privaterec.data.synth import SynthConfig, write_synthetic
 from privaterec.privacy.report import read_privacy_json
@@ -42,13 +42,13 @@ def rows_for(dataset: str, rounds: int) -> list[tuple[str, ModelConfig, str, Fed
     if dataset == "synth":
         rows.append(("fednewsrec (paper defaults)", model, "fednewsrec", fed))
         rows.append(("fednewsrec lambda=0.0015 (10x less noise)", model, "fednewsrec",
-                     FedConfig(rounds=rounds, noise_scale=0.0015)))
+                     fed_config("fednewsrec", rounds=rounds, noise_scale=0.0015)))
         epsilons = [1.0, 10.0, INF]
     else:
         epsilons = [10.0]
     for eps in epsilons:
         rows.append((f"dp-fedrec eps_t={eps:g}", model, "dp-fedrec",
-                     FedConfig(rounds=rounds, epsilon_train=eps)))
+                     fed_config("dp-fedrec", rounds=rounds, epsilon_train=eps)))
     return rows
 
 

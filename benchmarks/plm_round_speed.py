@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from privaterec.config import FedConfig, ModelConfig, RunConfig, TrainConfig
+from privaterec.config import ModelConfig, RunConfig, TrainConfig, fed_config
 from privaterec.fed.methods import ClientMethod, method_from_config, resolve_run_config
 from privaterec.fed.objective import LocalObjective
 from privaterec.fed.simulator import (clients_per_round, eligible_clients, sample_round,
@@ -66,7 +66,8 @@ def measure(data: str, layers: int, name: str, rounds: int) -> dict:
         data=data, model=ModelConfig(news_encoder="plm", plm_trainable_layers=layers,
                                      basis_size=basis),
         train=TrainConfig(method=method_name, seed=0),
-        fed=FedConfig(rounds=rounds, epsilon_train=10.0, privacy_mode=mode)))
+        fed=fed_config(method_name, rounds=rounds, epsilon_train=10.0,
+                       **({"privacy_mode": mode} if method_name == "privaterec" else {}))))
     prepared = prepare_data(config)
     model = build_run_model(config, prepared)
     started = time.perf_counter()

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from privaterec.config import FedConfig, ModelConfig, RunConfig, TrainConfig
+from privaterec.config import ModelConfig, RunConfig, TrainConfig, fed_config
 from privaterec.experiments.common import resolve_data
 from privaterec.privacy.report import read_privacy_json
 from privaterec.runs.ranking import train_run
@@ -54,7 +54,7 @@ ROWS = {
 def _config(data: str, method: str, fed: dict, basis: int, seed: int) -> RunConfig:
     return RunConfig(data=data, model=ModelConfig(news_encoder="nrms", basis_size=basis),
                      train=TrainConfig(method=method, seed=seed),
-                     fed=FedConfig(rounds=ROUNDS, **fed))
+                     fed=fed_config(method, rounds=ROUNDS, **fed))
 
 
 def _privacy(run: Path) -> dict:

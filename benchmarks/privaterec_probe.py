@@ -7,8 +7,8 @@ Usage::
         serve=privaterec:10,vdp:10 [method=dp-fedrec] [data=DIR]
 
 ``m_<field>=v`` sets a ModelConfig field, ``serve=kind:eps[:normalization],...`` evaluates
-private serving after training, every other ``key=value`` sets a FedConfig field. Prints one
-JSON line and appends it to ``benchmarks/results/privaterec_probe.jsonl``.
+private serving after training, every other ``key=value`` sets a FedConfig field or a setting
+of the method. Prints one JSON line and appends it to ``benchmarks/results/privaterec_probe.jsonl``.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from privaterec.config import FedConfig, ModelConfig, RunConfig, TrainConfig
+from privaterec.config import ModelConfig, RunConfig, TrainConfig, fed_config
 from privaterec.data.synth import SynthConfig, write_synthetic
 from privaterec.runs.ranking import evaluate_run, train_run
 from privaterec.serving.release import ServingConfig
@@ -48,7 +48,7 @@ def main(argv: list[str]) -> None:
             data = str(Path(tmp) / "synth")
             write_synthetic(Path(data), SynthConfig(seed=0))
         config = RunConfig(data=str(data), model=ModelConfig(news_encoder="nrms", **model),
-                           train=TrainConfig(method=method), fed=FedConfig(**fed))
+                           train=TrainConfig(method=method), fed=fed_config(method, **fed))
         run = Path(tmp) / "run"
         started = time.perf_counter()
         metrics = train_run(config, run, progress=False)

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from privaterec.config import FedConfig, RunConfig, TrainConfig
+from privaterec.config import RunConfig, TrainConfig, fed_config
 from privaterec.data.synth import SynthConfig, write_synthetic
 from privaterec.fed import flower
 from privaterec.fed.methods import method_from_config, resolve_run_config
@@ -72,9 +72,10 @@ def main() -> None:
     for secure in ("none", "secaggplus"):
         config = resolve_run_config(RunConfig(
             data=str(data), train=TrainConfig(method="dp-fedavg", seed=0),
-            fed=FedConfig(rounds=args.rounds, client_fraction=args.client_fraction,
-                          noise_multiplier=1.0, target_delta=1e-3 / args.users,
-                          engine="flower", secure_aggregation=secure)))
+            fed=fed_config("dp-fedavg", rounds=args.rounds,
+                           client_fraction=args.client_fraction, noise_multiplier=1.0,
+                           target_delta=1e-3 / args.users, engine="flower",
+                           secure_aggregation=secure)))
         prepared = prepare_data(config)
         torch.manual_seed(0)
         task = LocalObjective(build_recommender(config.model, prepared.vocabs,

@@ -68,7 +68,7 @@ TARGET = {"rate": 500.0, "p99_ms": 50.0, "errors": 0}
 # ------------------------------------------------------------------------------ the run
 def tiny_run(work: Path) -> Path:
     """Train a small PrivateRec run (NRMS, B = 5, d = 128) on synthetic data."""
-    from privaterec.config import FedConfig, ModelConfig, RunConfig, TrainConfig
+    from privaterec.config import ModelConfig, RunConfig, TrainConfig, fed_config
     from privaterec.data.synth import SynthConfig, write_synthetic
     from privaterec.runs.ranking import train_run
 
@@ -79,7 +79,8 @@ def tiny_run(work: Path) -> Path:
     write_synthetic(data, SynthConfig(users=300, news=600, seed=0))
     config = RunConfig(data=str(data), model=ModelConfig(basis_size=5),
                        train=TrainConfig(method="privaterec"),
-                       fed=FedConfig(rounds=5, epsilon_train=10.0, clients_per_round=16))
+                       fed=fed_config("privaterec", rounds=5, epsilon_train=10.0,
+                                      clients_per_round=16))
     train_run(config, run, progress=False)
     return run
 

@@ -170,7 +170,7 @@ def test_privaterec_train_report_and_private_serving(synth_dir, tmp_path, capsys
 @pytest.mark.parametrize("argv,message", [
     (["evaluate", "--run", "RUN", "--epsilon-serve", "1"], "--serving"),
     (["train", "--data", "DATA", "--method", "dp-fedrec", "--padding-p", "0.5", "--out",
-      "OUT"], "padding_p"),
+      "OUT"], "--padding-p does not apply to dp-fedrec"),
     (["train", "--data", "DATA", "--method", "privaterec", "--privacy-mode", "paper",
       "--clip", "0.1", "--out", "OUT"], "strict"),
 ])

@@ -31,7 +31,7 @@ ROOT = "privaterec"
 # only. A module may import from its own layer and the layers below it.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("base", (ROOT, "privaterec.errors")),
-    ("config", ("privaterec.validators", "privaterec.config")),
+    ("config", ("privaterec.validators", "privaterec.method_settings", "privaterec.config")),
     # pure calibration math, mechanisms on tensors, randomness sources, ledger, reports
     ("privacy", ("privaterec.privacy",)),
     ("data", ("privaterec.data",)),

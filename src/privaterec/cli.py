@@ -20,7 +20,7 @@ from privaterec.config import (BASIS_ATTENTION_KINDS, EMBEDDINGS, ENGINES, FEDER
                                METHODS, NEWS_ENCODERS, NOISE_KINDS, NOISE_PLACEMENTS,
                                PRIVACY_MODES, SECURE_AGGREGATIONS, SENSITIVITY_MODES,
                                SERVING_KINDS, STRATEGIES, USER_ENCODERS, ModelConfig, RunConfig,
-                               TrainConfig, replace)
+                               TrainConfig, fed_with_changes, replace)
 from privaterec.errors import PrivateRecError
 
 EXIT_OK, EXIT_CHECK_FAILED, EXIT_USAGE = 0, 1, 2
@@ -116,6 +116,20 @@ def cmd_data_convert(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------------- train
+_FED_FLAGS = ("rounds", "client_fraction", "clients_per_round", "strategy", "server_lr",
+              "local_steps", "local_lr", "max_client_samples", "eval_every", "engine", "clip",
+              "noise_scale", "epsilon_train", "delta_train", "noise", "padding_p",
+              "privacy_mode", "sensitivity_mode", "history_budget", "noise_multiplier",
+              "target_epsilon", "target_delta", "adaptive_clip_quantile", "clip_lr",
+              "clip_count_stddev", "secure_aggregation", "noise_placement", "max_dropouts")
+"""The flags of ``train`` that set a federated setting: the engine's (FedConfig's fields) and
+the methods' own (:mod:`privaterec.method_settings`), by their configuration key."""
+
+
+def _fed_flags(args: argparse.Namespace) -> dict[str, Any]:
+    return {key: getattr(args, key) for key in _FED_FLAGS}
+
+
 def run_config_from_args(args: argparse.Namespace) -> RunConfig:
     """The run configuration: ``--config`` YAML (if any) overridden by explicit flags."""
     config = RunConfig.from_yaml(args.config) if args.config else RunConfig()
@@ -129,43 +143,34 @@ def run_config_from_args(args: argparse.Namespace) -> RunConfig:
         "method": args.method, "epochs": args.epochs, "lr": args.lr, "plm_lr": args.plm_lr,
         "batch_size": args.batch_size, "seed": args.seed,
     }.items() if v is not None}
-    fed_changes = {k: v for k, v in {
-        "rounds": args.rounds, "client_fraction": args.client_fraction,
-        "clients_per_round": args.clients_per_round, "strategy": args.strategy,
-        "server_lr": args.server_lr, "local_steps": args.local_steps,
-        "local_lr": args.local_lr, "clip": args.clip, "noise_scale": args.noise_scale,
-        "epsilon_train": args.epsilon_train, "delta_train": args.delta_train,
-        "noise": args.noise, "max_client_samples": args.max_client_samples,
-        "eval_every": args.eval_every, "engine": args.engine,
-        "padding_p": args.padding_p, "privacy_mode": args.privacy_mode,
-        "sensitivity_mode": args.sensitivity_mode, "history_budget": args.history_budget,
-        "noise_multiplier": args.noise_multiplier, "target_epsilon": args.target_epsilon,
-        "target_delta": args.target_delta,
-        "adaptive_clip_quantile": args.adaptive_clip_quantile, "clip_lr": args.clip_lr,
-        "clip_count_stddev": args.clip_count_stddev,
-        "secure_aggregation": args.secure_aggregation,
-        "noise_placement": args.noise_placement, "max_dropouts": args.max_dropouts,
-    }.items() if v is not None}
+    fed_changes = {k: v for k, v in _fed_flags(args).items() if v is not None}
     data = str(Path(args.data).resolve()) if args.data else config.data
     if not data:
         raise PrivateRecError("no training data: pass --data DIR (or 'data:' in --config)")
     method = train_changes.get("method", config.train.method)
     if fed_changes and method not in FEDERATED_METHODS:
-        flags = ", ".join("--" + k.replace("_", "-") for k in sorted(fed_changes))
+        flags = ", ".join(_flag(k) for k in sorted(fed_changes))
         raise PrivateRecError(f"{flags} only apply to federated methods "
                               f"({', '.join(FEDERATED_METHODS)}), not --method {method}")
+    # A flag of a method's own settings that the method does not have is refused, naming
+    # the flags it has (privaterec.config.fed_with_changes).
+    fed = (fed_with_changes(config.fed, method, fed_changes, name=_flag)
+           if method in FEDERATED_METHODS else config.fed)
     return replace(config, data=data, model=replace(config.model, **model_changes),
-                   train=replace(config.train, **train_changes),
-                   fed=replace(config.fed, **fed_changes))
+                   train=replace(config.train, **train_changes), fed=fed)
 
 
+def _flag(key: str) -> str:
+    """The command-line flag of a configuration key (``delta_train`` → ``--delta-train``;
+    Uni-FedRec's ``clipping`` → ``--gradient-clipping``)."""
+    return "--gradient-clipping" if key == "clipping" else "--" + key.replace("_", "-")
+
+
+# Flags of the ranking training that recall training does not read (a ranking method's
+# settings are refused by Uni-FedRec's settings, naming the flags it has).
 _RECALL_IGNORED = ("model", "user_encoder", "embeddings", "history_len", "epochs", "lr",
-                   "batch_size", "local_steps", "local_lr", "epsilon_train", "delta_train",
-                   "noise", "eval_every", "basis", "basis_attention", "basis_scale",
-                   "padding_p", "privacy_mode",
-                   "sensitivity_mode", "history_budget", "noise_multiplier", "target_epsilon",
-                   "target_delta", "adaptive_clip_quantile", "clip_lr", "clip_count_stddev",
-                   "secure_aggregation", "noise_placement", "max_dropouts")
+                   "batch_size", "local_steps", "local_lr", "eval_every", "basis",
+                   "basis_attention", "basis_scale")
 
 
 def recall_config_from_args(args: argparse.Namespace) -> Any:
@@ -195,17 +200,12 @@ def recall_config_from_args(args: argparse.Namespace) -> Any:
         "distance_threshold": args.distance_threshold, "cluster_method": args.cluster_method,
         "cluster_metric": args.cluster_metric, "clip": args.interest_clip,
         "noise_scale": args.interest_noise}.items() if v is not None}
-    fed = {k: v for k, v in {
-        "rounds": args.rounds, "client_fraction": args.client_fraction,
-        "clients_per_round": args.clients_per_round, "strategy": args.strategy,
-        "server_lr": args.server_lr, "clip": args.clip, "noise_scale": args.noise_scale,
-        "max_client_samples": args.max_client_samples, "engine": args.engine,
-    }.items() if v is not None}
-    train = {k: v for k, v in {
-        "clipping": args.gradient_clipping, "score_clip": args.score_clip}.items()
-        if v is not None}
+    fed = {k: v for k, v in {**_fed_flags(args), "clipping": args.gradient_clipping}.items()
+           if v is not None}
+    train = {k: v for k, v in {"score_clip": args.score_clip}.items() if v is not None}
     return replace(config, **top, model=replace(config.model, **model),
-                   fed=replace(config.fed, **fed), train=replace(config.train, **train))
+                   fed=fed_with_changes(config.fed, "unifedrec", fed, name=_flag),
+                   train=replace(config.train, **train))
 
 
 def cmd_train_unifedrec(args: argparse.Namespace) -> int:
@@ -330,9 +330,28 @@ def cmd_evaluate_recall(args: argparse.Namespace, serving: Any) -> int:
     return EXIT_OK
 
 
+_CENTRAL_DP_FLAGS = {"users": "--users", "ldp_users": "--ldp-users",
+                     "epsilons": "--epsilons", "client_fraction": "--client-fraction",
+                     "rounds": "--rounds", "report_only": "--report-only"}
+
+
 def cmd_experiment(args: argparse.Namespace) -> int:
     out = Path(args.out)
-    if args.name == "unifedrec":
+    if args.name != "central-dp":
+        given = [flag for name, flag in _CENTRAL_DP_FLAGS.items()
+                 if getattr(args, name) not in (None, False)]
+        if given:
+            raise PrivateRecError(f"{', '.join(given)} apply to 'experiment central-dp' only")
+    if args.name == "central-dp":
+        from privaterec.experiments.central_dp import run_central_dp
+
+        result = run_central_dp(out, data=args.data, users=args.users,
+                                ldp_users=args.ldp_users, models=args.models,
+                                seeds=args.seeds, epsilons=args.epsilons,
+                                client_fraction=args.client_fraction, rounds=args.rounds,
+                                quick=args.quick, report_only=args.report_only,
+                                progress=not args.no_progress)
+    elif args.name == "unifedrec":
         from privaterec.experiments.unifedrec import run_unifedrec
 
         if args.models:
@@ -505,6 +524,11 @@ def _add_serve_parser(sub: Any) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from privaterec.method_settings import (DEFAULT_CLIP_LR, GRADIENT_CLIPPINGS,
+                                            PRIVATEREC_STRICT_CLIP, DPFedAvgSettings,
+                                            DPFedRecSettings, FedNewsRecSettings,
+                                            PrivateRecSettings, UniFedRecSettings)
+
     parser = argparse.ArgumentParser(
         prog="privaterec",
         description="Privacy-preserving federated news recommendation "
@@ -574,7 +598,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help=f"seed of every random draw (default {train_defaults.seed})")
     fed = train.add_argument_group(
         "federated training (fedrec, fednewsrec, dp-fedrec, privaterec; unset = the "
-        "method's default)")
+        "method's default; a flag that is not a setting of the method is refused)")
     fed.add_argument("--rounds", type=int, default=None, help="T communication rounds")
     fed.add_argument("--client-fraction", type=float, default=None,
                      help="r, fraction of users sampled per round (default 0.02)")
@@ -588,17 +612,22 @@ def build_parser() -> argparse.ArgumentParser:
                      help="E local SGD steps per client (FedAvg; default 1 = FedSGD)")
     fed.add_argument("--local-lr", type=float, default=None, help="clients' local SGD rate")
     fed.add_argument("--clip", type=float, default=None,
-                     help="fednewsrec: element-wise bound delta (0.005); dp-fedrec: norm "
-                          "bound theta (0.005)")
+                     help=f"fednewsrec: element-wise bound delta ({FedNewsRecSettings.clip:g}); "
+                          f"dp-fedrec: norm bound theta ({DPFedRecSettings.clip:g}); privaterec "
+                          f"strict mode: history-path bound ({PRIVATEREC_STRICT_CLIP:g}); "
+                          f"dp-fedavg: L2 bound C ({DPFedAvgSettings.clip:g})")
     fed.add_argument("--noise-scale", type=float, default=None,
-                     help="fednewsrec: Laplace scale lambda (0.015)")
+                     help=f"fednewsrec: Laplace scale lambda "
+                          f"({FedNewsRecSettings.noise_scale:g})")
     fed.add_argument("--epsilon-train", type=float, default=None,
                      help="dp-fedrec, privaterec: per-round epsilon of a client's upload "
-                          "(dp-fedrec inf: no noise)")
+                          "(default inf: no noise)")
     fed.add_argument("--delta-train", "--delta", dest="delta_train", type=float, default=None,
-                     help="dp-fedrec with gaussian noise: per-round delta (1e-5)")
+                     help=f"dp-fedrec, privaterec with gaussian noise: per-round delta "
+                          f"({DPFedRecSettings.delta_train:g})")
     fed.add_argument("--noise", choices=NOISE_KINDS, default=None,
-                     help="dp-fedrec: laplace (L1 clipping) or gaussian (L2, analytic)")
+                     help="dp-fedrec, privaterec: laplace (L1 clipping) or gaussian (L2, "
+                          "analytic)")
     fed.add_argument("--max-client-samples", type=int, default=None,
                      help="samples a client uses per round at most (64)")
     fed.add_argument("--eval-every", type=int, default=None,
@@ -607,8 +636,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="simulator (vectorized, default) or flower")
     central = train.add_argument_group(
         "central DP (--method dp-fedavg: user-level DP-FedAvg; Poisson sampling at rate "
-        "--client-fraction, each update clipped to L2 norm --clip (default 0.1), Gaussian "
-        "noise on the sum)")
+        f"--client-fraction, each update clipped to L2 norm --clip (default "
+        f"{DPFedAvgSettings.clip:g}), Gaussian noise on the sum)")
     central.add_argument("--target-epsilon", type=float, default=None,
                          help="user-level epsilon of the whole run; the noise multiplier is "
                               "calibrated from it (PLD accountant)")
@@ -616,7 +645,8 @@ def build_parser() -> argparse.ArgumentParser:
                          help="z: noise std z*clip on the sum (instead of --target-epsilon; "
                               "the report gives the epsilon)")
     central.add_argument("--target-delta", type=float, default=None,
-                         help="delta of the run's guarantee (default 1e-5; must be < 1/N)")
+                         help=f"delta of the run's guarantee (default "
+                              f"{DPFedAvgSettings.target_delta:g}; must be < 1/N)")
     central.add_argument("--adaptive-clip-quantile", type=float, default=None,
                          help="adaptive clipping (Andrew et al. 2021): the clip starts at "
                               "--clip and follows this quantile of the update norms, e.g. "
@@ -624,7 +654,7 @@ def build_parser() -> argparse.ArgumentParser:
                               "unchanged, the count's noise is taken from the update's")
     central.add_argument("--clip-lr", type=float, default=None,
                          help="adaptive clipping: geometric learning rate of the clip "
-                              "(default 0.2)")
+                              f"(default {DEFAULT_CLIP_LR:g})")
     central.add_argument("--clip-count-stddev", type=float, default=None,
                          help="adaptive clipping: noise std on the count of unclipped "
                               "clients, > z/2 (default: expected clients per round / 20)")
@@ -651,7 +681,8 @@ def build_parser() -> argparse.ArgumentParser:
     private.add_argument("--basis-scale", type=float, default=None,
                          help="s of centered attention (default 5.0)")
     private.add_argument("--padding-p", type=float, default=None,
-                         help="behaviour padding probability p (default 0.5)")
+                         help=f"behaviour padding probability p (default "
+                              f"{PrivateRecSettings.padding_p:g})")
     private.add_argument("--privacy-mode", choices=PRIVACY_MODES, default=None,
                          help="paper: Alg. 3 as published (history-path gradient not "
                               "covered, the report says so); strict: clip and noise it too")
@@ -659,11 +690,13 @@ def build_parser() -> argparse.ArgumentParser:
                          help="DPA sensitivity: true (simplex, default) or paper (invalid, "
                               "reproduction only)")
     private.add_argument("--history-budget", type=float, default=None,
-                         help="strict mode: share of epsilon_t for the history-path gradient")
+                         help=f"strict mode: share of epsilon_t for the history-path gradient "
+                              f"(default {PrivateRecSettings.history_budget:g})")
     recall = train.add_argument_group(
         "Uni-FedRec (--method unifedrec; also --rounds --client-fraction --clients-per-round "
-        "--strategy sgd|fedadam --server-lr --clip (theta) --noise-scale (lambda_g) "
-        "--max-client-samples --seed --data)")
+        f"--strategy sgd|fedadam --server-lr --clip (theta, default {UniFedRecSettings.clip:g}) "
+        f"--noise-scale (lambda_g, default {UniFedRecSettings.noise_scale:g}) "
+        f"--max-client-samples --seed --data)")
     recall.add_argument("--ranker", default=None,
                         help="ranking run (trained by another method) whose news encoder "
                              "gives the news vectors and whose model ranks the candidates")
@@ -680,8 +713,9 @@ def build_parser() -> argparse.ArgumentParser:
     recall.add_argument("--cluster-method", default=None,
                         help="scipy linkage method (average)")
     recall.add_argument("--cluster-metric", default=None, help="distance metric (cosine)")
-    recall.add_argument("--gradient-clipping", choices=["l1", "elementwise", "none"],
-                        default=None, help="how uploads are clipped to theta (l1)")
+    recall.add_argument("--gradient-clipping", choices=GRADIENT_CLIPPINGS,
+                        default=None, help=f"how uploads are clipped to theta "
+                                           f"({UniFedRecSettings.clipping})")
     recall.add_argument("--score-clip", action=argparse.BooleanOptionalAction, default=None,
                         help="clip decomposition scores in training as in serving (on)")
     train.add_argument("--config", default=None, help="YAML run configuration; flags override it")
@@ -749,18 +783,38 @@ def build_parser() -> argparse.ArgumentParser:
     experiment = sub.add_parser(
         "experiment", help="paper experiments: PrivateRec table1 (training), table2 "
                            "(serving), tradeoff (figures 4-7); Uni-FedRec unifedrec (tables "
-                           "2-4, figure 5); markdown, CSV and PNG")
-    experiment.add_argument("name", choices=["table1", "table2", "tradeoff", "unifedrec"])
+                           "2-4, figure 5); central-dp (central against local DP at several "
+                           "population sizes); markdown, CSV and PNG")
+    experiment.add_argument("name", choices=["table1", "table2", "tradeoff", "unifedrec",
+                                             "central-dp"])
     experiment.add_argument("--out", default="experiments-out",
                             help="output directory (runs are cached there and reused)")
     experiment.add_argument("--data", default=None,
                             help="data directory (default: the embedded synthetic data)")
     experiment.add_argument("--models", nargs="+", choices=NEWS_ENCODERS, default=None,
-                            help="news encoders (tables: nrms naml plm; tradeoff: nrms)")
+                            help="news encoders (tables: nrms naml plm; tradeoff: nrms; "
+                                 "central-dp: nrms naml)")
     experiment.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     experiment.add_argument("--quick", action="store_true",
                             help="small data, few rounds, nrms only: runs in minutes")
     experiment.add_argument("--no-progress", action="store_true", help="no progress bars")
+    central = experiment.add_argument_group("central-dp only")
+    central.add_argument("--users", nargs="+", type=int, default=None,
+                         help="synthetic population sizes (default 2000 20000 50000; "
+                              "--quick: 400); each is synthesised once under OUT/data")
+    central.add_argument("--ldp-users", nargs="+", type=int, default=None,
+                         help="sizes that also get the local-DP and PrivateRec rows "
+                              "(default: the smallest; they need per-client gradients)")
+    central.add_argument("--epsilons", nargs="+", type=float, default=None,
+                         help="user-level epsilon of the whole DP-FedAvg run (inf: FedRec; "
+                              "default 1 2 4 8 inf, --quick: 1 8 inf)")
+    central.add_argument("--client-fraction", type=float, default=None,
+                         help="q (r) of every federated run (default 0.02)")
+    central.add_argument("--rounds", type=int, default=None,
+                         help="T of every federated run (default 300, --quick 20)")
+    central.add_argument("--report-only", action="store_true",
+                         help="train and evaluate nothing: write the table from the runs "
+                              "that have finished")
     experiment.set_defaults(func=cmd_experiment)
 
     demo = sub.add_parser("demo", help="synthesise data, train, evaluate, print a table")

@@ -8,18 +8,21 @@ raises :class:`privaterec.errors.ConfigError` naming the parameter and the accep
 from __future__ import annotations
 
 import dataclasses
-import math
 import types
 import typing
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Mapping, TypeVar, get_args
+from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, TypeVar, get_args
 
 import yaml
 
 from privaterec.errors import ConfigError
+from privaterec.method_settings import (LEGACY_FLAT_KEYS, NOISE_KINDS, NOISE_PLACEMENTS,
+                                        PRIVACY_MODES, SECURE_AGGREGATIONS, SENSITIVITY_MODES,
+                                        SETTINGS, MethodSettings, NoiseKind, NoisePlacement,
+                                        PrivacyMode, SecureAggregation, SensitivityMode,
+                                        settings_type)
 from privaterec.validators import check as _check
-from privaterec.validators import check_adaptive_clip
 from privaterec.validators import check_choice as _check_choice
 from privaterec.validators import check_positive as _check_positive
 
@@ -27,6 +30,7 @@ if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
 D = TypeVar("D", bound="DataclassInstance")
+S = TypeVar("S", bound=MethodSettings)
 
 # Choice fields: each Literal alias is the field's type, its values the accepted choices.
 NewsEncoder = Literal["nrms", "naml", "fednewsrec", "plm", "id"]
@@ -35,15 +39,10 @@ Embeddings = Literal["random", "glove50", "minilm"]
 FederatedMethod = Literal["fedrec", "fednewsrec", "dp-fedrec", "privaterec", "dp-fedavg"]
 Method = Literal["centralized", "popularity", "fedrec", "fednewsrec", "dp-fedrec",
                  "privaterec", "dp-fedavg"]
-PrivacyMode = Literal["paper", "strict"]
-SensitivityMode = Literal["true", "paper"]
 ServingKind = Literal["none", "privaterec", "vdp", "local"]
 Strategy = Literal["sgd", "fedavg", "fedadam"]
-NoiseKind = Literal["laplace", "gaussian"]
 Engine = Literal["simulator", "flower"]
 BasisAttention = Literal["dot", "centered"]
-SecureAggregation = Literal["none", "secaggplus"]
-NoisePlacement = Literal["central", "distributed"]
 
 NEWS_ENCODERS: tuple[NewsEncoder, ...] = get_args(NewsEncoder)
 USER_ENCODERS: tuple[UserEncoder, ...] = get_args(UserEncoder)
@@ -52,16 +51,11 @@ EMBEDDINGS: tuple[Embeddings, ...] = get_args(Embeddings)
 PRETRAINED_WORD_DIM: dict[Embeddings, int] = {"glove50": 50, "minilm": 384}
 DEFAULT_RANDOM_WORD_DIM = 64
 FEDERATED_METHODS: tuple[FederatedMethod, ...] = get_args(FederatedMethod)
-PRIVACY_MODES: tuple[PrivacyMode, ...] = get_args(PrivacyMode)
-SENSITIVITY_MODES: tuple[SensitivityMode, ...] = get_args(SensitivityMode)
 SERVING_KINDS: tuple[ServingKind, ...] = get_args(ServingKind)
 METHODS: tuple[Method, ...] = get_args(Method)
 STRATEGIES: tuple[Strategy, ...] = get_args(Strategy)
-NOISE_KINDS: tuple[NoiseKind, ...] = get_args(NoiseKind)
 ENGINES: tuple[Engine, ...] = get_args(Engine)
 BASIS_ATTENTION_KINDS: tuple[BasisAttention, ...] = get_args(BasisAttention)
-SECURE_AGGREGATIONS: tuple[SecureAggregation, ...] = get_args(SecureAggregation)
-NOISE_PLACEMENTS: tuple[NoisePlacement, ...] = get_args(NoisePlacement)
 
 # The user encoder each news model pairs with when --user-encoder is not given.
 DEFAULT_USER_ENCODER: dict[NewsEncoder, UserEncoder] = {
@@ -197,26 +191,28 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class FedConfig:
-    """Federated training (DESIGN §3; FedNewsRec §3.2, PrivateRec Alg. 3).
+    """Federated training: the engine's settings and the method's own (DESIGN §3; FedNewsRec
+    §3.2, PrivateRec Alg. 3).
 
-    ``None`` means "the method's default" (:func:`privaterec.fed.methods.resolve_run_config`
-    fills them in before a run starts, so a saved ``config.yaml`` states every value used).
+    The engine's settings are the same for every method. What only one method has (its clip,
+    its noise, its ε, ...) is in ``settings``, one of the classes of
+    :mod:`privaterec.method_settings`. ``None`` in ``client_fraction``, ``strategy``,
+    ``server_lr`` and ``adam_tau`` means "the method's default": each method class declares
+    them (``server_defaults``), and :func:`privaterec.fed.methods.resolve_run_config` fills
+    them in before a run starts, so a saved ``config.yaml`` states every value used.
 
     Attributes
     ----------
     rounds: T communication rounds.
     client_fraction: r, the fraction of training users sampled per round (without
-        replacement); ``clients_per_round`` overrides it with an absolute number.
+        replacement; dp-fedavg: Poisson sampling at rate q = r); ``clients_per_round``
+        overrides it with an absolute number.
     strategy: ``sgd`` (FedNewsRec Eq. 6-7), ``fedavg`` (E = ``local_steps`` local SGD steps at
         ``local_lr``) or ``fedadam`` (Reddi et al. 2020, Alg. 2). server_lr: η of the server.
     adam_beta1, adam_beta2, adam_tau: FedAdam's β₁, β₂ and adaptivity τ (None: the method's
         default, 1e-6; dp-fedrec 1e-10, far below the per-coordinate size of its clipped
         updates, θ/D ≈ 5e-8, which τ = 1e-6 froze near AUC 0.53 at ε = ∞; BENCHMARKS.md).
-    clip: δ of FedNewsRec's element-wise clipping or θ of DP-FedRec's (and Uni-FedRec's)
-        norm clipping.
-    noise_scale: λ of FedNewsRec's Laplace noise (λ_g of Uni-FedRec's; 0: no noise).
-    epsilon_train, delta_train: DP-FedRec's per-round budget of one client's update (ε = inf:
-        no noise). noise: ``laplace`` (L1 clipping) or ``gaussian`` (L2, analytic calibration).
+    local_steps, local_lr: E local SGD steps of a client at ``local_lr`` (E = 1: FedSGD).
     max_client_samples: a client uses at most this many of its samples per round (drawn
         with its own generator).
     chunk_clients: clients per vectorized chunk when per-client gradients are needed.
@@ -224,33 +220,9 @@ class FedConfig:
     checkpoint_every: checkpoint every N rounds.
     report_delta: target δ of the privacy report's composed ε.
     engine: ``simulator`` (vectorized, in process) or ``flower``.
-    padding_p: PrivateRec's behaviour padding probability p (Alg. 2; None: 0.5).
-    privacy_mode: PrivateRec's ``paper`` (Alg. 3 as published: the history-path gradient is
-        uploaded raw and is not covered) or ``strict`` (that gradient is clipped to ``clip``
-        and noised too, DESIGN §4 erratum 4).
-    sensitivity_mode: DPA's ``true`` simplex sensitivity, or ``paper`` (S = 1, NOT a valid
-        guarantee; reproduction only).
-    history_budget: strict mode's share of ε_t (and δ_t) spent on the history-path gradient;
-        DPA gets the rest, so one round's upload is (ε_t, δ_t)-DP for the history.
-    noise_multiplier: ``dp-fedavg`` (central, user-level DP): z, the Gaussian noise on the sum
-        of the clipped updates has standard deviation z·``clip``.
-    target_epsilon: ``dp-fedavg``: the user-level ε of the whole run; z is calibrated from it
-        (with ``client_fraction`` as the Poisson sampling rate q and ``rounds``).
-    target_delta: ``dp-fedavg``: δ of the run's guarantee (default 1e-5; it must be below
-        1/N for N training users).
-    adaptive_clip_quantile, clip_lr, clip_count_stddev: ``dp-fedavg``'s adaptive clipping
-        (Andrew et al., NeurIPS 2021), one group: the clip starts at ``clip`` and follows the
-        quantile γ = ``adaptive_clip_quantile`` of the clients' update norms (None: a fixed
-        clip), with geometric learning rate η_C = ``clip_lr`` (None: 0.2) and noise σ_b =
-        ``clip_count_stddev`` on the count of unclipped clients (None: the expected clients
-        per round / 20); the run's ε is unchanged (docs/privacy.md).
-    secure_aggregation, noise_placement, max_dropouts: ``dp-fedavg`` on the Flower engine
-        only (one group, :class:`~privaterec.fed.methods.central.CentralDP`'s fields):
-        ``secaggplus`` sums the clipped updates with Flower's SecAgg+ so the server sees
-        only the sum (``none``: it sees each one); the noise is added to the sum by the
-        server (``central``) or in shares by the clients before masking (``distributed``);
-        ``max_dropouts`` k: SecAgg+'s threshold is n − k, so a sum decodes only with at
-        least n − k of the n sampled clients (and their noise shares) in it.
+    settings: the method's own settings (:mod:`privaterec.method_settings`; in YAML the
+        ``fed.settings`` mapping). ``None`` only until a :class:`RunConfig` (or a Uni-FedRec
+        run's configuration) fills in its method's defaults.
     """
 
     rounds: int = 100
@@ -263,41 +235,15 @@ class FedConfig:
     adam_tau: float | None = None
     local_steps: int = 1
     local_lr: float = 0.05
-    clip: float | None = None
-    noise_scale: float | None = None
-    epsilon_train: float = float("inf")
-    delta_train: float = 1e-5
-    noise: NoiseKind = "laplace"
     max_client_samples: int = 64
     chunk_clients: int = 16
     eval_every: int = 0
     checkpoint_every: int = 10
     report_delta: float = 1e-5
     engine: Engine = "simulator"
-    padding_p: float | None = None
-    privacy_mode: PrivacyMode = "paper"
-    sensitivity_mode: SensitivityMode = "true"
-    history_budget: float = 0.5
-    noise_multiplier: float | None = None
-    target_epsilon: float | None = None
-    target_delta: float | None = None
-    # dp-fedavg's adaptive clipping (one group; checked by validators.check_adaptive_clip)
-    adaptive_clip_quantile: float | None = None
-    clip_lr: float | None = None
-    clip_count_stddev: float | None = None
-    # dp-fedavg on Flower: secure aggregation (issue 15 item 2; fed/secagg.py).
-    secure_aggregation: SecureAggregation = "none"
-    noise_placement: NoisePlacement = "central"
-    max_dropouts: int = 0
+    settings: MethodSettings | None = None
 
     def __post_init__(self) -> None:
-        if self.padding_p is not None:
-            _check(0 <= self.padding_p < 1, "padding_p",
-                   f"got {self.padding_p!r}, expected a probability 0 <= p < 1")
-        _check_choice(self.privacy_mode, "privacy_mode", PRIVACY_MODES)
-        _check_choice(self.sensitivity_mode, "sensitivity_mode", SENSITIVITY_MODES)
-        _check(0 < self.history_budget < 1, "history_budget",
-               f"got {self.history_budget!r}, expected 0 < share < 1")
         for name in ("rounds", "local_steps", "max_client_samples", "chunk_clients",
                      "checkpoint_every"):
             value = getattr(self, name)
@@ -314,46 +260,60 @@ class FedConfig:
                    f"got {self.clients_per_round!r}, expected a positive integer")
         if self.strategy is not None:
             _check_choice(self.strategy, "strategy", STRATEGIES)
-        _check_choice(self.noise, "noise", NOISE_KINDS)
         _check_choice(self.engine, "engine", ENGINES)
-        for name in ("server_lr", "clip"):
-            if getattr(self, name) is not None:
-                _check_positive(getattr(self, name), name)
-        if self.noise_scale is not None:  # 0: no noise (Uni-FedRec's lambda_g = 0)
-            _check(0 <= self.noise_scale < math.inf, "noise_scale",
-                   f"got {self.noise_scale!r}, expected a finite number >= 0")
+        if self.server_lr is not None:
+            _check_positive(self.server_lr, "server_lr")
         _check_positive(self.local_lr, "local_lr")
-        _check_positive(self.epsilon_train, "epsilon_train")
-        _check(0 < self.delta_train < 1, "delta_train",
-               f"got {self.delta_train!r}, expected 0 < delta < 1")
         _check(0 < self.report_delta < 1, "report_delta",
                f"got {self.report_delta!r}, expected 0 < delta < 1")
         _check(0 <= self.adam_beta1 < 1, "adam_beta1", f"got {self.adam_beta1!r}, expected [0, 1)")
         _check(0 <= self.adam_beta2 < 1, "adam_beta2", f"got {self.adam_beta2!r}, expected [0, 1)")
         if self.adam_tau is not None:
             _check_positive(self.adam_tau, "adam_tau")
-        for name in ("noise_multiplier", "target_epsilon"):
-            if getattr(self, name) is not None:
-                _check_positive(getattr(self, name), name)
-        _check_choice(self.secure_aggregation, "secure_aggregation", SECURE_AGGREGATIONS)
-        _check_choice(self.noise_placement, "noise_placement", NOISE_PLACEMENTS)
-        _check(isinstance(self.max_dropouts, int) and self.max_dropouts >= 0, "max_dropouts",
-               f"got {self.max_dropouts!r}, expected an integer >= 0")
-        if self.target_delta is not None:
-            _check(0 < self.target_delta < 1, "target_delta",
-                   f"got {self.target_delta!r}, expected 0 < delta < 1 (below 1/N)")
-        check_adaptive_clip(adaptive_clip_quantile=self.adaptive_clip_quantile,
-                            clip_lr=self.clip_lr, clip_count_stddev=self.clip_count_stddev)
+        _check(self.settings is None or isinstance(self.settings, MethodSettings), "settings",
+               f"got {self.settings!r}, expected a method's settings "
+               f"(privaterec.method_settings)")
+
+    def settings_as(self, kind: type[S]) -> S:
+        """``settings``, checked to be a ``kind`` (the settings a method class reads).
+
+        Raises
+        ------
+        ConfigError
+            If ``settings`` are another method's (or not filled in).
+        """
+        if not isinstance(self.settings, kind):
+            have = "none" if self.settings is None else f"{self.settings.method}'s"
+            raise ConfigError(f"'fed.settings' are {have}, expected {kind.method}'s "
+                              f"({kind.__name__})")
+        return self.settings
 
 
 @dataclass(frozen=True)
 class RunConfig:
-    """Everything needed to reproduce a run: data location, model and training."""
+    """Everything needed to reproduce a run: data location, model and training.
+
+    A federated method's settings (``fed.settings``) are of that method's class
+    (:func:`privaterec.method_settings.settings_type`); left at ``None`` they become the
+    method's defaults here, on construction.
+    """
 
     data: str = ""
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     fed: FedConfig = field(default_factory=FedConfig)
+
+    def __post_init__(self) -> None:
+        method = self.train.method
+        if method not in FEDERATED_METHODS:
+            return  # a centralized run reads no federated setting
+        kind = settings_type(method)
+        if self.fed.settings is None:
+            object.__setattr__(self, "fed", dataclasses.replace(self.fed, settings=kind()))
+        elif type(self.fed.settings) is not kind:
+            raise ConfigError(f"'fed.settings' are {self.fed.settings.method}'s, but "
+                              f"train.method is {method!r}: give {method}'s settings "
+                              f"({kind.__name__}, keys {', '.join(kind.field_names()) or 'none'})")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -362,12 +322,34 @@ class RunConfig:
         Path(path).write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
 
     @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> "RunConfig":
+        """Build from a mapping (a parsed ``config.yaml``): ``fed.settings`` are read as the
+        settings of ``train.method``; a ``fed`` mapping with the flat keys of earlier versions
+        is read by :func:`fed_from_mapping`'s legacy reader."""
+        rest = {k: v for k, v in raw.items() if k != "fed"}
+        kwargs = mapping_kwargs(cls, rest)
+        train = kwargs.get("train", TrainConfig())
+        kwargs["fed"] = fed_from_mapping(train.method, _section(raw, "fed"), prefix="fed.")
+        return cls(**kwargs)
+
+    @classmethod
     def from_yaml(cls, path: str | Path) -> "RunConfig":
-        return load_yaml_config(cls, path)
+        return load_yaml_config(cls, path, build=cls.from_dict)
 
 
-def load_yaml_config(cls: type[D], path: str | Path) -> D:
-    """Build the frozen dataclass ``cls`` from the YAML file ``path`` (errors name the file)."""
+def _section(raw: Mapping[str, Any], name: str) -> Mapping[str, Any]:
+    value = raw.get(name)
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"'{name}' must be a mapping")
+    return value
+
+
+def load_yaml_config(cls: type[D], path: str | Path,
+                     build: Callable[[Mapping[str, Any]], D] | None = None) -> D:
+    """Build the frozen dataclass ``cls`` from the YAML file ``path`` (errors name the file);
+    ``build`` turns the parsed mapping into ``cls`` (default :func:`from_mapping`)."""
     path = Path(path)
     try:
         raw = yaml.safe_load(path.read_text()) or {}
@@ -378,7 +360,7 @@ def load_yaml_config(cls: type[D], path: str | Path) -> D:
     if not isinstance(raw, Mapping):
         raise ConfigError(f"{path}: expected a mapping at the top level")
     try:
-        return from_mapping(cls, raw)
+        return build(raw) if build is not None else from_mapping(cls, raw)
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from None
 
@@ -389,6 +371,12 @@ def from_mapping(cls: type[D], raw: Mapping[str, Any], prefix: str = "") -> D:
     Nested dataclass fields are built recursively; ``prefix`` names the enclosing section in
     error messages (e.g. ``model.num_heads``).
     """
+    return cls(**mapping_kwargs(cls, raw, prefix))
+
+
+def mapping_kwargs(cls: type[D], raw: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """The keyword arguments of ``cls`` that ``raw`` gives, checked and converted
+    (:func:`from_mapping` without the construction)."""
     known = {f.name: f for f in fields(cls)}
     unknown = sorted(set(raw) - set(known))
     if unknown:
@@ -405,7 +393,107 @@ def from_mapping(cls: type[D], raw: Mapping[str, Any], prefix: str = "") -> D:
             kwargs[name] = from_mapping(hint, value, prefix=f"{prefix}{name}.")
         else:
             kwargs[name] = _coerce(value, hint, prefix + name)
-    return cls(**kwargs)
+    return kwargs
+
+
+_ENGINE_KEYS = tuple(f.name for f in fields(FedConfig) if f.name != "settings")
+
+
+def fed_from_mapping(method: str, raw: Mapping[str, Any], *, prefix: str = "fed.") -> FedConfig:
+    """The :class:`FedConfig` of a run of ``method`` from its ``fed`` mapping.
+
+    The engine's keys are :class:`FedConfig`'s fields; ``settings`` is a mapping of the
+    method's own settings (:func:`~privaterec.method_settings.settings_type`). A run of a
+    method that is not federated has no settings.
+
+    Legacy format: files written before the settings were per method (a flat FedConfig, e.g.
+    ``fed: {clip: 0.005, noise_scale: null, epsilon_train: .inf, ...}``) are still read. Their
+    flat method keys (:data:`~privaterec.method_settings.LEGACY_FLAT_KEYS`) become the
+    method's settings: a key the method has is kept unless it is null (a default left
+    unfilled), a key it does not have is dropped. The code that wrote such a file either
+    refused those keys or ignored them, so the run used none of them.
+
+    Raises
+    ------
+    ConfigError
+        Naming the key (with ``prefix``): an unknown engine key, a setting the method does not
+        have, an invalid value, or flat and ``settings`` keys mixed.
+    """
+    raw = dict(raw)
+    settings_raw = raw.pop("settings", None)
+    legacy: dict[str, Any] = {}
+    if set(raw) & LEGACY_FLAT_KEYS:
+        legacy = {k: raw.pop(k) for k in sorted(set(raw) - set(_ENGINE_KEYS))}
+    fed = from_mapping(FedConfig, raw, prefix=prefix)
+    if method not in SETTINGS:
+        if settings_raw:
+            raise ConfigError(f"'{prefix}settings' apply to federated methods only, not "
+                              f"{method!r}")
+        return fed
+    kind = settings_type(method)
+    if legacy:
+        if settings_raw is not None:
+            raise ConfigError(f"'{prefix}settings' and the flat keys "
+                              f"{', '.join(prefix + k for k in legacy)} of earlier versions "
+                              f"are mixed; move the latter into '{prefix}settings'")
+        values = {k: v for k, v in legacy.items() if k in kind.field_names() and v is not None}
+    elif settings_raw is None:
+        values = {}
+    elif not isinstance(settings_raw, Mapping):
+        raise ConfigError(f"'{prefix}settings' must be a mapping of {method}'s settings")
+    else:
+        values = dict(settings_raw)
+    where = f"{prefix}settings."
+    _check_applies(method, kind, list(values), name=lambda k: f"'{where}{k}'")
+    try:
+        settings = from_mapping(kind, values, prefix=where)
+    except ConfigError as exc:
+        raise ConfigError(f"{method}'s settings ('{prefix}settings'): {exc}") from None
+    return dataclasses.replace(fed, settings=settings)
+
+
+def _check_applies(method: str, kind: type[MethodSettings], keys: list[str], *,
+                   name: Callable[[str], str]) -> None:
+    """Raise a ConfigError naming the ``keys`` that are not settings of ``method``."""
+    wrong = [k for k in keys if k not in kind.field_names()]
+    if not wrong:
+        return
+    own = kind.field_names()
+    has = (f"its settings: {', '.join(name(k) for k in own)}" if own
+           else "it has no settings of its own")
+    raise ConfigError(f"{', '.join(name(k) for k in wrong)} "
+                      f"{'does' if len(wrong) == 1 else 'do'} not apply to {method} ({has})")
+
+
+def fed_with_changes(fed: FedConfig, method: str, changes: Mapping[str, Any], *,
+                     name: Callable[[str], str] = lambda k: f"'fed.{k}'") -> FedConfig:
+    """``fed`` for a run of ``method`` with the flat ``changes`` applied (command-line flags,
+    ``flwr run``'s run config): a key of :class:`FedConfig` changes the engine's settings, any
+    other key the method's settings.
+
+    When ``fed.settings`` are another method's (the method was switched), its values that
+    differ from their defaults are carried over to ``method``'s settings.
+
+    Raises
+    ------
+    ConfigError
+        If a key is not a setting of ``method`` (named with ``name``, e.g. as a flag), or a
+        value is invalid.
+    """
+    engine = {k: v for k, v in changes.items() if k in _ENGINE_KEYS}
+    own = {k: v for k, v in changes.items() if k not in _ENGINE_KEYS}
+    kind = settings_type(method)
+    _check_applies(method, kind, list(own), name=name)
+    old = fed.settings
+    carried: dict[str, Any] = {}
+    if old is not None:
+        carried = {f.name: getattr(old, f.name) for f in fields(old)
+                   if type(old) is kind or getattr(old, f.name) != f.default}
+        if type(old) is not kind:
+            _check_applies(method, kind, [k for k in carried if k not in own],
+                           name=lambda k: f"'fed.settings.{k}' of {old.method}")
+    settings = kind(**{**carried, **own})
+    return dataclasses.replace(fed, **engine, settings=settings)
 
 
 def _coerce(value: Any, hint: Any, name: str) -> Any:
@@ -429,6 +517,18 @@ def _coerce(value: Any, hint: Any, name: str) -> Any:
         " or ".join(repr(a) for a in typing.get_args(t)) if typing.get_origin(t) is typing.Literal
         else getattr(t, "__name__", str(t)) for t in allowed)
     raise ConfigError(f"'{name}' must be {expected}, got {value!r}")
+
+
+def fed_config(method: str, **values: Any) -> FedConfig:
+    """A :class:`FedConfig` for a run of ``method`` from flat values: the engine's settings
+    and ``method``'s own (e.g. ``fed_config("dp-fedrec", rounds=50, epsilon_train=1.0)``).
+
+    Raises
+    ------
+    ConfigError
+        If a value is not a setting of the engine or of ``method``, or is invalid.
+    """
+    return fed_with_changes(FedConfig(), method, values)
 
 
 def replace(config: Any, **changes: Any) -> Any:

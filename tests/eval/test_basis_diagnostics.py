@@ -12,7 +12,7 @@ import math
 
 import pytest
 
-from privaterec.config import FedConfig, ModelConfig, RunConfig, TrainConfig, replace
+from privaterec.config import ModelConfig, RunConfig, TrainConfig, fed_config, replace
 from privaterec.data.synth import SynthConfig, write_synthetic
 from privaterec.eval.basis import basis_diagnostics
 from privaterec.fed.engine import federated_job
@@ -54,7 +54,7 @@ def _config(data: str, attention: str, mode: str = "paper", *, rounds: int = 10)
     method = "dp-fedavg" if mode == "dp-fedavg" else "privaterec"
     return resolve_run_config(RunConfig(
         data=data, model=replace(TINY, basis_attention=attention),
-        train=TrainConfig(method=method), fed=FedConfig(rounds=rounds, **fed)))
+        train=TrainConfig(method=method), fed=fed_config(method, rounds=rounds, **fed)))
 
 
 def _diagnostics(data: str, attention: str, mode: str, tmp_path):
@@ -109,6 +109,6 @@ def test_runs_report_the_diagnostics(data, tmp_path):
     assert evaluated["auc"] == metrics["test"]["auc"]
     plain = train_run(RunConfig(data=data, model=replace(TINY, basis_size=0),
                                 train=TrainConfig(method="fedrec"),
-                                fed=FedConfig(rounds=1, clients_per_round=5)),
+                                fed=fed_config("fedrec", rounds=1, clients_per_round=5)),
                       tmp_path / "fedrec", progress=False)
     assert "basis" not in plain

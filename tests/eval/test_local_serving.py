@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from privaterec.cli import main
-from privaterec.config import FedConfig, ModelConfig, RunConfig, TrainConfig
+from privaterec.config import ModelConfig, RunConfig, TrainConfig, fed_config
 from privaterec.data.synth import SynthConfig, write_synthetic
 from privaterec.errors import ConfigError
 from privaterec.eval.serving import local_download_bytes, local_ranking_seams
@@ -38,8 +38,9 @@ def runs(tmp_path_factory):
     out = {}
     for method in ("privaterec", "fedrec"):
         config = RunConfig(data=str(data), model=TINY, train=TrainConfig(method=method),
-                           fed=FedConfig(rounds=3, epsilon_train=5.0 if method == "privaterec"
-                                         else float("inf"), clients_per_round=5))
+                           fed=fed_config(method, rounds=3, clients_per_round=5,
+                                          **({"epsilon_train": 5.0} if method == "privaterec"
+                                             else {})))
         out[method] = root / method
         train_run(config, out[method], progress=False)
     return out

@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 import torch
 
-from privaterec.config import FedConfig, ModelConfig, RunConfig, TrainConfig
+from privaterec.config import ModelConfig, RunConfig, TrainConfig, fed_config
 from privaterec.data.features import build_news_features, build_vocabularies
 from privaterec.data.synth import SynthConfig, generate, write_synthetic
 from privaterec.errors import ConfigError
@@ -144,7 +144,8 @@ def test_evaluate_run_records_every_query_in_the_ledger(tmp_path):
     data = tmp_path / "data"
     write_synthetic(data, SYNTH)
     config = RunConfig(data=str(data), model=TINY, train=TrainConfig(method="privaterec"),
-                       fed=FedConfig(rounds=2, epsilon_train=5.0, clients_per_round=5))
+                       fed=fed_config("privaterec", rounds=2, epsilon_train=5.0,
+                                      clients_per_round=5))
     run = tmp_path / "run"
     train_run(config, run, progress=False)
     before = read_privacy_json(run)["report"]["phases"]["serve"]["num_users"]

@@ -12,7 +12,7 @@ import pytest
 import privaterec.experiments.common as common
 import privaterec.runs.ranking as pipeline
 from privaterec.cli import main
-from privaterec.config import FedConfig, ModelConfig, RunConfig, TrainConfig
+from privaterec.config import ModelConfig, RunConfig, TrainConfig, fed_config
 from privaterec.errors import ConfigError
 from privaterec.experiments.common import (RunSpec, Summary, check_models, check_seeds,
                                            ensure_run, finished_metrics, format_summary,
@@ -100,16 +100,16 @@ def test_run_spec_configs_follow_the_budget_constants(monkeypatch: pytest.Monkey
     assert central.model.news_encoder == "naml" and central.model.basis_size == 0
     strict = RunSpec("privaterec", 10.0, "strict").run_config(data="/d", model="nrms", seed=1,
                                                                quick=True)
-    assert strict.fed.rounds == 3 and strict.fed.epsilon_train == 10.0
-    assert strict.fed.privacy_mode == "strict" and strict.model.basis_size == 5
+    assert strict.fed.rounds == 3 and strict.fed.settings.epsilon_train == 10.0
+    assert strict.fed.settings.privacy_mode == "strict" and strict.model.basis_size == 5
     assert strict.train.method == "privaterec" and strict.train.seed == 1
     dp = RunSpec("dp-fedrec", 1.0).run_config(data="/d", model="nrms", seed=0, quick=False)
-    assert dp.fed.rounds == 7 and dp.fed.epsilon_train == 1.0
+    assert dp.fed.rounds == 7 and dp.fed.settings.epsilon_train == 1.0
 
 
 def test_run_spec_and_argument_validation() -> None:
     with pytest.raises(ConfigError, match="experiment method"):
-        RunSpec("fedrec")
+        RunSpec("popularity")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="privaterec only"):
         RunSpec("dp-fedrec", 10.0, basis_size=3)
     with pytest.raises(ConfigError, match="epsilon_train"):
@@ -134,7 +134,7 @@ def _fake_finished_run(path: Path, config: RunConfig, auc: float) -> None:
 def test_finished_run_is_reused_without_training(tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     config = RunConfig(data="/data", model=ModelConfig(), train=TrainConfig(method="dp-fedrec"),
-                       fed=FedConfig(rounds=3, epsilon_train=10.0))
+                       fed=fed_config("dp-fedrec", rounds=3, epsilon_train=10.0))
     path = tmp_path / "run"
     assert finished_metrics(path, config) is None
     _fake_finished_run(path, config, 0.625)
@@ -145,7 +145,7 @@ def test_finished_run_is_reused_without_training(tmp_path: Path,
     monkeypatch.setattr(pipeline, "train_run", no_training)
     assert ensure_run(path, config, progress=False)["test"]["auc"] == 0.625
     other = RunConfig(data="/data", model=ModelConfig(), train=TrainConfig(method="dp-fedrec"),
-                      fed=FedConfig(rounds=4, epsilon_train=10.0))
+                      fed=fed_config("dp-fedrec", rounds=4, epsilon_train=10.0))
     assert finished_metrics(path, other) is None
     (path / "metrics.json").write_text(json.dumps({"train_seconds": 1.0}))  # unfinished
     assert finished_metrics(path, config) is None

@@ -15,7 +15,7 @@ from typing import Callable, Sequence
 import pytest
 import torch
 
-from privaterec.config import FedConfig, ModelConfig, RunConfig, TrainConfig, replace
+from privaterec.config import ModelConfig, RunConfig, TrainConfig, fed_config, replace
 from privaterec.data.clients import ClientDataset, build_client_dataset
 from privaterec.data.features import NewsFeatures, build_news_features, build_vocabularies
 from privaterec.data.records import MindDataset
@@ -109,7 +109,7 @@ def run_config() -> Callable[..., RunConfig]:
     """``run_config(method, seed=0, **fed_changes)``: a resolved federated RunConfig."""
 
     def make(method: str, *, seed: int = 0, **fed_changes: object) -> RunConfig:
-        fed = FedConfig(**fed_changes)  # type: ignore[arg-type]
+        fed = fed_config(method, **fed_changes)  # the engine's and the method's settings
         config = RunConfig(data="unused", model=TINY_MODEL,
                            train=TrainConfig(method=method, seed=seed), fed=fed)
         return resolve_run_config(config)

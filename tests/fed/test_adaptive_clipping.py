@@ -11,7 +11,7 @@ import pytest
 import torch
 from scipy import stats
 
-from privaterec.config import FedConfig, RunConfig, TrainConfig, replace
+from privaterec.config import RunConfig, TrainConfig, fed_config, replace
 from privaterec.errors import ConfigError
 from privaterec.fed.client import client_update
 from privaterec.fed.engine import train_federated_run
@@ -20,6 +20,7 @@ from privaterec.fed.methods.central import CLIP_INDICATOR, CentralDP, expected_c
 from privaterec.fed.rng import central_noise_generator, client_generator
 from privaterec.fed.simulator import eligible_clients, simulate_round, train_federated
 from privaterec.fed.strategies import build_strategy
+from privaterec.method_settings import DPFedAvgSettings
 from privaterec.privacy.adaptive_clip import AdaptiveClipping, clip_indicators
 from privaterec.privacy.audit import audit_mechanism
 from privaterec.privacy.central import central_epsilon
@@ -50,18 +51,22 @@ def test_configuration_rules_and_defaults(run_config):
     assert method.server_state() == {"clip": 0.05}
     assert method.at_server_state({"clip": 0.2}).clip == 0.2
     assert method.at_server_state({"clip": 0.05}) is method
-    base = RunConfig(data="x", train=TrainConfig(method="dp-fedavg"))
+    train = TrainConfig(method="dp-fedavg")
     for fed, match in [
-        (FedConfig(noise_multiplier=1.0, clip_lr=0.1), "--adaptive-clip-quantile"),
-        (FedConfig(noise_multiplier=1.0, clip_count_stddev=3.0), "--adaptive-clip-quantile"),
-        (FedConfig(noise_multiplier=1.0, adaptive_clip_quantile=0.5, clip_count_stddev=0.5),
+        (dict(noise_multiplier=1.0, clip_lr=0.1), "--adaptive-clip-quantile"),
+        (dict(noise_multiplier=1.0, clip_count_stddev=3.0), "--adaptive-clip-quantile"),
+        (dict(noise_multiplier=1.0, adaptive_clip_quantile=0.5, clip_count_stddev=0.5),
          "--clip-count-stddev"),
     ]:
         with pytest.raises(ConfigError, match=match):
-            resolve_run_config(replace(base, fed=fed))
-    with pytest.raises(ConfigError, match="dp-fedavg"):
+            resolve_run_config(RunConfig(data="x", train=train,
+                                         fed=fed_config("dp-fedavg", **fed)))
+    resolved = resolve_run_config(RunConfig(data="x", train=train, fed=fed_config(
+        "dp-fedavg", noise_multiplier=1.0, adaptive_clip_quantile=0.5)))
+    assert resolved.fed.settings.clip_lr == 0.2  # the saved config states the default
+    with pytest.raises(ConfigError, match="does not apply to dp-fedrec"):
         resolve_run_config(RunConfig(data="x", train=TrainConfig(method="dp-fedrec"),
-                                     fed=FedConfig(adaptive_clip_quantile=0.5)))
+                                     fed=fed_config("dp-fedrec", adaptive_clip_quantile=0.5)))
 
 
 @pytest.mark.parametrize("field,value", [
@@ -71,7 +76,7 @@ def test_configuration_rules_and_defaults(run_config):
 ])
 def test_bad_values_are_refused_with_their_name(field, value):
     with pytest.raises(ConfigError, match=field):
-        FedConfig(**{field: value})
+        DPFedAvgSettings(noise_multiplier=1.0, **{"adaptive_clip_quantile": 0.5, field: value})
 
 
 def test_flower_and_a_count_noise_too_small_for_the_population_are_refused(clients, make_model,

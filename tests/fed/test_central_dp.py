@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from privaterec.config import FedConfig, RunConfig, TrainConfig, replace
+from privaterec.config import RunConfig, TrainConfig, fed_config, replace
 from privaterec.errors import ConfigError
 from privaterec.fed.client import client_update
 from privaterec.fed.engine import train_federated_run
@@ -26,19 +26,20 @@ def _central(run_config, **changes):
 
 
 def test_configuration_rules():
-    base = RunConfig(data="x", train=TrainConfig(method="dp-fedavg"))
+    train = TrainConfig(method="dp-fedavg")
     with pytest.raises(ConfigError, match="target_epsilon"):
-        resolve_run_config(base)
+        RunConfig(data="x", train=train)
+    base = RunConfig(data="x", train=train, fed=fed_config("dp-fedavg", noise_multiplier=1.0))
     with pytest.raises(ConfigError, match="Poisson"):
-        resolve_run_config(replace(base, fed=FedConfig(noise_multiplier=1.0,
-                                                       clients_per_round=5)))
-    with pytest.raises(ConfigError, match="dp-fedavg"):
+        resolve_run_config(replace(base, fed=replace(base.fed, clients_per_round=5)))
+    with pytest.raises(ConfigError, match="dp-fedrec"):
         resolve_run_config(RunConfig(data="x", train=TrainConfig(method="dp-fedrec"),
-                                     fed=FedConfig(noise_multiplier=1.0)))
-    resolved = resolve_run_config(replace(base, fed=FedConfig(target_epsilon=8.0, rounds=20,
-                                                              client_fraction=0.1)))
-    z = resolved.fed.noise_multiplier
-    assert z is not None and resolved.fed.report_delta == resolved.fed.target_delta == 1e-5
+                                     fed=fed_config("dp-fedrec", noise_multiplier=1.0)))
+    resolved = resolve_run_config(replace(base, fed=fed_config(
+        "dp-fedavg", target_epsilon=8.0, rounds=20, client_fraction=0.1)))
+    z = resolved.fed.settings.noise_multiplier
+    assert z is not None
+    assert resolved.fed.report_delta == resolved.fed.settings.target_delta == 1e-5
     assert central_epsilon(noise_multiplier=z, sampling_rate=0.1, rounds=20,
                            delta=1e-5) <= 8.0
     assert resolve_run_config(resolved) == resolved  # a resolved config.yaml re-resolves
@@ -97,8 +98,9 @@ def test_training_accounts_every_user_of_the_population(fed_data, clients, make_
                                                 rounds=3, delta=1e-3), rel=1e-3)
     # delta must be below 1/N; the Flower engine is refused without secure aggregation.
     with pytest.raises(ConfigError, match="1/N"):
-        train_federated_run(replace(config, fed=replace(config.fed, target_delta=0.5,
-                                                        report_delta=0.5)),
+        train_federated_run(replace(config, fed=replace(
+            config.fed, settings=replace(config.fed.settings, target_delta=0.5),
+            report_delta=0.5)),
                             make_model("nrms", seed=0), clients, progress=False)
     with pytest.raises(ConfigError, match="simulator"):
         train_federated_run(replace(config, fed=replace(config.fed, engine="flower")),
@@ -112,7 +114,8 @@ def test_a_refused_central_run_creates_no_run_directory(tmp_path, fed_data):
     data = tmp_path / "data"
     write_dataset(data, fed_data.dataset)
     config = RunConfig(data=str(data), train=TrainConfig(method="dp-fedavg"),
-                       fed=FedConfig(rounds=1, noise_multiplier=1.0, target_delta=0.5))
+                       fed=fed_config("dp-fedavg", rounds=1, noise_multiplier=1.0,
+                                      target_delta=0.5))
     with pytest.raises(ConfigError, match="1/N"):
         train_run(config, tmp_path / "run", progress=False)
     assert not (tmp_path / "run").exists()

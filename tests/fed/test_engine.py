@@ -13,6 +13,7 @@ import torch
 
 from privaterec.cli import main
 from privaterec.config import RunConfig, TrainConfig
+from privaterec.method_settings import FedRecSettings
 from privaterec.data.synth import write_synthetic
 from privaterec.fed.simulator import eligible_clients, sample_round
 from privaterec.privacy.calibration import gaussian_sigma
@@ -60,8 +61,11 @@ def test_fednewsrec_run_directory(fednewsrec_run):
     fed = config.fed
     assert config.train.method == "fednewsrec"
     # every value used is stated: the method's defaults were filled in
-    assert (fed.rounds, fed.clients_per_round, fed.strategy, fed.server_lr, fed.clip,
-            fed.noise_scale, fed.client_fraction) == (3, 4, "sgd", 0.5, 0.005, 0.015, 0.02)
+    assert (fed.rounds, fed.clients_per_round, fed.strategy, fed.server_lr, fed.settings.clip,
+            fed.settings.noise_scale, fed.client_fraction) == (3, 4, "sgd", 0.5, 0.005, 0.015,
+                                                               0.02)
+    assert "\n  settings:\n    clip: 0.005\n    noise_scale: 0.015\n" in \
+        (fednewsrec_run / "config.yaml").read_text()
     metrics = json.loads((fednewsrec_run / "metrics.json").read_text())
     assert metrics["method"] == "fednewsrec"
     assert [e["round"] for e in metrics["rounds"]] == [1, 2, 3]
@@ -130,7 +134,8 @@ def test_federated_flags_with_a_centralized_method_exit_2(data_dir, base_config,
 def test_noise_scale_with_dp_fedrec_exits_2(data_dir, base_config, tmp_path, capsys):
     assert _train(data_dir, base_config, tmp_path / "run", "--method", "dp-fedrec",
                   "--noise-scale", "0.1") == 2
-    assert "'fed.noise_scale' applies to fednewsrec only" in capsys.readouterr().err
+    assert ("--noise-scale does not apply to dp-fedrec (its settings: --clip, --noise, "
+            "--epsilon-train, --delta-train)") in capsys.readouterr().err
 
 
 def test_dp_fedrec_gaussian_run(data_dir, base_config, tmp_path):
@@ -139,8 +144,8 @@ def test_dp_fedrec_gaussian_run(data_dir, base_config, tmp_path):
                   "--epsilon-train", "2", "--delta", "1e-5", "--clip", "0.01", "--rounds", "2",
                   "--clients-per-round", "3") == 0
     fed = RunConfig.from_yaml(out / "config.yaml").fed
-    assert (fed.strategy, fed.server_lr, fed.noise, fed.epsilon_train, fed.delta_train) == \
-        ("fedadam", 0.01, "gaussian", 2.0, 1e-5)
+    assert (fed.strategy, fed.server_lr, fed.settings.noise, fed.settings.epsilon_train,
+            fed.settings.delta_train) == ("fedadam", 0.01, "gaussian", 2.0, 1e-5)
     release = json.loads((out / "privacy.json").read_text())["release"]
     assert (release["mechanism"], release["clipping"]) == ("gaussian", "l2")
     assert release["epsilon_per_round"] == 2.0 and release["delta_per_round"] == 1e-5
@@ -155,7 +160,8 @@ def test_fedrec_fedavg_run_and_rerun_resumes(data_dir, base_config, tmp_path, ca
              "2", "--clients-per-round", "3")
     assert _train(data_dir, base_config, out, *flags) == 0
     fed = RunConfig.from_yaml(out / "config.yaml").fed
-    assert (fed.strategy, fed.server_lr, fed.local_steps, fed.clip) == ("fedavg", 1.0, 2, None)
+    assert (fed.strategy, fed.server_lr, fed.local_steps, fed.settings) == \
+        ("fedavg", 1.0, 2, FedRecSettings())
     params = load_checkpoint(out / "checkpoint.pt")["params"]
     capsys.readouterr()
     assert main(["privacy", "report", "--run", str(out)]) == 0

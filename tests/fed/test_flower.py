@@ -15,7 +15,7 @@ import torch
 pytest.importorskip("flwr", reason="the Flower engine needs flwr[simulation] (test extra)")
 
 from privaterec.config import (FedConfig, ModelConfig, RunConfig, TrainConfig,  # noqa: E402
-                               replace)
+                               fed_config, fed_with_changes, replace)
 from privaterec.data.synth import SynthConfig, write_synthetic  # noqa: E402
 from privaterec.errors import ConfigError  # noqa: E402
 from privaterec.apps.flower_app import run_config_from_flower  # noqa: E402
@@ -51,8 +51,8 @@ FED_CHANGES = {"privaterec": {"epsilon_train": 5.0, "adam_tau": 1e-3}}
 def _config(data_dir, method: str, engine: str) -> RunConfig:
     return RunConfig(data=str(data_dir), model=TINY,
                      train=TrainConfig(method=method, seed=SEED),
-                     fed=FedConfig(rounds=ROUNDS, clients_per_round=PER_ROUND, engine=engine,
-                                   **FED_CHANGES.get(method, {})))
+                     fed=fed_config(method, rounds=ROUNDS, clients_per_round=PER_ROUND,
+                                    engine=engine, **FED_CHANGES.get(method, {})))
 
 
 @pytest.mark.slow
@@ -130,8 +130,8 @@ def test_fingerprint_tells_public_models_and_methods_apart(data_dir):
     # Random frozen word vectors are not in θ: another init is another public model.
     assert TINY.freeze_embeddings
     assert fingerprint(SEED + 1, method) != reference
-    noisier = method_from_config(replace(config, fed=replace(config.fed,
-                                                                   noise_scale=0.03)))
+    noisier = method_from_config(replace(config, fed=fed_with_changes(
+        config.fed, "fednewsrec", {"noise_scale": 0.03})))
     assert fingerprint(SEED, noisier) != reference
 
 
@@ -225,7 +225,8 @@ def test_flower_secaggplus_equals_the_simulators_dp_fedavg(data_dir, tmp_path, m
     for engine, secure in (("simulator", "none"), ("flower", "secaggplus")):
         config = RunConfig(data=str(data_dir), model=TINY,
                            train=TrainConfig(method="dp-fedavg", seed=SEED),
-                           fed=FedConfig(engine=engine, secure_aggregation=secure, **fed))
+                           fed=fed_config("dp-fedavg", engine=engine,
+                                          secure_aggregation=secure, **fed))
         train_run(config, tmp_path / engine, progress=False)
         runs[engine] = load_checkpoint(tmp_path / engine / "checkpoint.pt")
     sim, flw = runs["simulator"], runs["flower"]

@@ -18,10 +18,12 @@ import torch
 from scipy import stats
 
 import privaterec.privacy.calibrated as calibrated
-from privaterec.config import FedConfig, ModelConfig, RunConfig, TrainConfig
+from privaterec.config import FedConfig, ModelConfig, RunConfig, TrainConfig, fed_config
 from privaterec.errors import ConfigError
-from privaterec.fed.methods import (ClientMethod, DPFedRec, FedNewsRec, FedRec,
+from privaterec.fed.methods import (METHODS, ClientMethod, DPFedRec, FedNewsRec, FedRec,
                                     method_from_config, resolve_run_config)
+from privaterec.method_settings import (SETTINGS, DPFedRecSettings, FedNewsRecSettings,
+                                        FedRecSettings, settings_type)
 from privaterec.runs.report import release_description
 from privaterec.fed.rng import client_generator
 from privaterec.privacy.audit import audit_mechanism
@@ -63,36 +65,37 @@ def cached_gaussian_calibration(monkeypatch):
 # ------------------------------------------------------------------------ configuration
 def _resolved(method: str, **fed) -> FedConfig:
     config = RunConfig(data="x", model=ModelConfig(), train=TrainConfig(method=method),
-                       fed=FedConfig(**fed))
+                       fed=fed_config(method, **fed))
     return resolve_run_config(config).fed
 
 
 def test_fednewsrec_defaults_are_the_papers():
     fed = _resolved("fednewsrec")
-    assert (fed.strategy, fed.server_lr, fed.clip, fed.noise_scale, fed.client_fraction) == \
-        ("sgd", 0.5, 0.005, 0.015, 0.02)
+    assert (fed.strategy, fed.server_lr, fed.settings.clip, fed.settings.noise_scale,
+            fed.client_fraction) == ("sgd", 0.5, 0.005, 0.015, 0.02)
 
 
 def test_fedrec_and_dp_fedrec_defaults():
     fed = _resolved("fedrec")
-    assert (fed.strategy, fed.server_lr, fed.client_fraction, fed.clip, fed.noise_scale) == \
-        ("fedadam", 1e-2, 0.02, None, None)
+    assert (fed.strategy, fed.server_lr, fed.client_fraction, fed.settings) == \
+        ("fedadam", 1e-2, 0.02, FedRecSettings())
     fed = _resolved("dp-fedrec", epsilon_train=2.0)
-    assert (fed.strategy, fed.server_lr, fed.clip, fed.client_fraction, fed.epsilon_train) == \
-        ("fedadam", 1e-2, 0.005, 0.02, 2.0)
+    assert (fed.strategy, fed.server_lr, fed.settings.clip, fed.client_fraction,
+            fed.settings.epsilon_train) == ("fedadam", 1e-2, 0.005, 0.02, 2.0)
 
 
 def test_explicit_values_win_and_server_lr_follows_the_strategy():
     fed = _resolved("fedrec", strategy="fedavg", client_fraction=0.5)
     assert (fed.strategy, fed.server_lr, fed.client_fraction) == ("fedavg", 1.0, 0.5)
     fed = _resolved("fednewsrec", strategy="fedadam", server_lr=0.3, clip=0.01)
-    assert (fed.strategy, fed.server_lr, fed.clip, fed.noise_scale) == ("fedadam", 0.3, 0.01,
-                                                                       0.015)
+    assert (fed.strategy, fed.server_lr, fed.settings.clip, fed.settings.noise_scale) == \
+        ("fedadam", 0.3, 0.01, 0.015)
 
 
 def test_non_federated_methods_are_left_alone():
     config = RunConfig(data="x", train=TrainConfig(method="centralized"))
     assert resolve_run_config(config) == config
+    assert config.fed.settings is None
 
 
 @pytest.mark.parametrize("method,fed,name", [
@@ -101,15 +104,29 @@ def test_non_federated_methods_are_left_alone():
     ("fedrec", {"clip": 0.1}, "clip"),
 ])
 def test_settings_that_do_not_apply_are_rejected(method, fed, name):
-    with pytest.raises(ConfigError, match=f"'fed.{name}'"):
+    with pytest.raises(ConfigError, match=f"'fed.{name}' does not apply to {method}"):
         _resolved(method, **fed)
+
+
+def test_each_method_class_declares_its_settings_and_defaults():
+    """The registry's classes read the settings class of their own name; every federated
+    method's settings construct with real defaults (dp-fedavg needs its ε or z)."""
+    for name, cls in METHODS.items():
+        assert cls.settings_type is settings_type(name) and cls.name == name
+        assert cls.server_defaults.strategy in ("sgd", "fedadam")
+    for name, kind in SETTINGS.items():
+        if name == "dp-fedavg":
+            with pytest.raises(ConfigError, match="target_epsilon"):
+                kind()
+            continue
+        assert all(getattr(kind(), f) is not None for f in kind.field_names()
+                   if not (name == "privaterec" and f == "clip")), name
 
 
 @pytest.mark.parametrize("name,value", [
     ("rounds", 0), ("client_fraction", 0.0), ("client_fraction", 1.5),
     ("clients_per_round", 0), ("strategy", "adam"), ("server_lr", -1.0), ("local_steps", 0),
-    ("local_lr", 0.0), ("clip", 0.0), ("noise_scale", -0.1), ("epsilon_train", 0.0),
-    ("delta_train", 1.0), ("noise", "uniform"), ("max_client_samples", 0),
+    ("local_lr", 0.0), ("max_client_samples", 0),
     ("chunk_clients", 0), ("eval_every", -1), ("checkpoint_every", 0), ("report_delta", 0.0),
     ("adam_beta1", 1.0), ("adam_beta2", -0.1), ("adam_tau", 0.0), ("engine", "spark"),
 ])
@@ -118,18 +135,49 @@ def test_fed_config_errors_name_the_parameter(name, value):
         FedConfig(**{name: value})
 
 
+@pytest.mark.parametrize("kind,name,value", [
+    (FedNewsRecSettings, "clip", 0.0), (FedNewsRecSettings, "noise_scale", -0.1),
+    (FedNewsRecSettings, "noise_scale", 0.0), (DPFedRecSettings, "epsilon_train", 0.0),
+    (DPFedRecSettings, "delta_train", 1.0), (DPFedRecSettings, "noise", "uniform"),
+])
+def test_method_settings_errors_name_the_parameter(kind, name, value):
+    with pytest.raises(ConfigError, match=f"'{name}'"):
+        kind(**{name: value})
+
+
 def test_run_config_with_fed_round_trips_through_yaml(tmp_path):
     config = RunConfig(data="/data/x", model=ModelConfig(news_encoder="naml"),
                        train=TrainConfig(method="dp-fedrec", seed=3),
                        fed=FedConfig(rounds=7, clients_per_round=5, strategy="fedadam",
-                                     server_lr=0.02, clip=0.1, epsilon_train=math.inf,
-                                     noise="gaussian", delta_train=1e-6, local_steps=2))
+                                     server_lr=0.02, local_steps=2,
+                                     settings=DPFedRecSettings(clip=0.1,
+                                                               epsilon_train=math.inf,
+                                                               noise="gaussian",
+                                                               delta_train=1e-6)))
     path = tmp_path / "config.yaml"
     config.to_yaml(path)
-    assert ".inf" in path.read_text()  # YAML's infinity, not a string
+    text = path.read_text()
+    assert ".inf" in text  # YAML's infinity, not a string
+    assert "  settings:\n    clip: 0.1\n    noise: gaussian\n" in text
     loaded = RunConfig.from_yaml(path)
     assert loaded == config
-    assert math.isinf(loaded.fed.epsilon_train) and loaded.fed.noise_scale is None
+    assert math.isinf(loaded.fed.settings.epsilon_train)
+
+
+def test_yaml_settings_errors_name_the_file_and_key(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("train:\n  method: dp-fedrec\nfed:\n  settings:\n    noise_scale: 0.1\n")
+    with pytest.raises(ConfigError, match=r"bad\.yaml.*'fed\.settings\.noise_scale' does not "
+                                          r"apply to dp-fedrec.*'fed\.settings\.clip'"):
+        RunConfig.from_yaml(path)
+    path.write_text("train:\n  method: dp-fedrec\nfed:\n  settings:\n    clip: -1\n")
+    with pytest.raises(ConfigError, match=r"bad\.yaml.*dp-fedrec's settings.*'clip'"):
+        RunConfig.from_yaml(path)
+    path.write_text("train:\n  method: fedrec\nfed:\n  settings: 3\n")
+    with pytest.raises(ConfigError, match=r"bad\.yaml.*'fed\.settings' must be a mapping"):
+        RunConfig.from_yaml(path)
+    with pytest.raises(ConfigError, match="dp-fedrec's, but train.method is 'fedrec'"):
+        RunConfig(train=TrainConfig(method="fedrec"), fed=FedConfig(settings=DPFedRecSettings()))
 
 
 def test_yaml_fed_errors_name_the_file_and_key(tmp_path):
@@ -424,5 +472,5 @@ def test_fedadam_tau_defaults_per_method_and_explicit_value_wins(method, tau):
     resolved = resolve_run_config(RunConfig(train=TrainConfig(method=method)))
     assert resolved.fed.adam_tau == tau
     explicit = resolve_run_config(RunConfig(train=TrainConfig(method=method),
-                                            fed=FedConfig(adam_tau=1e-3)))
+                                            fed=fed_config(method, adam_tau=1e-3)))
     assert explicit.fed.adam_tau == 1e-3

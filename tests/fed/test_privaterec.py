@@ -12,7 +12,8 @@ import math
 import pytest
 import torch
 
-from privaterec.config import FedConfig, ModelConfig, RunConfig, TrainConfig
+from privaterec.config import ModelConfig, RunConfig, TrainConfig, fed_config
+from privaterec.method_settings import PrivateRecSettings
 from privaterec.errors import ConfigError
 from privaterec.fed.client import client_update
 from privaterec.fed.methods import (PAPER_MODE_NOTE, method_from_config, resolve_run_config,
@@ -32,38 +33,38 @@ def _objective(make_objective, basis=3, seed=0, **changes):
 # ------------------------------------------------------------------------ configuration
 def test_privaterec_defaults_fill_basis_padding_and_fedadam():
     config = resolve_run_config(RunConfig(data="x", train=TrainConfig(method="privaterec"),
-                                          fed=FedConfig(epsilon_train=10.0)))
+                                          fed=fed_config("privaterec", epsilon_train=10.0)))
     assert config.model.basis_size == 5
-    assert config.fed.padding_p == 0.5
+    assert config.fed.settings.padding_p == 0.5
     assert config.fed.strategy == "fedadam"
-    assert config.fed.clip is None  # paper mode clips nothing
+    assert config.fed.settings.clip is None  # paper mode clips nothing
     strict = resolve_run_config(RunConfig(
         data="x", train=TrainConfig(method="privaterec"),
-        fed=FedConfig(epsilon_train=10.0, privacy_mode="strict")))
-    assert strict.fed.clip == 1e-4
+        fed=fed_config("privaterec", epsilon_train=10.0, privacy_mode="strict")))
+    assert strict.fed.settings.clip == 1e-4
 
 
 @pytest.mark.parametrize("fed,match", [
-    (FedConfig(clip=0.1), "strict"),
-    (FedConfig(local_steps=2), "local_steps"),
+    ({"clip": 0.1}, "strict"),
+    ({"local_steps": 2}, "local_steps"),
 ])
 def test_privaterec_rejects_settings_that_do_not_apply(fed, match):
     with pytest.raises(ConfigError, match=match):
         resolve_run_config(RunConfig(data="x", train=TrainConfig(method="privaterec"),
-                                     fed=fed))
+                                     fed=fed_config("privaterec", **fed)))
 
 
 def test_padding_only_for_privaterec():
     with pytest.raises(ConfigError, match="padding_p"):
         resolve_run_config(RunConfig(data="x", train=TrainConfig(method="dp-fedrec"),
-                                     fed=FedConfig(padding_p=0.3)))
+                                     fed=fed_config("dp-fedrec", padding_p=0.3)))
 
 
 def test_invalid_privaterec_options_name_the_parameter():
     with pytest.raises(ConfigError, match="privacy_mode"):
-        FedConfig(privacy_mode="loose")
+        PrivateRecSettings(privacy_mode="loose")
     with pytest.raises(ConfigError, match="padding_p"):
-        FedConfig(padding_p=1.0)
+        PrivateRecSettings(padding_p=1.0)
     with pytest.raises(ConfigError, match="basis_size"):
         ModelConfig(basis_size=-1)
 

@@ -29,7 +29,8 @@ from flwr.common.secure_aggregation.secaggplus_constants import (  # noqa: E402
     RECORD_KEY_CONFIGS, Key, Stage)
 from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
 
-from privaterec.config import FedConfig, ModelConfig, RunConfig, TrainConfig  # noqa: E402
+from privaterec.config import ModelConfig, RunConfig, TrainConfig, fed_config  # noqa: E402
+from privaterec.method_settings import DPFedAvgSettings  # noqa: E402
 from privaterec.data.synth import SynthConfig, write_synthetic  # noqa: E402
 from privaterec.errors import ConfigError, PrivateRecError  # noqa: E402
 from privaterec.fed import flower  # noqa: E402
@@ -200,7 +201,7 @@ def _config(data_dir, **fed: Any) -> RunConfig:
     settings.update(fed)
     return resolve_run_config(RunConfig(data=str(data_dir), model=TINY,
                                         train=TrainConfig(method="dp-fedavg", seed=SEED),
-                                        fed=FedConfig(**settings)))
+                                        fed=fed_config("dp-fedavg", **settings)))
 
 
 class Setup:
@@ -433,14 +434,14 @@ def test_secure_aggregation_is_for_dp_fedavg_on_flower_only(data_dir, tmp_path):
     with pytest.raises(ConfigError, match="need secure aggregation"):
         method_from_config(_config(data_dir, secure_aggregation="none",
                                    noise_placement="distributed"))
-    with pytest.raises(ConfigError, match="dp-fedavg"):
+    with pytest.raises(ConfigError, match="does not apply to fedrec"):
         resolve_run_config(RunConfig(data="x", train=TrainConfig(method="fedrec"),
-                                     fed=FedConfig(secure_aggregation="secaggplus")))
+                                     fed=fed_config("fedrec", secure_aggregation="secaggplus")))
     with pytest.raises(ConfigError, match="at least 13 clients"):
         check_engine(method_from_config(_config(data_dir, max_dropouts=6)),
                      clients, engine="flower")
     with pytest.raises(ConfigError, match="secure_aggregation"):
-        FedConfig(secure_aggregation="secagg")
+        DPFedAvgSettings(noise_multiplier=1.0, secure_aggregation="secagg")
     with pytest.raises(ConfigError, match="adaptive clipping .* secure"):
         method_from_config(_config(data_dir, adaptive_clip_quantile=0.5))
     distributed = dc_replace(method, noise_placement="distributed")
@@ -546,15 +547,17 @@ def test_flwr_run_config_takes_the_secure_aggregation_keys(tmp_path):
 
     yaml = tmp_path / "run.yaml"
     RunConfig(model=TINY, train=TrainConfig(method="dp-fedavg", seed=7),
-              fed=FedConfig(noise_multiplier=1.0, target_delta=1e-4)).to_yaml(yaml)
+              fed=fed_config("dp-fedavg", noise_multiplier=1.0, target_delta=1e-4)).to_yaml(yaml)
     base = {"data-dir": str(tmp_path / "data"), "out-dir": str(tmp_path / "run"),
             "config": str(yaml), "method": "", "rounds": 0, "clients-per-round": 0,
             "seed": -1, "eval-every": -1, "drop-missing": False}
     config, _, _ = run_config_from_flower({**base, "secure-aggregation": "secaggplus",
                                            "noise-placement": "distributed",
                                            "max-dropouts": 2})
-    assert (config.fed.secure_aggregation, config.fed.noise_placement,
-            config.fed.max_dropouts) == ("secaggplus", "distributed", 2)
+    settings = config.fed.settings
+    assert (settings.secure_aggregation, settings.noise_placement,
+            settings.max_dropouts) == ("secaggplus", "distributed", 2)
     config, _, _ = run_config_from_flower({**base, "secure-aggregation": "",
                                            "noise-placement": "", "max-dropouts": -1})
-    assert (config.fed.secure_aggregation, config.fed.max_dropouts) == ("none", 0)
+    assert (config.fed.settings.secure_aggregation, config.fed.settings.max_dropouts) == \
+        ("none", 0)

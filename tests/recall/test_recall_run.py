@@ -143,7 +143,8 @@ def test_baselines_on_a_ranking_run_and_clear_errors(ranker: Path, recall_run: P
 
 @pytest.mark.parametrize("argv,message", [
     (["--model", "nrms"], "--model do not apply"),
-    (["--epsilon-train", "1"], "--epsilon-train do not apply"),
+    (["--epsilon-train", "1"], "--epsilon-train does not apply to unifedrec (its settings: "
+                                "--gradient-clipping, --clip, --noise-scale)"),
     (["--strategy", "fedavg"], "sgd or fedadam"),
 ])
 def test_train_flags_that_do_not_apply_are_refused(ranker: Path, tmp_path: Path, capsys,
@@ -184,12 +185,16 @@ def test_config_yaml_round_trip_and_validation(tmp_path: Path) -> None:
     path = tmp_path / "recall.yaml"
     config.to_yaml(path)
     assert RecallRunConfig.from_yaml(path) == config
+    assert "\n  settings:\n    clipping: l1\n    clip: 0.1\n" in path.read_text()
     assert config.resolved().fed.server_lr == 0.05 and config.fed.server_lr is None
     path.write_text("ranker: R\nfed:\n  strategy: fedavg\n")
     with pytest.raises(ConfigError, match="strategy.*'sgd' or 'fedadam'"):
         RecallRunConfig.from_yaml(path)
-    path.write_text("ranker: R\nfed:\n  padding_p: 0.5\n")
+    path.write_text("ranker: R\nfed:\n  settings:\n    padding_p: 0.5\n")
     with pytest.raises(ConfigError, match="padding_p.*does not apply"):
+        RecallRunConfig.from_yaml(path)
+    path.write_text("ranker: R\ntrain:\n  clipping: none\n")  # now fed.settings.clipping
+    with pytest.raises(ConfigError, match="unknown configuration key.*train.clipping"):
         RecallRunConfig.from_yaml(path)
     path.write_text("ranker: R\nmodel:\n  basis: 3\n")
     with pytest.raises(ConfigError, match="unknown configuration key.*model.basis"):

@@ -15,6 +15,7 @@ from privaterec.config import FedConfig
 from privaterec.data.clients import ClientDataset
 from privaterec.data.features import NewsFeatures
 from privaterec.errors import CheckpointError, ConfigError
+from privaterec.method_settings import UniFedRecSettings
 from privaterec.fed.client import client_update
 from privaterec.fed.rng import client_generator
 from privaterec.fed.sampling import clients_per_round
@@ -34,14 +35,15 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 _FED_KEYS = {"rounds": "rounds", "clients_per_round": "clients_per_round", "lr": "server_lr",
              "strategy": "strategy", "clip": "clip", "noise_scale": "noise_scale",
              "max_samples": "max_client_samples", "chunk_clients": "chunk_clients",
-             "checkpoint_every": "checkpoint_every", "client_fraction": "client_fraction"}
+             "checkpoint_every": "checkpoint_every", "client_fraction": "client_fraction",
+             "clipping": "clipping"}
 
 
 def settings(**kwargs) -> tuple[FedConfig, RecallTrainConfig, UniFedRecLDP]:
     """Recall training settings → (the engine's FedConfig resolved, recall's own, the method)."""
     fed = recall_fed_config(**{_FED_KEYS[k]: v for k, v in kwargs.items() if k in _FED_KEYS})
     train = RecallTrainConfig(**{k: v for k, v in kwargs.items() if k not in _FED_KEYS})
-    fed = resolve_recall_fed(fed, train)
+    fed = resolve_recall_fed(fed)
     return fed, train, UniFedRecLDP.of(fed, train)
 
 
@@ -107,8 +109,9 @@ def planted(num_users: int = 24, topics: int = 3, per_topic: int = 10,
 # ------------------------------------------------------------------------------ config
 def test_config_defaults_and_validation():
     fed, train, method = settings()
-    assert (fed.clip, fed.noise_scale, fed.server_lr, fed.client_fraction, fed.rounds,
-            train.negatives, train.clipping) == (0.1, 0.01, 0.05, 0.02, 200, 4, "l1")
+    assert (fed.settings.clip, fed.settings.noise_scale, fed.server_lr, fed.client_fraction,
+            fed.rounds, train.negatives, fed.settings.clipping) == \
+        (0.1, 0.01, 0.05, 0.02, 200, 4, "l1")
     assert (method.clip, method.noise_scale, method.max_samples) == (0.1, 0.01, 64)
     for kwargs, name in [({"clip": 0.0}, "clip"), ({"noise_scale": -1.0}, "noise_scale"),
                          ({"client_fraction": 0.0}, "client_fraction"),
@@ -120,10 +123,9 @@ def test_config_defaults_and_validation():
         with pytest.raises(ConfigError, match=name):
             settings(**kwargs)
     with pytest.raises(ConfigError, match="local_steps"):  # a ranking-only setting
-        resolve_recall_fed(FedConfig(local_steps=2), RecallTrainConfig())
+        resolve_recall_fed(FedConfig(local_steps=2))
     with pytest.raises(TypeError):  # privacy parameters are keyword-only
-        RecallTrainConfig(*[getattr(train, f.name) for f in dataclasses.fields(train)
-                            if f.name != "_"])
+        UniFedRecSettings("l1", 0.1, 0.01)
     assert clients_per_round(settings(clients_per_round=5)[0], 3) == 3
     assert clients_per_round(settings(client_fraction=0.02)[0], 24) == 1
     assert clients_per_round(settings(client_fraction=0.5)[0], 24) == 12
@@ -292,7 +294,9 @@ def test_resume_equals_uninterrupted_run(tmp_path):
         assert 1 <= count <= 4
     assert sum(c for u in full.ledger.users for _, c in full.ledger.events(u)) == 4 * 5
     with pytest.raises(CheckpointError, match="clip"):
-        train_recall(make_model(), vectors, clients, dataclasses.replace(fed, clip=0.2), train,
+        train_recall(make_model(), vectors, clients,
+                     dataclasses.replace(
+                         fed, settings=dataclasses.replace(fed.settings, clip=0.2)), train,
                      seed=1, progress=False, checkpoint_path=path)
     with pytest.raises(CheckpointError, match="seed"):
         train_recall(make_model(), vectors, clients, fed, train, seed=2, progress=False,

@@ -18,7 +18,7 @@ from typing import Any, Mapping
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
-from privaterec.config import FEDERATED_METHODS, RunConfig, replace
+from privaterec.config import FEDERATED_METHODS, RunConfig, fed_with_changes, replace
 from privaterec.errors import ConfigError
 from privaterec.fed.flower import make_client_app
 from privaterec.fed.methods import resolve_run_config
@@ -67,12 +67,13 @@ def run_config_from_flower(run_config: Mapping[str, Any]) -> tuple[RunConfig, Pa
             fed[key.replace("-", "_")] = str(run_config[key])
     if int(run_config.get("max-dropouts", -1)) != -1:
         fed["max_dropouts"] = int(run_config["max-dropouts"])
-    config = replace(config, data=paths["data-dir"], train=replace(config.train, **train),
-                     fed=replace(config.fed, engine="flower", **fed))
-    if config.train.method not in FEDERATED_METHODS:
+    method = train.get("method", config.train.method)
+    if method not in FEDERATED_METHODS:
         raise ConfigError(f"run config 'method' must be one of {', '.join(FEDERATED_METHODS)}"
-                          f" (got {config.train.method!r}); pass --run-config "
+                          f" (got {method!r}); pass --run-config "
                           f"\"method='fednewsrec'\" or set train.method in the YAML")
+    config = replace(config, data=paths["data-dir"], train=replace(config.train, **train),
+                     fed=fed_with_changes(config.fed, method, {"engine": "flower", **fed}))
     return (resolve_run_config(config), Path(paths["out-dir"]),
             bool(run_config.get("drop-missing", False)))
 

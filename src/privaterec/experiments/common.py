@@ -1,14 +1,16 @@
 """Shared machinery of the paper experiments (PrivateRec §4): runs, caches, aggregation, output.
 
 * :class:`RunSpec` — one trained configuration of a table row or a curve point (method, ε_t,
-  privacy mode, B); :meth:`RunSpec.run_config` turns it into a :class:`RunConfig` for a model
-  and a seed, with the round / epoch budget of :func:`training_budget`.
+  privacy mode, B; DP-FedAvg's target ε; r and T when not the defaults);
+  :meth:`RunSpec.run_config` turns it into a :class:`RunConfig` for a model and a seed, with
+  the round / epoch budget of :func:`training_budget`.
 * The **run cache** is the directory layout ``OUT/runs/<model>/<row>/seed<k>`` (``runs-quick``
   with ``--quick``): a finished run there is reused instead of retrained, so Table 2 and the
   trade-off figures reuse Table 1's runs. :func:`ensure_run` trains or reuses;
   :func:`serve_run` evaluates a run under a private serving mechanism and caches the result
   inside the run directory (``RUN/serving/<key>.json``), so a repeated evaluation is neither
-  recomputed nor recorded twice in the run's privacy ledger.
+  recomputed nor recorded twice in the run's privacy ledger; :func:`cached_serving` reads
+  that cache without computing.
 * :func:`summarize` / :func:`format_summary` — mean ± sample standard deviation over seeds.
 * :func:`markdown_table`, :func:`write_csv`, :func:`write_text` — the output files.
 """
@@ -28,6 +30,7 @@ import numpy as np
 
 from privaterec.config import (NEWS_ENCODERS, PRIVACY_MODES, FedConfig, ModelConfig,
                                PrivacyMode, RunConfig, TrainConfig)
+from privaterec.config import fed_config as flat_fed_config
 from privaterec.data.synth import write_synthetic
 from privaterec.errors import ConfigError
 from privaterec.experiments.settings import DEMO_ROUNDS, demo_synth_config
@@ -54,8 +57,11 @@ MODEL_LABELS = {"nrms": "NRMS", "naml": "NAML", "plm": "PLM-NR (frozen MiniLM)",
 # at the default 5e-3 the training loss stalls higher (1.56 against 1.45 after one epoch).
 MODEL_SETTINGS: dict[str, dict[str, Any]] = {"plm": {"plm_trainable_layers": 0}}
 MODEL_LR: dict[str, float] = {"plm": 1e-3}
-ExperimentMethod = Literal["centralized", "dp-fedrec", "privaterec"]
+ExperimentMethod = Literal["centralized", "fedrec", "fednewsrec", "dp-fedrec", "privaterec",
+                           "dp-fedavg"]
 EXPERIMENT_METHODS: tuple[ExperimentMethod, ...] = get_args(ExperimentMethod)
+# Methods whose per-round budget is ε_t (``epsilon_train``); the others take none.
+_EPSILON_TRAIN_METHODS = ("dp-fedrec", "privaterec")
 SCALE = 100.0  # metrics are printed ×100, as in the paper's tables
 DIGITS = 2
 
@@ -78,16 +84,26 @@ class RunSpec:
 
     Attributes
     ----------
-    method: ``centralized``, ``dp-fedrec`` or ``privaterec``.
-    epsilon_train: ε_t per round (``inf``: no noise; ignored by ``centralized``).
+    method: ``centralized``, ``fedrec``, ``fednewsrec``, ``dp-fedrec``, ``privaterec`` or
+        ``dp-fedavg`` (central, user-level DP).
+    epsilon_train: ε_t per round (``inf``: no noise); ``dp-fedrec`` and ``privaterec`` only.
     privacy_mode: PrivateRec's ``paper`` or ``strict`` mode (DESIGN §4 erratum 4).
-    basis_size: PrivateRec's number of basic vectors B (0: the default, 5).
+    basis_size: number of basic vectors B: PrivateRec's (0: the default, 5), or the PrivateRec
+        model trained by ``dp-fedavg`` (0: no basic vectors).
+    target_epsilon: ``dp-fedavg`` only (required): the user-level ε of the whole run, from
+        which z is calibrated.
+    client_fraction: the sampling rate r (q, Poisson, for ``dp-fedavg``) of a federated run;
+        ``None``: the method's default.
+    rounds: T of a federated run; ``None``: :func:`training_budget`'s.
     """
 
     method: ExperimentMethod
     epsilon_train: float = math.inf
     privacy_mode: PrivacyMode = "paper"
     basis_size: int = 0
+    target_epsilon: float | None = None
+    client_fraction: float | None = None
+    rounds: int | None = None
 
     def __post_init__(self) -> None:
         if self.method not in EXPERIMENT_METHODS:
@@ -97,35 +113,73 @@ class RunSpec:
         if not self.epsilon_train > 0:
             raise ConfigError(f"invalid 'epsilon_train': got {self.epsilon_train!r}, "
                               f"expected > 0 (inf: no noise)")
-        if self.method != "privaterec" and (self.basis_size or self.privacy_mode != "paper"):
-            raise ConfigError(f"basis_size and privacy_mode apply to privaterec only, "
-                              f"not {self.method}")
+        if self.method not in _EPSILON_TRAIN_METHODS and self.epsilon_train != math.inf:
+            raise ConfigError(f"epsilon_train applies to {' and '.join(_EPSILON_TRAIN_METHODS)}"
+                              f" only, not {self.method}")
+        if self.privacy_mode != "paper" and self.method != "privaterec":
+            raise ConfigError(f"privacy_mode applies to privaterec only, not {self.method}")
+        if self.basis_size and self.method not in ("privaterec", "dp-fedavg"):
+            raise ConfigError(f"basis_size applies to privaterec only (and to the PrivateRec "
+                              f"model trained by dp-fedavg), not {self.method}")
+        if (self.method == "dp-fedavg") != (self.target_epsilon is not None):
+            raise ConfigError("target_epsilon is required by dp-fedavg and applies to it only "
+                              f"(method {self.method}, target_epsilon {self.target_epsilon!r})")
+        if self.target_epsilon is not None and not 0 < self.target_epsilon < math.inf:
+            raise ConfigError(f"invalid 'target_epsilon': got {self.target_epsilon!r}, expected "
+                              f"a finite number > 0 (FedRec is the ε = ∞ point)")
+        if self.method == "centralized" and (self.client_fraction is not None
+                                             or self.rounds is not None):
+            raise ConfigError("client_fraction and rounds apply to federated methods only")
+        if self.client_fraction is not None and not 0 < self.client_fraction <= 1:
+            raise ConfigError(f"invalid 'client_fraction': got {self.client_fraction!r}, "
+                              f"expected 0 < r <= 1")
+        if self.rounds is not None and (isinstance(self.rounds, bool)
+                                        or not isinstance(self.rounds, int) or self.rounds < 1):
+            raise ConfigError(f"invalid 'rounds': got {self.rounds!r}, expected an integer "
+                              f">= 1")
 
     @property
     def basis(self) -> int:
-        """B actually used (PrivateRec only; 0 for the other methods)."""
-        if self.method != "privaterec":
-            return 0
-        return self.basis_size or PRIVATEREC_BASIS
+        """B actually used (0: a model without basic vectors)."""
+        if self.method == "privaterec":
+            return self.basis_size or PRIVATEREC_BASIS
+        return self.basis_size if self.method == "dp-fedavg" else 0
 
     @property
     def slug(self) -> str:
-        """Directory name of the row: ``centralized``, ``dp-fedrec_eps-10``,
-        ``privaterec_eps-10_paper_B5``."""
-        if self.method == "centralized":
-            return "centralized"
+        """Directory name of the row: ``centralized``, ``fedrec``, ``dp-fedrec_eps-10``,
+        ``privaterec_eps-10_paper_B5``, ``dp-fedavg_eps-8`` (``_B5`` for the PrivateRec
+        model), with ``_q-<r>`` / ``_T-<rounds>`` when they are not the defaults."""
         eps = format_epsilon(self.epsilon_train, markdown=False)
-        if self.method == "dp-fedrec":
-            return f"dp-fedrec_eps-{eps}"
-        return f"privaterec_eps-{eps}_{self.privacy_mode}_B{self.basis}"
+        base: str
+        if self.method in ("centralized", "fedrec", "fednewsrec"):
+            base = self.method
+        elif self.method == "dp-fedrec":
+            base = f"dp-fedrec_eps-{eps}"
+        elif self.method == "privaterec":
+            base = f"privaterec_eps-{eps}_{self.privacy_mode}_B{self.basis}"
+        else:
+            assert self.target_epsilon is not None
+            base = f"dp-fedavg_eps-{self.target_epsilon:g}" + (
+                f"_B{self.basis}" if self.basis else "")
+        if self.client_fraction is not None:
+            base += f"_q-{self.client_fraction:g}"
+        if self.rounds is not None:
+            base += f"_T-{self.rounds}"
+        return base
 
     @property
     def label(self) -> str:
         """Human-readable name for tables and legends."""
         if self.method == "centralized":
             return "Centralized"
+        if self.method in ("fedrec", "fednewsrec"):
+            return "FedRec" if self.method == "fedrec" else "FedNewsRec"
         if self.method == "dp-fedrec":
             return "DP-FedRec" if self.epsilon_train < math.inf else "DP-FedRec (= FedRec)"
+        if self.method == "dp-fedavg":
+            return ("DP-FedAvg (central)" if not self.basis
+                    else f"PrivateRec model (B = {self.basis}) by DP-FedAvg")
         return f"PrivateRec ({self.privacy_mode} mode)"
 
     def run_config(self, *, data: str, model: str, seed: int, quick: bool) -> RunConfig:
@@ -138,10 +192,23 @@ class RunSpec:
             train = TrainConfig(method="centralized", epochs=epochs, seed=seed,
                                 lr=MODEL_LR.get(model, TrainConfig.lr))
             return RunConfig(data=data, model=model_config, train=train)
-        fed = FedConfig(rounds=rounds, epsilon_train=self.epsilon_train,
-                        privacy_mode=self.privacy_mode)
         return RunConfig(data=data, model=model_config,
-                         train=TrainConfig(method=self.method, seed=seed), fed=fed)
+                         train=TrainConfig(method=self.method, seed=seed),
+                         fed=self.fed_config(rounds=self.rounds or rounds))
+
+    def fed_config(self, *, rounds: int) -> FedConfig:
+        """The federated settings of this row: the ONE place that maps a row's knobs to
+        configuration fields (T, r, and each method's own privacy parameter)."""
+        settings: dict[str, Any] = {"rounds": rounds}
+        if self.client_fraction is not None:
+            settings["client_fraction"] = self.client_fraction
+        if self.method in _EPSILON_TRAIN_METHODS:
+            settings["epsilon_train"] = self.epsilon_train
+        if self.method == "privaterec":
+            settings["privacy_mode"] = self.privacy_mode
+        if self.method == "dp-fedavg":
+            settings["target_epsilon"] = self.target_epsilon
+        return flat_fed_config(self.method, **settings)
 
 
 def run_dir(out: Path, model: str, spec: RunSpec, seed: int, *, quick: bool) -> Path:
@@ -222,6 +289,16 @@ def checkpoint_stamp(path: Path) -> list[int]:
     return [stat.st_mtime_ns, stat.st_size]
 
 
+def cached_serving(path: Path, serving: ServingConfig) -> dict[str, Any] | None:
+    """The cached result of :func:`serve_run` for ``serving`` on the run's current
+    checkpoint, or ``None`` (nothing is computed)."""
+    cache = Path(path) / "serving" / f"{serving_key(serving)}.json"
+    if not (cache.exists() and RunDirectory(path).checkpoint_path.exists()):
+        return None
+    entry = json.loads(cache.read_text())
+    return entry["result"] if entry.get("checkpoint") == checkpoint_stamp(path) else None
+
+
 def serve_run(path: Path, serving: ServingConfig, *, progress: bool) -> dict[str, Any]:
     """Test metrics of the run in ``path`` under private serving ``serving`` (cached).
 
@@ -229,12 +306,11 @@ def serve_run(path: Path, serving: ServingConfig, *, progress: bool) -> dict[str
     releases in ``RUN/privacy.json``) unless ``RUN/serving/<key>.json`` holds the result
     of the same evaluation of the same checkpoint.
     """
+    cached = cached_serving(path, serving)
+    if cached is not None:
+        return cached
     cache = Path(path) / "serving" / f"{serving_key(serving)}.json"
     stamp = checkpoint_stamp(path)
-    if cache.exists():
-        entry = json.loads(cache.read_text())
-        if entry.get("checkpoint") == stamp:
-            return entry["result"]
     from privaterec.runs.ranking import evaluate_run
     result = evaluate_run(path, progress=progress, serving=serving)
     cache.parent.mkdir(parents=True, exist_ok=True)
@@ -440,9 +516,10 @@ class Stopwatch:
         return f"{time.perf_counter() - self.start:.0f}s"
 
 
-__all__ = ["DIGITS", "EPOCHS", "EXPERIMENT_METHODS", "ExperimentMethod", "METRICS", "METRIC_LABELS", "MODEL_LABELS", "QUICK_EPOCHS",
-           "QUICK_ROUNDS", "ROUNDS", "RunSpec", "SCALE", "Stopwatch", "Summary",
-           "check_models", "check_seeds", "ensure_run", "finished_metrics", "format_epsilon",
-           "format_summary", "log", "markdown_table", "metric_columns", "over_seeds",
-           "resolve_data", "run_dir", "run_metrics", "serve_run", "serving_key", "summarize",
-           "summarize_metrics", "training_budget", "write_csv", "write_text"]
+__all__ = ["DIGITS", "EPOCHS", "EXPERIMENT_METHODS", "ExperimentMethod", "METRICS",
+           "METRIC_LABELS", "MODEL_LABELS", "QUICK_EPOCHS", "QUICK_ROUNDS", "ROUNDS", "RunSpec",
+           "SCALE", "Stopwatch", "Summary", "cached_serving", "check_models", "check_seeds",
+           "ensure_run", "finished_metrics", "format_epsilon", "format_summary", "log",
+           "markdown_table", "metric_columns", "over_seeds", "resolve_data", "run_dir",
+           "run_metrics", "serve_run", "serving_key", "summarize", "summarize_metrics",
+           "training_budget", "write_csv", "write_text"]

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from privaterec.config import FedConfig, ModelConfig, RunConfig, TrainConfig
+from privaterec.config import FedConfig, ModelConfig, RunConfig, TrainConfig, fed_config
 from privaterec.data.mind import load_dataset
 from privaterec.data.synth import write_synthetic
 from privaterec.experiments.demo_recall import RecallDemo, run_recall_demo
@@ -58,11 +58,11 @@ def demo_entries(quick: bool) -> list[DemoEntry]:
     for eps in (1.0, 10.0, float("inf")):
         entries.append(DemoEntry(f"dp-fedrec eps_t={eps:g} / nrms", nrms,
                                  TrainConfig(method="dp-fedrec"),
-                                 FedConfig(rounds=rounds, epsilon_train=eps),
+                                 fed_config("dp-fedrec", rounds=rounds, epsilon_train=eps),
                                  serve=vdp if math.isinf(eps) else ()))
     entries.append(DemoEntry(
         "privaterec eps_t=10 / nrms", nrms, TrainConfig(method="privaterec"),
-        FedConfig(rounds=rounds, epsilon_train=10.0),
+        fed_config("privaterec", rounds=rounds, epsilon_train=10.0),
         serve=(ServingConfig(kind="privaterec", epsilon=DEMO_SERVE_EPSILON),
                ServingConfig(kind="local"))))
     return entries

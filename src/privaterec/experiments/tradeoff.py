@@ -26,6 +26,7 @@ from privaterec.experiments.common import (MODEL_LABELS, SCALE, ExperimentMethod
                                            format_epsilon, format_summary, log, markdown_table,
                                            over_seeds, resolve_data, training_budget,
                                            write_csv, write_text)
+from privaterec.experiments.plots import Curve, new_figure, plot_curves, save_png, set_log_x
 from privaterec.privacy.dpa import dpa_calibration
 from privaterec.serving.release import ServingConfig
 
@@ -41,7 +42,7 @@ QUICK_PADDINGS = (0.0, 0.5, 0.9)
 NOISE_EPSILONS = (1.0, 5.0, 10.0)  # ε_s curves of Fig. 5 (left); calibration only
 TRAIN_EPSILONS = (1.0, 10.0, INF)  # the paper adds 5 and 20 (each point: 2 methods x seeds runs)
 QUICK_TRAIN_EPSILONS = (1.0, 10.0, INF)
-BASIS_SIZES = (1, 3, 5, 10, 20)
+BASIS_SIZES = (2, 3, 5, 10, 20)  # B >= 2: with B = 1, α = softmax of one logit is always 1
 QUICK_BASIS_SIZES = (3, 5)
 
 PRIVATEREC_RUN = RunSpec("privaterec", TRAIN_EPSILON, privacy_mode="paper")
@@ -73,59 +74,6 @@ def padding_noise_scales(epsilons: Sequence[float] = NOISE_EPSILONS,
                          "epsilon_base": calibration.user_epsilon,
                          "noise_scale": calibration.scale})
     return rows
-
-
-@dataclass
-class Curve:
-    """One plotted line: x values with the AUC summary at each (x may be ``inf``)."""
-
-    label: str
-    points: list[tuple[float, Summary]] = field(default_factory=list)
-
-    def finite(self) -> list[tuple[float, Summary]]:
-        return [(x, s) for x, s in self.points if math.isfinite(x)]
-
-    def at_infinity(self) -> Summary | None:
-        return next((s for x, s in self.points if math.isinf(x)), None)
-
-
-def _plot_curves(ax: Any, curves: Sequence[Curve], *, infinity_label: str) -> None:
-    """Error-bar lines of the finite points; ``inf`` as a dashed line of the same colour."""
-    for index, curve in enumerate(curves):
-        color = f"C{index}"
-        finite = curve.finite()
-        if finite:
-            xs = [x for x, _ in finite]
-            ys = [s.mean * SCALE for _, s in finite]
-            errs = [(s.std or 0.0) * SCALE for _, s in finite]
-            ax.errorbar(xs, ys, yerr=errs if any(errs) else None, marker="o", capsize=3,
-                        color=color, label=curve.label)
-        top = curve.at_infinity()
-        if top is not None:
-            ax.axhline(top.mean * SCALE, linestyle="--", color=color,
-                       label=f"{curve.label}, {infinity_label} = ∞")
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
-
-
-def _new_figure(columns: int = 1) -> tuple[Any, list[Any]]:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    figure = Figure(figsize=(6.4 * columns, 4.6), layout="constrained")
-    FigureCanvasAgg(figure)  # Agg backend without touching pyplot's global state
-    axes = [figure.add_subplot(1, columns, i + 1) for i in range(columns)]
-    return figure, axes
-
-
-def _set_log_x(ax: Any, values: Sequence[float]) -> None:
-    finite = sorted({v for v in values if math.isfinite(v) and v > 0})
-    if len(finite) >= 2:
-        from matplotlib.ticker import FixedLocator, NullLocator
-        ax.set_xscale("log")
-        ax.xaxis.set_major_locator(FixedLocator(finite))
-        ax.xaxis.set_minor_locator(NullLocator())
-        ax.set_xticklabels([f"{v:g}" for v in finite])
 
 
 def _point_rows(figure: str, x_name: str, curves: Sequence[tuple[str, str, Curve]],
@@ -185,9 +133,9 @@ def _fig4(ctx: _Context) -> tuple[dict[str, Any], list[str]]:
             f"fig4 PrivateRec serving ε_s={format_epsilon(eps)}")))
         vdp.points.append((eps, ctx.auc(FEDREC_RUN, ServingConfig(kind="vdp", epsilon=eps),
                                         f"fig4 VDP serving ε_s={format_epsilon(eps)}")))
-    fig, (ax,) = _new_figure()
-    _plot_curves(ax, [private, vdp], infinity_label="ε_s")
-    _set_log_x(ax, epsilons)
+    fig, (ax,) = new_figure()
+    plot_curves(ax, [private, vdp], infinity_label="ε_s")
+    set_log_x(ax, epsilons)
     ax.set(xlabel="serving budget ε_s per query (log scale)", ylabel=_AUC_LABEL,
            title=f"Fig. 4: private serving, {ctx.label} (PrivateRec p = {SERVE_PADDING:g})")
     rows = _point_rows("fig4", "epsilon_serve", [("PrivateRec", PRIVATEREC_RUN.slug, private),
@@ -210,7 +158,7 @@ def _fig5(ctx: _Context) -> tuple[dict[str, Any], list[str]]:
         padded.points.append((p, ctx.auc(PRIVATEREC_RUN, ServingConfig(
             kind="privaterec", epsilon=PADDING_SERVE_EPSILON, padding_p=p),
             f"fig5 PrivateRec serving p={p:g}")))
-    fig, (left, right) = _new_figure(columns=2)
+    fig, (left, right) = new_figure(columns=2)
     for index, eps in enumerate(NOISE_EPSILONS):
         points = [r for r in noise if r["epsilon_serve"] == eps]
         left.plot([r["padding_p"] for r in points], [r["noise_scale"] for r in points],
@@ -224,7 +172,7 @@ def _fig5(ctx: _Context) -> tuple[dict[str, Any], list[str]]:
     left.legend(fontsize=8)
     left.set(xlabel="padding probability p", ylabel="Laplace noise scale b = 2 / ε′ (log)",
              title="DPA noise needed per query")
-    _plot_curves(right, [padded], infinity_label="p")
+    plot_curves(right, [padded], infinity_label="p")
     right.set(xlabel="padding probability p", ylabel=_AUC_LABEL,
               title=f"Serving AUC vs p, {ctx.label} (PrivateRec ε_t = 10)")
     fig.suptitle("Fig. 5: privacy amplification by behaviour padding")
@@ -264,9 +212,9 @@ def _fig6(ctx: _Context) -> tuple[dict[str, Any], list[str]]:
     for row in rows:
         method = "privaterec" if row["method"] == "PrivateRec" else "dp-fedrec"
         row["run"] = RunSpec(method, row["epsilon_train"]).slug
-    fig, (ax,) = _new_figure()
-    _plot_curves(ax, [curve for _, _, curve in methods], infinity_label="ε_t")
-    _set_log_x(ax, epsilons)
+    fig, (ax,) = new_figure()
+    plot_curves(ax, [curve for _, _, curve in methods], infinity_label="ε_t")
+    set_log_x(ax, epsilons)
     ax.set(xlabel="training budget ε_t per round (log scale)", ylabel=_AUC_LABEL,
            title=f"Fig. 6: private training, {ctx.label} (ε_s = ∞)")
     entry = _save(ctx.out, "fig6_train_epsilon", fig, rows,
@@ -283,9 +231,9 @@ def _fig7(ctx: _Context) -> tuple[dict[str, Any], list[str]]:
     for size in sizes:
         spec = RunSpec("privaterec", TRAIN_EPSILON, basis_size=size)
         curve.points.append((float(size), ctx.auc(spec, None, f"fig7 PrivateRec B={size}")))
-    fig, (ax,) = _new_figure()
-    _plot_curves(ax, [curve], infinity_label="B")
-    _set_log_x(ax, [float(b) for b in sizes])
+    fig, (ax,) = new_figure()
+    plot_curves(ax, [curve], infinity_label="B")
+    set_log_x(ax, [float(b) for b in sizes])
     ax.set(xlabel="number of basic vectors B (log scale)", ylabel=_AUC_LABEL,
            title=f"Fig. 7: basic vectors, {ctx.label}")
     rows = _point_rows("fig7", "basis_size", [("PrivateRec", "", curve)])
@@ -355,9 +303,7 @@ def run_tradeoff(out: Path, *, data: str | None = None, model: str = "nrms",
 
 def _save(out: Path, name: str, figure: Any, rows: list[dict[str, Any]],
           columns: Sequence[str]) -> dict[str, Any]:
-    png = out / f"{name}.png"
-    png.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(png, dpi=120)
+    png = save_png(figure, out / f"{name}.png")
     csv_path = write_csv(out / f"{name}.csv", rows, columns)
     return {"png": png, "csv": csv_path, "points": rows}
 

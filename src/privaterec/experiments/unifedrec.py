@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from privaterec.config import FedConfig, replace
+from privaterec.config import FedConfig
 from privaterec.data.synth import SynthConfig, write_synthetic
 from privaterec.experiments.common import (RunSpec, Stopwatch, Summary, check_seeds,
                                            checkpoint_stamp, ensure_run, format_summary, log,
@@ -47,7 +47,7 @@ from privaterec.experiments.common import (RunSpec, Stopwatch, Summary, check_se
 from privaterec.recall.evaluate import RECALL_KS
 from privaterec.runs.recall import (RecallModelConfig, RecallRunConfig, evaluate_recall_run,
                                    is_recall_run, train_recall_run)
-from privaterec.recall.task import RecallTrainConfig
+from privaterec.recall.task import RecallTrainConfig, recall_fed_config
 from privaterec.serving.release import ServingConfig
 
 RECALL_SYNTH = SynthConfig(news=6000, seed=0)
@@ -74,12 +74,11 @@ def recall_train_config(*, ldp: bool, quick: bool) -> tuple[FedConfig, RecallTra
     """Training of the recall rows (the engine's settings, recall's own): FedAdam with the
     paper's LDP upload (``ldp``) or none."""
     rounds = QUICK_RECALL_ROUNDS if quick else (LDP_RECALL_ROUNDS if ldp else RECALL_ROUNDS)
-    fed = FedConfig(rounds=rounds, clients_per_round=RECALL_CLIENTS, strategy="fedadam",
-                    server_lr=0.003)
-    if ldp:
-        return fed, RecallTrainConfig(negative_source="pool", score_clip=True)
-    return (replace(fed, noise_scale=0.0),
-            RecallTrainConfig(negative_source="pool", score_clip=True, clipping="none"))
+    train = RecallTrainConfig(negative_source="pool", score_clip=True)
+    fed = recall_fed_config(rounds=rounds, clients_per_round=RECALL_CLIENTS,
+                            strategy="fedadam", server_lr=0.003,
+                            **({} if ldp else {"clipping": "none", "noise_scale": 0.0}))
+    return fed, train
 
 
 @dataclass(frozen=True)

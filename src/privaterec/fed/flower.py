@@ -398,7 +398,7 @@ def _secure_plan(method: ClientMethod, clients: int) -> SecAggRound:
     """The device's own SecAgg+ plan for a round of ``clients`` (it must be the server's)."""
     if not isinstance(method, CentralDP) or method.secure_aggregation == "none":
         raise ConfigError("the server runs secure aggregation but this device's method does "
-                          "not (its config.yaml has fed.secure_aggregation: none)")
+                          "not (its config.yaml has fed.settings.secure_aggregation: none)")
     plan = method.secure_round(clients)
     if plan is None:
         raise PrivateRecError(f"the server ran secure aggregation with {clients} clients, "

@@ -21,7 +21,7 @@ from typing import Protocol, Sequence
 
 import torch
 
-from privaterec.config import FedConfig
+from privaterec.config import FedConfig, Strategy as StrategyName
 from privaterec.errors import ConfigError
 from privaterec.fed.update import ClientUpdate
 
@@ -115,6 +115,42 @@ def with_pretrained_lr(strategy: Strategy, pretrained: torch.Tensor, lr: float) 
     rates = torch.full(pretrained.shape, float(strategy.lr))
     rates[pretrained] = lr
     return replace(strategy, lr=rates)
+
+
+STRATEGY_LR: dict[StrategyName, float] = {"sgd": 0.5, "fedavg": 1.0, "fedadam": 1e-2}
+"""Each strategy's own server learning rate: FedNewsRec's η = 0.5, FedAvg's model averaging
+(1.0), FedAdam 1e-2 (measured on the synthetic data, BENCHMARKS.md)."""
+
+
+@dataclass(frozen=True)
+class ServerDefaults:
+    """A method's defaults of the engine's settings it leaves open (``FedConfig``'s ``None``).
+
+    Attributes
+    ----------
+    strategy: the server's optimiser. client_fraction: r (the papers' 2%).
+    adam_tau: FedAdam's τ (1e-6 for raw updates, where a smaller τ turns rounding-level
+        coordinates into full steps).
+    server_lr: η whatever the strategy; ``None``: the strategy's own (:data:`STRATEGY_LR`).
+    """
+
+    strategy: StrategyName
+    client_fraction: float = 0.02
+    adam_tau: float = 1e-6
+    server_lr: float | None = None
+
+    def fill(self, fed: FedConfig) -> FedConfig:
+        """``fed`` with every engine setting left at ``None`` set to its default here."""
+        strategy = fed.strategy if fed.strategy is not None else self.strategy
+        lr = self.server_lr if self.server_lr is not None else STRATEGY_LR[strategy]
+        return replace(fed, strategy=strategy,
+                       client_fraction=_default(fed.client_fraction, self.client_fraction),
+                       adam_tau=_default(fed.adam_tau, self.adam_tau),
+                       server_lr=_default(fed.server_lr, lr))
+
+
+def _default(value: float | None, default: float) -> float:
+    return default if value is None else value
 
 
 def build_strategy(fed: FedConfig) -> Strategy:

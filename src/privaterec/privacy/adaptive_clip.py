@@ -39,12 +39,11 @@ from dataclasses import dataclass
 import torch
 
 from privaterec.errors import ConfigError
+from privaterec.method_settings import DEFAULT_CLIP_LR
 from privaterec.privacy.central import central_round_event
 from privaterec.privacy.events import PrivacyEvent
 from privaterec.validators import check_adaptive_clip
 
-DEFAULT_CLIP_LR = 0.2
-"""η_C, the paper's learning rate of the geometric update."""
 COUNT_STDDEV_PER_CLIENT = 0.05
 """σ_b's default: the expected number of clients per round m / 20 (the paper's choice)."""
 
@@ -67,7 +66,7 @@ def update_noise_multiplier(*, noise_multiplier: float, count_stddev: float) -> 
     rest = noise_multiplier ** -2 - (2 * count_stddev) ** -2
     if not count_stddev > noise_multiplier / 2 or rest <= 0:
         raise ConfigError(f"adaptive clipping: the noise on the count of unclipped clients "
-                          f"sigma_b = {count_stddev:g} ('fed.clip_count_stddev', "
+                          f"sigma_b = {count_stddev:g} ('fed.settings.clip_count_stddev', "
                           f"--clip-count-stddev) must exceed z/2 = {noise_multiplier / 2:g} for "
                           f"noise multiplier z = {noise_multiplier:g}: the count alone would "
                           f"spend the whole budget; pass a larger --clip-count-stddev (the "

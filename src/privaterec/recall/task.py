@@ -4,9 +4,11 @@ The recall model trains on the same engine as the ranking methods
 (:func:`privaterec.fed.simulator.train_federated`, the simulator or Flower):
 :class:`RecallTask` is its :class:`~privaterec.fed.task.FederatedTask` and
 :class:`UniFedRecLDP` its :class:`~privaterec.fed.methods.base.ClientMethod`. The engine's
-settings (rounds, sampling, server strategy, θ and λ_g, samples per client) are a
-:class:`~privaterec.config.FedConfig` (:func:`resolve_recall_fed` fills Uni-FedRec's
-defaults); :class:`RecallTrainConfig` holds what only recall has.
+settings (rounds, sampling, server strategy, samples per client) are a
+:class:`~privaterec.config.FedConfig` whose ``settings`` are the upload's
+(:class:`~privaterec.method_settings.UniFedRecSettings`: clipping, θ, λ_g);
+:func:`resolve_recall_fed` fills Uni-FedRec's defaults of the engine's settings.
+:class:`RecallTrainConfig` holds what only the recall task has.
 
 Per round t the server samples a fraction r of the users that have a training click (seeded
 by (seed, t)). Each sampled client u, with its own generator (seeded by (seed, t, u),
@@ -53,7 +55,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
-from dataclasses import KW_ONLY, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Literal, Sequence
 
@@ -62,15 +64,16 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import grad_and_value
 
-from privaterec.config import FedConfig, replace
+from privaterec.config import FedConfig, fed_with_changes, replace
 from privaterec.data.clients import ClientData, ClientDataset, draw_candidates
 from privaterec.errors import CheckpointError, ConfigError
 from privaterec.fed.engine import Engine, SimulatorEngine, check_engine
 from privaterec.fed.methods.base import ClientMethod
 from privaterec.fed.sampling import eligible_clients
 from privaterec.fed.simulator import FederatedState
-from privaterec.fed.strategies import build_strategy
+from privaterec.fed.strategies import ServerDefaults, build_strategy
 from privaterec.fed.task import ModuleTask, per_client_gradients
+from privaterec.method_settings import GradientClipping, UniFedRecSettings
 from privaterec.privacy.calibrated import Calibration, clipped_release, no_noise
 from privaterec.privacy.events import PrivacyEvent
 from privaterec.privacy.mechanisms import laplace_noise
@@ -81,30 +84,27 @@ from privaterec.recall.interest import perturb_scores
 from privaterec.recall.model import NUM_NEGATIVES, UniFedRecRecall, unified_score
 from privaterec.runtime.checkpoint import load_checkpoint
 
-Clipping = Literal["l1", "elementwise", "none"]
+Clipping = GradientClipping
 NegativeSource = Literal["impression", "pool"]
 
 CHECKPOINT_KIND = "unifedrec-recall"
 METHOD = "unifedrec"
 
-RECALL_FED_DEFAULTS: dict[str, Any] = {"strategy": "sgd", "client_fraction": 0.02,
-                                       "server_lr": 0.05, "adam_tau": 1e-6, "clip": 0.1,
-                                       "noise_scale": 0.01}
-"""Uni-FedRec §4.1's defaults of the FedConfig fields left at None: ω = 0.05 (plain SGD),
-r = 2%, θ = 0.1, λ_g = 0.01."""
 RECALL_ROUNDS = 200
 """Default rounds of a recall run (the paper converges in ≤ 200, Fig. 7)."""
 _RECALL_STRATEGIES = ("sgd", "fedadam")
-# FedConfig fields that only the ranking methods use.
-_RANKING_ONLY = ("padding_p", "noise_multiplier", "target_epsilon", "target_delta")
-_RANKING_DEFAULTS = {"local_steps": 1, "epsilon_train": math.inf, "noise": "laplace",
-                     "privacy_mode": "paper", "sensitivity_mode": "true", "eval_every": 0}
+# Engine settings of the ranking methods that recall training does not read.
+_RANKING_ONLY = {"local_steps": 1, "eval_every": 0}
 # Fields that change what a run computes: a checkpoint only resumes under the same values.
 _RESULT_FIELDS = ("fed.client_fraction", "fed.clients_per_round", "fed.server_lr",
                   "fed.strategy", "fed.adam_beta1", "fed.adam_beta2", "fed.adam_tau",
-                  "fed.max_client_samples", "fed.clip", "fed.noise_scale", "train.negatives",
-                  "train.negative_source", "train.score_clip", "train.score_noise",
-                  "train.clipping")
+                  "fed.max_client_samples", "fed.settings.clip", "fed.settings.noise_scale",
+                  "fed.settings.clipping", "train.negatives", "train.negative_source",
+                  "train.score_clip", "train.score_noise")
+# Where a checkpoint written before the upload's settings moved to fed.settings kept them.
+_LEGACY_RESULT_FIELDS = {"fed.clip": "fed.settings.clip",
+                         "fed.noise_scale": "fed.settings.noise_scale",
+                         "train.clipping": "fed.settings.clipping"}
 
 
 def _fail(name: str, value: object, expected: str) -> None:
@@ -137,19 +137,14 @@ class RecallTrainConfig:
         ``noise_scale``). The noise is drawn from the client's generator; it is a training
         regulariser, not a release (the upload is the gradient).
 
-    Keyword-only privacy parameters
-    -------------------------------
-    clipping:
-        The upload's clipping: ``"l1"`` (default), ``"elementwise"`` or ``"none"`` (module
-        docstring); θ and λ_g are ``fed.clip`` and ``fed.noise_scale``.
+    The upload's privacy (clipping, θ, λ_g) is the method's: ``fed.settings``
+    (:class:`~privaterec.method_settings.UniFedRecSettings`).
     """
 
     negatives: int = NUM_NEGATIVES
     negative_source: NegativeSource = "impression"
     score_clip: bool = True
     score_noise: bool = False
-    _: KW_ONLY
-    clipping: Clipping = "l1"
 
     def __post_init__(self) -> None:
         if not (_is_int(self.negatives) and self.negatives >= 1):
@@ -159,28 +154,31 @@ class RecallTrainConfig:
         for name in ("score_clip", "score_noise"):
             if not isinstance(getattr(self, name), bool):
                 _fail(name, getattr(self, name), "True or False")
-        if self.clipping not in ("l1", "elementwise", "none"):
-            _fail("clipping", self.clipping, "'l1', 'elementwise' or 'none'")
 
 
 def recall_fed_config(**changes: Any) -> FedConfig:
-    """A recall run's FedConfig: :data:`RECALL_ROUNDS` rounds unless ``changes`` say so."""
-    return FedConfig(**{"rounds": RECALL_ROUNDS, **changes})
+    """A recall run's FedConfig: :data:`RECALL_ROUNDS` rounds unless ``changes`` say so;
+    ``changes`` are flat (engine settings and the upload's, e.g. ``clip``)."""
+    base = FedConfig(rounds=RECALL_ROUNDS, settings=UniFedRecSettings())
+    return fed_with_changes(base, METHOD, changes)
 
 
-def resolve_recall_fed(fed: FedConfig, train: RecallTrainConfig) -> FedConfig:
-    """Fill Uni-FedRec's defaults (:data:`RECALL_FED_DEFAULTS`) and check its rules.
+def resolve_recall_fed(fed: FedConfig) -> FedConfig:
+    """Fill Uni-FedRec's defaults of the engine's settings
+    (:attr:`UniFedRecLDP.server_defaults`; the upload's settings default to
+    :class:`~privaterec.method_settings.UniFedRecSettings`) and check its rules.
 
     Raises
     ------
     ConfigError
-        If a setting does not apply to recall training, the strategy is not ``sgd`` or
-        ``fedadam``, or noise is asked for an unclipped upload.
+        If a setting does not apply to recall training or the strategy is not ``sgd`` or
+        ``fedadam``.
     """
-    changes = {k: v for k, v in RECALL_FED_DEFAULTS.items() if getattr(fed, k) is None}
-    fed = replace(fed, **changes)
-    given = [k for k in _RANKING_ONLY if getattr(fed, k) is not None]
-    given += [k for k, v in _RANKING_DEFAULTS.items() if getattr(fed, k) != v]
+    if fed.settings is None:
+        fed = replace(fed, settings=UniFedRecSettings())
+    fed.settings_as(UniFedRecSettings)
+    fed = UniFedRecLDP.server_defaults.fill(fed)
+    given = [k for k, v in _RANKING_ONLY.items() if getattr(fed, k) != v]
     if given:
         raise ConfigError(f"'fed.{given[0]}' does not apply to Uni-FedRec's recall training")
     if not (fed.server_lr is not None and fed.server_lr < math.inf):
@@ -189,10 +187,6 @@ def resolve_recall_fed(fed: FedConfig, train: RecallTrainConfig) -> FedConfig:
     if fed.strategy not in _RECALL_STRATEGIES:
         raise ConfigError(f"invalid 'fed.strategy' of Uni-FedRec's recall training: got "
                           f"{fed.strategy!r}, expected 'sgd' or 'fedadam'")
-    if train.clipping == "none" and fed.noise_scale:
-        raise ConfigError(f"invalid 'fed.noise_scale' {fed.noise_scale!r} with "
-                          f"train.clipping 'none': expected 0 (noise on an unbounded gradient "
-                          f"gives no guarantee; use clipping 'l1')")
     return fed
 
 
@@ -406,6 +400,10 @@ class UniFedRecLDP(ClientMethod):
     and add Laplace(λ_g = ``noise_scale``) per coordinate (module docstring)."""
 
     name: ClassVar[str] = METHOD
+    settings_type: ClassVar[type[UniFedRecSettings]] = UniFedRecSettings
+    # Uni-FedRec §4.1: plain SGD at ω = 0.05, r = 2%.
+    server_defaults: ClassVar[ServerDefaults] = ServerDefaults(strategy="sgd",
+                                                               server_lr=0.05)
 
     clipping: Clipping = "l1"
     clip: float = 0.1
@@ -413,10 +411,11 @@ class UniFedRecLDP(ClientMethod):
 
     @classmethod
     def of(cls, fed: FedConfig, train: RecallTrainConfig) -> "UniFedRecLDP":
-        """The method of a resolved recall FedConfig (:func:`resolve_recall_fed`)."""
-        assert fed.clip is not None and fed.noise_scale is not None, "resolve the config"
+        """The method of a recall FedConfig (its ``settings``) and recall's own settings."""
+        settings = fed.settings_as(UniFedRecSettings)
         return cls(negatives=train.negatives, max_samples=fed.max_client_samples,
-                   clipping=train.clipping, clip=fed.clip, noise_scale=fed.noise_scale)
+                   clipping=settings.clipping, clip=settings.clip,
+                   noise_scale=settings.noise_scale)
 
     @property
     def sends_metadata(self) -> bool:
@@ -459,8 +458,14 @@ class UniFedRecLDP(ClientMethod):
 
 
 # ----------------------------------------------------------------------------- training
-def _flat(config: dict[str, Any]) -> dict[str, Any]:
-    return {f"{part}.{k}": v for part, values in config.items() for k, v in values.items()}
+def _flat(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in config.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
 
 
 def _check_resumable(saved: dict[str, Any], config: dict[str, Any], seed: int,
@@ -472,6 +477,7 @@ def _check_resumable(saved: dict[str, Any], config: dict[str, Any], seed: int,
         raise CheckpointError(f"{path}: holds {tuple(saved['params'].shape)} parameters, the "
                               f"recall model has ({dimension},); use another --out path")
     old, new = _flat(saved.get("config", {})), _flat(config)
+    old = {_LEGACY_RESULT_FIELDS.get(k, k): v for k, v in old.items()}
     changed = [k for k in _RESULT_FIELDS if old.get(k) != new[k]]
     if saved.get("seed") != seed:
         changed.insert(0, "seed")
@@ -529,7 +535,7 @@ def train_recall(model: UniFedRecRecall, news_vectors: Tensor, clients: ClientDa
     per round it took part in).
     """
     train = train or RecallTrainConfig()
-    fed = replace(resolve_recall_fed(fed, train), eval_every=0 if on_round is None else 1)
+    fed = replace(resolve_recall_fed(fed), eval_every=0 if on_round is None else 1)
     task = RecallTask(model, news_vectors, pool_rows=pool_rows, options=train)
     method = UniFedRecLDP.of(fed, train)
     config = {"fed": dataclasses.asdict(fed), "train": dataclasses.asdict(train)}
@@ -552,6 +558,6 @@ def train_recall(model: UniFedRecRecall, news_vectors: Tensor, clients: ClientDa
                                           "seed": seed})
 
 
-__all__ = ["CHECKPOINT_KIND", "RECALL_FED_DEFAULTS", "RECALL_ROUNDS", "RecallClientInputs",
+__all__ = ["CHECKPOINT_KIND", "RECALL_ROUNDS", "RecallClientInputs",
            "RecallTask", "RecallTrainConfig", "UniFedRecLDP", "recall_fed_config",
            "resolve_recall_fed", "train_recall"]

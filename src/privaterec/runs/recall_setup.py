@@ -18,9 +18,11 @@ import torch
 import yaml
 from torch import Tensor
 
-from privaterec.config import FedConfig, load_yaml_config
+from privaterec.config import (FedConfig, fed_from_mapping, load_yaml_config, mapping_kwargs,
+                               replace)
 from privaterec.data.features import NewsFeatures, build_news_features
 from privaterec.errors import ConfigError
+from privaterec.method_settings import LEGACY_FLAT_KEYS, UniFedRecSettings
 from privaterec.models.recommender import Recommender
 from privaterec.recall.channels import check_cluster_params
 from privaterec.recall.interest import (DEFAULT_CLIP, DEFAULT_NOISE_SCALE, DEFAULT_NUM_BASIS,
@@ -155,9 +157,11 @@ class RecallRunConfig:
     data: data directory (empty: the ranker's).
     seed: seeds the model's initialisation, client sampling and the clients' draws.
     model: :class:`RecallModelConfig`.
-    fed: the engine's settings (rounds, sampling, server strategy, θ as ``clip``, λ_g as
-        ``noise_scale``, ``max_client_samples``, ``engine``); ``None`` fields take
-        Uni-FedRec's defaults (:func:`~privaterec.recall.task.resolve_recall_fed`).
+    fed: the engine's settings (rounds, sampling, server strategy, ``max_client_samples``,
+        ``engine``; ``None`` fields take Uni-FedRec's defaults,
+        :func:`~privaterec.recall.task.resolve_recall_fed`) and in ``fed.settings`` the
+        upload's (:class:`~privaterec.method_settings.UniFedRecSettings`: clipping, θ as
+        ``clip``, λ_g as ``noise_scale``).
     train: recall's own settings (:class:`~privaterec.recall.task.RecallTrainConfig`).
     """
 
@@ -174,16 +178,18 @@ class RecallRunConfig:
                               "run directory trained by another method)")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise ConfigError(f"invalid 'seed': got {self.seed!r}, expected an integer >= 0")
-        resolve_recall_fed(self.fed, self.train)  # its rules, before anything runs
+        if self.fed.settings is None:
+            object.__setattr__(self, "fed", replace(self.fed, settings=UniFedRecSettings()))
+        resolve_recall_fed(self.fed)  # its rules, before anything runs
 
     def resolved(self) -> "RecallRunConfig":
         """The configuration with Uni-FedRec's defaults filled in (what ``recall.yaml``
         states)."""
-        return dataclasses.replace(self, fed=resolve_recall_fed(self.fed, self.train))
+        return dataclasses.replace(self, fed=resolve_recall_fed(self.fed))
 
     def method(self) -> UniFedRecLDP:
         """The client method of this run's training."""
-        return UniFedRecLDP.of(resolve_recall_fed(self.fed, self.train), self.train)
+        return UniFedRecLDP.of(resolve_recall_fed(self.fed), self.train)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -192,8 +198,28 @@ class RecallRunConfig:
         path.write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
 
     @classmethod
+    def from_dict(cls, raw: Any) -> "RecallRunConfig":
+        """Build from a parsed ``recall.yaml``. A file written before the upload's settings
+        moved to ``fed.settings`` (flat ``fed`` keys, the clipping as ``train.clipping``) is
+        read by :func:`~privaterec.config.fed_from_mapping`'s legacy reader."""
+        fed, train = (dict(_section(raw, name)) for name in ("fed", "train"))
+        if set(fed) & LEGACY_FLAT_KEYS and "clipping" in train:
+            fed["clipping"] = train.pop("clipping")
+        rest = {k: v for k, v in raw.items() if k not in ("fed", "train")}
+        kwargs = mapping_kwargs(cls, {**rest, "train": train})
+        kwargs["fed"] = fed_from_mapping(METHOD, fed, prefix="fed.")
+        return cls(**kwargs)
+
+    @classmethod
     def from_yaml(cls, path: Path) -> "RecallRunConfig":
-        return load_yaml_config(cls, path)
+        return load_yaml_config(cls, path, build=cls.from_dict)
+
+
+def _section(raw: Any, name: str) -> Any:
+    value = raw.get(name) or {}
+    if not isinstance(value, dict):
+        raise ConfigError(f"'{name}' must be a mapping")
+    return value
 
 
 @dataclass

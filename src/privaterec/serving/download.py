@@ -124,7 +124,7 @@ def download_model(http: HttpSession, info: Mapping[str, Any],
                         "model", cache_dir)
     try:
         raw = yaml.safe_load(payload["config_yaml"]) or {}
-        config = from_mapping(RunConfig, raw)
+        config = RunConfig.from_dict(raw)
         vocab_raw = json.loads(payload["vocab_json"])
     except (KeyError, yaml.YAMLError, ValueError, TypeError) as exc:
         raise CheckpointError(f"model parameters {version}: bad config/vocabulary ({exc})"

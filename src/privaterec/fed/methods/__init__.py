@@ -6,24 +6,24 @@
 * :mod:`.ranking` — FedRec, FedNewsRec, DP-FedRec; :mod:`.privaterec` — PrivateRec paper and
   strict mode; :mod:`.central` — central DP (DP-FedAvg) as a wrapper around any method;
   Uni-FedRec's LDP upload lives with its task (:mod:`privaterec.recall.task`);
-* :mod:`.registry` — the methods' defaults, :func:`resolve_run_config` and
-  :func:`method_from_config`.
+* :mod:`.registry` — the methods by name, :func:`resolve_run_config` and
+  :func:`method_from_config`. Each class owns its settings (``settings_type``, from
+  :mod:`privaterec.method_settings`) and its defaults of the engine's settings
+  (``server_defaults``).
 """
 
 from __future__ import annotations
 
 from privaterec.fed.methods.base import ClientMethod, RoundContext, RoundOutput
 from privaterec.fed.methods.central import CentralDP
-from privaterec.fed.methods.privaterec import (PAPER_MODE_NOTE, PrivateRec, PrivateRecStrict,
-                                               privaterec_train_events, uncovered_groups)
+from privaterec.fed.methods.privaterec import (PAPER_MODE_NOTE, PRIVATEREC_BASIS, PrivateRec,
+                                               PrivateRecStrict, privaterec_train_events,
+                                               uncovered_groups)
 from privaterec.fed.methods.ranking import DPFedRec, FedNewsRec, FedRec, RankingMethod
-from privaterec.fed.methods.registry import (DP_FEDAVG_CLIP, METHOD_DEFAULTS, METHODS,
-                                             PRIVATEREC_BASIS, PRIVATEREC_STRICT_CLIP,
-                                             STRATEGY_LR, method_from_config,
+from privaterec.fed.methods.registry import (METHODS, RunMethod, method_from_config,
                                              resolve_run_config)
 
-__all__ = ["CentralDP", "ClientMethod", "DPFedRec", "DP_FEDAVG_CLIP", "FedNewsRec", "FedRec",
-           "METHODS", "METHOD_DEFAULTS", "PAPER_MODE_NOTE", "PRIVATEREC_BASIS",
-           "PRIVATEREC_STRICT_CLIP", "PrivateRec", "PrivateRecStrict", "RankingMethod",
-           "RoundContext", "RoundOutput", "STRATEGY_LR", "method_from_config",
+__all__ = ["CentralDP", "ClientMethod", "DPFedRec", "FedNewsRec", "FedRec", "METHODS",
+           "PAPER_MODE_NOTE", "PRIVATEREC_BASIS", "PrivateRec", "PrivateRecStrict",
+           "RankingMethod", "RoundContext", "RoundOutput", "RunMethod", "method_from_config",
            "privaterec_train_events", "resolve_run_config", "uncovered_groups"]

@@ -27,8 +27,9 @@ import torch
 
 from privaterec.data.clients import ClientData
 from privaterec.fed.sampling import sample_round
-from privaterec.fed.strategies import weighted_mean
+from privaterec.fed.strategies import ServerDefaults, weighted_mean
 from privaterec.fed.task import FederatedTask
+from privaterec.method_settings import MethodSettings
 from privaterec.privacy.calibrated import Calibration
 from privaterec.privacy.events import Adjacency, PrivacyEvent
 from privaterec.privacy.ledger import adjacency_view, basic_composition
@@ -77,12 +78,20 @@ class ClientMethod(ABC, Generic[TaskT]):
     """What a client does in a round, fully resolved (a frozen, public description), for
     the tasks of type ``TaskT``.
 
+    A method owns its configuration: ``settings_type``, the class of its settings in
+    ``FedConfig.settings`` (:mod:`privaterec.method_settings`), and ``server_defaults``, its
+    defaults of the engine's settings a configuration leaves open (strategy, sampling
+    fraction, server η, FedAdam's τ). A method of the ranking task is built from a run
+    configuration by its ``from_config`` (:mod:`privaterec.fed.methods.registry`).
+
     Attributes
     ----------
     negatives: k sampled non-clicked news per click. max_samples: samples per round cap.
     """
 
     name: ClassVar[str] = ""
+    settings_type: ClassVar[type[MethodSettings]]
+    server_defaults: ClassVar[ServerDefaults]
     trusted_aggregator: ClassVar[bool] = False
     """Whether the server sees the clipped updates and adds the noise (central DP)."""
 

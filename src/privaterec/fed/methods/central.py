@@ -31,18 +31,23 @@ from typing import Any, ClassVar, Mapping, Sequence
 
 import torch
 
+from privaterec.config import RunConfig, replace
 from privaterec.data.clients import ClientData
 from privaterec.errors import ConfigError
 from privaterec.fed.methods.base import ClientMethod, RoundContext, RoundOutput
+from privaterec.fed.methods.ranking import FedRec
 from privaterec.fed.rng import central_noise_generator
 from privaterec.fed.sampling import poisson_round
-from privaterec.fed.secagg import (NOISE_PLACEMENTS, SECURE_AGGREGATIONS, TAIL_SIGMAS,
-                                   SecAggRound, min_clients, plan_round)
+from privaterec.fed.secagg import TAIL_SIGMAS, SecAggRound, min_clients, plan_round
+from privaterec.fed.strategies import ServerDefaults
 from privaterec.fed.task import FederatedTask
+from privaterec.method_settings import DPFedAvgSettings, check_secure_aggregation
 from privaterec.privacy.adaptive_clip import (AdaptiveClipping, adaptive_round_event,
-                                              clip_indicators, equivalent_noise_multiplier)
+                                              clip_indicators, equivalent_noise_multiplier,
+                                              update_noise_multiplier)
 from privaterec.privacy.calibrated import Calibration, no_noise
-from privaterec.privacy.central import central_calibration, central_epsilon
+from privaterec.privacy.central import (calibrate_noise_multiplier, central_calibration,
+                                        central_epsilon)
 from privaterec.privacy.events import PrivacyEvent
 from privaterec.privacy.mechanisms import calibrated_noise, gaussian_noise
 from privaterec.privacy.randomness import Randomness, as_source
@@ -72,6 +77,8 @@ class CentralDP(ClientMethod[FederatedTask[Any]]):
     """
 
     name: ClassVar[str] = "dp-fedavg"
+    settings_type: ClassVar[type[DPFedAvgSettings]] = DPFedAvgSettings
+    server_defaults: ClassVar[ServerDefaults] = ServerDefaults(strategy="fedadam")
     trusted_aggregator: ClassVar[bool] = True
 
     inner: ClientMethod[Any]
@@ -93,24 +100,10 @@ class CentralDP(ClientMethod[FederatedTask[Any]]):
     max_dropouts: int = 0
 
     def __post_init__(self) -> None:
-        if self.secure_aggregation not in SECURE_AGGREGATIONS:
-            raise ConfigError(f"invalid 'secure_aggregation' {self.secure_aggregation!r}; "
-                              f"expected one of {', '.join(SECURE_AGGREGATIONS)}")
-        if self.noise_placement not in NOISE_PLACEMENTS:
-            raise ConfigError(f"invalid 'noise_placement' {self.noise_placement!r}; "
-                              f"expected one of {', '.join(NOISE_PLACEMENTS)}")
-        if not (isinstance(self.max_dropouts, int) and self.max_dropouts >= 0):
-            raise ConfigError(f"invalid 'max_dropouts' {self.max_dropouts!r}; expected an "
-                              f"integer >= 0")
-        if self.secure_aggregation == "none" and (self.noise_placement != "central"
-                                                  or self.max_dropouts):
-            raise ConfigError("'noise_placement' distributed and 'max_dropouts' need secure "
-                              "aggregation (--secure-aggregation secaggplus, Flower engine)")
-        if self.adaptive is not None and self.secure_aggregation != "none":
-            raise ConfigError("adaptive clipping (--adaptive-clip-quantile) does not run with "
-                              "secure aggregation yet: its clip indicators and the round's "
-                              "clip would need a secure sum and server state of their own; "
-                              "use a fixed --clip")
+        check_secure_aggregation(secure_aggregation=self.secure_aggregation,
+                                 noise_placement=self.noise_placement,
+                                 max_dropouts=self.max_dropouts,
+                                 adaptive=self.adaptive is not None)
 
     @property
     def distributed(self) -> bool:
@@ -139,6 +132,72 @@ class CentralDP(ClientMethod[FederatedTask[Any]]):
         return as_source(source).release_gaussian(
             zeros, sigma=calibration.scale).to(torch.float32)
 
+    # ---------------------------------------------------------------- configuration
+    @classmethod
+    def resolve(cls, config: RunConfig) -> RunConfig:
+        """Also z from ``target_epsilon`` (with q = ``client_fraction`` and T = ``rounds``),
+        or a given z checked against it; the report composes at the guarantee's δ. With
+        adaptive clipping, a given σ_b is checked against z (its default m / 20 depends on
+        the population and is checked when the run starts, :meth:`check_population`).
+
+        Raises
+        ------
+        ConfigError
+            If ``clients_per_round`` is set (the accounting assumes Poisson sampling), the
+            given z does not reach ``target_epsilon``, or σ_b ≤ z/2.
+        """
+        fed = config.fed
+        if fed.clients_per_round is not None:
+            raise ConfigError("dp-fedavg samples every user independently with probability "
+                              "'fed.client_fraction' (Poisson sampling, which the accounting "
+                              "assumes); 'fed.clients_per_round' does not apply")
+        fed = cls.server_defaults.fill(fed)
+        settings = fed.settings_as(DPFedAvgSettings)
+        q, delta = fed.client_fraction, settings.target_delta
+        assert q is not None  # filled by the server defaults
+        if settings.noise_multiplier is None:
+            assert settings.target_epsilon is not None  # DPFedAvgSettings needs one of them
+            settings = replace(settings, noise_multiplier=calibrate_noise_multiplier(
+                target_epsilon=settings.target_epsilon, sampling_rate=q, rounds=fed.rounds,
+                delta=delta))
+        elif settings.target_epsilon is not None:  # both given (a resolved config.yaml): check
+            reached = central_epsilon(noise_multiplier=settings.noise_multiplier,
+                                      sampling_rate=q, rounds=fed.rounds, delta=delta)
+            if reached > settings.target_epsilon * (1 + 1e-6):
+                raise ConfigError(f"'noise_multiplier' {settings.noise_multiplier} gives a "
+                                  f"user-level epsilon of {reached:.4g} over {fed.rounds} "
+                                  f"rounds at q = {q}, delta = {delta}, above "
+                                  f"'target_epsilon' {settings.target_epsilon}: give only one "
+                                  f"of the two")
+        if settings.adaptive_clip_quantile is not None and settings.clip_count_stddev is not None:
+            assert settings.noise_multiplier is not None
+            update_noise_multiplier(noise_multiplier=settings.noise_multiplier,
+                                    count_stddev=settings.clip_count_stddev)
+        return replace(config, fed=replace(fed, settings=settings, report_delta=delta))
+
+    @classmethod
+    def from_config(cls, config: RunConfig) -> "CentralDP":
+        """DP-FedAvg: FedRec's clients, central noise, with or without adaptive clipping (a
+        resolved configuration: z is set)."""
+        settings = config.fed.settings_as(DPFedAvgSettings)
+        fed = config.fed
+        assert (settings.noise_multiplier is not None
+                and fed.client_fraction is not None), "resolve the config first"
+        adaptive = None
+        if settings.adaptive_clip_quantile is not None:
+            assert settings.clip_lr is not None  # the settings state their default
+            adaptive = AdaptiveClipping(target_quantile=settings.adaptive_clip_quantile,
+                                        learning_rate=settings.clip_lr,
+                                        count_stddev=settings.clip_count_stddev)
+        inner = FedRec(**FedRec.common(config))
+        return cls(negatives=config.train.negatives, max_samples=fed.max_client_samples,
+                   inner=inner, clip=settings.clip, noise_multiplier=settings.noise_multiplier,
+                   sampling_rate=fed.client_fraction, rounds=fed.rounds,
+                   delta=settings.target_delta, adaptive=adaptive,
+                   secure_aggregation=settings.secure_aggregation,
+                   noise_placement=settings.noise_placement,
+                   max_dropouts=settings.max_dropouts)
+
     @property
     def by_impressions(self) -> bool:
         return self.inner.by_impressions
@@ -151,8 +210,8 @@ class CentralDP(ClientMethod[FederatedTask[Any]]):
         adaptive clipping, the count noise σ_b (its default m / 20 depends on N) must exceed
         z/2."""
         if not self.delta < 1 / max(1, population):
-            raise ConfigError(f"dp-fedavg's 'fed.target_delta' = {self.delta:g} is not below "
-                              f"1/N = {1 / max(1, population):.3g} for N = {population} "
+            raise ConfigError(f"dp-fedavg's 'fed.settings.target_delta' = {self.delta:g} is "
+                              f"not below 1/N = {1 / max(1, population):.3g} for N = {population} "
                               f"training users: a delta that large allows releasing a user's "
                               f"data outright; pass --target-delta below "
                               f"{1 / max(1, population):.3g}")
@@ -172,8 +231,9 @@ class CentralDP(ClientMethod[FederatedTask[Any]]):
         Flower engine's rounds do not carry. On Flower central DP runs through secure
         aggregation only, and secure aggregation on Flower only."""
         if self.adaptive is not None and engine != "simulator":
-            raise ConfigError(f"--adaptive-clip-quantile ('fed.adaptive_clip_quantile', "
-                              f"dp-fedavg's adaptive clipping) runs on the simulator engine "
+            raise ConfigError(f"--adaptive-clip-quantile "
+                              f"('fed.settings.adaptive_clip_quantile', dp-fedavg's adaptive "
+                              f"clipping) runs on the simulator engine "
                               f"only: the round's clip is server state that the {engine} "
                               f"engine does not send to its clients yet; use --engine "
                               f"simulator, or a fixed --clip without --adaptive-clip-quantile")

@@ -23,13 +23,14 @@ from typing import Any, ClassVar, Literal, Sequence
 import torch
 
 from privaterec.config import (NOISE_KINDS, SENSITIVITY_MODES, NoiseKind, PrivacyMode,
-                               SensitivityMode, replace)
+                               RunConfig, SensitivityMode, replace)
 from privaterec.data.clients import ClientData
 from privaterec.errors import ConfigError
 from privaterec.fed.methods.base import RoundContext, RoundOutput
 from privaterec.fed.methods.ranking import RankingMethod
 from privaterec.fed.objective import ClientInputs, LocalObjective
-from privaterec.fed.strategies import weighted_mean
+from privaterec.fed.strategies import ServerDefaults, weighted_mean
+from privaterec.method_settings import PrivateRecSettings
 from privaterec.privacy.calibrated import Calibration, clipped_release, no_noise
 from privaterec.privacy.dpa import (dpa_calibration, dpa_noise, pad_history, padding_mask,
                                     permute_columns)
@@ -46,6 +47,8 @@ PAPER_MODE_NOTE = (
     "flows through the raw history and is NOT covered "
     "(docs/privacy.md#paper-and-strict-mode); use "
     "privacy_mode='strict'")
+PRIVATEREC_BASIS = 5
+"""PrivateRec's number of basic vectors B when the model configuration leaves it at 0 (§4)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -60,6 +63,8 @@ class PrivateRec(RankingMethod):
     """
 
     name: ClassVar[str] = "privaterec"
+    settings_type: ClassVar[type[PrivateRecSettings]] = PrivateRecSettings
+    server_defaults: ClassVar[ServerDefaults] = ServerDefaults(strategy="fedadam")
     privacy_mode: ClassVar[PrivacyMode] = "paper"
 
     noise: NoiseKind = "laplace"
@@ -71,6 +76,36 @@ class PrivateRec(RankingMethod):
     def __post_init__(self) -> None:
         check_choice(self.noise, "noise", NOISE_KINDS)
         check_choice(self.sensitivity_mode, "sensitivity_mode", SENSITIVITY_MODES)
+
+    # ---------------------------------------------------------------- configuration
+    @classmethod
+    def resolve(cls, config: RunConfig) -> RunConfig:
+        """Also B = :data:`PRIVATEREC_BASIS` basic vectors when the model leaves it at 0, and
+        one gradient per round (Alg. 3)."""
+        if config.fed.local_steps != 1:
+            raise ConfigError("privaterec uploads one gradient per round (Alg. 3); "
+                              "'fed.local_steps' must be 1")
+        config = super().resolve(config)
+        if config.model.basis_size == 0:
+            config = replace(config, model=replace(config.model, basis_size=PRIVATEREC_BASIS))
+        return config
+
+    @classmethod
+    def from_config(cls, config: RunConfig) -> "PrivateRec":
+        """Paper mode's :class:`PrivateRec` or strict mode's :class:`PrivateRecStrict`. The
+        padding only buys amplification: none without noise (ε_t = ∞)."""
+        settings = config.fed.settings_as(PrivateRecSettings)
+        common = dict(**cls.common(config), noise=settings.noise,
+                      epsilon=settings.epsilon_train,
+                      delta=0.0 if settings.noise == "laplace" else settings.delta_train,
+                      padding_p=(float(settings.padding_p)
+                                 if math.isfinite(settings.epsilon_train) else 0.0),
+                      sensitivity_mode=settings.sensitivity_mode)
+        if settings.privacy_mode == "strict":
+            assert settings.clip is not None  # strict mode's settings always have their clip
+            return PrivateRecStrict(**common, clip=settings.clip,
+                                    history_budget=settings.history_budget)
+        return PrivateRec(**common)
 
     @property
     def by_impressions(self) -> bool:
@@ -326,5 +361,5 @@ def _dpa_calibration(method: PrivateRec) -> Calibration:
                            data="history")
 
 
-__all__ = ["PAPER_MODE_NOTE", "PrivateRec", "PrivateRecStrict", "privaterec_train_events",
+__all__ = ["PAPER_MODE_NOTE", "PRIVATEREC_BASIS", "PrivateRec", "PrivateRecStrict", "privaterec_train_events",
            "uncovered_groups"]

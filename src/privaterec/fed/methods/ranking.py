@@ -18,13 +18,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal, Sequence
+from typing import Any, ClassVar, Literal, Self, Sequence
 
 import torch
 
-from privaterec.config import NOISE_KINDS, NoiseKind
+from privaterec.config import NOISE_KINDS, NoiseKind, RunConfig, replace
 from privaterec.fed.methods.base import ClientMethod, RoundContext, RoundOutput
 from privaterec.fed.objective import ClientBatch, ClientInputs, LocalObjective
+from privaterec.fed.strategies import ServerDefaults
+from privaterec.method_settings import DPFedRecSettings, FedNewsRecSettings, FedRecSettings
 from privaterec.privacy.calibrated import Calibration, Clipping, clipped_release, no_noise
 from privaterec.privacy.randomness import Randomness
 from privaterec.validators import check_choice
@@ -38,6 +40,31 @@ class RankingMethod(ClientMethod[LocalObjective]):
 
     local_steps: int = 1
     local_lr: float = 0.05
+
+    # ---------------------------------------------------------------- configuration
+    @classmethod
+    def resolve(cls, config: RunConfig) -> RunConfig:
+        """``config`` with the method's defaults of the open engine settings filled in
+        (:attr:`server_defaults`) and its rules between them and its settings checked.
+
+        Raises
+        ------
+        ConfigError
+            Naming a setting that does not hold for the method.
+        """
+        return replace(config, fed=cls.server_defaults.fill(config.fed))
+
+    @classmethod
+    def from_config(cls, config: RunConfig) -> Self:
+        """The method of a resolved run configuration (:meth:`resolve`)."""
+        return cls(**cls.common(config))
+
+    @staticmethod
+    def common(config: RunConfig) -> dict[str, Any]:
+        """The settings every ranking method takes from the engine's and training's."""
+        fed = config.fed
+        return dict(negatives=config.train.negatives, max_samples=fed.max_client_samples,
+                    local_steps=fed.local_steps, local_lr=fed.local_lr)
 
     @property
     def clipping(self) -> Clipping:
@@ -113,6 +140,8 @@ class FedRec(RankingMethod):
     """Plain federated learning: raw updates, weighted by the clients' sample counts."""
 
     name: ClassVar[str] = "fedrec"
+    settings_type: ClassVar[type[FedRecSettings]] = FedRecSettings
+    server_defaults: ClassVar[ServerDefaults] = ServerDefaults(strategy="fedadam")
 
     @property
     def sends_metadata(self) -> bool:
@@ -135,9 +164,16 @@ class FedNewsRec(RankingMethod):
     (``noise_scale``) per coordinate."""
 
     name: ClassVar[str] = "fednewsrec"
+    settings_type: ClassVar[type[FedNewsRecSettings]] = FedNewsRecSettings
+    server_defaults: ClassVar[ServerDefaults] = ServerDefaults(strategy="sgd")
 
     clip: float
     noise_scale: float
+
+    @classmethod
+    def from_config(cls, config: RunConfig) -> Self:
+        settings = config.fed.settings_as(FedNewsRecSettings)
+        return cls(**cls.common(config), clip=settings.clip, noise_scale=settings.noise_scale)
 
     @property
     def clipping(self) -> Literal["elementwise"]:
@@ -162,6 +198,11 @@ class DPFedRec(RankingMethod):
     sensitivity 2θ (``clip``)."""
 
     name: ClassVar[str] = "dp-fedrec"
+    settings_type: ClassVar[type[DPFedRecSettings]] = DPFedRecSettings
+    # FedAdam's τ far below the per-coordinate size of its L1-clipped updates, θ/D ≈ 5e-8
+    # (τ = 1e-6 made its server step a vanishing SGD step; BENCHMARKS.md).
+    server_defaults: ClassVar[ServerDefaults] = ServerDefaults(strategy="fedadam",
+                                                               adam_tau=1e-10)
 
     clip: float
     noise: NoiseKind = "laplace"
@@ -170,6 +211,14 @@ class DPFedRec(RankingMethod):
 
     def __post_init__(self) -> None:
         check_choice(self.noise, "noise", NOISE_KINDS)
+
+    @classmethod
+    def from_config(cls, config: RunConfig) -> Self:
+        """δ_t applies to Gaussian noise only (a Laplace release is pure ε-DP: δ = 0)."""
+        settings = config.fed.settings_as(DPFedRecSettings)
+        return cls(**cls.common(config), clip=settings.clip, noise=settings.noise,
+                   epsilon=settings.epsilon_train,
+                   delta=0.0 if settings.noise == "laplace" else settings.delta_train)
 
     @property
     def clipping(self) -> Literal["l1", "l2"]:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, get_args
 
 import torch
 
-from privaterec.config import FederatedMethod, FedConfig, ModelConfig, RunConfig, TrainConfig
+from privaterec.config import FederatedMethod, ModelConfig, RunConfig, TrainConfig, fed_config
 from privaterec.data.clients import ClientData
 from privaterec.errors import ConfigError
 from privaterec.privacy.e2e_audit.world import AuditWorld
@@ -122,7 +122,7 @@ def fed_run_config(method: FederatedMethod, *, mode: str, epsilon: float, noise:
         fed = {"target_epsilon": epsilon, "target_delta": delta, "rounds": 1,
                "client_fraction": 1.0}
     config = RunConfig(data="unused", model=model, train=TrainConfig(method=method, seed=0),
-                       fed=FedConfig(**fed))
+                       fed=fed_config(method, **fed))
     return resolve_run_config(config)
 
 
@@ -135,15 +135,16 @@ def _central_target(world: AuditWorld, *, adaptive: bool, epsilon: float, delta:
     from privaterec.fed.methods import method_from_config, resolve_run_config
     from privaterec.fed.methods.central import CLIP_INDICATOR, CentralDP
     from privaterec.fed.objective import LocalObjective
+    from privaterec.method_settings import DPFedAvgSettings
     from privaterec.models.factory import build_recommender
 
     config = fed_run_config("dp-fedavg", mode="-", epsilon=epsilon, delta=delta, model=model)
     if adaptive:
-        z = config.fed.noise_multiplier
+        settings = config.fed.settings_as(DPFedAvgSettings)
+        z = settings.noise_multiplier
         assert z is not None
-        config = resolve_run_config(replace(config, fed=replace(
-            config.fed, adaptive_clip_quantile=0.5, clip_lr=None,
-            clip_count_stddev=CENTRAL_COUNT_SHARE * z)))
+        config = resolve_run_config(replace(config, fed=replace(config.fed, settings=replace(
+            settings, adaptive_clip_quantile=0.5, clip_count_stddev=CENTRAL_COUNT_SHARE * z))))
     method = method_from_config(config)
     assert isinstance(method, CentralDP)
     torch.manual_seed(0)

@@ -1,0 +1,167 @@
+"""``experiment central-dp``'s output: the markdown tables and caption, and the figure.
+
+* :func:`pivot_table` — the central rows' AUC by target ε, one line per population and model;
+* :func:`rows_table` — every row with its setting, its ledger ε and its AUC;
+* :func:`caption` — q, T, δ, C, N and clients per round, as the runs recorded them;
+* :func:`plot` — one panel per model: AUC against the ledger's user-level ε.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Sequence
+
+from privaterec.experiments.central_dp_rows import (LDP_EPSILON, PRIVATEREC_BASIS,
+                                                    SERVE_PADDING, RowResult)
+from privaterec.experiments.common import (MODEL_LABELS, SCALE, format_epsilon,
+                                           format_summary, markdown_table)
+from privaterec.experiments.plots import new_figure, save_png, set_log_x
+from privaterec.experiments.populations import Population
+from privaterec.experiments.run_privacy import epsilon_cell, short_epsilon
+
+INF = math.inf
+
+_AUC_HEADER = f"test AUC (×{SCALE:g})"
+
+
+def rows_table(results: Sequence[RowResult]) -> str:
+    cells = []
+    for r in results:
+        ledger = r.ledger
+        z = f" (z = {r.noise_multiplier:.4g})" if r.noise_multiplier is not None else ""
+        eps_s = r.row.epsilon_serve
+        cells.append([r.population.label, MODEL_LABELS.get(r.model, r.model), r.row.label,
+                      r.setting + z, epsilon_cell(ledger),
+                      "-" if eps_s is None else format_epsilon(eps_s),
+                      format_summary(r.summaries["auc"]), str(len(r.seeds))])
+    return markdown_table(["Users", "Model", "Method", "Setting", "user-level ε of training "
+                           "(max / median over users)", "ε_s / query", _AUC_HEADER, "n"],
+                          cells)
+
+
+def pivot_table(results: Sequence[RowResult], epsilons: Sequence[float]) -> str:
+    """AUC of the central rows by target ε (∞: FedRec), one line per population and model."""
+    lines: dict[tuple[str, str], dict[float, str]] = {}
+    for r in results:
+        if r.row.group != "central":
+            continue
+        eps = r.row.spec.target_epsilon if r.row.spec.target_epsilon is not None else INF
+        key = (r.population.label, MODEL_LABELS.get(r.model, r.model))
+        lines.setdefault(key, {})[eps] = format_summary(r.summaries["auc"])
+    cells = [[users, model, *[values.get(e, "–") for e in epsilons]]
+             for (users, model), values in lines.items()]
+    return markdown_table(["Users", "Model", *[f"ε = {format_epsilon(e)}"
+                                               + (" (FedRec)" if math.isinf(e) else "")
+                                               for e in epsilons]], cells)
+
+
+def caption(populations: Sequence[Population], results: Sequence[RowResult],
+             settings: dict[str, Any], *, seeds: Sequence[int], quick: bool) -> list[str]:
+    q, rounds, delta, clip = (settings[k] for k in ("client_fraction", "rounds", "delta",
+                                                    "clip"))
+    notes = [f"Central rows: DP-FedAvg with Poisson sampling at q = {q:g} per round, T = "
+             f"{rounds} rounds{' (--quick)' if quick else ''}, updates clipped to L2 norm "
+             f"C = {clip:g}, Gaussian noise z·C once on the sum, FedAdam; z calibrated by "
+             f"`--target-epsilon` for the whole run at δ = {delta:g} under replacement (one "
+             f"user's data replaced, the ledger's adjacency; PLD accountant). ε = ∞ is FedRec "
+             f"(r = {q:g}, no clipping, no noise)."]
+    for population in populations:
+        ledgers = [s.ledger for r in results if r.population is population
+                   for s in r.seeds]
+        central = [s.ledger for r in results if r.population is population
+                   and r.row.spec.method == "dp-fedavg" for s in r.seeds]
+        fixed = [v.clients_per_round for v in ledgers if v.clients_per_round]
+        text = f"{population.label} users (`{population.data}`): "
+        if central:
+            n = max(v.population for v in central)
+            text += (f"N = {n:,} training users, δ = {central[0].delta:g} "
+                     f"({'<' if central[0].delta < 1 / n else 'NOT <'} 1/N), "
+                     f"{q * n:,.0f} expected clients per round (qN)")
+        else:
+            text += "no DP-FedAvg run finished (N not read from a ledger)"
+        if fixed:
+            text += (f"; FedRec and the local-DP rows sample {min(fixed):,} clients per round "
+                     f"without replacement")
+        text += ("; local-DP and PrivateRec rows run here." if population.ldp
+                 else "; FedRec and DP-FedAvg only (the local-DP rows run at `--ldp-users`).")
+        notes.append(text)
+    notes += [
+        f"Local-DP rows: each upload is noised on the device (DP-FedRec and PrivateRec at "
+        f"ε_t = {LDP_EPSILON:g} per round, FedNewsRec at its paper defaults); the ε shown is "
+        "each user's total over the rounds it took part in, at user-level adjacency, as the "
+        "ledger composes it (max / median over users; the max over seeds). PrivateRec's "
+        "candidate-path gradient reveals which displayed news were drawn, so no total covers "
+        "a whole user (∞); paper mode also uploads the history-path gradient raw, so its "
+        "stated guarantee does not hold at all.",
+        f"PrivateRec by DP-FedAvg: the PrivateRec model (B = {PRIVATEREC_BASIS}) trained by "
+        "DP-FedAvg at the largest finite target ε (its training ε is the one shown), then "
+        "served by local ranking (the device downloads the pool's score matrix and sends "
+        f"nothing: ε_s = 0) or by DPA (padding p = {SERVE_PADDING:g}, Laplace on the B "
+        "weights, ε_s per query; serving ε composes over a user's queries: "
+        "`privaterec privacy report --run RUN`).",
+        f"Test AUC ×{SCALE:g}, mean ± sample std (ddof = 1) over the seeds that finished "
+        f"(asked: {', '.join(map(str, seeds))}); n = number of seeds (n = 1: no std). "
+        "z is the noise multiplier each DP-FedAvg run calibrated."]
+    return notes
+
+
+_LDP_COLORS = {"dp-fedrec": "C6", "fednewsrec": "C7", "paper": "C8", "strict": "C9"}
+_SERVE_MARKERS = {"local": "s", "dpa-1": "v", "dpa-10": "^"}
+
+
+def plot(path: Path, results: Sequence[RowResult], models: Sequence[str],
+          populations: Sequence[Population], epsilons: Sequence[float]) -> Path:
+    """One panel per model: DP-FedAvg AUC against the ledger's user-level ε per population
+    (FedRec dashed), the local-DP rows dotted, PrivateRec central-trained as markers."""
+    entries = max((sum(r.model == m for r in results) for m in models), default=0)
+    figure, axes = new_figure(columns=len(models), width=6.8, height=4.8 + 0.17 * entries)
+    colors = {id(p): f"C{i % 6}" for i, p in enumerate(populations)}
+    for ax, model in zip(axes, models):
+        mine = [r for r in results if r.model == model]
+        for population in populations:
+            color = colors[id(population)]
+            rows = [r for r in mine if r.population is population]
+            curve = sorted(((r.ledger.user_max, r.summaries["auc"]) for r in rows
+                            if r.row.group == "central" and r.row.spec.method == "dp-fedavg"),
+                           key=lambda p: p[0])
+            if curve:
+                ax.errorbar([x for x, _ in curve], [s.mean * SCALE for _, s in curve],
+                            yerr=[(s.std or 0.0) * SCALE for _, s in curve], marker="o",
+                            capsize=3, color=color,
+                            label=f"DP-FedAvg, {population.label} users")
+            for r in rows:
+                auc = r.summaries["auc"].mean * SCALE
+                spec = r.row.spec
+                if spec.method == "fedrec":
+                    ax.axhline(auc, linestyle="--", color=color,
+                               label=f"FedRec (ε = ∞), {population.label} users")
+                elif r.row.group == "ldp":
+                    ax.axhline(auc, linestyle=":", linewidth=1.5,
+                               color=_LDP_COLORS.get(spec.privacy_mode
+                                                     if spec.method == "privaterec"
+                                                     else spec.method, "k"),
+                               label=f"{r.row.label}, {population.label} users: user ε "
+                                     f"{short_epsilon(r.ledger)}")
+                elif r.row.group == "privaterec":
+                    assert r.row.serving is not None
+                    served = r.row.key.rsplit("+", 1)[1]
+                    name = ("local ranking (ε_s = 0)" if served == "local"
+                            else f"DPA ε_s = {format_epsilon(r.row.serving.epsilon)}")
+                    ax.plot([r.ledger.user_max], [auc], linestyle="none",
+                            marker=_SERVE_MARKERS.get(served, "D"), color=color,
+                            markersize=8, label=f"PrivateRec by DP-FedAvg + {name}, "
+                                                f"{population.label} users")
+        if mine:
+            ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=1)
+        else:
+            ax.text(0.5, 0.5, "no finished runs", ha="center", va="center",
+                    transform=ax.transAxes)
+        set_log_x(ax, [e for e in epsilons if math.isfinite(e)])
+        ax.grid(True, alpha=0.3)
+        ax.set(xlabel="user-level ε of the whole training run (ledger; log scale)",
+               ylabel=_AUC_HEADER, title=f"Central vs local DP: {MODEL_LABELS.get(model, model)}")
+    return save_png(figure, path)
+
+
+__all__ = ["caption", "pivot_table", "plot", "rows_table"]
