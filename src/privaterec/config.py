@@ -327,6 +327,9 @@ class RunConfig:
         settings of ``train.method``; a ``fed`` mapping with the flat keys of earlier versions
         is read by :func:`fed_from_mapping`'s legacy reader."""
         rest = {k: v for k, v in raw.items() if k != "fed"}
+        model = rest.get("model")
+        if isinstance(model, Mapping) and _saved_before_basis_attention(model):
+            rest["model"] = {**model, "basis_attention": "dot"}
         kwargs = mapping_kwargs(cls, rest)
         train = kwargs.get("train", TrainConfig())
         kwargs["fed"] = fed_from_mapping(train.method, _section(raw, "fed"), prefix="fed.")
@@ -335,6 +338,18 @@ class RunConfig:
     @classmethod
     def from_yaml(cls, path: str | Path) -> "RunConfig":
         return load_yaml_config(cls, path, build=cls.from_dict)
+
+
+_ATTENTION_KEYS = frozenset({"basis_attention", "basis_scale"})
+
+
+def _saved_before_basis_attention(model: Mapping[str, Any]) -> bool:
+    """A ``model`` section saved by a version before ``basis_attention`` existed: it states
+    every other :class:`ModelConfig` field (a saved configuration states them all) and not
+    these two. Such a run was trained with the published dot-product attention, the only
+    one then; a hand-written partial section gets the current default."""
+    names = {f.name for f in fields(ModelConfig)}
+    return names - set(model) == _ATTENTION_KEYS and bool(model.get("basis_size"))
 
 
 def _section(raw: Mapping[str, Any], name: str) -> Mapping[str, Any]:
