@@ -152,3 +152,24 @@ def test_centered_attention_is_batch_independent_and_vmaps(setup):
             torch.testing.assert_close(model.attention(other, other_mask)[keep], base)
         per_row = vmap(lambda v, m: model.attention(v[None], m[None])[0])(vectors, mask)
     torch.testing.assert_close(per_row, model.attention(vectors, mask).detach())
+
+
+def test_reference_user_is_reused_until_a_tensor_it_depends_on_changes(setup):
+    """c is computed once while evaluating or serving (no gradient), and again as soon as a
+    parameter or the reference news changes in place (an optimiser step, load_state_dict)."""
+    _, _, model = setup
+    with torch.no_grad():
+        first = model.reference_user()
+        assert model.reference_user() is first  # reused
+        with torch.enable_grad():
+            torch.testing.assert_close(model.reference_user(), first)  # recomputed, equal
+            assert model.reference_user() is not first
+        for weight in model.user_encoder.parameters():
+            weight.mul_(1.5)
+        changed = model.reference_user()
+        assert not torch.allclose(changed, first)
+        model.basis.reference.title.fill_(0)
+        again = model.reference_user()
+        assert not torch.allclose(again, changed) and model.reference_user() is again
+        weight.mul_(1.0)  # a new version with equal values: recomputed all the same
+        assert model.reference_user() is not again

@@ -35,6 +35,14 @@ class UserEncoder(Protocol):
     def __call__(self, news_vectors: torch.Tensor, mask: torch.Tensor) -> torch.Tensor: ...
 
 
+_TensorVersions = tuple[tuple[torch.Tensor, int], ...]
+
+
+def _same_versions(a: _TensorVersions, b: _TensorVersions) -> bool:
+    """The same tensor objects (held, so their ids cannot be reused) at the same versions."""
+    return len(a) == len(b) and all(x is y and u == v for (x, u), (y, v) in zip(a, b))
+
+
 class Recommender(nn.Module):
     """Θ_N + Θ_U + dot product, reading news features from an attached table.
 
@@ -59,6 +67,9 @@ class Recommender(nn.Module):
         self.user_encoder = user_encoder
         self.basis = basis
         self.features: NewsFeatures | None = None
+        # c of centered attention, kept while no tensor it depends on changes (evaluation
+        # and serving call attention once per batch or query with the same parameters)
+        self._reference_cache: tuple[_TensorVersions, torch.Tensor] | None = None
         if features is not None:
             self.attach(features)
 
@@ -153,6 +164,10 @@ class Recommender(nn.Module):
         if basis is None or basis.reference is None:
             raise RuntimeError("reference_user needs centered basis attention")
         reference = basis.reference
+        key = self._reference_key() if not torch.is_grad_enabled() else None
+        cached = self._reference_cache
+        if key is not None and cached is not None and _same_versions(cached[0], key):
+            return cached[1]
         was_training = self.training
         self.eval()
         try:
@@ -163,7 +178,25 @@ class Recommender(nn.Module):
                 center = self.user_encoder(history, mask)[0]
         finally:
             self.train(was_training)
-        return center.detach()
+        center = center.detach()
+        if key is not None:
+            self._reference_cache = (key, center)
+        return center
+
+    def _reference_key(self) -> _TensorVersions | None:
+        """Identity and in-place version of every tensor c depends on (the encoders'
+        parameters and buffers, the reference news), or None where they cannot be read
+        (tensors wrapped by ``torch.func`` transforms): then c is recomputed."""
+        tensors = [*self.news_encoder.parameters(), *self.news_encoder.buffers(),
+                   *self.user_encoder.parameters(), *self.user_encoder.buffers()]
+        assert self.basis is not None and self.basis.reference is not None
+        tensors += list(self.basis.reference.buffers())
+        try:
+            if any(torch._C._functorch.is_functorch_wrapped_tensor(t) for t in tensors):
+                return None
+            return tuple((t, t._version) for t in tensors)
+        except RuntimeError:
+            return None
 
     @staticmethod
     def score(user: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
