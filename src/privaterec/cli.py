@@ -802,9 +802,10 @@ def build_parser() -> argparse.ArgumentParser:
     central.add_argument("--users", nargs="+", type=int, default=None,
                          help="synthetic population sizes (default 2000 20000 50000; "
                               "--quick: 400); each is synthesised once under OUT/data")
-    central.add_argument("--ldp-users", nargs="+", type=int, default=None,
+    central.add_argument("--ldp-users", nargs="*", type=int, default=None,
                          help="sizes that also get the local-DP and PrivateRec rows "
-                              "(default: the smallest; they need per-client gradients)")
+                              "(default: the smallest; they need per-client gradients; "
+                              "the flag alone: none)")
     central.add_argument("--epsilons", nargs="+", type=float, default=None,
                          help="user-level epsilon of the whole DP-FedAvg run (inf: FedRec; "
                               "default 1 2 4 8 inf, --quick: 1 8 inf)")
