@@ -355,3 +355,21 @@ def test_adaptive_clipping_logs_the_clip_and_reports_the_split(synth_dir, tmp_pa
     assert main(["privacy", "report", "--run", str(run)]) == 0
     out = capsys.readouterr().out
     assert "adaptive_clipping: update_noise_multiplier" in out and "clip indicator" in out
+
+
+def test_basis_line_warns_only_on_a_collapsed_attention():
+    import torch
+
+    from privaterec.cli import _basis_line
+    from privaterec.models.basis import attention_diagnostics
+
+    n, b = 20, 5
+    same = torch.zeros(n, b)
+    same[:, 3] = 1.0
+    user = torch.randn(n, 8)
+    collapsed = attention_diagnostics(same, user, user).to_dict()
+    line = _basis_line(collapsed)
+    assert "100% on basis vector 3" in line and "WARNING" in line and "COLLAPSED" in line
+    diverse = torch.eye(b).repeat(n // b, 1)
+    healthy = _basis_line(attention_diagnostics(diverse, user, user).to_dict())
+    assert "WARNING" not in healthy and "spread 0.800" in healthy

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import dataclasses
 import pytest
 
 from privaterec.config import (FedConfig, ModelConfig, RunConfig, TrainConfig, fed_config,
@@ -83,6 +84,10 @@ def test_legacy_flat_config_yaml_loads_as_the_same_run(name, tmp_path):
     now = resolve_run_config(RunConfig(data="/data", model=ModelConfig(num_heads=2, head_dim=4),
                                        train=TrainConfig(method=method, seed=3),
                                        fed=fed_config(method, **options)))
+    if now.model.basis_size:  # saved before the option: the published attention
+        assert loaded.model.basis_attention == "dot"
+        now = dataclasses.replace(now, model=dataclasses.replace(now.model,
+                                                                 basis_attention="dot"))
     assert loaded == now  # a resumed run is recognised as the same run
     assert resolve_run_config(loaded) == loaded  # it states every value used
     assert repr(method_from_config(loaded)) == built
@@ -183,3 +188,22 @@ def test_a_recall_checkpoint_of_the_flat_format_resumes_under_the_same_settings(
         fed, settings=UniFedRecSettings(clipping="elementwise"))), "train": new["train"]}
     with pytest.raises(CheckpointError, match="fed.settings.clipping"):
         _check_resumable(saved, other, 0, 3, tmp_path / "c.pt")
+
+
+def test_a_run_saved_before_the_basis_attention_option_loads_as_the_published_attention(
+        tmp_path):
+    """issue 15: configurations saved before 'model.basis_attention' existed were trained with
+    the dot-product attention; they load as such (the default is now 'centered'), while a
+    hand-written partial 'model' section gets the default."""
+    import yaml
+
+    from privaterec.config import RunConfig
+
+    saved = yaml.safe_load((LEGACY / "privaterec.yaml").read_text())
+    assert "basis_attention" not in saved["model"] and saved["model"]["basis_size"] > 0
+    assert RunConfig.from_dict(saved).model.basis_attention == "dot"
+    partial = {"model": {"basis_size": 5}, "train": {"method": "privaterec"}}
+    assert RunConfig.from_dict(partial).model.basis_attention == "centered"
+    current = RunConfig.from_dict(saved).to_dict()  # saved by this version: kept as written
+    current["model"]["basis_attention"] = "centered"
+    assert RunConfig.from_dict(current).model.basis_attention == "centered"

@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from privaterec import __version__
-from privaterec.config import (EMBEDDINGS, ENGINES, FEDERATED_METHODS, METHODS, NEWS_ENCODERS,
-                               NOISE_KINDS, NOISE_PLACEMENTS, PRIVACY_MODES,
-                               SECURE_AGGREGATIONS, SENSITIVITY_MODES, SERVING_KINDS,
-                               STRATEGIES, USER_ENCODERS, ModelConfig, RunConfig, TrainConfig,
-                               fed_with_changes, replace)
+from privaterec.config import (BASIS_ATTENTION_KINDS, EMBEDDINGS, ENGINES, FEDERATED_METHODS,
+                               METHODS, NEWS_ENCODERS, NOISE_KINDS, NOISE_PLACEMENTS,
+                               PRIVACY_MODES, SECURE_AGGREGATIONS, SENSITIVITY_MODES,
+                               SERVING_KINDS, STRATEGIES, USER_ENCODERS, ModelConfig, RunConfig,
+                               TrainConfig, fed_with_changes, replace)
 from privaterec.errors import PrivateRecError
 
 EXIT_OK, EXIT_CHECK_FAILED, EXIT_USAGE = 0, 1, 2
@@ -63,6 +63,22 @@ def _metrics_table(rows: Sequence[tuple[str, dict[str, Any]]]) -> str:
         lines.append(f"| {name} | {m['auc']:.4f} | {m['mrr']:.4f} | {m['ndcg@5']:.4f} | "
                      f"{m['ndcg@10']:.4f} | {m['impressions']} |")
     return "\n".join(lines)
+
+
+def _basis_line(basis: dict[str, Any]) -> str:
+    """One line of PrivateRec's collapse diagnostics (``metrics.json``'s ``basis``)."""
+    top = max(range(len(basis["argmax_counts"])), key=lambda i: basis["argmax_counts"][i])
+    line = (f"basis attention over {basis['users']} users: entropy "
+            f"{basis['entropy_mean']:.3f} of ln B = {math.log(basis['basis_size']):.3f} nats, "
+            f"{100 * basis['argmax_share']:.0f}% on basis vector {top}, spread "
+            f"{basis['spread']:.3f}; |u| mean {basis['user_norm_mean']:.2f} (max "
+            f"{basis['user_norm_max']:.2f}), |u~| mean {basis['scored_norm_mean']:.2f}")
+    if basis["collapsed"]:
+        line += ("\nWARNING: the basis attention has COLLAPSED: every user gets nearly the "
+                 "same alpha, so the ranking is the same for everyone (docs/privaterec.md, "
+                 "\"Collapse of the basis attention\"; train with the default "
+                 "--basis-attention centered)")
+    return line
 
 
 # ----------------------------------------------------------------------------- data
@@ -132,6 +148,7 @@ def run_config_from_args(args: argparse.Namespace) -> RunConfig:
         "news_encoder": args.model, "user_encoder": args.user_encoder,
         "embeddings": args.embeddings, "history_len": args.history_len,
         "basis_size": args.basis, "plm_trainable_layers": args.plm_layers,
+        "basis_attention": args.basis_attention, "basis_scale": args.basis_scale,
     }.items() if v is not None}
     train_changes = {k: v for k, v in {
         "method": args.method, "epochs": args.epochs, "lr": args.lr, "plm_lr": args.plm_lr,
@@ -163,7 +180,8 @@ def _flag(key: str) -> str:
 # Flags of the ranking training that recall training does not read (a ranking method's
 # settings are refused by Uni-FedRec's settings, naming the flags it has).
 _RECALL_IGNORED = ("model", "user_encoder", "embeddings", "history_len", "epochs", "lr",
-                   "batch_size", "local_steps", "local_lr", "eval_every", "basis")
+                   "batch_size", "local_steps", "local_lr", "eval_every", "basis",
+                   "basis_attention", "basis_scale")
 
 
 def recall_config_from_args(args: argparse.Namespace) -> Any:
@@ -234,6 +252,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         _print_json(metrics)
     elif test:
         print(_metrics_table([(f"{config.train.method}/{config.model.news_encoder}", test)]))
+        if "basis" in metrics:
+            print(_basis_line(metrics["basis"]))
     print(f"run written to {args.out}", file=sys.stderr)
     return EXIT_OK
 
@@ -263,6 +283,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         return EXIT_OK
     label = str(args.run) if serving is None else f"{args.run} [{serving.kind} serving]"
     print(_metrics_table([(label, result)]))
+    if "basis" in result:
+        print(_basis_line(result["basis"]))
     if serving is not None and serving.kind == "local":
         info = result["serving"]
         print(f"local ranking: epsilon_s = 0 ({info['queries']} queries of {info['users']} "
@@ -666,6 +688,13 @@ def build_parser() -> argparse.ArgumentParser:
     private = train.add_argument_group("PrivateRec (--method privaterec)")
     private.add_argument("--basis", type=basis_arg, default=None,
                          help="B basic vectors, an integer >= 2 (default 5)")
+    private.add_argument("--basis-attention", choices=BASIS_ATTENTION_KINDS, default=None,
+                         help="alpha from u: centered (default), softmax(s*cos(u - c, b_i)) "
+                              "with c the user vector of a reference history of public news; "
+                              "dot, softmax(u.b/sqrt(d)) as published (collapses; "
+                              "docs/privaterec.md)")
+    private.add_argument("--basis-scale", type=float, default=None,
+                         help="s of centered attention (default 5.0)")
     private.add_argument("--padding-p", type=float, default=None,
                          help=f"behaviour padding probability p (default "
                               f"{PrivateRecSettings.padding_p:g})")
@@ -788,9 +817,10 @@ def build_parser() -> argparse.ArgumentParser:
     central.add_argument("--users", nargs="+", type=int, default=None,
                          help="synthetic population sizes (default 2000 20000 50000; "
                               "--quick: 400); each is synthesised once under OUT/data")
-    central.add_argument("--ldp-users", nargs="+", type=int, default=None,
+    central.add_argument("--ldp-users", nargs="*", type=int, default=None,
                          help="sizes that also get the local-DP and PrivateRec rows "
-                              "(default: the smallest; they need per-client gradients)")
+                              "(default: the smallest; they need per-client gradients; "
+                              "the flag alone: none)")
     central.add_argument("--epsilons", nargs="+", type=float, default=None,
                          help="user-level epsilon of the whole DP-FedAvg run (inf: FedRec; "
                               "default 1 2 4 8 inf, --quick: 1 8 inf)")

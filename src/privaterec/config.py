@@ -42,6 +42,7 @@ Method = Literal["centralized", "popularity", "fedrec", "fednewsrec", "dp-fedrec
 ServingKind = Literal["none", "privaterec", "vdp", "local"]
 Strategy = Literal["sgd", "fedavg", "fedadam"]
 Engine = Literal["simulator", "flower"]
+BasisAttention = Literal["dot", "centered"]
 
 NEWS_ENCODERS: tuple[NewsEncoder, ...] = get_args(NewsEncoder)
 USER_ENCODERS: tuple[UserEncoder, ...] = get_args(UserEncoder)
@@ -54,6 +55,7 @@ SERVING_KINDS: tuple[ServingKind, ...] = get_args(ServingKind)
 METHODS: tuple[Method, ...] = get_args(Method)
 STRATEGIES: tuple[Strategy, ...] = get_args(Strategy)
 ENGINES: tuple[Engine, ...] = get_args(Engine)
+BASIS_ATTENTION_KINDS: tuple[BasisAttention, ...] = get_args(BasisAttention)
 
 # The user encoder each news model pairs with when --user-encoder is not given.
 DEFAULT_USER_ENCODER: dict[NewsEncoder, UserEncoder] = {
@@ -76,6 +78,11 @@ class ModelConfig:
     set for ``random`` embeddings (default 64); pre-trained embeddings bring their own size
     (``glove50``: 50, ``minilm``: 384) and a conflicting ``word_dim`` is an error, so a saved
     configuration always states the size the model really has.
+
+    ``basis_attention`` and ``basis_scale`` shape PrivateRec's α when ``basis_size`` > 0:
+    ``centered`` (default), softmax(s·cos(u − c, bᵢ)) with s = ``basis_scale``, or ``dot``,
+    softmax(u·bᵀ/√d) as published (Alg. 2 line 7), which collapses (docs/privaterec.md,
+    "Collapse of the basis attention").
     """
 
     news_encoder: NewsEncoder = "nrms"
@@ -98,9 +105,13 @@ class ModelConfig:
     plm_trainable_layers: int = 1
     min_word_count: int = 1
     basis_size: int = 0
+    basis_attention: BasisAttention = "centered"
+    basis_scale: float = 5.0
 
     def __post_init__(self) -> None:
         _check_choice(self.news_encoder, "news_encoder", NEWS_ENCODERS)
+        _check_choice(self.basis_attention, "basis_attention", BASIS_ATTENTION_KINDS)
+        _check_positive(self.basis_scale, "basis_scale")
         if self.user_encoder is not None:
             _check_choice(self.user_encoder, "user_encoder", USER_ENCODERS)
         _check_choice(self.embeddings, "embeddings", EMBEDDINGS)
@@ -316,6 +327,9 @@ class RunConfig:
         settings of ``train.method``; a ``fed`` mapping with the flat keys of earlier versions
         is read by :func:`fed_from_mapping`'s legacy reader."""
         rest = {k: v for k, v in raw.items() if k != "fed"}
+        model = rest.get("model")
+        if isinstance(model, Mapping) and _saved_before_basis_attention(model):
+            rest["model"] = {**model, "basis_attention": "dot"}
         kwargs = mapping_kwargs(cls, rest)
         train = kwargs.get("train", TrainConfig())
         kwargs["fed"] = fed_from_mapping(train.method, _section(raw, "fed"), prefix="fed.")
@@ -324,6 +338,18 @@ class RunConfig:
     @classmethod
     def from_yaml(cls, path: str | Path) -> "RunConfig":
         return load_yaml_config(cls, path, build=cls.from_dict)
+
+
+_ATTENTION_KEYS = frozenset({"basis_attention", "basis_scale"})
+
+
+def _saved_before_basis_attention(model: Mapping[str, Any]) -> bool:
+    """A ``model`` section saved by a version before ``basis_attention`` existed: it states
+    every other :class:`ModelConfig` field (a saved configuration states them all) and not
+    these two. Such a run was trained with the published dot-product attention, the only
+    one then; a hand-written partial section gets the current default."""
+    names = {f.name for f in fields(ModelConfig)}
+    return names - set(model) == _ATTENTION_KEYS and bool(model.get("basis_size"))
 
 
 def _section(raw: Mapping[str, Any], name: str) -> Mapping[str, Any]:

@@ -78,16 +78,11 @@ def check_secure_aggregation(*, secure_aggregation: str, noise_placement: str,
     ConfigError
         Naming the field and what to pass instead.
     """
-    if secure_aggregation not in SECURE_AGGREGATIONS:
-        raise ConfigError(f"invalid 'secure_aggregation' {secure_aggregation!r}; "
-                          f"expected one of {', '.join(SECURE_AGGREGATIONS)}")
-    if noise_placement not in NOISE_PLACEMENTS:
-        raise ConfigError(f"invalid 'noise_placement' {noise_placement!r}; "
-                          f"expected one of {', '.join(NOISE_PLACEMENTS)}")
-    if not (isinstance(max_dropouts, int) and not isinstance(max_dropouts, bool)
-            and max_dropouts >= 0):
-        raise ConfigError(f"invalid 'max_dropouts' {max_dropouts!r}; expected an "
-                          f"integer >= 0")
+    check_choice(secure_aggregation, "secure_aggregation", SECURE_AGGREGATIONS)
+    check_choice(noise_placement, "noise_placement", NOISE_PLACEMENTS)
+    check(isinstance(max_dropouts, int) and not isinstance(max_dropouts, bool)
+          and max_dropouts >= 0, "max_dropouts",
+          f"got {max_dropouts!r}, expected an integer >= 0")
     if secure_aggregation == "none" and (noise_placement != "central" or max_dropouts):
         raise ConfigError("'noise_placement' distributed and 'max_dropouts' need secure "
                           "aggregation (--secure-aggregation secaggplus, Flower engine)")

@@ -256,3 +256,14 @@ def test_epsilon_cells() -> None:
     assert epsilon_cell(info(math.inf, math.inf, 150.0)).startswith("∞ (one click: 150")
     assert epsilon_cell(info(math.inf, math.inf, math.inf)) == "∞ (no noise)"
     assert "does not hold" in epsilon_cell(info(math.inf, math.inf, 150.0, valid=False))
+
+
+def test_empty_ldp_users_gives_central_rows_only(tmp_path: Path) -> None:
+    from privaterec.experiments.populations import make_populations
+    sizes = (60, 80)
+    default = make_populations(tmp_path, None, sizes, None, default_users=sizes, quick=True)
+    assert [p.ldp for p in default] == [True, False]
+    none = make_populations(tmp_path, None, sizes, (), default_users=sizes, quick=True)
+    assert [p.ldp for p in none] == [False, False]
+    assert main(["experiment", "central-dp", "--out", str(tmp_path), "--users", "60",
+                 "--ldp-users", "--report-only", "--quick", "--no-progress"]) == 0

@@ -96,3 +96,12 @@ def test_tradeoff_end_to_end(tmp_path: Path, tiny_data: Path, monkeypatch: pytes
     noise = [r for r in read_csv(out / "fig5_padding.csv") if r["panel"] == "noise_scale"]
     assert [float(r["noise_scale"]) for r in noise] == \
         [r["noise_scale"] for r in padding_noise_scales()]
+
+
+def test_every_basis_size_of_fig7_is_a_valid_configuration():
+    """Fig. 7's B grid must pass ModelConfig's rule (B >= 2): B = 1 made the full
+    ``experiment tradeoff`` fail after Fig. 6 (issue 13's re-run)."""
+    from privaterec.config import ModelConfig
+
+    for size in tradeoff.BASIS_SIZES + tradeoff.QUICK_BASIS_SIZES:
+        ModelConfig(basis_size=size)  # raises ConfigError for an invalid B

@@ -26,8 +26,8 @@ from privaterec.fed.simulator import (eligible_clients, sample_round, sequential
 from privaterec.privacy.calibration import amplified_budget
 
 
-def _objective(make_objective, basis=3, seed=0):
-    return make_objective("nrms", seed=seed, basis_size=basis)
+def _objective(make_objective, basis=3, seed=0, **changes):
+    return make_objective("nrms", seed=seed, basis_size=basis, **changes)
 
 
 # ------------------------------------------------------------------------ configuration
@@ -127,9 +127,13 @@ def test_dpa_noise_of_a_client_has_the_amplified_laplace_scale(client_method, cl
 
 
 # ----------------------------------------------------------------------------- gradients
+# The published attention, and the centered one at a scale soft enough that this client's
+# α + n keeps two positive coordinates (a one-hot ReLU-normalised α̃ has no history path).
+@pytest.mark.parametrize("attention", [dict(basis_attention="dot"),
+                                       dict(basis_attention="centered", basis_scale=1.0)])
 def test_split_gradient_parts_sum_to_the_full_gradient(make_objective, client_method, clients,
-                                                       perturb):
-    objective = _objective(make_objective)
+                                                       perturb, attention):
+    objective = _objective(make_objective, **attention)
     theta = perturb(objective)
     method = client_method("privaterec", epsilon_train=3.0)
     data = clients.client(2)

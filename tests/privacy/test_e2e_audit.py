@@ -24,6 +24,7 @@ from privaterec.privacy.e2e_audit import broken
 from privaterec.privacy.e2e_audit import (AuditWorld, PairAudit, audit_pair, bound_ceiling,
                                           claimed_budget, distinguish, make_target,
                                           make_world, neighbour_pairs)
+from privaterec.privacy.e2e_audit.targets import CENTERED_MODEL
 from privaterec.privacy.events import PrivacyEvent
 
 RUNS = 160  # per neighbour: 80 test runs, bound ceiling ln(80/3.7) = 3.05
@@ -42,8 +43,8 @@ def pair(world: AuditWorld, adjacency: str, name: str):
 
 
 def audit(world: AuditWorld, method: str, adjacency: str, name: str, *, mode: str = "strict",
-          epsilon: float = 1.0, runs: int = RUNS) -> PairAudit:
-    target = make_target(method, world, mode=mode, epsilon=epsilon)
+          epsilon: float = 1.0, runs: int = RUNS, model=None) -> PairAudit:
+    target = make_target(method, world, mode=mode, epsilon=epsilon, model=model)
     return audit_pair(target.upload, pair(world, adjacency, name), method=method, mode=mode,
                       runs=runs, seed=1)
 
@@ -111,10 +112,25 @@ def test_fedrec_upload_is_told_apart_perfectly_and_claims_nothing(world):
     assert result.epsilon_lower_bound == pytest.approx(result.result.ceiling)
 
 
-def test_privaterec_paper_mode_leaks_the_history_and_says_its_claim_is_invalid(world):
-    result = audit(world, "privaterec", "click", "history", mode="paper")
+# PrivateRec's published dot-product attention at d = 1 (TINY_MODEL) and the default
+# centered attention at d = 2 (CENTERED_MODEL; at d = 1 a cosine is a sign, see targets.py).
+PRIVATEREC_MODELS = {"dot": None, "centered": CENTERED_MODEL}
+
+
+@pytest.mark.parametrize("attention", list(PRIVATEREC_MODELS))
+def test_privaterec_paper_mode_leaks_the_history_and_says_its_claim_is_invalid(world,
+                                                                               attention):
+    result = audit(world, "privaterec", "click", "history", mode="paper",
+                   model=PRIVATEREC_MODELS[attention])
     assert not result.claim_valid and not result.violated
     assert result.epsilon_lower_bound > result.claimed_epsilon  # the raw gradient leaks
+
+
+@pytest.mark.parametrize("name", ["history", "label"])
+def test_privaterec_strict_mode_with_centered_attention_stays_below_its_claim(world, name):
+    result = audit(world, "privaterec", "click", name, model=CENTERED_MODEL)
+    assert result.claim_valid and math.isfinite(result.claimed_epsilon)
+    assert not result.violated, result.to_dict()
 
 
 # ------------------------------------------------------------------------- broken variants

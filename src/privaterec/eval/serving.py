@@ -7,7 +7,7 @@ candidates with it. :func:`private_user_encoder` returns the device side as the
 
 * ``none`` — the model's user vector, sent in the clear (ε_s = ∞);
 * ``privaterec`` — Alg. 2: pad each clicked news to r₀ with probability p, u = Θ_U(history),
-  α = softmax(u·bᵀ/√d), α̃ = softplus-normalised α + DPA noise at the amplified budget
+  α = attention(u), α̃ = softplus-normalised α + DPA noise at the amplified budget
   (true simplex sensitivity), server ũ = Σ α̃ᵢ bᵢ (Alg. 1 line 3). The device computation is
   :func:`privaterec.serving.release.dpa_release`, the one the device SDK runs
   (:mod:`privaterec.serving.device`);
@@ -93,7 +93,7 @@ def local_ranking_seams(model: Recommender) -> tuple[UserEncoder, CandidateTrans
     """The ``user_encoder`` and ``candidate_transform`` seams of
     :func:`privaterec.eval.evaluate.score_impressions` for local ranking.
 
-    With basic vectors: the device's exact α = softmax(u·bᵀ/√d) ``[b, B]`` (no padding, no
+    With basic vectors: the device's exact α = attention(u) ``[b, B]`` (no padding, no
     noise) against the candidates' columns of P = b·Rᵀ ``[C, B]`` (float64 → float32, like the
     downloaded matrix), so a score is α·P_c. Without: u ``[b, d]`` against the float32 news
     vectors. Nothing is sent: each query's event is
@@ -105,7 +105,7 @@ def local_ranking_seams(model: Recommender) -> tuple[UserEncoder, CandidateTrans
     weight = basis.weight.detach()
 
     def alpha(vectors: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        return basis.attention(model.interest(vectors, mask))
+        return model.attention(vectors, mask)
 
     return alpha, lambda vectors: _store_scores(vectors, weight)
 

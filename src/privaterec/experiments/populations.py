@@ -95,8 +95,8 @@ def make_populations(out: Path, data: str | None, users: Sequence[int] | None,
                      ldp_users: Sequence[int] | None, *, default_users: Sequence[int],
                      quick: bool) -> list[Population]:
     """The populations of ``users`` (default ``default_users``; ``quick``: the small data
-    set's size), ``ldp`` for the sizes in ``ldp_users`` (default: the smallest), or the one
-    population of ``data``.
+    set's size), ``ldp`` for the sizes in ``ldp_users`` (default: the smallest; an empty
+    sequence: none), or the one population of ``data``.
 
     Raises
     ------
@@ -112,7 +112,8 @@ def make_populations(out: Path, data: str | None, users: Sequence[int] | None,
         return [Population(None, path, out, ldp=True)]
     sizes = check_users(users if users is not None else
                         ((demo_synth_config(True).users,) if quick else default_users))
-    ldp = check_users(ldp_users, "ldp_users") if ldp_users is not None else sizes[:1]
+    ldp = (check_users(ldp_users, "ldp_users") if ldp_users else ()) \
+        if ldp_users is not None else sizes[:1]
     extra = sorted(set(ldp) - set(sizes))
     if extra:
         raise ConfigError(f"invalid 'ldp_users': {extra} not among --users {list(sizes)}; "

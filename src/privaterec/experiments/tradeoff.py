@@ -42,7 +42,7 @@ QUICK_PADDINGS = (0.0, 0.5, 0.9)
 NOISE_EPSILONS = (1.0, 5.0, 10.0)  # ε_s curves of Fig. 5 (left); calibration only
 TRAIN_EPSILONS = (1.0, 10.0, INF)  # the paper adds 5 and 20 (each point: 2 methods x seeds runs)
 QUICK_TRAIN_EPSILONS = (1.0, 10.0, INF)
-BASIS_SIZES = (1, 3, 5, 10, 20)
+BASIS_SIZES = (2, 3, 5, 10, 20)  # B >= 2: with B = 1, α = softmax of one logit is always 1
 QUICK_BASIS_SIZES = (3, 5)
 
 PRIVATEREC_RUN = RunSpec("privaterec", TRAIN_EPSILON, privacy_mode="paper")

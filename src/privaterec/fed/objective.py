@@ -54,7 +54,7 @@ class _RoundLoss(nn.Module):
         rec = self.recommender
         if rec.basis is None or attention_noise is None:
             return rec.encode_user(vectors, mask)
-        alpha = rec.basis.attention(rec.interest(vectors, mask))
+        alpha = rec.attention(vectors, mask)
         if released_attention:
             # ``attention_noise`` holds the released α̃ itself (a device's float-safe release):
             # the forward value is exactly α̃ ((α − α) + α̃ = α̃ in floating point) and the
@@ -87,7 +87,7 @@ class _RoundLoss(nn.Module):
 
 
 class _Attention(nn.Module):
-    """α = softmax(u·bᵀ/√d) ``[m, B]`` of histories ``[m, H]`` (PrivateRec Alg. 2 line 7);
+    """α = attention(u) ``[m, B]`` of histories ``[m, H]`` (PrivateRec Alg. 2 line 7);
     shares the recommender (and so the parameter names) of :class:`_RoundLoss`."""
 
     def __init__(self, recommender: Recommender) -> None:
@@ -99,7 +99,7 @@ class _Attention(nn.Module):
         assert rec.basis is not None
         m, h = history.shape
         vectors = rec.encode_rows(history.reshape(-1), deduplicate=False)
-        return rec.basis.attention(rec.interest(vectors.reshape(m, h, -1), history_mask))
+        return rec.attention(vectors.reshape(m, h, -1), history_mask)
 
 
 @dataclass(frozen=True)

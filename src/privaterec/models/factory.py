@@ -25,7 +25,7 @@ from privaterec.config import ModelConfig
 from privaterec.data.features import NewsFeatures
 from privaterec.data.text import TextVocabularies
 from privaterec.errors import ConfigError
-from privaterec.models.basis import BasicVectors
+from privaterec.models.basis import REFERENCE_NEWS, BasicVectors, ReferenceNews
 from privaterec.models.layers import NewsEncoderModule, WordEmbedding
 from privaterec.models.news_encoders import (FedNewsRecNewsEncoder, IDNewsEncoder,
                                              NAMLNewsEncoder, NRMSNewsEncoder, PLMNewsEncoder)
@@ -122,7 +122,8 @@ def build_recommender(model_config: ModelConfig, vocabs: TextVocabularies,
         Optional news table to attach.
 
     With ``basis_size`` B > 0 the model carries PrivateRec's B basic vectors (built after
-    the encoders, so models without a basis draw exactly the same initial parameters).
+    the encoders, so models without a basis draw exactly the same initial parameters;
+    :func:`build_basis`).
 
     Raises
     ------
@@ -136,8 +137,28 @@ def build_recommender(model_config: ModelConfig, vocabs: TextVocabularies,
     user_encoder = build_user_encoder(model_config)
     basis = None
     if model_config.basis_size > 0:
-        basis = BasicVectors(model_config.basis_size, int(news_encoder.dim))
+        basis = build_basis(model_config, int(news_encoder.dim), features)
     return Recommender(news_encoder, user_encoder, features, basis=basis)
+
+
+def build_basis(model_config: ModelConfig, dim: int,
+                features: NewsFeatures | None = None) -> BasicVectors:
+    """PrivateRec's B basic vectors with the configured attention (``basis_attention``).
+
+    ``centered`` attention gets :data:`~privaterec.models.basis.REFERENCE_NEWS` reference
+    news, evenly spaced rows of ``features`` when given (else anonymous news until a
+    checkpoint is loaded). Draws only the basis from the torch RNG, as before the option
+    existed.
+    """
+    c = model_config
+    reference = None
+    if c.basis_attention == "centered":
+        reference = ReferenceNews(REFERENCE_NEWS, title_len=c.title_len,
+                                  abstract_len=c.abstract_len, length=c.history_len)
+        if features is not None:
+            reference.fill(features.select(ReferenceNews.rows(len(features), REFERENCE_NEWS)))
+    return BasicVectors(c.basis_size, dim, attention=c.basis_attention, scale=c.basis_scale,
+                        reference=reference)
 
 
 def _check_vocabulary(model_config: ModelConfig, vocabs: TextVocabularies) -> None:

@@ -35,6 +35,14 @@ class UserEncoder(Protocol):
     def __call__(self, news_vectors: torch.Tensor, mask: torch.Tensor) -> torch.Tensor: ...
 
 
+_TensorVersions = tuple[tuple[torch.Tensor, int], ...]
+
+
+def _same_versions(a: _TensorVersions, b: _TensorVersions) -> bool:
+    """The same tensor objects (held, so their ids cannot be reused) at the same versions."""
+    return len(a) == len(b) and all(x is y and u == v for (x, u), (y, v) in zip(a, b))
+
+
 class Recommender(nn.Module):
     """Θ_N + Θ_U + dot product, reading news features from an attached table.
 
@@ -47,7 +55,7 @@ class Recommender(nn.Module):
         on another data directory). It is not part of the ``state_dict``.
     basis:
         PrivateRec's basic vectors b (:class:`~privaterec.models.basis.BasicVectors`). With a
-        basis, the user vector used for scoring is ũ = Σ αᵢ bᵢ with α = softmax(u·bᵀ/√d)
+        basis, the user vector used for scoring is ũ = Σ αᵢ bᵢ with α = :meth:`attention`
         (the noise-free PrivateRec model, ε_t = ε_s = ∞); :meth:`interest` gives the raw u.
     """
 
@@ -59,6 +67,9 @@ class Recommender(nn.Module):
         self.user_encoder = user_encoder
         self.basis = basis
         self.features: NewsFeatures | None = None
+        # c of centered attention, kept while no tensor it depends on changes (evaluation
+        # and serving call attention once per batch or query with the same parameters)
+        self._reference_cache: tuple[_TensorVersions, torch.Tensor] | None = None
         if features is not None:
             self.attach(features)
 
@@ -120,10 +131,72 @@ class Recommender(nn.Module):
 
     def encode_user(self, history_vectors: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """The user vector scored against news: u, or ũ = Σ αᵢ bᵢ with a basis → ``[b, d]``."""
-        user = self.user_encoder(history_vectors, mask)
         if self.basis is None:
-            return user
-        return self.basis.reconstruct(self.basis.attention(user))
+            return self.user_encoder(history_vectors, mask)
+        return self.basis.reconstruct(self.attention(history_vectors, mask))
+
+    def attention(self, history_vectors: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """α ``[b, B]`` of histories ``[b, H, d]``, ``[b, H]`` (PrivateRec Alg. 2 line 7).
+
+        ``dot`` attention: softmax(u·bᵀ/√d). ``centered``: softmax(s·cos(u − c, bᵢ)) with c
+        = :meth:`reference_user`. Every consumer of α (training, DPA release, serving, local
+        ranking, diagnostics) computes it here.
+        """
+        basis = self.basis
+        if basis is None:
+            raise RuntimeError("the model has no basic vectors (ModelConfig.basis_size = 0)")
+        user = self.user_encoder(history_vectors, mask)
+        if basis.centered:
+            user = user - self.reference_user()
+        return basis.attention(user)
+
+    def reference_user(self) -> torch.Tensor:
+        """c = Θ_U(r̄, …, r̄) ``[d]``: the user vector of a history of H copies of the mean
+        news vector r̄ of the basis's reference news (``centered`` attention).
+
+        It estimates the component every user vector shares (the mean user vector), which
+        otherwise dominates u and gives every user the same α (docs/privaterec.md,
+        "Collapse of the basis attention"). Computed in eval mode (no dropout) and without gradient: a constant
+        function of the current parameters and public news, reading no user's data. Inside
+        ``torch.func.vmap`` it does not depend on the mapped inputs, so it runs once per call.
+        """
+        basis = self.basis
+        if basis is None or basis.reference is None:
+            raise RuntimeError("reference_user needs centered basis attention")
+        reference = basis.reference
+        key = self._reference_key() if not torch.is_grad_enabled() else None
+        cached = self._reference_cache
+        if key is not None and cached is not None and _same_versions(cached[0], key):
+            return cached[1]
+        was_training = self.training
+        self.eval()
+        try:
+            with torch.no_grad():
+                mean_news = self.news_encoder(reference.features()).mean(0)  # [d]
+                history = mean_news.expand(1, reference.length, mean_news.shape[-1])
+                mask = torch.ones(1, reference.length, dtype=torch.bool)
+                center = self.user_encoder(history, mask)[0]
+        finally:
+            self.train(was_training)
+        center = center.detach()
+        if key is not None:
+            self._reference_cache = (key, center)
+        return center
+
+    def _reference_key(self) -> _TensorVersions | None:
+        """Identity and in-place version of every tensor c depends on (the encoders'
+        parameters and buffers, the reference news), or None where they cannot be read
+        (tensors wrapped by ``torch.func`` transforms): then c is recomputed."""
+        tensors = [*self.news_encoder.parameters(), *self.news_encoder.buffers(),
+                   *self.user_encoder.parameters(), *self.user_encoder.buffers()]
+        assert self.basis is not None and self.basis.reference is not None
+        tensors += list(self.basis.reference.buffers())
+        try:
+            if any(torch._C._functorch.is_functorch_wrapped_tensor(t) for t in tensors):
+                return None
+            return tuple((t, t._version) for t in tensors)
+        except RuntimeError:
+            return None
 
     @staticmethod
     def score(user: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:

@@ -1,8 +1,8 @@
 """PrivateRec's private user representation: behaviour padding, DPA, VDP and DPL.
 
 Pure functions of tensors plus an explicit ``torch.Generator`` (DESIGN §2); the model parts
-(basic vectors b, the attention α = softmax(u·bᵀ/√d)) live in :mod:`privaterec.models`, and
-the engines compose the two.
+(basic vectors b, the attention α on the simplex, ``Recommender.attention``) live in
+:mod:`privaterec.models`, and the engines compose the two.
 
 * :func:`padding_mask` — Alg. 2 lines 2-5: each real history item is replaced by the
   anonymous news r₀ with probability p.

@@ -19,11 +19,12 @@ import torch
 import yaml
 
 from privaterec.config import FEDERATED_METHODS, RunConfig
-from privaterec.data.features import build_news_features
+from privaterec.data.features import NewsFeatures, build_news_features
 from privaterec.data.mind import load_dataset
 from privaterec.data.records import MindDataset, MindSplit
 from privaterec.data.text import TextVocabularies
 from privaterec.errors import CheckpointError, ConfigError
+from privaterec.eval.basis import basis_diagnostics
 from privaterec.eval.evaluate import evaluate_model
 from privaterec.eval.serving import private_user_encoder
 from privaterec.fed.engine import check_run, federated_job
@@ -122,7 +123,19 @@ def _train_run(config: RunConfig, out: str | Path, *, drop_missing: bool, progre
                                 history_len=config.model.history_len,
                                 batch_size=config.train.eval_batch_size, progress=progress)
         metrics = run.update_metrics(test=result)
+        basis = _basis_diagnostics(model, test, prepared.features, config)
+        if basis is not None:
+            metrics = run.update_metrics(basis=basis)
     return metrics
+
+
+def _basis_diagnostics(model: Recommender, split: MindSplit, features: NewsFeatures,
+                       config: RunConfig) -> dict[str, Any] | None:
+    """PrivateRec's collapse diagnostics on ``split``'s users (``None`` without a basis;
+    :func:`privaterec.eval.basis.basis_diagnostics`), JSON-ready."""
+    found = basis_diagnostics(model, split, features, history_len=config.model.history_len,
+                              batch_size=config.train.eval_batch_size)
+    return None if found is None else found.to_dict()
 
 
 def _train_federated(config: RunConfig, run: RunDirectory, model: Recommender,
@@ -197,8 +210,13 @@ def _evaluate_model_run(run: RunDirectory, config: RunConfig, vocabs: TextVocabu
                                    title_len=config.model.title_len,
                                    abstract_len=config.model.abstract_len)
     if serving is None:
-        return evaluate_model(model, target, features, history_len=config.model.history_len,
-                              batch_size=config.train.eval_batch_size, progress=progress)
+        plain: dict[str, Any] = dict(evaluate_model(
+            model, target, features, history_len=config.model.history_len,
+            batch_size=config.train.eval_batch_size, progress=progress))
+        diagnostics = _basis_diagnostics(model, target, features, config)
+        if diagnostics is not None:
+            plain["basis"] = diagnostics
+        return plain
     if serving.kind == "local":  # issue 16: the device ranks P = b·Rᵀ itself, sends nothing
         from privaterec.eval.serving import local_ranking_seams
         encoder, candidates = local_ranking_seams(model)

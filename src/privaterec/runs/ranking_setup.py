@@ -75,8 +75,14 @@ def load_run_model(run_dir: str | Path) -> tuple[RunConfig, TextVocabularies, Re
     try:
         model.load_state_dict(state["model"])
     except RuntimeError as exc:
+        hint = ""
+        if (config.model.basis_attention == "centered"
+                and not any(k.startswith("basis.reference.") for k in state["model"])):
+            hint = ("; the run was trained with the published dot-product basis attention "
+                    "(before 'model.basis_attention' existed): add 'basis_attention: dot' "
+                    "under 'model:' in its config.yaml")
         raise CheckpointError(f"{run.checkpoint_path}: does not match the model in "
-                              f"{run.config_path} ({exc})") from None
+                              f"{run.config_path} ({exc}){hint}") from None
     model.eval()
     return config, vocabs, model
 

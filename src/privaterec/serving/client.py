@@ -7,7 +7,7 @@ a privatised summary of the (truncated) history:
 
 * :class:`PrivateRecDevice` — Alg. 2 on the device (:func:`dpa_release`): each clicked news
   is replaced by the anonymous news r₀ with probability p, u = Θ_U(history),
-  α = softmax(u·bᵀ/√d), Laplace or analytic-Gaussian noise calibrated with the TRUE simplex
+  α = attention(u), Laplace or analytic-Gaussian noise calibrated with the TRUE simplex
   sensitivity (L1 = 2, L2 = √2) at the padding-amplified budget, α̃ = softplus-normalised
   α + n (DESIGN §4 errata 1-3). It POSTs ``{"alpha": [B floats], "k"}`` to
   ``/v1/recommend/privaterec``; the server scores ũ = Σ α̃ᵢ bᵢ over its pool (Alg. 1).

@@ -272,7 +272,7 @@ class PrivateRecDevice(_RankingDevice):
 
     Alg. 2 on the device (:func:`privaterec.serving.release.dpa_release`): each clicked news is
     replaced by the anonymous news r₀ with probability p, u = Θ_U(history) [d],
-    α = softmax(u·bᵀ/√d) [B], Laplace or analytic-Gaussian noise calibrated with the TRUE
+    α = attention(u) [B], Laplace or analytic-Gaussian noise calibrated with the TRUE
     simplex sensitivity (L1 = 2, L2 = √2) at the padding-amplified budget, α̃ =
     softplus-normalised α + n (DESIGN §4 errata 1-3). It POSTs ``{"alpha": [B floats], "k"}``.
 

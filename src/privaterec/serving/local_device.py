@@ -3,7 +3,7 @@
 PrivateRec's basic vectors make the scores of every news a B×N matrix P = b·Rᵀ (DESIGN §6),
 the same bytes for every user. :class:`LocalRankingDevice` keeps a copy of P in sync
 (``GET /v1/pool/scores``, then deltas since its version, :mod:`.pool_format`), computes
-α = softmax(u·bᵀ/√d) from its own history with the downloaded model — exactly, without
+α = attention(u) from its own history with the downloaded model — exactly, without
 padding or noise — and ranks α·P on the device (PrivateRec Alg. 1 moved to the device). For a
 ranker without basic vectors it syncs the d-dim news vectors R instead (``vectors``; int8
 with per-vector scales keeps them small) and ranks u·Rᵀ.
@@ -312,13 +312,13 @@ class LocalRankingDevice(DeviceBase):
     @torch.no_grad()
     def user_weights(self, history: Sequence[NewsRecord]) -> np.ndarray:
         """What the device scores the pool with, computed from its own history (never sent):
-        α = softmax(u·bᵀ/√d) ``float32[B]`` for ``scores``, u ``float32[d]`` for ``vectors``."""
+        α (:meth:`~privaterec.models.recommender.Recommender.attention`) ``float32[B]`` for ``scores``, u ``float32[d]`` for ``vectors``."""
         items = check_history(history)
         vectors, mask, _ = self._model.history_tensors(items)
         model = self._model.model
         if self.space == "scores":
             assert model.basis is not None
-            weights = model.basis.attention(model.interest(vectors, mask))[0]
+            weights = model.attention(vectors, mask)[0]
         else:
             weights = model.encode_user(vectors, mask)[0]
         return weights.detach().cpu().numpy().astype(np.float32)

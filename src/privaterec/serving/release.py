@@ -8,7 +8,7 @@ evaluation that simulates the devices (:mod:`privaterec.eval.serving`):
   (``none``, ``privaterec``, ``vdp`` or ``local``; ε_s, δ_s, padding p, mechanism);
 * :func:`serving_event` — the privacy event of one query under a configuration;
 * :func:`dpa_release` — Alg. 2 on a batch of clicked-news vectors: pad each clicked news to
-  r₀ with probability p, u = Θ_U(history), α = softmax(u·bᵀ/√d), α̃ = normalised α + DPA
+  r₀ with probability p, u = Θ_U(history), α = attention(u), α̃ = normalised α + DPA
   noise at the amplified budget (true simplex sensitivity); the server computes
   ũ = Σ α̃ᵢ bᵢ (Alg. 1 line 3);
 * :func:`vdp_user_release` — VDP (§3.2.1) on a batch of user vectors: each clipped to θ
@@ -145,7 +145,7 @@ class DpaRelease:
 
     Attributes
     ----------
-    alpha: ``Tensor[m, B]`` α = softmax(u·bᵀ/√d) of the padded histories (never released).
+    alpha: ``Tensor[m, B]`` α = attention(u) of the padded histories (never released).
     noise: ``Tensor[m, B]`` the DPA noise n added before normalisation.
     released: ``Tensor[m, B]`` α̃ = normalise(α + n) (α itself when ε = ∞).
     padded: ``BoolTensor[m, H]`` positions replaced by r₀.
@@ -216,7 +216,7 @@ def dpa_release(model: Recommender, anonymous: torch.Tensor, vectors: torch.Tens
     pad = (source.uniform(mask.shape) < p) & mask if p > 0 else torch.zeros_like(mask)
     if p > 0:
         vectors = torch.where(pad[..., None], anonymous.expand_as(vectors), vectors)
-    alpha = basis.attention(model.interest(vectors, mask))
+    alpha = model.attention(vectors, mask)
     calibration = serving_calibration(config, basis_size=int(alpha.shape[-1]), dim=0)
     event = calibration.event
     if config.epsilon == math.inf:

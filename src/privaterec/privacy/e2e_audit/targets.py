@@ -44,9 +44,17 @@ CENTRAL_COUNT_SHARE = 0.75
 # d = 1: an additive-noise release is only as distinguishable as its signal is concentrated,
 # and a 1-d id encoder puts each news on one coordinate (measured: noise 10x too small for
 # DP-FedRec at claimed epsilon 1 gave a lower bound of 3.0 with d = 1, 2.2 with d = 4).
+# PrivateRec's basis attention is the published dot product here: at d = 1, cos(u − c, bᵢ)
+# is ±1, so the centered attention is a step function of u whose gradient vanishes, and
+# paper mode's raw history-path gradient (the leak the audit must see) would be hidden.
+# :data:`CENTERED_MODEL` audits the default centered attention at d = 2. The mechanisms
+# audited (DPA on α in the simplex, the label release, the gradient) are the same for both.
 TINY_MODEL = ModelConfig(news_encoder="id", user_encoder="naml", num_heads=1, head_dim=1,
                          attention_dim=1, title_len=4, abstract_len=4, history_len=5,
-                         word_dim=4, dropout=0.0)
+                         word_dim=4, dropout=0.0, basis_attention="dot")
+CENTERED_MODEL = ModelConfig(news_encoder="id", user_encoder="naml", num_heads=1, head_dim=2,
+                             attention_dim=1, title_len=4, abstract_len=4, history_len=5,
+                             word_dim=4, dropout=0.0, basis_attention="centered")
 
 
 @dataclass(frozen=True)
@@ -247,5 +255,6 @@ def make_target(method: str, world: AuditWorld, *, mode: str = "strict", epsilon
                              delta=delta, model=TINY_MODEL if model is None else model)
 
 
-__all__ = ["AuditMethod", "CENTRAL_COUNT_SHARE", "METHODS", "MODES", "Release", "Target", "TINY_MODEL", "Upload", "fed_run_config",
-           "make_target", "recall_config", "sent_fields"]
+__all__ = ["AuditMethod", "CENTERED_MODEL", "CENTRAL_COUNT_SHARE", "METHODS", "MODES", "Release",
+           "Target", "TINY_MODEL", "Upload", "fed_run_config", "make_target", "recall_config",
+           "sent_fields"]
