@@ -98,7 +98,7 @@ def test_noised_rows_below_chance_are_explained_as_noise():
     """Issue 17: dp-fedrec below 0.5 deserves a word (noise, not anti-learning)."""
     rows = [DemoRow("dp-fedrec eps_t=10 / nrms", 0.48, 0.1, 0.1, 0.1, 10.0, None, None, 150.0)]
     text = "\n".join(demo_conclusion(rows, [], FACTS))
-    assert "Below the chance band: dp-fedrec eps_t=10 / nrms 0.4800. Their uploads" in text
+    assert "Below the chance band: dp-fedrec eps_t=10 / nrms 0.4800. Its uploads" in text
     assert "not a model that learned to rank backwards" in text
     assert "please report" not in text
 
@@ -128,7 +128,7 @@ def test_readme_demo_output_is_consistent_number_for_number():
     by_name = {r.name: r for r in rows}
     readme = (ROOT / "README.md").read_text()
     served = by_name["privaterec eps_t=10 / nrms → privaterec serving"]
-    vdp = by_name["dp-fedrec eps_t=inf / nrms → vdp serving"]
+    vdp = by_name["fedrec / nrms → vdp serving"]
     # the README's prose quotes the block's numbers (one definition of bytes per query)
     assert f"PrivateRec B = 5 floats = {served.bytes_per_query} bytes" in readme
     assert f"PrivateRec {served.bytes_per_query}, VDP" in readme

@@ -290,7 +290,8 @@ def demo_conclusion(rows: Sequence[DemoRow], recall: Sequence[RecallRow],
                          "a model that learned to rank backwards.")
     noised_below = [r for r in below if not math.isinf(r.epsilon_round)]
     if noised_below:
-        lines.append(f"- Below the chance band: {_names(noised_below)}. Their uploads are "
+        whose = "Their uploads are" if len(noised_below) > 1 else "Its uploads are"
+        lines.append(f"- Below the chance band: {_names(noised_below)}. {whose} "
                      f"mostly noise, so the trained model is a fixed random scorer; unlike "
                      f"independent random scores (what the band assumes), its scores are "
                      f"correlated across impressions (the same news recur), so it can land "
