@@ -128,6 +128,7 @@ def cmd_data_convert(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------------- train
 _FED_FLAGS = ("rounds", "client_fraction", "clients_per_round", "strategy", "server_lr",
+              "server_momentum",
               "local_steps", "local_lr", "max_client_samples", "eval_every", "engine", "clip",
               "noise_scale", "epsilon_train", "delta_train", "noise", "padding_p",
               "privacy_mode", "sensitivity_mode", "history_budget", "noise_multiplier",
@@ -622,7 +623,9 @@ def build_parser() -> argparse.ArgumentParser:
     fed.add_argument("--strategy", choices=STRATEGIES, default=None,
                      help="server optimiser (fednewsrec: sgd; fedrec, dp-fedrec: fedadam)")
     fed.add_argument("--server-lr", type=float, default=None,
-                     help="server learning rate (sgd 0.5, fedavg 1.0, fedadam 1e-2)")
+                     help="server learning rate (sgd 0.5, fedavg 1.0, fedavgm 1.0, fedadam 1e-2)")
+    fed.add_argument("--server-momentum", type=float, default=None,
+                     help="beta of --strategy fedavgm (server momentum, default 0.9)")
     fed.add_argument("--local-steps", type=int, default=None,
                      help="E local SGD steps per client (FedAvg; default 1 = FedSGD)")
     fed.add_argument("--local-lr", type=float, default=None, help="clients' local SGD rate")

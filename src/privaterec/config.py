@@ -40,7 +40,7 @@ FederatedMethod = Literal["fedrec", "fednewsrec", "dp-fedrec", "privaterec", "dp
 Method = Literal["centralized", "popularity", "fedrec", "fednewsrec", "dp-fedrec",
                  "privaterec", "dp-fedavg"]
 ServingKind = Literal["none", "privaterec", "vdp", "local"]
-Strategy = Literal["sgd", "fedavg", "fedadam"]
+Strategy = Literal["sgd", "fedavg", "fedavgm", "fedadam"]
 Engine = Literal["simulator", "flower"]
 BasisAttention = Literal["dot", "centered"]
 
@@ -208,7 +208,10 @@ class FedConfig:
         replacement; dp-fedavg: Poisson sampling at rate q = r); ``clients_per_round``
         overrides it with an absolute number.
     strategy: ``sgd`` (FedNewsRec Eq. 6-7), ``fedavg`` (E = ``local_steps`` local SGD steps at
-        ``local_lr``) or ``fedadam`` (Reddi et al. 2020, Alg. 2). server_lr: η of the server.
+        ``local_lr``), ``fedavgm`` (FedAvg with server momentum ``server_momentum``; Hsu et
+        al. 2019, the server optimiser of DP-FedAvg in McMahan et al. 2018) or ``fedadam``
+        (Reddi et al. 2020, Alg. 2). server_lr: η of the server.
+    server_momentum: β of ``fedavgm`` (heavy ball: m ← β m + ḡ, θ ← θ − η m).
     adam_beta1, adam_beta2, adam_tau: FedAdam's β₁, β₂ and adaptivity τ (None: the method's
         default, 1e-6; dp-fedrec 1e-10, far below the per-coordinate size of its clipped
         updates, θ/D ≈ 5e-8, which τ = 1e-6 froze near AUC 0.53 at ε = ∞; BENCHMARKS.md).
@@ -230,6 +233,7 @@ class FedConfig:
     clients_per_round: int | None = None
     strategy: Strategy | None = None
     server_lr: float | None = None
+    server_momentum: float = 0.9
     adam_beta1: float = 0.9
     adam_beta2: float = 0.99
     adam_tau: float | None = None
@@ -266,6 +270,8 @@ class FedConfig:
         _check_positive(self.local_lr, "local_lr")
         _check(0 < self.report_delta < 1, "report_delta",
                f"got {self.report_delta!r}, expected 0 < delta < 1")
+        _check(0 <= self.server_momentum < 1, "server_momentum",
+               f"got {self.server_momentum!r}, expected [0, 1)")
         _check(0 <= self.adam_beta1 < 1, "adam_beta1", f"got {self.adam_beta1!r}, expected [0, 1)")
         _check(0 <= self.adam_beta2 < 1, "adam_beta2", f"got {self.adam_beta2!r}, expected [0, 1)")
         if self.adam_tau is not None:

@@ -10,7 +10,7 @@ import torch
 from privaterec.config import FedConfig
 from privaterec.errors import ConfigError
 from privaterec.fed.client import ClientUpdate
-from privaterec.fed.strategies import (FedAdam, FedAvg, WeightedSGD, aggregate, build_strategy,
+from privaterec.fed.strategies import (FedAdam, FedAvg, FedAvgM, WeightedSGD, aggregate, build_strategy,
                                        weighted_mean, with_pretrained_lr)
 from privaterec.privacy.events import PrivacyEvent
 
@@ -117,6 +117,26 @@ def test_fedadam_two_steps_by_hand():
         assert state["v"].tolist() == pytest.approx(v_ref, rel=1e-12, abs=1e-15)
 
 
+def test_fedavgm_two_steps_by_hand():
+    strategy = FedAvgM(lr=2.0, momentum=0.5)
+    params = torch.tensor([1.0, -1.0])
+    state = strategy.init_state(params)
+    params, state = strategy.step(params, state, torch.tensor([0.5, 1.0]))
+    # m = 0.5·0 + g = [0.5, 1]; θ = [1, -1] - 2·m = [0, -3]
+    assert torch.allclose(state["m"], torch.tensor([0.5, 1.0]))
+    assert torch.allclose(params, torch.tensor([0.0, -3.0]))
+    params, state = strategy.step(params, state, torch.tensor([1.0, -1.0]))
+    # m = 0.5·[0.5, 1] + [1, -1] = [1.25, -0.5]; θ = [0, -3] - 2·m = [-2.5, -2]
+    assert torch.allclose(state["m"], torch.tensor([1.25, -0.5]))
+    assert torch.allclose(params, torch.tensor([-2.5, -2.0]))
+
+
+@pytest.mark.parametrize("momentum", [-0.1, 1.0])
+def test_server_momentum_is_checked(momentum):
+    with pytest.raises(ConfigError, match="server_momentum"):
+        FedConfig(server_momentum=momentum)
+
+
 def test_fedadam_does_not_modify_its_inputs():
     strategy = FedAdam(lr=0.1)
     params = torch.ones(3)
@@ -130,11 +150,12 @@ def test_fedadam_does_not_modify_its_inputs():
 @pytest.mark.parametrize("strategy,lr,expected", [
     ("sgd", 0.5, WeightedSGD(lr=0.5)),
     ("fedavg", 0.8, FedAvg(lr=0.8)),
+    ("fedavgm", 2.0, FedAvgM(lr=2.0, momentum=0.7)),
     ("fedadam", 0.01, FedAdam(lr=0.01, beta1=0.8, beta2=0.95, tau=1e-4)),
 ])
 def test_build_strategy(strategy, lr, expected):
     fed = FedConfig(strategy=strategy, server_lr=lr, adam_beta1=0.8, adam_beta2=0.95,
-                    adam_tau=1e-4)
+                    adam_tau=1e-4, server_momentum=0.7)
     built = build_strategy(fed)
     assert type(built) is type(expected) and built == expected
 

@@ -7,6 +7,8 @@ Every client uploads a *descent direction* g_u (a gradient, or FedAvg's pseudo-g
 * :class:`WeightedSGD` — θ ← θ − η ḡ (FedNewsRec Eq. 7);
 * :class:`FedAvg` — θ ← θ − η_s ḡ with clients running E local steps (McMahan et al.
   2017; η_s = 1 is plain model averaging);
+* :class:`FedAvgM` — FedAvg with server momentum (Hsu et al. 2019): m ← β m + ḡ,
+  θ ← θ − η_s m; DP-FedAvg's server optimiser in McMahan et al. 2018 (β = 0.9);
 * :class:`FedAdam` — Reddi et al. 2020 (Adaptive Federated Optimization), Alg. 2 with
   Δ = −ḡ: m ← β₁m + (1−β₁)Δ, v ← β₂v + (1−β₂)Δ², θ ← θ + η m/(√v + τ) (no bias
   correction, as in the paper); PrivateRec Alg. 3 line 9 aggregates with it.
@@ -81,6 +83,25 @@ class FedAvg(WeightedSGD):
 
 
 @dataclass(frozen=True)
+class FedAvgM:
+    """FedAvg with server momentum (Hsu et al. 2019, FedAvgM; McMahan et al. 2018 use it for
+    DP-FedAvg): m ← β m + ḡ, θ ← θ − η m (heavy ball). Noise on ḡ moves θ in proportion to
+    its size, where FedAdam's per-coordinate normalisation gives a coordinate that carries
+    only noise a step of about η."""
+
+    lr: float = 1.0
+    momentum: float = 0.9
+
+    def init_state(self, params: torch.Tensor) -> State:
+        return {"m": torch.zeros_like(params)}
+
+    def step(self, params: torch.Tensor, state: State,
+             direction: torch.Tensor) -> tuple[torch.Tensor, State]:
+        m = self.momentum * state["m"] + direction
+        return params - self.lr * m, {"m": m}
+
+
+@dataclass(frozen=True)
 class FedAdam:
     """FedAdam (Reddi et al. 2020, Alg. 2), with Δ = −ḡ.
 
@@ -117,7 +138,8 @@ def with_pretrained_lr(strategy: Strategy, pretrained: torch.Tensor, lr: float) 
     return replace(strategy, lr=rates)
 
 
-STRATEGY_LR: dict[StrategyName, float] = {"sgd": 0.5, "fedavg": 1.0, "fedadam": 1e-2}
+STRATEGY_LR: dict[StrategyName, float] = {"sgd": 0.5, "fedavg": 1.0, "fedavgm": 1.0,
+                                          "fedadam": 1e-2}
 """Each strategy's own server learning rate: FedNewsRec's η = 0.5, FedAvg's model averaging
 (1.0), FedAdam 1e-2 (measured on the synthetic data, BENCHMARKS.md)."""
 
@@ -162,6 +184,8 @@ def build_strategy(fed: FedConfig) -> Strategy:
         return WeightedSGD(lr=fed.server_lr)
     if fed.strategy == "fedavg":
         return FedAvg(lr=fed.server_lr)
+    if fed.strategy == "fedavgm":
+        return FedAvgM(lr=fed.server_lr, momentum=fed.server_momentum)
     if fed.adam_tau is None:
         raise ConfigError("fed.adam_tau must be resolved first "
                           "(privaterec.fed.methods.resolve_run_config)")
