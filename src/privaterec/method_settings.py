@@ -31,7 +31,8 @@ from dataclasses import dataclass, fields
 from typing import ClassVar, Literal, get_args
 
 from privaterec.errors import ConfigError
-from privaterec.validators import check, check_adaptive_clip, check_choice, check_positive
+from privaterec.validators import (check, check_adaptive_clip, check_choice,
+                                   check_noise_multiplier, check_positive)
 
 NoiseKind = Literal["laplace", "gaussian"]
 PrivacyMode = Literal["paper", "strict"]
@@ -263,10 +264,10 @@ class DPFedAvgSettings(MethodSettings):
 
     def __post_init__(self) -> None:
         check_positive(self.clip, "clip")
-        for name in ("noise_multiplier", "target_epsilon"):
-            value = getattr(self, name)
-            if value is not None:
-                check_positive(value, name)
+        if self.noise_multiplier is not None:
+            check_noise_multiplier(self.noise_multiplier)
+        if self.target_epsilon is not None:
+            check_positive(self.target_epsilon, "target_epsilon")
         _check_delta(self.target_delta, "target_delta", " (below 1/N)")
         if self.noise_multiplier is None and self.target_epsilon is None:
             raise ConfigError("dp-fedavg needs 'target_epsilon' (the user-level epsilon of the "

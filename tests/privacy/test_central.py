@@ -67,6 +67,24 @@ def test_bad_parameters_name_themselves(kwargs, match):
         calibrate_noise_multiplier(**args)
 
 
+def test_noise_multiplier_below_the_floor_is_a_clear_error_not_a_huge_allocation():
+    """z = 1e-4 once asked dp-accounting for 3.65 TiB; below MIN_NOISE_MULTIPLIER the
+    accountant, the settings and the CLI refuse z with a message naming it."""
+    from privaterec.method_settings import DPFedAvgSettings
+    from privaterec.validators import MIN_NOISE_MULTIPLIER
+
+    for z in (1e-4, MIN_NOISE_MULTIPLIER / 2):
+        with pytest.raises(ConfigError, match="'noise_multiplier'.*z >= 0.1"):
+            central_epsilon(noise_multiplier=z, sampling_rate=0.02, rounds=100, delta=1e-5)
+        with pytest.raises(ConfigError, match="'noise_multiplier'.*--method fedrec"):
+            DPFedAvgSettings(noise_multiplier=z)
+    assert DPFedAvgSettings(noise_multiplier=MIN_NOISE_MULTIPLIER).noise_multiplier == 0.1
+    # A target epsilon above what the floor gives is met by the floor (its epsilon is lower).
+    z = calibrate_noise_multiplier(target_epsilon=1e4, sampling_rate=1.0, rounds=1, delta=1e-5)
+    assert z == MIN_NOISE_MULTIPLIER
+    assert central_epsilon(noise_multiplier=z, sampling_rate=1.0, rounds=1, delta=1e-5) < 1e4
+
+
 def test_ledger_composes_the_round_event_as_the_accountant_does():
     event = central_round_event(noise_multiplier=1.0, sampling_rate=0.05, clip=0.1,
                                 delta=1e-5)

@@ -33,6 +33,7 @@ from dp_accounting.rdp import rdp_privacy_accountant
 from privaterec.errors import ConfigError
 from privaterec.privacy.calibrated import Calibration
 from privaterec.privacy.events import PrivacyEvent
+from privaterec.validators import MIN_NOISE_MULTIPLIER, check_noise_multiplier
 
 ACCOUNTANTS = ("pld", "rdp")
 
@@ -42,6 +43,8 @@ def _check(*, noise_multiplier: float | None = None, sampling_rate: float, round
     if noise_multiplier is not None and not (0 < noise_multiplier < math.inf):
         raise ConfigError(f"invalid privacy parameter 'noise_multiplier': got "
                           f"{noise_multiplier!r}, expected a finite number > 0")
+    if noise_multiplier is not None:
+        check_noise_multiplier(noise_multiplier)
     if not (0 < sampling_rate <= 1):
         raise ConfigError(f"invalid 'sampling_rate' q: got {sampling_rate!r}, expected "
                           f"0 < q <= 1 (the fraction of users sampled per round)")
@@ -125,6 +128,9 @@ def calibrate_noise_multiplier(*, target_epsilon: float, sampling_rate: float, r
     Bisection on z (ε falls as z grows) under replace-one adjacency (PLD); the returned z
     satisfies the target (it is the upper end of the final bracket).
 
+    z is at least :data:`MIN_NOISE_MULTIPLIER`; a target above its ε gets that z (and the
+    run reports its lower ε).
+
     Raises
     ------
     ConfigError
@@ -145,8 +151,10 @@ def calibrate_noise_multiplier(*, target_epsilon: float, sampling_rate: float, r
                                neighbours="replace" if accountant == "pld" else "add_remove")
 
     lo, hi = 0.5, 1.0
-    while lo > 1e-3 and eps(lo) <= target_epsilon:  # bracket from below
-        lo, hi = lo / 2, lo
+    while lo > MIN_NOISE_MULTIPLIER and eps(lo) <= target_epsilon:  # bracket from below
+        lo, hi = max(lo / 2, MIN_NOISE_MULTIPLIER), lo
+    if lo == MIN_NOISE_MULTIPLIER and eps(lo) <= target_epsilon:
+        return lo  # the smallest z the accountant takes meets the target (ε is then lower)
     while eps(hi) > target_epsilon:
         lo, hi = hi, hi * 2
         if hi > 1e6:
