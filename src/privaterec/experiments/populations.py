@@ -112,8 +112,10 @@ def make_populations(out: Path, data: str | None, users: Sequence[int] | None,
         return [Population(None, path, out, ldp=True)]
     sizes = check_users(users if users is not None else
                         ((demo_synth_config(True).users,) if quick else default_users))
-    ldp = (check_users(ldp_users, "ldp_users") if ldp_users else ()) \
-        if ldp_users is not None else sizes[:1]
+    if ldp_users is None:
+        ldp: tuple[int, ...] = sizes[:1]
+    else:
+        ldp = check_users(ldp_users, "ldp_users") if ldp_users else ()
     extra = sorted(set(ldp) - set(sizes))
     if extra:
         raise ConfigError(f"invalid 'ldp_users': {extra} not among --users {list(sizes)}; "
