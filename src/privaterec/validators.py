@@ -8,6 +8,7 @@ narrowed to that ``Literal``.
 
 from __future__ import annotations
 
+import math
 import numbers
 from typing import TypeGuard, TypeVar
 
@@ -94,11 +95,10 @@ for 3.65 TiB), and below it the guarantee is void anyway (ε in the hundreds).""
 
 def check_noise_multiplier(value: float, name: str = "noise_multiplier") -> None:
     """z finite and >= :data:`MIN_NOISE_MULTIPLIER`, or a :class:`ConfigError` naming ``name``."""
-    check_positive(value, name)
-    check(value >= MIN_NOISE_MULTIPLIER, name,
-          f"got {value!r}, expected z >= {MIN_NOISE_MULTIPLIER} (below it the accountant's "
-          f"memory grows as 1/z^2 and epsilon is in the hundreds); for training without "
-          f"noise use --method fedrec")
+    check(is_real(value) and MIN_NOISE_MULTIPLIER <= value < math.inf, name,
+          f"got {value!r}, expected a finite z >= {MIN_NOISE_MULTIPLIER} (below it the "
+          f"accountant's memory grows as 1/z^2 and epsilon is in the hundreds); for training "
+          f"without noise use --method fedrec")
 
 
 __all__ = ["MIN_NOISE_MULTIPLIER", "check", "check_adaptive_clip", "check_choice",

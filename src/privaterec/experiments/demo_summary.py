@@ -360,6 +360,15 @@ def _num(text: str) -> float:
     return math.inf if text == "∞" else float(text)
 
 
+def _ratios(listing: str) -> dict[str, float]:
+    """``"name 3×; other 18,240×"`` (a footnote's list of noise ratios) → ``{name: 3.0, ...}``."""
+    ratios = {}
+    for part in listing.split("; "):
+        name, ratio = part.rsplit(" ", 1)
+        ratios[name] = float(ratio.rstrip("×").replace(",", ""))
+    return ratios
+
+
 def parse_demo_output(text: str) -> tuple[list[DemoRow], list[RecallRow], DemoFacts,
                                           list[str]]:
     """Read the tables, facts and closing lines back from the demo's printed output.
@@ -385,18 +394,10 @@ def parse_demo_output(text: str) -> tuple[list[DemoRow], list[RecallRow], DemoFa
     if not m:
         raise ValueError("the impressions / chance footnote is missing")
     noise_m = re.search(r"allows \(L1 norms; (\d+) clients per round\): (.*)\.\n", text)
-    noise: dict[str, float] = {}
-    if noise_m and noise_m.group(2) != "none":
-        for part in noise_m.group(2).split("; "):
-            name, ratio = part.rsplit(" ", 1)
-            noise[name] = float(ratio.rstrip("×").replace(",", ""))
+    noise = (_ratios(noise_m.group(2)) if noise_m and noise_m.group(2) != "none" else {})
     central_m = re.search(r"- Central DP \(.*?\): .*?clients per round\): (.*?)\. Its ε_t",
                           text)
-    central: dict[str, float] = {}
-    if central_m:
-        for part in central_m.group(1).split("; "):
-            name, ratio = part.rsplit(" ", 1)
-            central[name] = float(ratio.rstrip("×").replace(",", ""))
+    central = _ratios(central_m.group(1)) if central_m else {}
     pool_m = re.search(r"- (\d+) test users, one query each, over a pool of (\d+) news", text)
     runs_m = re.search(r"- Runs saved in (.*?)/ \(one directory per row\)", text)
     facts = DemoFacts(impressions=int(m.group(1)), chance_se=float(m.group(2)),

@@ -40,9 +40,6 @@ ACCOUNTANTS = ("pld", "rdp")
 
 def _check(*, noise_multiplier: float | None = None, sampling_rate: float, rounds: int,
            delta: float) -> None:
-    if noise_multiplier is not None and not (0 < noise_multiplier < math.inf):
-        raise ConfigError(f"invalid privacy parameter 'noise_multiplier': got "
-                          f"{noise_multiplier!r}, expected a finite number > 0")
     if noise_multiplier is not None:
         check_noise_multiplier(noise_multiplier)
     if not (0 < sampling_rate <= 1):
