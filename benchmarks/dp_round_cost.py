@@ -21,6 +21,13 @@ times after one untimed round of each (dp-fedavg's first round calibrates its no
 dp-accounting, once per run); the ratio is of the medians. The machine may be shared: the ratio, measured in one
 process on the same clients, is the figure to read.
 
+A third round, ``fedrec-per-client``, is non-private FedAvg computed the way a device
+computes it: each client's own gradient (the same ``vmap`` per-client path as dp-fedavg),
+averaged, with no clipping and no noise. dp-fedavg against it is the cost of the clipping and
+the noise alone (what Opacus' ~1.2x measures for per-sample clipping); fedrec against it is
+what the simulator saves by encoding each news once for all clients, which no deployment can
+do (each device encodes its own news).
+
 Also reported, to show where a DP round's time goes: the per-client gradients alone
 (``LocalObjective.client_gradients``, once), the number of (client, news) pairs a
 per-client gradient must backpropagate through the news encoder, and the number of distinct
@@ -36,6 +43,7 @@ Prints JSON and saves ``benchmarks/results/dp_round_cost.json`` (``--save``).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import time
@@ -47,6 +55,7 @@ import torch
 from privaterec.config import ModelConfig, RunConfig, TrainConfig, fed_config
 from privaterec.data.synth import SynthConfig, write_synthetic
 from privaterec.fed.methods import method_from_config, resolve_run_config
+from privaterec.fed.methods.ranking import FedRec
 from privaterec.fed.objective import LocalObjective
 from privaterec.fed.rng import client_generator
 from privaterec.fed.simulator import eligible_clients, sample_round, simulate_round
@@ -55,6 +64,16 @@ from privaterec.runs.ranking import prepare_data
 
 RESULTS = Path(__file__).resolve().parent / "results"
 CACHE = Path.home() / ".cache/privaterec/bench"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PerClientFedRec(FedRec):
+    """FedRec whose round computes every client's gradient separately (the device path)
+    instead of one backward pass over the round with shared news encodings."""
+
+    @property
+    def per_client_release(self) -> bool:
+        return True
 
 
 def _data(path: Path, users: int) -> Path:
@@ -90,6 +109,8 @@ def measure(data: Path, clients_per_round: int, *, model_name: str, repeats: int
                            fed=fed_config(name, **fed))
         return method_from_config(resolve_run_config(config))
     fedrec = method("fedrec", clients_per_round=clients_per_round)
+    per_client = PerClientFedRec(**{f.name: getattr(fedrec, f.name)
+                                    for f in dataclasses.fields(fedrec)})
     dp = method("dp-fedavg", noise_multiplier=noise_multiplier,
                 client_fraction=clients_per_round / population,
                 target_delta=0.1 / population)
@@ -110,17 +131,19 @@ def measure(data: Path, clients_per_round: int, *, model_name: str, repeats: int
 
     # One untimed round of each first: dp-fedavg calibrates its noise (dp-accounting, once
     # per run and cached), which is not the per-round cost.
-    warmup = {name: _timed(lambda: simulate_round(objective, params, clients, selected, m_,
-                                                  seed=0, round_index=0))[1]
-              for name, m_ in (("fedrec", fedrec), ("dp-fedavg", dp))}
-    times: dict[str, list[float]] = {"fedrec": [], "dp-fedavg": []}
+    rounds = (("fedrec", fedrec), ("fedrec-per-client", per_client), ("dp-fedavg", dp))
+    outputs = {name: simulate_round(objective, params, clients, selected, m_, seed=0,
+                                    round_index=0) for name, m_ in rounds}
+    shared_vs_per_client = float((outputs["fedrec-per-client"].direction
+                                  - outputs["fedrec"].direction).abs().max())
+    times: dict[str, list[float]] = {name: [] for name, _ in rounds}
     for r in range(repeats):
-        for name, m_ in (("fedrec", fedrec), ("dp-fedavg", dp)):
+        for name, m_ in rounds:
             _, seconds = _timed(lambda: simulate_round(objective, params, clients, selected, m_,
                                                        seed=0, round_index=0))
             times[name].append(seconds)
-        print(f"  repeat {r}: fedrec {times['fedrec'][-1]:.2f} s, dp-fedavg "
-              f"{times['dp-fedavg'][-1]:.2f} s", flush=True)
+        print(f"  repeat {r}: " + ", ".join(f"{name} {times[name][-1]:.2f} s"
+                                            for name, _ in rounds), flush=True)
     _, gradient_seconds = _timed(lambda: objective.client_gradients(params, batch))
     variants: dict[str, Any] = {}
     if shared_news:  # the reverted shared-news path (commit 61f6536), same batch
@@ -136,6 +159,7 @@ def measure(data: Path, clients_per_round: int, *, model_name: str, repeats: int
             print(f"  per-client gradients: vmap {variants['vmap_seconds'][-1]:.2f} s, "
                   f"shared news {variants['shared_news_seconds'][-1]:.2f} s", flush=True)
     fed_median = statistics.median(times["fedrec"])
+    per_client_median = statistics.median(times["fedrec-per-client"])
     dp_median = statistics.median(times["dp-fedavg"])
     return {
         "data": str(data), "population": population, "clients_per_round": len(selected),
@@ -145,8 +169,12 @@ def measure(data: Path, clients_per_round: int, *, model_name: str, repeats: int
         "fedrec_seconds": times["fedrec"], "dp_fedavg_seconds": times["dp-fedavg"],
         "fedrec_median_seconds": fed_median, "dp_fedavg_median_seconds": dp_median,
         "ratio_dp_over_fedrec": dp_median / fed_median,
+        "fedrec_per_client_seconds": times["fedrec-per-client"],
+        "fedrec_per_client_median_seconds": per_client_median,
+        "ratio_dp_over_fedrec_per_client": dp_median / per_client_median,
+        "ratio_fedrec_per_client_over_fedrec": per_client_median / fed_median,
+        "fedrec_per_client_max_abs_difference_from_fedrec": shared_vs_per_client,
         "per_client_gradients_seconds_once": gradient_seconds,
-        "warmup_seconds": warmup,
         **({"per_client_gradient_variants": variants} if variants else {}),
         "prepare_data_seconds": prepare_seconds,
     }

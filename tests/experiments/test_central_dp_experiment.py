@@ -16,6 +16,7 @@ import privaterec.experiments.common as common
 import privaterec.experiments.populations as populations
 import privaterec.runs.ranking as pipeline
 from privaterec.cli import main
+from privaterec.config import replace
 from privaterec.data.synth import SynthConfig
 from privaterec.errors import ConfigError
 from privaterec.experiments.central_dp import run_central_dp
@@ -35,7 +36,7 @@ ARGS: dict[str, Any] = {"users": (60, 80), "seeds": (0,), "epsilons": (1.0, math
                         "quick": True, "progress": False}
 CLI_ARGS = ["--quick", "--users", "60", "80", "--seeds", "0", "--epsilons", "1", "inf",
             "--no-progress"]
-SMALL = ["dp-fedavg_eps-1", "fedrec", "dp-fedrec_eps-10", "fednewsrec",
+SMALL = ["untrained", "dp-fedavg_eps-1", "fedrec", "dp-fedrec_eps-10", "fednewsrec",
          "privaterec_eps-10_paper_B5", "privaterec_eps-10_strict_B5",
          "dp-fedavg_eps-1_B5+local", "dp-fedavg_eps-1_B5+dpa-10"]
 
@@ -72,7 +73,8 @@ def test_writes_table_csv_and_figure(experiment: tuple[Path, dict[str, Any]]) ->
     assert (out / "central_dp.png").read_bytes()[:8] == PNG_MAGIC
     rows = read_csv(out / "central_dp.csv")
     assert [(r["users"], r["row"]) for r in rows] == \
-        [("60", s) for s in SMALL] + [("80", "dp-fedavg_eps-1"), ("80", "fedrec")]
+        [("60", s) for s in SMALL] + [("80", "untrained"), ("80", "dp-fedavg_eps-1"),
+                                      ("80", "fedrec")]
     assert len(read_csv(out / "central_dp_runs.csv")) == len(rows)  # one seed each
     # each population has its own data set (the default size shares table1's) and run cache
     assert (out / "data" / "synth-quick" / "test" / "behaviors.tsv").exists()
@@ -80,7 +82,11 @@ def test_writes_table_csv_and_figure(experiment: tuple[Path, dict[str, Any]]) ->
     for row in rows:
         run = _run(out, int(row["users"]), row)
         assert row["n_seeds"] == "1" and row["auc_std"] == ""
-        if row["serving"] == "":  # numbers from the runs
+        if row["row"] == "untrained":  # its cached evaluation, not a run
+            assert float(row["auc_mean"]) == json.loads(
+                (run / central_dp.UNTRAINED_FILE).read_text())["test"]["auc"]
+            assert not (run / "metrics.json").exists()
+        elif row["serving"] == "":  # numbers from the runs
             assert float(row["auc_mean"]) == json.loads(
                 (run / "metrics.json").read_text())["test"]["auc"]
     assert RunDirectory(_run(out, 80, rows[-1])).config().data.endswith("synth-quick-80")
@@ -92,6 +98,22 @@ def test_writes_table_csv_and_figure(experiment: tuple[Path, dict[str, Any]]) ->
     table = result["table"]
     assert "| 60 | NRMS | FedRec (no privacy) |" in table and "q = 0.02" in table
     assert "FedRec and DP-FedAvg only" in table  # the 80-user population has no LDP rows
+    assert "| Users | Model | ε = 0 (untrained θ₀) | ε = 1 | ε = ∞ (FedRec) |" in table
+
+
+def test_untrained_row_is_the_initial_model_of_the_runs(
+        experiment: tuple[Path, dict[str, Any]]) -> None:
+    """ε = 0: the seeded θ₀ the FedRec run starts from, evaluated without training."""
+    out, result = experiment
+    by_row = {(r["users"], r["row"]): r for r in result["rows"]}
+    untrained, fedrec = by_row[(60, "untrained")], by_row[(60, "fedrec")]
+    config = RunDirectory(_run(out, 60, {"row": "fedrec"})).config()
+    again = pipeline.evaluate_untrained(config)
+    assert untrained["auc_mean"] == again["auc"]
+    assert (untrained["epsilon_user_max"], untrained["method"]) == (0.0, "untrained")
+    # θ₀ is the run's seeded start: another seed is another model, training changes it
+    other = pipeline.evaluate_untrained(replace(config, train=replace(config.train, seed=1)))
+    assert other["auc"] != again["auc"] and fedrec["auc_mean"] != untrained["auc_mean"]
 
 
 def test_user_level_epsilon_is_the_ledger_total(
@@ -99,6 +121,9 @@ def test_user_level_epsilon_is_the_ledger_total(
     out, result = experiment
     rows = read_csv(out / "central_dp.csv")
     for row in rows:
+        if row["row"] == "untrained":  # no training, no release
+            assert float(row["epsilon_user_max"]) == 0.0
+            continue
         report = read_privacy_json(_run(out, int(row["users"]), row))["report"]
         user = report["phases_user"]["train"]
         assert float(row["epsilon_user_max"]) == user["epsilon_max"]
@@ -143,6 +168,7 @@ def test_rerun_trains_and_evaluates_nothing(experiment: tuple[Path, dict[str, An
 
     monkeypatch.setattr(pipeline, "train_run", refuse)
     monkeypatch.setattr(pipeline, "evaluate_run", refuse)
+    monkeypatch.setattr(pipeline, "evaluate_untrained", refuse)
     served = run_dir(out, "nrms", RunSpec("dp-fedavg", basis_size=5, target_epsilon=1.0), 0,
                      quick=True) / "privacy.json"
     ledger = served.read_bytes()
@@ -162,6 +188,7 @@ def test_report_only_tables_whatever_finished(experiment: tuple[Path, dict[str, 
     _tiny(monkeypatch)
     monkeypatch.setattr(pipeline, "train_run", None)  # report_only must not need them
     monkeypatch.setattr(pipeline, "evaluate_run", None)
+    monkeypatch.setattr(pipeline, "evaluate_untrained", None)
     partial = run_central_dp(out, **{**ARGS, "users": (60, 80, 100), "seeds": (0, 1)},
                              report_only=True)
     assert [(r["users"], r["row"], r["n_seeds"]) for r in partial["rows"]] == \
@@ -207,16 +234,21 @@ def test_cli_rejects_central_dp_flags_elsewhere(tmp_path: Path,
 
 def test_plan_rows_and_run_names() -> None:
     central = plan_rows((1.0, 8.0, math.inf), ldp=False)
-    assert [r.key for r in central] == ["dp-fedavg_eps-1", "dp-fedavg_eps-8", "fedrec"]
+    assert [r.key for r in central] == ["untrained", "dp-fedavg_eps-1", "dp-fedavg_eps-8",
+                                        "fedrec"]
     full = plan_rows((8.0, 1.0), ldp=True, client_fraction=0.05, rounds=50)
     assert [r.key for r in full] == [
-        "dp-fedavg_eps-1_q-0.05_T-50", "dp-fedavg_eps-8_q-0.05_T-50",
+        "untrained", "dp-fedavg_eps-1_q-0.05_T-50", "dp-fedavg_eps-8_q-0.05_T-50",
         "dp-fedrec_eps-10_q-0.05_T-50", "fednewsrec_q-0.05_T-50",
         "privaterec_eps-10_paper_B5_q-0.05_T-50", "privaterec_eps-10_strict_B5_q-0.05_T-50",
         "dp-fedavg_eps-8_B5_q-0.05_T-50+local", "dp-fedavg_eps-8_B5_q-0.05_T-50+dpa-1",
         "dp-fedavg_eps-8_B5_q-0.05_T-50+dpa-10"]
-    assert [r.group for r in plan_rows((math.inf,), ldp=True)] == ["central"] + ["ldp"] * 4
-    config = full[0].spec.run_config(data="/d", model="naml", seed=3, quick=False)
+    assert [r.group for r in plan_rows((math.inf,), ldp=True)] == \
+        ["untrained", "central"] + ["ldp"] * 4
+    assert full[0].spec.run_config(data="/d", model="naml", seed=3, quick=False).model == \
+        plan_rows((math.inf,), ldp=False)[1].spec.run_config(
+            data="/d", model="naml", seed=3, quick=False).model  # θ₀ of the FedRec run
+    config = full[1].spec.run_config(data="/d", model="naml", seed=3, quick=False)
     assert (config.train.method, config.fed.settings.target_epsilon, config.fed.client_fraction,
             config.fed.rounds, config.train.seed) == ("dp-fedavg", 1.0, 0.05, 50, 3)
     assert full[-1].spec.run_config(data="/d", model="nrms", seed=0,

@@ -29,12 +29,13 @@ run cache of ``experiment table1`` (``OUT/runs``), the others cache their runs u
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from privaterec.config import replace
+from privaterec.config import RunConfig, replace
 from privaterec.errors import ConfigError
 from privaterec.experiments.central_dp_report import caption, pivot_table, plot, rows_table
 from privaterec.experiments.central_dp_rows import (LDP_EPSILON, PRIVATEREC_BASIS,
@@ -48,12 +49,13 @@ from privaterec.experiments.common import (METRICS, RunSpec, Stopwatch, cached_s
                                            serving_key, training_budget, write_csv,
                                            write_text)
 from privaterec.experiments.populations import Population, make_populations, synthesize
-from privaterec.experiments.run_privacy import epsilon_cell, ledger_epsilon
+from privaterec.experiments.run_privacy import LedgerEpsilon, epsilon_cell, ledger_epsilon
 from privaterec.fed.methods import resolve_run_config
 from privaterec.runs.directory import RunDirectory
 
 INF = math.inf
 NAME = "central_dp"  # output files: central_dp.md, .csv, _runs.csv, .png
+UNTRAINED_FILE = "untrained.json"  # the cached evaluation of an untrained θ₀
 EPSILONS = (1.0, 2.0, 4.0, 8.0, INF)  # user-level ε of the whole run (∞: FedRec)
 QUICK_EPSILONS = (1.0, 8.0, INF)
 USERS = (2000, 20000, 50000)
@@ -96,6 +98,9 @@ class _Runner:
         config = spec.run_config(data=population.data, model=model, seed=seed,
                                  quick=self.quick)
         what = f"{population.label} users / {model} / {row.key} / seed {seed}"
+        if row.group == "untrained":
+            return self.untrained_result(path.parent.parent / "untrained" / f"seed{seed}",
+                                         config, seed, what)
         finished = finished_metrics(path, config)
         serving = (dataclasses.replace(row.serving, seed=seed)
                    if row.serving is not None else None)
@@ -119,6 +124,33 @@ class _Runner:
             progress=self.progress and not self.report_only)
         return SeedResult(seed, {m: result[m] for m in METRICS}, ledger,
                           RunDirectory(path).config(), path)
+
+
+    def untrained_result(self, path: Path, config: RunConfig, seed: int,
+                         what: str) -> SeedResult | None:
+        """The untrained θ₀ of ``config``'s run, evaluated once and cached in ``path``
+        (keyed on the data, the model and the seed); it releases nothing (ε = 0)."""
+        resolved = resolve_run_config(config)
+        key = json.loads(json.dumps({"data": resolved.data, "seed": resolved.train.seed,
+                                     "model": dataclasses.asdict(resolved.model)}))
+        cache = path / UNTRAINED_FILE
+        cached = json.loads(cache.read_text()) if cache.exists() else None
+        result = cached["test"] if cached is not None and cached.get("key") == key else None
+        if result is None and self.report_only:
+            self.missing.append(what)
+            return None
+        if result is None:
+            log(f"[central-dp {self.watch} {self.done}/{self.total}] {what}: evaluating "
+                f"{path}", progress=self.progress)
+            from privaterec.runs.ranking import evaluate_untrained
+            result = {m: evaluate_untrained(config, progress=self.progress)[m]
+                      for m in METRICS}
+            write_text(cache, json.dumps({"key": key, "test": result}, indent=2))
+        log(f"  AUC {result['auc']:.4f} untrained", progress=self.progress
+            and not self.report_only)
+        nothing = LedgerEpsilon(user_max=0.0, user_median=0.0, click_max=0.0, valid=True,
+                                delta=0.0, population=0)
+        return SeedResult(seed, {m: result[m] for m in METRICS}, nothing, resolved, path)
 
 
 def check_epsilons(epsilons: Sequence[float]) -> tuple[float, ...]:

@@ -1,6 +1,7 @@
 """``experiment central-dp``'s output: the markdown tables and caption, and the figure.
 
-* :func:`pivot_table` — the central rows' AUC by target ε, one line per population and model;
+* :func:`pivot_table` — the untrained model's and the central rows' AUC by target ε, one line
+  per population and model;
 * :func:`rows_table` — every row with its setting, its ledger ε and its AUC;
 * :func:`caption` — q, T, δ, C, N and clients per round, as the runs recorded them;
 * :func:`plot` — one panel per model: AUC against the ledger's user-level ε.
@@ -41,19 +42,24 @@ def rows_table(results: Sequence[RowResult]) -> str:
 
 
 def pivot_table(results: Sequence[RowResult], epsilons: Sequence[float]) -> str:
-    """AUC of the central rows by target ε (∞: FedRec), one line per population and model."""
+    """AUC of the untrained model (ε = 0) and of the central rows by target ε (∞: FedRec),
+    one line per population and model."""
     lines: dict[tuple[str, str], dict[float, str]] = {}
     for r in results:
-        if r.row.group != "central":
+        if r.row.group == "untrained":
+            eps = 0.0
+        elif r.row.group == "central":
+            eps = r.row.spec.target_epsilon if r.row.spec.target_epsilon is not None else INF
+        else:
             continue
-        eps = r.row.spec.target_epsilon if r.row.spec.target_epsilon is not None else INF
         key = (r.population.label, MODEL_LABELS.get(r.model, r.model))
         lines.setdefault(key, {})[eps] = format_summary(r.summaries["auc"])
-    cells = [[users, model, *[values.get(e, "–") for e in epsilons]]
+    columns = (0.0, *epsilons)
+    cells = [[users, model, *[values.get(e, "–") for e in columns]]
              for (users, model), values in lines.items()]
-    return markdown_table(["Users", "Model", *[f"ε = {format_epsilon(e)}"
-                                               + (" (FedRec)" if math.isinf(e) else "")
-                                               for e in epsilons]], cells)
+    return markdown_table(["Users", "Model", "ε = 0 (untrained θ₀)",
+                           *[f"ε = {format_epsilon(e)}" + (" (FedRec)" if math.isinf(e) else "")
+                             for e in epsilons]], cells)
 
 
 def caption(populations: Sequence[Population], results: Sequence[RowResult],
@@ -65,10 +71,14 @@ def caption(populations: Sequence[Population], results: Sequence[RowResult],
              f"C = {clip:g}, Gaussian noise z·C once on the sum, FedAdam; z calibrated by "
              f"`--target-epsilon` for the whole run at δ = {delta:g} under replacement (one "
              f"user's data replaced, the ledger's adjacency; PLD accountant). ε = ∞ is FedRec "
-             f"(r = {q:g}, no clipping, no noise)."]
+             f"(r = {q:g}, no clipping, no noise). ε = 0 is each seed's initial model θ₀ (the "
+             f"one its runs start from), evaluated without training: it uses no user data, and "
+             f"what a private row learned is its gain over it (an encoder whose untrained news "
+             f"vectors already share structure, e.g. NAML's category embeddings, starts above "
+             f"0.5)."]
     for population in populations:
         ledgers = [s.ledger for r in results if r.population is population
-                   for s in r.seeds]
+                   and r.row.group != "untrained" for s in r.seeds]
         central = [s.ledger for r in results if r.population is population
                    and r.row.spec.method == "dp-fedavg" for s in r.seeds]
         fixed = [v.clients_per_round for v in ledgers if v.clients_per_round]
@@ -113,7 +123,8 @@ _SERVE_MARKERS = {"local": "s", "dpa-1": "v", "dpa-10": "^"}
 def plot(path: Path, results: Sequence[RowResult], models: Sequence[str],
           populations: Sequence[Population], epsilons: Sequence[float]) -> Path:
     """One panel per model: DP-FedAvg AUC against the ledger's user-level ε per population
-    (FedRec dashed), the local-DP rows dotted, PrivateRec central-trained as markers."""
+    (FedRec dashed, the untrained model dash-dotted), the local-DP rows dotted, PrivateRec
+    central-trained as markers."""
     entries = max((sum(r.model == m for r in results) for m in models), default=0)
     figure, axes = new_figure(columns=len(models), width=6.8, height=4.8 + 0.17 * entries)
     colors = {id(p): f"C{i % 6}" for i, p in enumerate(populations)}
@@ -133,7 +144,10 @@ def plot(path: Path, results: Sequence[RowResult], models: Sequence[str],
             for r in rows:
                 auc = r.summaries["auc"].mean * SCALE
                 spec = r.row.spec
-                if spec.method == "fedrec":
+                if r.row.group == "untrained":
+                    ax.axhline(auc, linestyle="-.", linewidth=1, color=color,
+                               label=f"untrained θ₀ (ε = 0), {population.label} users")
+                elif spec.method == "fedrec":
                     ax.axhline(auc, linestyle="--", color=color,
                                label=f"FedRec (ε = ∞), {population.label} users")
                 elif r.row.group == "ldp":

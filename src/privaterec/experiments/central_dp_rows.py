@@ -3,6 +3,8 @@ holds once run (:class:`SeedResult`, :class:`RowResult`, the CSV records).
 
 The rows of one population (issue 15, item 4):
 
+* **untrained** — the seeded initial model θ₀ of each seed, evaluated without training: it
+  uses no user data (ε = 0), so it is the floor a private row's AUC is measured against;
 * **central** — DP-FedAvg at every finite target ε (the user-level ε of the whole run), and
   FedRec as the ε = ∞ point;
 * **ldp** — DP-FedRec and PrivateRec paper / strict mode at ε_t = 10 per round, FedNewsRec
@@ -32,15 +34,16 @@ SERVE_EPSILONS = (1.0, 10.0)  # DPA serving of the PrivateRec central-trained mo
 SERVE_PADDING = 0.5
 PRIVATEREC_BASIS = 5
 
-Group = Literal["central", "ldp", "privaterec"]
+Group = Literal["untrained", "central", "ldp", "privaterec"]
 
 
 @dataclass(frozen=True)
 class Row:
     """One table row: a trained configuration (:class:`RunSpec`), optionally served.
 
-    ``group``: ``central`` (FedRec and DP-FedAvg: the curve), ``ldp`` (local DP) or
-    ``privaterec`` (the PrivateRec model trained by DP-FedAvg, served).
+    ``group``: ``untrained`` (the initial model of ``spec``'s run, not trained), ``central``
+    (FedRec and DP-FedAvg: the curve), ``ldp`` (local DP) or ``privaterec`` (the PrivateRec
+    model trained by DP-FedAvg, served).
     """
 
     group: Group
@@ -50,6 +53,8 @@ class Row:
     @property
     def key(self) -> str:
         """Unique name of the row: the run's slug, plus the serving mechanism."""
+        if self.group == "untrained":
+            return "untrained"
         if self.serving is None:
             return self.spec.slug
         if self.serving.kind == "local":
@@ -59,6 +64,8 @@ class Row:
     @property
     def label(self) -> str:
         spec = self.spec
+        if self.group == "untrained":
+            return "Untrained θ₀ (no training, ε = 0)"
         if spec.method == "fedrec":
             return "FedRec (no privacy)"
         if spec.method == "dp-fedavg" and self.group == "central":
@@ -80,16 +87,17 @@ class Row:
 
 def plan_rows(epsilons: Sequence[float], *, ldp: bool, client_fraction: float | None = None,
               rounds: int | None = None) -> list[Row]:
-    """The rows of one population: FedRec and DP-FedAvg at every finite ε of ``epsilons``;
-    with ``ldp`` also the local-DP rows and the PrivateRec central-trained rows (trained at
-    the largest finite ε, none if there is no finite ε)."""
+    """The rows of one population: the untrained model, FedRec and DP-FedAvg at every finite
+    ε of ``epsilons``; with ``ldp`` also the local-DP rows and the PrivateRec central-trained
+    rows (trained at the largest finite ε, none if there is no finite ε)."""
     def spec(method: ExperimentMethod, epsilon_train: float = INF,
              privacy_mode: PrivacyMode = "paper", **more: Any) -> RunSpec:
         return RunSpec(method, epsilon_train, privacy_mode, client_fraction=client_fraction,
                        rounds=rounds, **more)
 
     finite = sorted(e for e in epsilons if math.isfinite(e))
-    rows = [Row("central", spec("dp-fedavg", target_epsilon=e)) for e in finite]
+    rows = [Row("untrained", spec("fedrec"))]  # θ₀ of the FedRec run: the same model
+    rows += [Row("central", spec("dp-fedavg", target_epsilon=e)) for e in finite]
     if any(math.isinf(e) for e in epsilons):
         rows.append(Row("central", spec("fedrec")))
     if not ldp:
@@ -137,6 +145,8 @@ def central_settings(config: RunConfig) -> dict[str, Any]:
 def row_setting(row: Row, config: RunConfig) -> str:
     """The row's privacy knob, from its resolved configuration."""
     spec = row.spec
+    if row.group == "untrained":
+        return "the seeded initial model, evaluated without training (uses no user data)"
     if spec.method == "fedrec":
         return "no clipping, no noise"
     if spec.method == "dp-fedavg":
@@ -180,7 +190,8 @@ class RowResult:
         spec, ledger = self.row.spec, self.ledger
         return {"users": self.population.users, "data": self.population.data,
                 "model": self.model, "group": self.row.group, "row": self.row.key,
-                "label": self.row.label, "method": spec.method,
+                "label": self.row.label,
+                "method": "untrained" if self.row.group == "untrained" else spec.method,
                 "target_epsilon": spec.target_epsilon,
                 "epsilon_train": spec.epsilon_train if spec.method in ("dp-fedrec",
                                                                         "privaterec") else None,

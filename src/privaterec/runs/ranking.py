@@ -69,6 +69,31 @@ def train_run(config: RunConfig, out: str | Path, *, drop_missing: bool = False,
                           grid=grid)
 
 
+def evaluate_untrained(config: RunConfig, *, progress: bool = False) -> dict[str, Any]:
+    """Test metrics of the initial model θ₀ of ``config``'s run, without any training.
+
+    θ₀ is the model :func:`train_run` starts from (:func:`build_run_model`, seeded with
+    ``train.seed``). It has seen no user data, so it is the ε = 0 point every private row
+    must be measured against: an encoder whose untrained news vectors already carry the
+    data's structure (e.g. NAML's shared category embeddings) scores above 0.5 before any
+    training.
+
+    Raises
+    ------
+    ConfigError
+        If ``config.data`` has no ``test/`` split.
+    """
+    with flush_denormals():
+        config = resolve_run_config(config)
+        prepared = prepare_data(config)
+        test = evaluation_split(prepared.dataset, "test")
+        model = build_run_model(config, prepared)
+        return dict(evaluate_model(model, test, prepared.features,
+                                   history_len=config.model.history_len,
+                                   batch_size=config.train.eval_batch_size,
+                                   progress=progress))
+
+
 def _train_run(config: RunConfig, out: str | Path, *, drop_missing: bool, progress: bool,
                evaluate_each_epoch: bool, grid: Any) -> dict[str, Any]:
     run = RunDirectory(Path(out))
