@@ -125,7 +125,6 @@ class _Runner:
         return SeedResult(seed, {m: result[m] for m in METRICS}, ledger,
                           RunDirectory(path).config(), path)
 
-
     def untrained_result(self, path: Path, config: RunConfig, seed: int,
                          what: str) -> SeedResult | None:
         """The untrained θ₀ of ``config``'s run, evaluated once and cached in ``path``
