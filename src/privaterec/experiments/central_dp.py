@@ -142,14 +142,14 @@ class _Runner:
             log(f"[central-dp {self.watch} {self.done}/{self.total}] {what}: evaluating "
                 f"{path}", progress=self.progress)
             from privaterec.runs.ranking import evaluate_untrained
-            result = {m: evaluate_untrained(config, progress=self.progress)[m]
-                      for m in METRICS}
+            metrics = evaluate_untrained(resolved, progress=self.progress)
+            result = {m: metrics[m] for m in METRICS}
             write_text(cache, json.dumps({"key": key, "test": result}, indent=2))
         log(f"  AUC {result['auc']:.4f} untrained", progress=self.progress
             and not self.report_only)
         nothing = LedgerEpsilon(user_max=0.0, user_median=0.0, click_max=0.0, valid=True,
                                 delta=0.0, population=0)
-        return SeedResult(seed, {m: result[m] for m in METRICS}, nothing, resolved, path)
+        return SeedResult(seed, result, nothing, resolved, path)
 
 
 def check_epsilons(epsilons: Sequence[float]) -> tuple[float, ...]:
