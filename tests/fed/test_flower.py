@@ -59,10 +59,12 @@ def _config(data_dir, method: str, engine: str) -> RunConfig:
 @pytest.mark.parametrize("method", ["fednewsrec", "fedrec", "privaterec"])
 def test_flower_engine_equals_simulator(data_dir, tmp_path, monkeypatch, method):
     discovered: list[dict[int, int]] = []
+    timeouts: list[float] = []
     replies: list[int] = []
     discover, parse = flower.discover_nodes, flower._parse_reply
 
     def spy_discover(*args, **kwargs):
+        timeouts.append(kwargs["timeout"])
         discovered.append(discover(*args, **kwargs))
         return discovered[-1]
 
@@ -84,6 +86,9 @@ def test_flower_engine_equals_simulator(data_dir, tmp_path, monkeypatch, method)
     prepared = prepare_data(_config(data_dir, method, "flower"))
     eligible = eligible_clients(prepared.train_clients)
     assert len(discovered) == 1
+    # The simulation started its SuperNodes: it waits for them like for a round (a loaded
+    # machine may take minutes to answer), not the deployment's wait for missing devices.
+    assert timeouts == [flower.ROUND_TIMEOUT] and flower.ROUND_TIMEOUT > flower.DISCOVERY_TIMEOUT
     assert sorted(discovered[0]) == eligible.tolist()
     assert len(set(discovered[0].values())) == len(eligible)
     assert len(replies) == ROUNDS * PER_ROUND

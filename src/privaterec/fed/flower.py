@@ -117,7 +117,10 @@ MAX_SIMULATED_SUPERNODES = 100
 SIMULATION_CPUS = 2
 """CPUs Ray may use in a simulated :class:`FlowerEngine` (one ClientApp worker per CPU)."""
 DISCOVERY_TIMEOUT = 120.0
-"""Seconds the server waits for SuperNodes holding every training user to connect."""
+"""Seconds a deployed server (``flwr run``) waits for SuperNodes holding every training user
+to connect. A simulated :class:`FlowerEngine` starts its SuperNodes itself, so it waits for
+their first replies as long as for a round's (:data:`ROUND_TIMEOUT`): on a loaded machine
+the simulated nodes' first replies (each ClientApp loads its device) can take minutes."""
 ROUND_TIMEOUT = 3600.0
 """Seconds the server waits for the replies of one round."""
 
@@ -871,6 +874,9 @@ class FlowerEngine:
         if self.grid is not None:
             return serve(self.grid, task, clients, fed, method, strategy, **kwargs)
         kwargs["secure_server_noise"] = False  # a simulation: the simulator's seeded noise
+        # Every simulated SuperNode exists from the start: the wait is only for their
+        # ClientApps to answer, which is bounded like a round, not like a missing device.
+        kwargs["discovery_timeout"] = ROUND_TIMEOUT
 
         from flwr.simulation import run_simulation
 
