@@ -197,6 +197,14 @@ def test_report_only_tables_whatever_finished(experiment: tuple[Path, dict[str, 
     assert "60 users / nrms / fedrec / seed 1" in partial["missing"]
     assert not (out / "data" / "synth-quick-100").exists()  # nothing synthesised
     assert "Not finished (" in partial["table"]
+    # Every pivot cell has one of the two seeds asked, and says so; the full run's do not.
+    def pivot_cells(table: str) -> list[str]:
+        pivot = table.split("(DP-FedAvg; ∞: FedRec):")[1].split("All rows:")[0]
+        return [c.strip() for line in pivot.strip().splitlines()[2:]
+                for c in line.strip("|").split("|")[2:] if c.strip() != "–"]
+    assert pivot_cells(partial["table"])
+    assert all(c.endswith("(n = 1)") for c in pivot_cells(partial["table"]))
+    assert not any("(n = " in c for c in pivot_cells(result["table"]))
     empty = run_central_dp(tmp_path / "fresh", **ARGS, report_only=True)
     assert empty["rows"] == [] and (tmp_path / "fresh" / "central_dp.png").exists()
 

@@ -263,7 +263,7 @@ def run_central_dp(out: Path, *, data: str | None = None, users: Sequence[int] |
                                              seed_results))
     sections = ["## Central DP against local DP: test AUC against user-level ε", "",
                 "Central rows by target ε (DP-FedAvg; ∞: FedRec):", "",
-                pivot_table(results, eps), "", "All rows:", "", rows_table(results), "",
+                pivot_table(results, eps, seeds=len(seeds_)), "", "All rows:", "", rows_table(results), "",
                 *[f"- {n}" for n in caption(populations, results, settings, seeds=seeds_,
                                               quick=quick)]]
     if runner.missing:

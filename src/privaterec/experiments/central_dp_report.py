@@ -41,9 +41,11 @@ def rows_table(results: Sequence[RowResult]) -> str:
                           cells)
 
 
-def pivot_table(results: Sequence[RowResult], epsilons: Sequence[float]) -> str:
+def pivot_table(results: Sequence[RowResult], epsilons: Sequence[float], *,
+                seeds: int) -> str:
     """AUC of the untrained model (ε = 0) and of the central rows by target ε (∞: FedRec),
-    one line per population and model."""
+    one line per population and model; a cell with fewer than ``seeds`` finished seeds
+    says how many it has (``(n = k)``)."""
     lines: dict[tuple[str, str], dict[float, str]] = {}
     for r in results:
         if r.row.group == "untrained":
@@ -53,7 +55,8 @@ def pivot_table(results: Sequence[RowResult], epsilons: Sequence[float]) -> str:
         else:
             continue
         key = (r.population.label, MODEL_LABELS.get(r.model, r.model))
-        lines.setdefault(key, {})[eps] = format_summary(r.summaries["auc"])
+        partial = f" (n = {len(r.seeds)})" if len(r.seeds) < seeds else ""
+        lines.setdefault(key, {})[eps] = format_summary(r.summaries["auc"]) + partial
     columns = (0.0, *epsilons)
     cells = [[users, model, *[values.get(e, "–") for e in columns]]
              for (users, model), values in lines.items()]
