@@ -35,7 +35,7 @@ S = TypeVar("S", bound=MethodSettings)
 # Choice fields: each Literal alias is the field's type, its values the accepted choices.
 NewsEncoder = Literal["nrms", "naml", "fednewsrec", "plm", "id"]
 UserEncoder = Literal["nrms", "naml", "lstur", "fednewsrec"]
-Embeddings = Literal["random", "glove50", "minilm"]
+Embeddings = Literal["random", "corpus", "glove50", "minilm"]
 FederatedMethod = Literal["fedrec", "fednewsrec", "dp-fedrec", "privaterec", "dp-fedavg"]
 Method = Literal["centralized", "popularity", "fedrec", "fednewsrec", "dp-fedrec",
                  "privaterec", "dp-fedavg"]
@@ -47,7 +47,7 @@ BasisAttention = Literal["dot", "centered"]
 NEWS_ENCODERS: tuple[NewsEncoder, ...] = get_args(NewsEncoder)
 USER_ENCODERS: tuple[UserEncoder, ...] = get_args(UserEncoder)
 EMBEDDINGS: tuple[Embeddings, ...] = get_args(Embeddings)
-# Size of the word vectors each embedding kind brings (random vectors: ``word_dim``).
+# Size of the word vectors each embedding kind brings (random and corpus vectors: ``word_dim``).
 PRETRAINED_WORD_DIM: dict[Embeddings, int] = {"glove50": 50, "minilm": 384}
 DEFAULT_RANDOM_WORD_DIM = 64
 FEDERATED_METHODS: tuple[FederatedMethod, ...] = get_args(FederatedMethod)
@@ -78,6 +78,10 @@ class ModelConfig:
     set for ``random`` embeddings (default 64); pre-trained embeddings bring their own size
     (``glove50``: 50, ``minilm``: 384) and a conflicting ``word_dim`` is an error, so a saved
     configuration always states the size the model really has.
+
+    ``embeddings``: ``random`` (frozen N(0, 0.1²)), ``corpus`` (PPMI-SVD vectors fitted on the
+    training news' texts, public data: :mod:`privaterec.data.corpus_vectors`), ``glove50`` or
+    ``minilm``; ``word_dim`` sizes ``random`` and ``corpus`` vectors.
 
     ``basis_attention`` and ``basis_scale`` shape PrivateRec's α when ``basis_size`` > 0:
     ``centered`` (default), softmax(s·cos(u − c, bᵢ)) with s = ``basis_scale``, or ``dot``,

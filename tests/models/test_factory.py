@@ -173,3 +173,31 @@ def test_per_client_gradients_with_vmap_grad(news, user) -> None:
     pad = "news_encoder.embedding.pad"
     assert per_client[pad][1].abs().sum() > 0
     assert not torch.allclose(per_client[pad][0], per_client[pad][1])
+
+
+def test_corpus_embeddings_are_fitted_on_the_training_news_only() -> None:
+    from privaterec.data.corpus_vectors import corpus_word_vectors
+
+    config, vocabs, features = _setup(embeddings="corpus")
+    table = build_recommender(config, vocabs, features).news_encoder.embedding.weight
+    expected = corpus_word_vectors(torch.cat([features.title, features.abstract], dim=1)[1:],
+                                   len(vocabs.words), config.resolved_word_dim)
+    assert not table.requires_grad and torch.equal(table.detach()[1:], expected[1:])
+    # a news outside the training vocabulary (news_index 1: unseen) does not enter the fit
+    unseen = build_news_features([*NEWS, NewsRecord("T1", "sports", "sub0", "king football",
+                                                   "queen trade")], vocabs,
+                                 title_len=config.title_len, abstract_len=config.abstract_len)
+    assert int(unseen.news_index[-1]) == 1
+    again = build_recommender(config, vocabs, unseen).news_encoder.embedding.weight
+    assert torch.equal(again, table)
+
+
+def test_corpus_embeddings_without_features_are_a_placeholder_a_checkpoint_fills() -> None:
+    config, vocabs, features = _setup(embeddings="corpus")
+    trained = build_recommender(config, vocabs, features)
+    rebuilt = build_recommender(config, vocabs)
+    assert torch.equal(rebuilt.news_encoder.embedding.weight[1:],
+                       torch.zeros(len(vocabs.words) - 1, config.resolved_word_dim))
+    rebuilt.load_state_dict(trained.state_dict())
+    assert torch.equal(rebuilt.news_encoder.embedding.weight,
+                       trained.news_encoder.embedding.weight)

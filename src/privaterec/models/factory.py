@@ -7,6 +7,10 @@ Word embeddings (``ModelConfig.embeddings``), for the text encoders ``nrms``, ``
 ``fednewsrec``:
 
 * ``"random"`` — N(0, 0.1²) vectors of size ``word_dim``;
+* ``"corpus"`` — vectors of size ``word_dim`` fitted on the texts of the training news (the
+  rows of ``features`` whose news id is in the vocabulary; public data, no user enters the
+  fit; :mod:`privaterec.data.corpus_vectors`). Without ``features`` the table is zeros, a
+  placeholder that a checkpoint's ``state_dict`` fills;
 * ``"glove50"`` — GloVe 6B 50-d; the embedding size is 50 (``ModelConfig`` rejects a
   conflicting ``word_dim``);
 * ``"minilm"`` — MiniLM-L6 input word-piece embeddings, size 384 (``ModelConfig``
@@ -19,9 +23,11 @@ ignored for them.
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
 from privaterec.config import ModelConfig
+from privaterec.data.corpus_vectors import corpus_word_vectors
 from privaterec.data.features import NewsFeatures
 from privaterec.data.text import TextVocabularies
 from privaterec.errors import ConfigError
@@ -33,6 +39,8 @@ from privaterec.models.recommender import Recommender
 from privaterec.models.user_encoders import (FedNewsRecUserEncoder, LSTURUserEncoder,
                                              NAMLUserEncoder, NRMSUserEncoder)
 
+FIRST_NEWS_INDEX = 2  # news-id vocabulary: 0 padding, 1 unseen, then the training news
+
 
 def vocabulary_kind(model_config: ModelConfig) -> str:
     """Vocabulary kind a model needs: ``"wordpiece"`` for ``plm`` or ``minilm`` embeddings,
@@ -42,8 +50,10 @@ def vocabulary_kind(model_config: ModelConfig) -> str:
     return "word"
 
 
-def build_word_embedding(model_config: ModelConfig, vocabs: TextVocabularies) -> WordEmbedding:
-    """The :class:`WordEmbedding` selected by ``model_config.embeddings`` (see module doc).
+def build_word_embedding(model_config: ModelConfig, vocabs: TextVocabularies,
+                         features: NewsFeatures | None = None) -> WordEmbedding:
+    """The :class:`WordEmbedding` selected by ``model_config.embeddings`` (see module doc);
+    ``features`` is the news table ``"corpus"`` vectors are fitted on.
 
     Raises
     ------
@@ -55,16 +65,25 @@ def build_word_embedding(model_config: ModelConfig, vocabs: TextVocabularies) ->
     freeze = model_config.freeze_embeddings
     if model_config.embeddings == "random":
         return WordEmbedding(num_tokens, model_config.resolved_word_dim, freeze=freeze)
+    if model_config.embeddings == "corpus":
+        dim = model_config.resolved_word_dim
+        if features is None:
+            table = torch.zeros(num_tokens, dim)
+        else:
+            training_news = features.news_index >= FIRST_NEWS_INDEX
+            texts = torch.cat([features.title, features.abstract], dim=1)[training_news]
+            table = corpus_word_vectors(texts, num_tokens, dim)
+        return WordEmbedding(num_tokens, dim, pretrained=table, freeze=freeze)
     from privaterec.data.embeddings import load_pretrained
 
     table, _ = load_pretrained(model_config.embeddings, vocabs.words)
     return WordEmbedding(num_tokens, table.shape[1], pretrained=table, freeze=freeze)
 
 
-def build_news_encoder(model_config: ModelConfig,
-                       vocabs: TextVocabularies) -> NewsEncoderModule:
+def build_news_encoder(model_config: ModelConfig, vocabs: TextVocabularies,
+                       features: NewsFeatures | None = None) -> NewsEncoderModule:
     """The news encoder Θ_N named by ``model_config.news_encoder``, output size
-    ``model_config.news_dim``."""
+    ``model_config.news_dim`` (``features``: see :func:`build_word_embedding`)."""
     c = model_config
     _check_vocabulary(c, vocabs)
     if c.news_encoder == "id":
@@ -72,7 +91,7 @@ def build_news_encoder(model_config: ModelConfig,
     if c.news_encoder == "plm":
         return PLMNewsEncoder(vocabs.words, dim=c.news_dim,
                               trainable_layers=c.plm_trainable_layers, dropout=c.dropout)
-    embedding = build_word_embedding(c, vocabs)
+    embedding = build_word_embedding(c, vocabs, features)
     if c.news_encoder == "nrms":
         return NRMSNewsEncoder(embedding, num_heads=c.num_heads, head_dim=c.head_dim,
                                attention_dim=c.attention_dim, dropout=c.dropout)
@@ -133,7 +152,7 @@ def build_recommender(model_config: ModelConfig, vocabs: TextVocabularies,
     ImportError
         When pre-trained embeddings or MiniLM are requested but their package is missing.
     """
-    news_encoder = build_news_encoder(model_config, vocabs)
+    news_encoder = build_news_encoder(model_config, vocabs, features)
     user_encoder = build_user_encoder(model_config)
     basis = None
     if model_config.basis_size > 0:
