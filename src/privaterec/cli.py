@@ -809,9 +809,10 @@ def build_parser() -> argparse.ArgumentParser:
                             help="output directory (runs are cached there and reused)")
     experiment.add_argument("--data", default=None,
                             help="data directory (default: the embedded synthetic data)")
-    experiment.add_argument("--models", nargs="+", choices=NEWS_ENCODERS, default=None,
+    experiment.add_argument("--models", nargs="+", default=None,
                             help="news encoders (tables: nrms naml plm; tradeoff: nrms; "
-                                 "central-dp: nrms naml)")
+                                 "central-dp: nrms naml), each optionally with other word "
+                                 "vectors: nrms+corpus (vectors fitted on the news texts)")
     experiment.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     experiment.add_argument("--quick", action="store_true",
                             help="small data, few rounds, nrms only: runs in minutes")

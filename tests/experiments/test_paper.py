@@ -16,8 +16,8 @@ from privaterec.config import ModelConfig, RunConfig, TrainConfig, fed_config
 from privaterec.errors import ConfigError
 from privaterec.experiments.common import (RunSpec, Summary, check_models, check_seeds,
                                            ensure_run, finished_metrics, format_summary,
-                                           markdown_table, run_dir, serve_run, summarize,
-                                           write_csv)
+                                           markdown_table, model_label, parse_model, run_dir,
+                                           serve_run, summarize, write_csv)
 from privaterec.experiments.paper import TABLE1_ROWS, TABLE2_ROWS, run_table1, run_table2
 from privaterec.fed.methods import resolve_run_config
 from privaterec.serving.release import ServingConfig
@@ -119,9 +119,23 @@ def test_run_spec_and_argument_validation() -> None:
         with pytest.raises(ConfigError, match="'seeds'"):
             check_seeds(bad)
     assert check_models(["nrms", "plm"]) == ("nrms", "plm")
-    for bad_models in ([], ["nrms", "nrms"], ["bert"]):
+    assert check_models(["nrms", "nrms+corpus"]) == ("nrms", "nrms+corpus")
+    for bad_models in ([], ["nrms", "nrms"], ["bert"], ["nrms+word2vec"], ["bert+corpus"]):
         with pytest.raises(ConfigError, match="'models'"):
             check_models(bad_models)
+
+
+def test_a_model_variant_names_its_word_vectors() -> None:
+    assert parse_model("naml") == ("naml", None)
+    assert parse_model("nrms+corpus") == ("nrms", "corpus")
+    assert model_label("nrms") == "NRMS"
+    assert model_label("nrms+corpus") == "NRMS + corpus word vectors"
+    plain = RunSpec("fedrec").run_config(data="d", model="nrms", seed=0, quick=True)
+    variant = RunSpec("fedrec").run_config(data="d", model="nrms+corpus", seed=0, quick=True)
+    assert plain.model.embeddings == "random" and variant.model.embeddings == "corpus"
+    assert variant.model.news_encoder == "nrms"
+    assert run_dir(Path("o"), "nrms+corpus", RunSpec("fedrec"), 0, quick=True) != \
+        run_dir(Path("o"), "nrms", RunSpec("fedrec"), 0, quick=True)
 
 
 def _fake_finished_run(path: Path, config: RunConfig, auc: float) -> None:

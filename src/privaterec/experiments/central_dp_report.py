@@ -15,8 +15,8 @@ from typing import Any, Sequence
 
 from privaterec.experiments.central_dp_rows import (LDP_EPSILON, PRIVATEREC_BASIS,
                                                     SERVE_PADDING, RowResult)
-from privaterec.experiments.common import (MODEL_LABELS, SCALE, format_epsilon,
-                                           format_summary, markdown_table)
+from privaterec.experiments.common import (SCALE, format_epsilon,
+                                           format_summary, markdown_table, model_label)
 from privaterec.experiments.plots import new_figure, save_png, set_log_x
 from privaterec.experiments.populations import Population
 from privaterec.experiments.run_privacy import epsilon_cell, short_epsilon
@@ -32,7 +32,7 @@ def rows_table(results: Sequence[RowResult]) -> str:
         ledger = r.ledger
         z = f" (z = {r.noise_multiplier:.4g})" if r.noise_multiplier is not None else ""
         eps_s = r.row.epsilon_serve
-        cells.append([r.population.label, MODEL_LABELS.get(r.model, r.model), r.row.label,
+        cells.append([r.population.label, model_label(r.model), r.row.label,
                       r.setting + z, epsilon_cell(ledger),
                       "-" if eps_s is None else format_epsilon(eps_s),
                       format_summary(r.summaries["auc"]), str(len(r.seeds))])
@@ -54,7 +54,7 @@ def pivot_table(results: Sequence[RowResult], epsilons: Sequence[float], *,
             eps = r.row.spec.target_epsilon if r.row.spec.target_epsilon is not None else INF
         else:
             continue
-        key = (r.population.label, MODEL_LABELS.get(r.model, r.model))
+        key = (r.population.label, model_label(r.model))
         partial = f" (n = {len(r.seeds)})" if len(r.seeds) < seeds else ""
         lines.setdefault(key, {})[eps] = format_summary(r.summaries["auc"]) + partial
     columns = (0.0, *epsilons)
@@ -177,7 +177,7 @@ def plot(path: Path, results: Sequence[RowResult], models: Sequence[str],
         set_log_x(ax, [e for e in epsilons if math.isfinite(e)])
         ax.grid(True, alpha=0.3)
         ax.set(xlabel="user-level ε of the whole training run (ledger; log scale)",
-               ylabel=_AUC_HEADER, title=f"Central vs local DP: {MODEL_LABELS.get(model, model)}")
+               ylabel=_AUC_HEADER, title=f"Central vs local DP: {model_label(model)}")
     return save_png(figure, path)
 
 

@@ -28,8 +28,9 @@ from typing import Any, Iterable, Literal, Mapping, Sequence, get_args
 
 import numpy as np
 
-from privaterec.config import (NEWS_ENCODERS, PRIVACY_MODES, FedConfig, ModelConfig,
-                               PrivacyMode, RunConfig, TrainConfig)
+from privaterec.config import (EMBEDDINGS, NEWS_ENCODERS, PRIVACY_MODES, Embeddings,
+                               FedConfig, ModelConfig, NewsEncoder, PrivacyMode, RunConfig,
+                               TrainConfig)
 from privaterec.config import fed_config as flat_fed_config
 from privaterec.data.synth import write_synthetic
 from privaterec.errors import ConfigError
@@ -57,6 +58,11 @@ MODEL_LABELS = {"nrms": "NRMS", "naml": "NAML", "plm": "PLM-NR (frozen MiniLM)",
 # at the default 5e-3 the training loss stalls higher (1.56 against 1.45 after one epoch).
 MODEL_SETTINGS: dict[str, dict[str, Any]] = {"plm": {"plm_trainable_layers": 0}}
 MODEL_LR: dict[str, float] = {"plm": 1e-3}
+# A model of the experiments is a news encoder, optionally with other word vectors than the
+# default: "<news encoder>+<embeddings>", e.g. "nrms+corpus" (its runs are cached apart).
+VARIANT_SEPARATOR = "+"
+EMBEDDING_LABELS = {"corpus": "corpus word vectors", "glove50": "GloVe 50-d",
+                    "minilm": "MiniLM word pieces", "random": "random word vectors"}
 ExperimentMethod = Literal["centralized", "fedrec", "fednewsrec", "dp-fedrec", "privaterec",
                            "dp-fedavg"]
 EXPERIMENT_METHODS: tuple[ExperimentMethod, ...] = get_args(ExperimentMethod)
@@ -185,12 +191,13 @@ class RunSpec:
     def run_config(self, *, data: str, model: str, seed: int, quick: bool) -> RunConfig:
         """The :class:`RunConfig` of this row for ``model`` and ``seed``."""
         rounds, epochs = training_budget(quick)
-        model_config = ModelConfig(news_encoder=check_choice(model, "news_encoder", NEWS_ENCODERS),
-                                   basis_size=self.basis,
-                                   **MODEL_SETTINGS.get(model, {}))
+        encoder, embeddings = parse_model(model)
+        extra = {} if embeddings is None else {"embeddings": embeddings}
+        model_config = ModelConfig(news_encoder=encoder, basis_size=self.basis,
+                                   **MODEL_SETTINGS.get(encoder, {}), **extra)
         if self.method == "centralized":
             train = TrainConfig(method="centralized", epochs=epochs, seed=seed,
-                                lr=MODEL_LR.get(model, TrainConfig.lr))
+                                lr=MODEL_LR.get(encoder, TrainConfig.lr))
             return RunConfig(data=data, model=model_config, train=train)
         return RunConfig(data=data, model=model_config,
                          train=TrainConfig(method=self.method, seed=seed),
@@ -489,20 +496,50 @@ def check_seeds(seeds: Sequence[int]) -> tuple[int, ...]:
     return tuple(int(s) for s in values)
 
 
+def parse_model(model: str) -> tuple[NewsEncoder, Embeddings | None]:
+    """The news encoder and word vectors of an experiment model name: ``"nrms"`` →
+    ``("nrms", None)`` (the default vectors), ``"nrms+corpus"`` → ``("nrms", "corpus")``.
+
+    Raises
+    ------
+    ConfigError
+        Naming the part that is not a news encoder or an embedding kind.
+    """
+    encoder, _, embeddings = model.partition(VARIANT_SEPARATOR)
+    checked = check_choice(encoder, "news_encoder", NEWS_ENCODERS)
+    if not embeddings:
+        return checked, None
+    return checked, check_choice(embeddings, "embeddings", EMBEDDINGS)
+
+
+def model_label(model: str) -> str:
+    """Human-readable name of an experiment model, e.g. ``NRMS + corpus word vectors``."""
+    encoder, embeddings = parse_model(model)
+    label = MODEL_LABELS.get(encoder, encoder)
+    return label if embeddings is None else f"{label} + {EMBEDDING_LABELS[embeddings]}"
+
+
 def check_models(models: Sequence[str]) -> tuple[str, ...]:
-    """Validated model names (news encoders), non-empty and distinct.
+    """Validated model names, non-empty and distinct: news encoders, optionally
+    ``<news encoder>+<embeddings>`` (:func:`parse_model`).
 
     Raises
     ------
     ConfigError
         Naming the parameter ``models``.
     """
-    from privaterec.config import NEWS_ENCODERS
     values = tuple(models)
-    bad = [m for m in values if m not in NEWS_ENCODERS]
+    bad = []
+    for m in values:
+        try:
+            parse_model(m)
+        except ConfigError:
+            bad.append(m)
     if not values or bad or len(set(values)) != len(values):
         raise ConfigError(f"invalid 'models': got {list(values)!r}, expected one or more "
-                          f"distinct news encoders among {', '.join(NEWS_ENCODERS)}")
+                          f"distinct news encoders among {', '.join(NEWS_ENCODERS)}, each "
+                          f"optionally with '+<word vectors>' ({', '.join(EMBEDDINGS)}), "
+                          f"e.g. nrms+corpus")
     return values
 
 
@@ -520,6 +557,6 @@ __all__ = ["DIGITS", "EPOCHS", "EXPERIMENT_METHODS", "ExperimentMethod", "METRIC
            "METRIC_LABELS", "MODEL_LABELS", "QUICK_EPOCHS", "QUICK_ROUNDS", "ROUNDS", "RunSpec",
            "SCALE", "Stopwatch", "Summary", "cached_serving", "check_models", "check_seeds",
            "ensure_run", "finished_metrics", "format_epsilon", "format_summary", "log",
-           "markdown_table", "metric_columns", "over_seeds", "resolve_data", "run_dir",
+           "markdown_table", "metric_columns", "model_label", "parse_model", "over_seeds", "resolve_data", "run_dir",
            "run_metrics", "serve_run", "serving_key", "summarize", "summarize_metrics",
            "training_budget", "write_csv", "write_text"]

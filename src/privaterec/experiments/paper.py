@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Any, Literal, Sequence
 
 from privaterec.fed.methods import method_from_config, resolve_run_config
-from privaterec.experiments.common import (DIGITS, METRIC_LABELS, METRICS, MODEL_LABELS, SCALE,
+from privaterec.experiments.common import (DIGITS, METRIC_LABELS, METRICS, SCALE,
                                            RunSpec, Stopwatch, Summary, check_models,
                                            check_seeds, format_epsilon, format_summary, log,
-                                           markdown_table, metric_columns, over_seeds,
+                                           markdown_table, metric_columns, model_label, over_seeds,
                                            resolve_data, training_budget, write_csv,
                                            write_text)
 from privaterec.serving.release import ServingConfig
@@ -214,7 +214,7 @@ def run_table1(out: Path, *, data: str | None = None,
             log(f"[table1 {tab.watch}] {model} / {spec.slug}", progress=progress)
             results, summaries = over_seeds(out, data_dir, model, spec, seeds, quick=quick,
                                             progress=progress)
-            tab.cells.append([MODEL_LABELS.get(model, model), _train_epsilon_cell(spec),
+            tab.cells.append([model_label(model), _train_epsilon_cell(spec),
                               *_adjacency_cells(spec), spec.label,
                               *_metric_cells(summaries), str(len(seeds))])
             tab.records.append(_summary_record(model, spec, seeds, summaries))
@@ -271,7 +271,7 @@ def run_table2(out: Path, *, data: str | None = None,
             if local:  # nothing is sent per query; the pool is downloaded instead
                 down = sorted({int(r["serving"]["bytes_downloaded"]) for r in results})
                 size_cell = f"0 (↓ {'/'.join(map(str, down))} B pool)"
-            tab.cells.append([MODEL_LABELS.get(model, model), _train_epsilon_cell(spec),
+            tab.cells.append([model_label(model), _train_epsilon_cell(spec),
                               "0" if local else format_epsilon(SERVE_EPSILON), served.label,
                               *_metric_cells(summaries), size_cell, str(len(seeds))])
             extra = {"serving": served.serving, "epsilon_serve": 0.0 if local else SERVE_EPSILON,

@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from privaterec.experiments.common import (MODEL_LABELS, SCALE, ExperimentMethod, RunSpec,
+from privaterec.experiments.common import (SCALE, ExperimentMethod, RunSpec,
                                            Stopwatch, Summary, check_models, check_seeds,
                                            format_epsilon, format_summary, log, markdown_table,
-                                           over_seeds, resolve_data, training_budget,
+                                           model_label, over_seeds, resolve_data, training_budget,
                                            write_csv, write_text)
 from privaterec.experiments.plots import Curve, new_figure, plot_curves, save_png, set_log_x
 from privaterec.privacy.dpa import dpa_calibration
@@ -113,7 +113,7 @@ class _Context:
 
     @property
     def label(self) -> str:
-        return MODEL_LABELS.get(self.model, self.model)
+        return model_label(self.model)
 
     def auc(self, spec: RunSpec, serving: ServingConfig | None, what: str) -> Summary:
         """AUC over the seeds of ``spec`` (its training metrics, or under ``serving``)."""
