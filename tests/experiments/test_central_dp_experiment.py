@@ -307,3 +307,17 @@ def test_empty_ldp_users_gives_central_rows_only(tmp_path: Path) -> None:
     assert [p.ldp for p in none] == [False, False]
     assert main(["experiment", "central-dp", "--out", str(tmp_path), "--users", "60",
                  "--ldp-users", "--report-only", "--quick", "--no-progress"]) == 0
+
+
+def test_a_model_variant_runs_with_its_word_vectors(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    _tiny(monkeypatch)
+    result = run_central_dp(tmp_path, **{**ARGS, "users": (60,)}, ldp_users=(),
+                            models=("nrms+corpus",))
+    rows = read_csv(Path(result["csv"]))
+    assert {r["model"] for r in rows} == {"nrms+corpus"}
+    assert [r["row"] for r in rows] == ["untrained", "dp-fedavg_eps-1", "fedrec"]
+    fedrec = tmp_path / "runs-quick" / "nrms+corpus" / "fedrec" / "seed0"
+    assert RunDirectory(fedrec).config().model.embeddings == "corpus"
+    assert "| 60 | NRMS + corpus word vectors |" in result["table"]
+    assert "`corpus` vectors are fitted on the texts of the training news" in result["table"]

@@ -16,7 +16,8 @@ from typing import Any, Sequence
 from privaterec.experiments.central_dp_rows import (LDP_EPSILON, PRIVATEREC_BASIS,
                                                     SERVE_PADDING, RowResult)
 from privaterec.experiments.common import (SCALE, format_epsilon,
-                                           format_summary, markdown_table, model_label)
+                                           format_summary, markdown_table, model_label,
+                                           parse_model)
 from privaterec.experiments.plots import new_figure, save_png, set_log_x
 from privaterec.experiments.populations import Population
 from privaterec.experiments.run_privacy import epsilon_cell, short_epsilon
@@ -79,6 +80,14 @@ def caption(populations: Sequence[Population], results: Sequence[RowResult],
              f"what a private row learned is its gain over it (an encoder whose untrained news "
              f"vectors already share structure, e.g. NAML's category embeddings, starts above "
              f"0.5)."]
+    variants = sorted({r.model for r in results if parse_model(r.model)[1] is not None})
+    if variants:
+        notes.append(f"{', '.join(model_label(m) for m in variants)}: the news encoder with "
+                     "other frozen word vectors than the default random ones. `corpus` vectors "
+                     "are fitted on the texts of the training news (PPMI-SVD), which the "
+                     "server publishes: no user data enters them, so they cost no ε, and "
+                     "every row of that model, its untrained θ₀ and FedRec included, starts "
+                     "from them.")
     for population in populations:
         ledgers = [s.ledger for r in results if r.population is population
                    and r.row.group != "untrained" for s in r.seeds]
