@@ -26,8 +26,13 @@ entry of each singular vector is positive).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import torch
+
+if TYPE_CHECKING:
+    from scipy import sparse
 
 FIRST_WORD = 2  # token ids 0 (<pad>) and 1 (<unk>) are not words
 CONTEXT_SMOOTHING = 0.75  # α of Levy et al. 2015

@@ -192,9 +192,10 @@ class RunSpec:
         """The :class:`RunConfig` of this row for ``model`` and ``seed``."""
         rounds, epochs = training_budget(quick)
         encoder, embeddings = parse_model(model)
-        extra = {} if embeddings is None else {"embeddings": embeddings}
         model_config = ModelConfig(news_encoder=encoder, basis_size=self.basis,
-                                   **MODEL_SETTINGS.get(encoder, {}), **extra)
+                                   **MODEL_SETTINGS.get(encoder, {}))
+        if embeddings is not None:
+            model_config = replace(model_config, embeddings=embeddings)
         if self.method == "centralized":
             train = TrainConfig(method="centralized", epochs=epochs, seed=seed,
                                 lr=MODEL_LR.get(encoder, TrainConfig.lr))
