@@ -3,7 +3,8 @@
 Usage::
 
     OMP_NUM_THREADS=1 python benchmarks/central_dp_signal.py --data DATA [--rounds 6]
-        [--target-epsilon 8 --budget-rounds 100] [--save benchmarks/results/<name>.json]
+        [--target-epsilon 8 --budget-rounds 100] [--embeddings random|corpus]
+        [--save benchmarks/results/<name>.json]
 
 Trains ``dp-fedavg`` (NRMS, the defaults: q = 0.02, C = 0.1, FedAdam) on ``DATA`` for a few
 rounds, with the z that ``--target-epsilon`` calibrates for a run of ``--budget-rounds``
@@ -43,6 +44,9 @@ def main() -> None:
     parser.add_argument("--target-epsilon", type=float, default=8.0)
     parser.add_argument("--budget-rounds", type=int, default=100)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--embeddings", default="random",
+                        help="NRMS word vectors: random (default) or corpus (fitted on the "
+                             "news texts)")
     parser.add_argument("--save", default=None)
     args = parser.parse_args()
     rows: list[dict[str, float]] = []
@@ -70,7 +74,8 @@ def main() -> None:
     q = CentralDP.server_defaults.client_fraction  # dp-fedavg's default q
     z = calibrate_noise_multiplier(target_epsilon=args.target_epsilon, sampling_rate=q,
                                    rounds=args.budget_rounds, delta=1e-5)
-    config = RunConfig(data=args.data, model=ModelConfig(news_encoder="nrms"),
+    config = RunConfig(data=args.data,
+                       model=ModelConfig(news_encoder="nrms", embeddings=args.embeddings),
                        train=TrainConfig(method="dp-fedavg", seed=args.seed),
                        fed=fed_config("dp-fedavg", rounds=args.rounds, client_fraction=q,
                                       noise_multiplier=z))
@@ -82,6 +87,7 @@ def main() -> None:
     print("median over rounds:", json.dumps(summary))
     if args.save:
         Path(args.save).write_text(json.dumps({"data": args.data, "rounds": rows,
+                                               "embeddings": args.embeddings,
                                                "median": summary,
                                                "target_epsilon": args.target_epsilon,
                                                "budget_rounds": args.budget_rounds, "z": z},
