@@ -89,3 +89,15 @@ def test_bad_input_is_refused(documents: torch.Tensor, vocab: int, dim: int,
                               match: str) -> None:
     with pytest.raises(ValueError, match=match):
         corpus_word_vectors(documents, vocab, dim)
+
+
+def test_fit_does_not_depend_on_the_thread_count() -> None:
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = corpus_word_vectors(_corpus(), VOCAB, 8)
+        torch.set_num_threads(2)
+        two = corpus_word_vectors(_corpus(), VOCAB, 8)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(one, two) and torch.get_num_threads() == threads

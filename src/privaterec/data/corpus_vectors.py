@@ -20,8 +20,10 @@ roots of their singular values (``U √Σ``, the symmetric weighting), each row 
 common norm ``std · √dim`` (so entries have the spread of a random N(0, std²) table and the
 encoders' initialisation is unchanged). Words that co-occur with nothing get zero vectors.
 
-The fit is deterministic: a fixed ARPACK start vector and a sign convention (the largest
-entry of each singular vector is positive).
+The fit is deterministic: a dense SVD on one thread (small vocabularies), a fixed ARPACK start
+vector (large ones) and a sign convention (the largest entry of each singular vector is
+positive). Another CPU or library build may round differently; a Flower device that gets
+other bits is refused by the public-fingerprint check (docs/flower.md).
 """
 
 from __future__ import annotations
@@ -116,8 +118,15 @@ def _leading_vectors(matrix: "sparse.csr_matrix", dim: int) -> np.ndarray:
         return vectors
     k = min(dim, size - 1)
     if size <= _DENSE_LIMIT:
-        u, s, _ = np.linalg.svd(matrix.toarray())
-        u, s = u[:, :k], s[:k]
+        # one thread: the same bits in every process, whatever its thread settings (server and
+        # devices compare the frozen vectors through the task's public fingerprint)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            u_t, s_t, _ = torch.linalg.svd(torch.from_numpy(matrix.toarray()))
+        finally:
+            torch.set_num_threads(threads)
+        u, s = u_t[:, :k].numpy(), s_t[:k].numpy()
     else:
         from scipy.sparse.linalg import svds
 
