@@ -74,7 +74,7 @@ def test_sparse_solver_agrees_with_the_dense_one(monkeypatch: pytest.MonkeyPatch
     assert torch.allclose(dense, sparse, atol=1e-4)
 
 
-def test_more_dimensions_than_words_leaves_zero_columns() -> None:
+def test_at_most_v_minus_one_dimensions_are_filled() -> None:
     table = corpus_word_vectors(_corpus(), VOCAB, 40)
     assert table.shape == (VOCAB, 40)
     assert torch.equal(table[:, VOCAB - 1:], torch.zeros(VOCAB, 40 - VOCAB + 1))
@@ -91,13 +91,20 @@ def test_bad_input_is_refused(documents: torch.Tensor, vocab: int, dim: int,
         corpus_word_vectors(documents, vocab, dim)
 
 
-def test_fit_does_not_depend_on_the_thread_count() -> None:
+def test_dense_fit_does_not_depend_on_the_callers_thread_count() -> None:
+    """A 1,200-word vocabulary (the dense path, large enough for LAPACK to block and
+    thread): the same bits with 1 and 4 threads, and the caller's setting restored."""
+    g = torch.Generator().manual_seed(3)
+    words = 1200
+    topics = torch.randint(8, (3000, 1), generator=g)
+    docs = 2 + topics * (words // 8) + torch.randint(words // 8, (3000, 12), generator=g)
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        one = corpus_word_vectors(_corpus(), VOCAB, 8)
-        torch.set_num_threads(2)
-        two = corpus_word_vectors(_corpus(), VOCAB, 8)
+        one = corpus_word_vectors(docs, words + 2, 16)
+        torch.set_num_threads(4)
+        four = corpus_word_vectors(docs, words + 2, 16)
+        assert torch.get_num_threads() == 4
     finally:
         torch.set_num_threads(threads)
-    assert torch.equal(one, two) and torch.get_num_threads() == threads
+    assert one[2:].abs().sum() > 0 and torch.equal(one, four)

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 import privaterec.experiments.central_dp as central_dp
 import privaterec.experiments.central_dp_rows as central_dp_rows
@@ -28,6 +29,7 @@ from privaterec.fed.methods import CentralDP
 from privaterec.privacy.central import central_epsilon
 from privaterec.privacy.report import read_privacy_json
 from privaterec.runs.directory import RunDirectory
+from privaterec.runs.ranking_setup import load_run_model
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 TINY = SynthConfig(users=60, news=150, impressions_per_user=2.0, min_history=5, max_history=15,
@@ -319,5 +321,11 @@ def test_a_model_variant_runs_with_its_word_vectors(tmp_path: Path,
     assert [r["row"] for r in rows] == ["untrained", "dp-fedavg_eps-1", "fedrec"]
     fedrec = tmp_path / "runs-quick" / "nrms+corpus" / "fedrec" / "seed0"
     assert RunDirectory(fedrec).config().model.embeddings == "corpus"
+    trained = torch.load(fedrec / "checkpoint.pt", weights_only=False)["model"]
+    _, _, reloaded = load_run_model(fedrec)  # the checkpoint fills the vectors
+    key = "news_encoder.embedding.weight"
+    assert reloaded.state_dict()[key].abs().sum() > 0
+    assert torch.equal(reloaded.state_dict()[key], trained[key])
     assert "| 60 | NRMS + corpus word vectors |" in result["table"]
     assert "`corpus` vectors are fitted on the texts of the training news" in result["table"]
+    assert "no ε is charged" in result["table"]

@@ -120,7 +120,8 @@ def test_run_spec_and_argument_validation() -> None:
             check_seeds(bad)
     assert check_models(["nrms", "plm"]) == ("nrms", "plm")
     assert check_models(["nrms", "nrms+corpus"]) == ("nrms", "nrms+corpus")
-    for bad_models in ([], ["nrms", "nrms"], ["bert"], ["nrms+word2vec"], ["bert+corpus"]):
+    for bad_models in ([], ["nrms", "nrms"], ["bert"], ["nrms+word2vec"], ["bert+corpus"],
+                       ["nrms+"], ["nrms+random"], ["plm+corpus"], ["id+corpus"]):
         with pytest.raises(ConfigError, match="'models'"):
             check_models(bad_models)
 

@@ -195,7 +195,9 @@ def test_corpus_embeddings_are_fitted_on_the_training_news_only() -> None:
 def test_corpus_embeddings_without_features_are_a_placeholder_a_checkpoint_fills() -> None:
     config, vocabs, features = _setup(embeddings="corpus")
     trained = build_recommender(config, vocabs, features)
-    rebuilt = build_recommender(config, vocabs)
+    with pytest.raises(ConfigError, match="fitted on the news texts"):
+        build_recommender(config, vocabs)
+    rebuilt = build_recommender(config, vocabs, for_checkpoint=True)
     assert torch.equal(rebuilt.news_encoder.embedding.weight[1:],
                        torch.zeros(len(vocabs.words) - 1, config.resolved_word_dim))
     rebuilt.load_state_dict(trained.state_dict())

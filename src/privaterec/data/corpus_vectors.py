@@ -18,12 +18,21 @@ per pair) give the positive pointwise mutual information with context-distributi
 and the vectors are the ``dim`` leading left singular vectors of PPMI weighted by the square
 roots of their singular values (``U √Σ``, the symmetric weighting), each row scaled to the
 common norm ``std · √dim`` (so entries have the spread of a random N(0, std²) table and the
-encoders' initialisation is unchanged). Words that co-occur with nothing get zero vectors.
+encoders' initialisation is unchanged). Words without a positive PPMI entry (no co-occurrence
+above chance) get zero vectors.
 
-The fit is deterministic: a dense SVD on one thread (small vocabularies), a fixed ARPACK start
-vector (large ones) and a sign convention (the largest entry of each singular vector is
-positive). Another CPU or library build may round differently; a Flower device that gets
-other bits is refused by the public-fingerprint check (docs/flower.md).
+The fit is deterministic: a dense SVD on one thread for vocabularies of at most 3,000 words
+(the same bits in every process of a machine, whatever its thread settings), a fixed ARPACK
+start vector for larger ones, and a sign convention (the largest entry of each singular
+vector is positive; singular values that repeat leave the basis of their subspace to the
+solver). The ARPACK path, another CPU or another library build may round differently; a
+Flower device that gets other bits is refused by the public-fingerprint check
+(docs/flower.md).
+
+Which news count as training news is the caller's: a deployment fits on the publisher's
+catalogue, which no user chooses. In MIND-format files a split's ``news.tsv`` lists the news
+its logs reference, so there (as for the vocabulary) the set of news depends on the logged
+data (docs/privacy.md, "Data used for tuning and vocabularies").
 """
 
 from __future__ import annotations
@@ -60,8 +69,8 @@ def corpus_word_vectors(documents: torch.Tensor, num_tokens: int, dim: int, *,
     Returns
     -------
     torch.Tensor
-        ``FloatTensor[V, dim]``; rows 0 and 1 and the rows of words that co-occur with no
-        other word are 0.
+        ``FloatTensor[V, dim]``; rows 0 and 1 and the rows of words without a positive PPMI
+        entry are 0.
 
     Raises
     ------
@@ -110,8 +119,8 @@ def _ppmi(counts: "sparse.csr_matrix") -> "sparse.csr_matrix":
 
 
 def _leading_vectors(matrix: "sparse.csr_matrix", dim: int) -> np.ndarray:
-    """``U √Σ`` of the ``dim`` largest singular values, ``[V, dim]`` (zero columns where the
-    matrix has lower rank), each column's largest entry positive."""
+    """``U √Σ`` of the ``k = min(dim, V − 1)`` largest singular values, ``[V, dim]`` (columns
+    ``k..dim`` are 0), each column's largest entry positive."""
     size = matrix.shape[0]
     vectors = np.zeros((size, dim))
     if matrix.nnz == 0:

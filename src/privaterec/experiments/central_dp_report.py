@@ -84,10 +84,11 @@ def caption(populations: Sequence[Population], results: Sequence[RowResult],
     if variants:
         notes.append(f"{', '.join(model_label(m) for m in variants)}: the news encoder with "
                      "other frozen word vectors than the default random ones. `corpus` vectors "
-                     "are fitted on the texts of the training news (PPMI-SVD), which the "
-                     "server publishes: no user data enters them, so they cost no ε, and "
-                     "every row of that model, its untrained θ₀ and FedRec included, starts "
-                     "from them.")
+                     "are fitted on the texts of the training news (PPMI-SVD), treated as the "
+                     "public catalogue like the vocabulary: no click, history or impression "
+                     "is read and no ε is charged (docs/privacy.md, \"Data used for tuning "
+                     "and vocabularies\"). Every row of that model, its untrained θ₀ and "
+                     "FedRec included, starts from them.")
     for population in populations:
         ledgers = [s.ledger for r in results if r.population is population
                    and r.row.group != "untrained" for s in r.seeds]

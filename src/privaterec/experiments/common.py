@@ -61,6 +61,7 @@ MODEL_LR: dict[str, float] = {"plm": 1e-3}
 # A model of the experiments is a news encoder, optionally with other word vectors than the
 # default: "<news encoder>+<embeddings>", e.g. "nrms+corpus" (its runs are cached apart).
 VARIANT_SEPARATOR = "+"
+WORDLESS_ENCODERS = ("plm", "id")  # news encoders without word vectors of their own choice
 EMBEDDING_LABELS = {"corpus": "corpus word vectors", "glove50": "GloVe 50-d",
                     "minilm": "MiniLM word pieces", "random": "random word vectors"}
 ExperimentMethod = Literal["centralized", "fedrec", "fednewsrec", "dp-fedrec", "privaterec",
@@ -506,11 +507,18 @@ def parse_model(model: str) -> tuple[NewsEncoder, Embeddings | None]:
     ConfigError
         Naming the part that is not a news encoder or an embedding kind.
     """
-    encoder, _, embeddings = model.partition(VARIANT_SEPARATOR)
+    encoder, separator, embeddings = model.partition(VARIANT_SEPARATOR)
     checked = check_choice(encoder, "news_encoder", NEWS_ENCODERS)
-    if not embeddings:
+    if not separator:
         return checked, None
-    return checked, check_choice(embeddings, "embeddings", EMBEDDINGS)
+    if checked in WORDLESS_ENCODERS:
+        raise ConfigError(f"invalid model {model!r}: the {checked} news encoder does not use "
+                          f"word vectors")
+    vectors = check_choice(embeddings, "embeddings", EMBEDDINGS)
+    if vectors == ModelConfig.embeddings:
+        raise ConfigError(f"invalid model {model!r}: {vectors} word vectors are the default; "
+                          f"name the model {checked!r}")
+    return checked, vectors
 
 
 def model_label(model: str) -> str:

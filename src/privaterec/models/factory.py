@@ -9,8 +9,9 @@ Word embeddings (``ModelConfig.embeddings``), for the text encoders ``nrms``, ``
 * ``"random"`` — N(0, 0.1²) vectors of size ``word_dim``;
 * ``"corpus"`` — vectors of size ``word_dim`` fitted on the texts of the training news (the
   rows of ``features`` whose news id is in the vocabulary; public data, no user enters the
-  fit; :mod:`privaterec.data.corpus_vectors`). Without ``features`` the table is zeros, a
-  placeholder that a checkpoint's ``state_dict`` fills;
+  fit; :mod:`privaterec.data.corpus_vectors`). Without ``features`` the model can only be
+  built as the shell of a checkpoint (``for_checkpoint=True``): the table is zeros until the
+  checkpoint's ``state_dict`` fills it;
 * ``"glove50"`` — GloVe 6B 50-d; the embedding size is 50 (``ModelConfig`` rejects a
   conflicting ``word_dim``);
 * ``"minilm"`` — MiniLM-L6 input word-piece embeddings, size 384 (``ModelConfig``
@@ -51,14 +52,17 @@ def vocabulary_kind(model_config: ModelConfig) -> str:
 
 
 def build_word_embedding(model_config: ModelConfig, vocabs: TextVocabularies,
-                         features: NewsFeatures | None = None) -> WordEmbedding:
+                         features: NewsFeatures | None = None, *,
+                         for_checkpoint: bool = False) -> WordEmbedding:
     """The :class:`WordEmbedding` selected by ``model_config.embeddings`` (see module doc);
-    ``features`` is the news table ``"corpus"`` vectors are fitted on.
+    ``features`` is the news table ``"corpus"`` vectors are fitted on, and
+    ``for_checkpoint`` allows a zero placeholder without it (a checkpoint is loaded next).
 
     Raises
     ------
     ConfigError
-        When ``vocabs.kind`` is not the kind the configuration needs.
+        When ``vocabs.kind`` is not the kind the configuration needs, or ``"corpus"``
+        vectors are asked for without ``features`` and not ``for_checkpoint``.
     """
     _check_vocabulary(model_config, vocabs)
     num_tokens = len(vocabs.words)
@@ -68,6 +72,10 @@ def build_word_embedding(model_config: ModelConfig, vocabs: TextVocabularies,
     if model_config.embeddings == "corpus":
         dim = model_config.resolved_word_dim
         if features is None:
+            if not for_checkpoint:
+                raise ConfigError("embeddings='corpus' are fitted on the news texts: build the "
+                                  "model with its news features (or for_checkpoint=True "
+                                  "when a checkpoint's state_dict is loaded next)")
             table = torch.zeros(num_tokens, dim)
         else:
             training_news = features.news_index >= FIRST_NEWS_INDEX
@@ -81,9 +89,11 @@ def build_word_embedding(model_config: ModelConfig, vocabs: TextVocabularies,
 
 
 def build_news_encoder(model_config: ModelConfig, vocabs: TextVocabularies,
-                       features: NewsFeatures | None = None) -> NewsEncoderModule:
+                       features: NewsFeatures | None = None, *,
+                       for_checkpoint: bool = False) -> NewsEncoderModule:
     """The news encoder Θ_N named by ``model_config.news_encoder``, output size
-    ``model_config.news_dim`` (``features``: see :func:`build_word_embedding`)."""
+    ``model_config.news_dim`` (``features``, ``for_checkpoint``: see
+    :func:`build_word_embedding`)."""
     c = model_config
     _check_vocabulary(c, vocabs)
     if c.news_encoder == "id":
@@ -91,7 +101,7 @@ def build_news_encoder(model_config: ModelConfig, vocabs: TextVocabularies,
     if c.news_encoder == "plm":
         return PLMNewsEncoder(vocabs.words, dim=c.news_dim,
                               trainable_layers=c.plm_trainable_layers, dropout=c.dropout)
-    embedding = build_word_embedding(c, vocabs, features)
+    embedding = build_word_embedding(c, vocabs, features, for_checkpoint=for_checkpoint)
     if c.news_encoder == "nrms":
         return NRMSNewsEncoder(embedding, num_heads=c.num_heads, head_dim=c.head_dim,
                                attention_dim=c.attention_dim, dropout=c.dropout)
@@ -128,7 +138,8 @@ def build_user_encoder(model_config: ModelConfig) -> nn.Module:
 
 
 def build_recommender(model_config: ModelConfig, vocabs: TextVocabularies,
-                      features: NewsFeatures | None = None) -> Recommender:
+                      features: NewsFeatures | None = None, *,
+                      for_checkpoint: bool = False) -> Recommender:
     """Θ_N + Θ_U as a :class:`Recommender` (DESIGN §3).
 
     Parameters
@@ -138,7 +149,10 @@ def build_recommender(model_config: ModelConfig, vocabs: TextVocabularies,
     vocabs:
         Vocabularies built with ``kind=vocabulary_kind(model_config)``.
     features:
-        Optional news table to attach.
+        Optional news table to attach (``"corpus"`` word vectors are fitted on it).
+    for_checkpoint:
+        The model is the shell of a checkpoint whose ``state_dict`` is loaded next: frozen
+        tables that need ``features`` may be zero placeholders.
 
     With ``basis_size`` B > 0 the model carries PrivateRec's B basic vectors (built after
     the encoders, so models without a basis draw exactly the same initial parameters;
@@ -147,12 +161,14 @@ def build_recommender(model_config: ModelConfig, vocabs: TextVocabularies,
     Raises
     ------
     ConfigError
-        When ``vocabs.kind`` does not match the configuration, or ``plm_trainable_layers``
-        exceeds MiniLM's depth.
+        When ``vocabs.kind`` does not match the configuration, ``plm_trainable_layers``
+        exceeds MiniLM's depth, or ``"corpus"`` vectors lack ``features`` (and not
+        ``for_checkpoint``).
     ImportError
         When pre-trained embeddings or MiniLM are requested but their package is missing.
     """
-    news_encoder = build_news_encoder(model_config, vocabs, features)
+    news_encoder = build_news_encoder(model_config, vocabs, features,
+                                      for_checkpoint=for_checkpoint)
     user_encoder = build_user_encoder(model_config)
     basis = None
     if model_config.basis_size > 0:

@@ -70,7 +70,7 @@ def load_run_model(run_dir: str | Path) -> tuple[RunConfig, TextVocabularies, Re
     if config.train.method == "popularity":
         raise CheckpointError(f"{run.path}: a popularity run has no neural model")
     vocabs = TextVocabularies.load(run.vocab_path)
-    model = build_recommender(config.model, vocabs)
+    model = build_recommender(config.model, vocabs, for_checkpoint=True)
     state = load_checkpoint(run.checkpoint_path)
     try:
         model.load_state_dict(state["model"])

@@ -133,7 +133,7 @@ def download_model(http: HttpSession, info: Mapping[str, Any],
         path = Path(tmp) / "vocab.json"
         path.write_text(json.dumps(vocab_raw))
         vocabs = TextVocabularies.load(path)
-    model = build_recommender(config.model, vocabs)
+    model = build_recommender(config.model, vocabs, for_checkpoint=True)
     _load_weights(model, payload["state_dict"], f"model parameters {version}: do not match "
                                                 f"the announced configuration")
     return DeviceModel(info=dict(info), config=config, vocabs=vocabs, model=model,
