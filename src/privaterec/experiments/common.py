@@ -566,6 +566,6 @@ __all__ = ["DIGITS", "EPOCHS", "EXPERIMENT_METHODS", "ExperimentMethod", "METRIC
            "METRIC_LABELS", "MODEL_LABELS", "QUICK_EPOCHS", "QUICK_ROUNDS", "ROUNDS", "RunSpec",
            "SCALE", "Stopwatch", "Summary", "cached_serving", "check_models", "check_seeds",
            "ensure_run", "finished_metrics", "format_epsilon", "format_summary", "log",
-           "markdown_table", "metric_columns", "model_label", "parse_model", "over_seeds", "resolve_data", "run_dir",
-           "run_metrics", "serve_run", "serving_key", "summarize", "summarize_metrics",
+           "markdown_table", "metric_columns", "model_label", "over_seeds", "parse_model",
+           "resolve_data", "run_dir", "run_metrics", "serve_run", "serving_key", "summarize", "summarize_metrics",
            "training_budget", "write_csv", "write_text"]
