@@ -567,5 +567,5 @@ __all__ = ["DIGITS", "EPOCHS", "EXPERIMENT_METHODS", "ExperimentMethod", "METRIC
            "SCALE", "Stopwatch", "Summary", "cached_serving", "check_models", "check_seeds",
            "ensure_run", "finished_metrics", "format_epsilon", "format_summary", "log",
            "markdown_table", "metric_columns", "model_label", "over_seeds", "parse_model",
-           "resolve_data", "run_dir", "run_metrics", "serve_run", "serving_key", "summarize", "summarize_metrics",
-           "training_budget", "write_csv", "write_text"]
+           "resolve_data", "run_dir", "run_metrics", "serve_run", "serving_key", "summarize",
+           "summarize_metrics", "training_budget", "write_csv", "write_text"]
