@@ -31,6 +31,7 @@ is never above basic composition (the smaller of the two valid bounds is returne
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 import statistics
@@ -98,31 +99,53 @@ def basic_composition(events: EventCounts) -> tuple[float, float]:
     return eps, min(dlt, 1.0)
 
 
+@functools.lru_cache(maxsize=256)
+def _laplace_pld(noise_multiplier: float, interval: float) -> pld_lib.PrivacyLossDistribution:
+    """One Laplace release's PLD (cached: a report composes the same event for many counts,
+    and building the PLD costs more than composing it; PLDs are immutable)."""
+    return pld_lib.from_laplace_mechanism(noise_multiplier,
+                                          value_discretization_interval=interval)
+
+
+@functools.lru_cache(maxsize=256)
+def _sampled_gaussian_pld(noise_multiplier: float, sampling_prob: float,
+                          interval: float) -> pld_lib.PrivacyLossDistribution:
+    """One Poisson-sampled Gaussian release's PLD under replace-one (cached, as above)."""
+    return pld_lib.from_gaussian_mechanism(
+        noise_multiplier, sampling_prob=sampling_prob, value_discretization_interval=interval,
+        neighboring_relation=NeighboringRelation.REPLACE_ONE)
+
+
+@functools.lru_cache(maxsize=256)
+def _approximate_dp_pld(epsilon: float, delta: float,
+                        interval: float) -> pld_lib.PrivacyLossDistribution:
+    """The PLD of an (ε, δ) release (cached, as above)."""
+    params = pld_common.DifferentialPrivacyParameters(epsilon, delta)
+    return pld_lib.from_privacy_parameters(params, value_discretization_interval=interval)
+
+
+@functools.lru_cache(maxsize=1024)
 def _pld_of(event: PrivacyEvent, count: int,
             interval: float) -> pld_lib.PrivacyLossDistribution | None:
-    """Self-composed PLD of ``count`` copies of ``event``; None for a no-op."""
+    """Self-composed PLD of ``count`` copies of ``event``; None for a no-op (cached: a
+    report composes the same events and counts for each adjacency and phase)."""
     dp = event.to_dp_event()
     if isinstance(dp, dp_event.NoOpDpEvent):
         return None
     if isinstance(dp, dp_event.LaplaceDpEvent):
-        return pld_lib.from_laplace_mechanism(
-            dp.noise_multiplier, value_discretization_interval=interval).self_compose(count)
+        return _laplace_pld(dp.noise_multiplier, interval).self_compose(count)
     if isinstance(dp, dp_event.PoissonSampledDpEvent):
         assert isinstance(dp.event, dp_event.GaussianDpEvent)
         # Replace-one, the adjacency of every ledger total (a sampled user's clipped update
         # may change by up to twice the clip).
-        return pld_lib.from_gaussian_mechanism(
-            dp.event.noise_multiplier, sampling_prob=dp.sampling_probability,
-            value_discretization_interval=interval,
-            neighboring_relation=NeighboringRelation.REPLACE_ONE).self_compose(count)
+        return _sampled_gaussian_pld(dp.event.noise_multiplier, dp.sampling_probability,
+                                     interval).self_compose(count)
     if isinstance(dp, dp_event.GaussianDpEvent):
         # k Gaussian releases with multiplier s compose exactly to one with s/√k.
         return pld_lib.from_gaussian_mechanism(
             dp.noise_multiplier / math.sqrt(count), value_discretization_interval=interval)
     if isinstance(dp, (dp_event.RandomizedResponseDpEvent, EpsilonDeltaDpEvent)):
-        params = pld_common.DifferentialPrivacyParameters(event.epsilon, event.delta)
-        return pld_lib.from_privacy_parameters(
-            params, value_discretization_interval=interval).self_compose(count)
+        return _approximate_dp_pld(event.epsilon, event.delta, interval).self_compose(count)
     raise AssertionError(f"unexpected dp event {dp!r}")  # pragma: no cover
 
 
