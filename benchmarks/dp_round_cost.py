@@ -21,6 +21,12 @@ times after one untimed round of each (dp-fedavg's first round calibrates its no
 dp-accounting, once per run); the ratio is of the medians. The machine may be shared: the ratio, measured in one
 process on the same clients, is the figure to read.
 
+A fourth round, ``dp-fedavg-news``, is central DP clipped in news-vector space
+(``--clip-space news_vectors``, :mod:`privaterec.fed.news_space`): each client clips its
+user-side gradient and the cotangents of its news vectors, the aggregator noises every
+coordinate (the user side and every news of the table) and forms the news-encoder gradient
+with one backward pass over the table.
+
 A third round, ``fedrec-per-client``, is non-private FedAvg computed the way a device
 computes it: each client's own gradient (the same ``vmap`` per-client path as dp-fedavg),
 averaged, with no clipping and no noise. dp-fedavg against it is the cost of the clipping and
@@ -114,6 +120,9 @@ def measure(data: Path, clients_per_round: int, *, model_name: str, repeats: int
     dp = method("dp-fedavg", noise_multiplier=noise_multiplier,
                 client_fraction=clients_per_round / population,
                 target_delta=0.1 / population)
+    dp_news = method("dp-fedavg", noise_multiplier=noise_multiplier,
+                     client_fraction=clients_per_round / population,
+                     target_delta=0.1 / population, clip_space="news_vectors")
 
     # The work a per-client gradient does that the fedrec round shares.
     inputs = [fedrec.inputs(objective, clients.client(u), generator=client_generator(0, 0, u))
@@ -131,7 +140,8 @@ def measure(data: Path, clients_per_round: int, *, model_name: str, repeats: int
 
     # One untimed round of each first: dp-fedavg calibrates its noise (dp-accounting, once
     # per run and cached), which is not the per-round cost.
-    rounds = (("fedrec", fedrec), ("fedrec-per-client", per_client), ("dp-fedavg", dp))
+    rounds = (("fedrec", fedrec), ("fedrec-per-client", per_client), ("dp-fedavg", dp),
+              ("dp-fedavg-news", dp_news))
     outputs = {name: simulate_round(objective, params, clients, selected, m_, seed=0,
                                     round_index=0) for name, m_ in rounds}
     shared_vs_per_client = float((outputs["fedrec-per-client"].direction
@@ -161,6 +171,7 @@ def measure(data: Path, clients_per_round: int, *, model_name: str, repeats: int
     fed_median = statistics.median(times["fedrec"])
     per_client_median = statistics.median(times["fedrec-per-client"])
     dp_median = statistics.median(times["dp-fedavg"])
+    news_median = statistics.median(times["dp-fedavg-news"])
     return {
         "data": str(data), "population": population, "clients_per_round": len(selected),
         "model": model_name, "parameters_D": objective.dimension, "repeats": repeats,
@@ -173,6 +184,9 @@ def measure(data: Path, clients_per_round: int, *, model_name: str, repeats: int
         "fedrec_per_client_median_seconds": per_client_median,
         "ratio_dp_over_fedrec_per_client": dp_median / per_client_median,
         "ratio_fedrec_per_client_over_fedrec": per_client_median / fed_median,
+        "dp_fedavg_news_seconds": times["dp-fedavg-news"],
+        "dp_fedavg_news_median_seconds": news_median,
+        "ratio_dp_news_over_fedrec": news_median / fed_median,
         "fedrec_per_client_max_abs_difference_from_fedrec": shared_vs_per_client,
         "per_client_gradients_seconds_once": gradient_seconds,
         **({"per_client_gradient_variants": variants} if variants else {}),

@@ -27,7 +27,8 @@ from privaterec.method_settings import (DPFedAvgSettings, DPFedRecSettings, FedR
 
 LEGACY = Path(__file__).parent / "fixtures" / "legacy_configs"
 # DP-FedAvg's fields added after a file was written, at their defaults (off).
-NO_SECAGG = ", secure_aggregation='none', noise_placement='central', max_dropouts=0"
+NO_SECAGG = (", secure_aggregation='none', noise_placement='central', max_dropouts=0, "
+             "clip_space='parameters'")
 
 # file → (method, the options it was trained with, the method the old code built)
 LEGACY_RUNS = {
@@ -71,7 +72,8 @@ LEGACY_RUNS = {
                          "max_samples=64, local_steps=1, local_lr=0.05), clip=0.1, "
                          "noise_multiplier=1.0, sampling_rate=0.5, rounds=2, delta=0.001, "
                          "adaptive=None, secure_aggregation='secaggplus', "
-                         "noise_placement='distributed', max_dropouts=1)"),
+                         "noise_placement='distributed', max_dropouts=1, "
+                         "clip_space='parameters')"),
 }
 
 

@@ -133,7 +133,8 @@ _FED_FLAGS = ("rounds", "client_fraction", "clients_per_round", "strategy", "ser
               "noise_scale", "epsilon_train", "delta_train", "noise", "padding_p",
               "privacy_mode", "sensitivity_mode", "history_budget", "noise_multiplier",
               "target_epsilon", "target_delta", "adaptive_clip_quantile", "clip_lr",
-              "clip_count_stddev", "secure_aggregation", "noise_placement", "max_dropouts")
+              "clip_count_stddev", "secure_aggregation", "noise_placement", "max_dropouts",
+              "clip_space")
 """The flags of ``train`` that set a federated setting: the engine's (FedConfig's fields) and
 the methods' own (:mod:`privaterec.method_settings`), by their configuration key."""
 
@@ -540,7 +541,7 @@ def _add_serve_parser(sub: Any) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from privaterec.method_settings import (DEFAULT_CLIP_LR, GRADIENT_CLIPPINGS,
+    from privaterec.method_settings import (CLIP_SPACES, DEFAULT_CLIP_LR, GRADIENT_CLIPPINGS,
                                             PRIVATEREC_STRICT_CLIP, DPFedAvgSettings,
                                             DPFedRecSettings, FedNewsRecSettings,
                                             PrivateRecSettings, UniFedRecSettings)
@@ -688,6 +689,12 @@ def build_parser() -> argparse.ArgumentParser:
                          help="with secaggplus: k clients a round may lose; the sum decodes "
                               "only with at least n - k of the n sampled clients (and their "
                               "noise shares) in it (default 0)")
+    central.add_argument("--clip-space", choices=CLIP_SPACES, default=None,
+                         help="what a client clips: parameters (its gradient, default) or "
+                              "news_vectors (its user-side gradient and the cotangents of "
+                              "the news vectors; the server forms the news-encoder gradient "
+                              "in one shared pass: a round costs about a non-private one; "
+                              "simulator, --local-steps 1, fixed --clip)")
     private = train.add_argument_group("PrivateRec (--method privaterec)")
     private.add_argument("--basis", type=basis_arg, default=None,
                          help="B basic vectors, an integer >= 2 (default 5)")

@@ -40,6 +40,7 @@ SensitivityMode = Literal["true", "paper"]
 GradientClipping = Literal["l1", "elementwise", "none"]
 SecureAggregation = Literal["none", "secaggplus"]
 NoisePlacement = Literal["central", "distributed"]
+ClipSpace = Literal["parameters", "news_vectors"]
 
 NOISE_KINDS: tuple[NoiseKind, ...] = get_args(NoiseKind)
 PRIVACY_MODES: tuple[PrivacyMode, ...] = get_args(PrivacyMode)
@@ -47,6 +48,7 @@ SENSITIVITY_MODES: tuple[SensitivityMode, ...] = get_args(SensitivityMode)
 GRADIENT_CLIPPINGS: tuple[GradientClipping, ...] = get_args(GradientClipping)
 SECURE_AGGREGATIONS: tuple[SecureAggregation, ...] = get_args(SecureAggregation)
 NOISE_PLACEMENTS: tuple[NoisePlacement, ...] = get_args(NoisePlacement)
+CLIP_SPACES: tuple[ClipSpace, ...] = get_args(ClipSpace)
 
 DEFAULT_CLIP_LR = 0.2
 """η_C of DP-FedAvg's adaptive clipping: the paper's learning rate of the geometric update
@@ -247,6 +249,11 @@ class DPFedAvgSettings(MethodSettings):
         before masking (``distributed``); ``max_dropouts`` k: SecAgg+'s threshold is n − k,
         so a sum decodes only with at least n − k of the n sampled clients (and their noise
         shares) in it.
+    clip_space: what each client clips and the aggregator noises. ``parameters`` (default):
+        the gradient (DP-FedAvg). ``news_vectors``: the user-side gradient and the
+        cotangents of the news vectors of the whole news table, turned into the
+        news-encoder gradient by the server with one shared backward pass
+        (:mod:`privaterec.fed.news_space`; simulator, one local step, fixed clip).
     """
 
     method: ClassVar[str] = "dp-fedavg"
@@ -261,9 +268,15 @@ class DPFedAvgSettings(MethodSettings):
     secure_aggregation: SecureAggregation = "none"
     noise_placement: NoisePlacement = "central"
     max_dropouts: int = 0
+    clip_space: ClipSpace = "parameters"
 
     def __post_init__(self) -> None:
         check_positive(self.clip, "clip")
+        check_choice(self.clip_space, "clip_space", CLIP_SPACES)
+        if self.clip_space == "news_vectors" and self.adaptive_clip_quantile is not None:
+            raise ConfigError("'clip_space' news_vectors (--clip-space) runs with a fixed "
+                              "--clip only: drop --adaptive-clip-quantile, or use "
+                              "--clip-space parameters")
         if self.noise_multiplier is not None:
             check_noise_multiplier(self.noise_multiplier)
         if self.target_epsilon is not None:
@@ -351,7 +364,8 @@ def settings_type(method: str) -> type[MethodSettings]:
 
 
 __all__ = ["DPFedAvgSettings", "DPFedRecSettings", "FedNewsRecSettings", "FedRecSettings",
-           "DEFAULT_CLIP_LR", "GRADIENT_CLIPPINGS", "GradientClipping", "NOISE_PLACEMENTS",
+           "CLIP_SPACES", "ClipSpace", "DEFAULT_CLIP_LR", "GRADIENT_CLIPPINGS",
+           "GradientClipping", "NOISE_PLACEMENTS",
            "NoisePlacement", "SECURE_AGGREGATIONS", "SecureAggregation",
            "check_secure_aggregation", "LEGACY_FLAT_KEYS", "MethodSettings",
            "NOISE_KINDS", "NoiseKind", "PRIVACY_MODES", "PRIVATEREC_STRICT_CLIP",

@@ -99,6 +99,8 @@ def test_claim_uses_the_user_level_epsilon_under_user_adjacency():
     ("privaterec", "click", "label"),
     ("dp-fedavg", "user", "one-impression"),
     ("dp-fedavg-adaptive", "user", "one-impression"),
+    ("dp-fedavg-news", "user", "one-impression"),
+    ("dp-fedavg-news", "click", "history"),
 ])
 def test_real_client_update_stays_below_its_claim(world, method, adjacency, name):
     result = audit(world, method, adjacency, name)
@@ -157,6 +159,21 @@ def test_central_noise_a_hundred_times_smaller_than_calibrated_is_caught(world):
     assert result.violated, result.to_dict()
 
 
+def test_news_space_noise_a_hundred_times_smaller_than_calibrated_is_caught(world):
+    with broken.scaled_gaussian_noise(0.01):
+        result = audit(world, "dp-fedavg-news", "user", "one-impression")
+    assert result.claimed_epsilon == pytest.approx(1.0, abs=2e-3)
+    assert result.violated, result.to_dict()
+
+
+def test_news_space_noise_on_the_touched_news_only_is_caught(world):
+    """Clipped in news-vector space, the noise must cover every news of the table: noised
+    only where the round's clients touched a news, the zero rows name the history."""
+    with broken.noise_on_touched_news_only():
+        result = audit(world, "dp-fedavg-news", "click", "history")
+    assert result.violated, result.to_dict()
+
+
 def test_a_clip_count_released_without_its_noise_is_caught(world):
     """Adaptive clipping: the two one-impression users' updates lie on either side of the
     clip (norms 0.130 and 0.085 against 0.1 at theta_0), so their clip indicators differ;
@@ -176,13 +193,16 @@ def test_the_broken_variants_are_undone_on_exit():
     import privaterec.fed.methods.central as central
     before = (fed_client.release_labels, mechanisms.laplace_noise,
               recall_training.laplace_noise, ClientUpdate.sent, mechanisms.gaussian_noise,
-              central.gaussian_noise, central.CentralDP.noised_sums)
+              central.gaussian_noise, central.CentralDP.noised_sums,
+              central.CentralDP.news_space_release)
     with broken.published_dpl(), broken.scaled_noise(0.1), broken.reply_with_loss(), \
-            broken.scaled_gaussian_noise(0.1), broken.unnoised_clip_count():
+            broken.scaled_gaussian_noise(0.1), broken.unnoised_clip_count(), \
+            broken.noise_on_touched_news_only():
         assert fed_client.release_labels is broken.published_dpl_labels
     assert (fed_client.release_labels, mechanisms.laplace_noise,
             recall_training.laplace_noise, ClientUpdate.sent, mechanisms.gaussian_noise,
-            central.gaussian_noise, central.CentralDP.noised_sums) == before
+            central.gaussian_noise, central.CentralDP.noised_sums,
+            central.CentralDP.news_space_release) == before
 
 
 # ------------------------------------------------------------------------------------ CLI

@@ -12,7 +12,7 @@ import math
 from typing import Any
 
 METHODS = ("fedrec", "fednewsrec", "dp-fedrec", "privaterec", "unifedrec", "dp-fedavg",
-           "dp-fedavg-adaptive")
+           "dp-fedavg-adaptive", "dp-fedavg-news")
 MODES = ("paper", "strict")
 ADJACENCIES = ("click", "user")
 EXIT_OK, EXIT_VIOLATED = 0, 1
@@ -65,9 +65,10 @@ def add_audit_parser(privacy_sub: Any) -> None:
                        help="per-round epsilon the method is configured with (fednewsrec: "
                             "lambda = 2*delta*D/epsilon; unifedrec: lambda_g = "
                             "2*theta/epsilon; fedrec claims inf; dp-fedavg, "
-                            "dp-fedavg-adaptive: the round's user-level epsilon at q = 1, "
-                            "what the aggregator releases from the user's clipped update "
-                            "and, adaptive, its clip indicator)")
+                            "dp-fedavg-adaptive, dp-fedavg-news: the round's user-level "
+                            "epsilon at q = 1, what the aggregator releases from the user's "
+                            "clipped update and, adaptive, its clip indicator; news: "
+                            "clipped in news-vector space, --clip-space news_vectors)")
     audit.add_argument("--runs", type=int, default=1000,
                        help="uploads per neighbouring dataset (default 1000; half are "
                             "test runs, which cap the bound at about ln(runs/7.4))")

@@ -27,7 +27,7 @@ import dataclasses
 import functools
 import math
 from dataclasses import dataclass
-from typing import Any, ClassVar, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Sequence
 
 import torch
 
@@ -51,6 +51,9 @@ from privaterec.privacy.central import (calibrate_noise_multiplier, central_cali
 from privaterec.privacy.events import PrivacyEvent
 from privaterec.privacy.mechanisms import calibrated_noise, gaussian_noise
 from privaterec.privacy.randomness import Randomness, as_source
+
+if TYPE_CHECKING:
+    from privaterec.fed.news_space import NewsSpaceClipping
 
 CLIP_INDICATOR = "clip_indicator"
 """The name of adaptive clipping's centred indicator b − ½ in what a client sends."""
@@ -98,12 +101,25 @@ class CentralDP(ClientMethod[FederatedTask[Any]]):
     secure_aggregation: str = "none"
     noise_placement: str = "central"
     max_dropouts: int = 0
+    # clip_space: "parameters" (each client's update is clipped and noised) or
+    #   "news_vectors" (its user-side gradient and news-vector cotangents are; the server
+    #   forms the news-encoder gradient, fed/news_space.py).
+    clip_space: str = "parameters"
 
     def __post_init__(self) -> None:
         check_secure_aggregation(secure_aggregation=self.secure_aggregation,
                                  noise_placement=self.noise_placement,
                                  max_dropouts=self.max_dropouts,
                                  adaptive=self.adaptive is not None)
+        if self.clip_space == "news_vectors":
+            if self.adaptive is not None:
+                raise ConfigError("'clip_space' news_vectors (--clip-space) runs with a fixed "
+                                  "--clip only: drop --adaptive-clip-quantile")
+            if getattr(self.inner, "local_steps", 1) != 1:
+                raise ConfigError("'clip_space' news_vectors (--clip-space) clips one "
+                                  "gradient per client (a multi-step local update does not "
+                                  "factor through the news vectors): pass --local-steps 1, "
+                                  "or --clip-space parameters")
 
     @property
     def distributed(self) -> bool:
@@ -196,7 +212,7 @@ class CentralDP(ClientMethod[FederatedTask[Any]]):
                    delta=settings.target_delta, adaptive=adaptive,
                    secure_aggregation=settings.secure_aggregation,
                    noise_placement=settings.noise_placement,
-                   max_dropouts=settings.max_dropouts)
+                   max_dropouts=settings.max_dropouts, clip_space=settings.clip_space)
 
     @property
     def by_impressions(self) -> bool:
@@ -237,6 +253,11 @@ class CentralDP(ClientMethod[FederatedTask[Any]]):
                               f"only: the round's clip is server state that the {engine} "
                               f"engine does not send to its clients yet; use --engine "
                               f"simulator, or a fixed --clip without --adaptive-clip-quantile")
+        if self.clip_space == "news_vectors" and engine != "simulator":
+            raise ConfigError(f"--clip-space news_vectors runs on the simulator engine only "
+                              f"(a device's upload would be one vector per news of the table, "
+                              f"which the {engine} engine does not send yet); use --engine "
+                              f"simulator, or --clip-space parameters")
         if engine == "flower" and self.secure_aggregation == "none":
             raise ConfigError(f"{self.name} (central DP) on Flower runs through secure "
                               f"aggregation only: pass --secure-aggregation secaggplus (the "
@@ -313,7 +334,17 @@ class CentralDP(ClientMethod[FederatedTask[Any]]):
     def release(self, task: FederatedTask[Any], params: torch.Tensor, inputs: Any, *,
                 generator: Randomness) -> tuple[torch.Tensor, float, dict[str, float]]:
         """The clipped update ``Tensor[D]``, the loss and, with adaptive clipping, the
-        centred clip indicator b − ½ (``clip_indicator``), all sent to the aggregator."""
+        centred clip indicator b − ½ (``clip_indicator``), all sent to the aggregator.
+
+        Raises
+        ------
+        ConfigError
+            With ``clip_space`` news_vectors, which has no single-client parameter update
+            (its round runs on the simulator, :meth:`round`).
+        """
+        if self.clip_space != "parameters":
+            raise ConfigError("--clip-space news_vectors has no per-device parameter update: "
+                              "it runs on the simulator engine only")
         update, loss = self.inner.update(task, params, inputs, generator=generator)
         clipped, _ = self.privatize(update[None], [generator])
         reports = ({} if self.adaptive is None else
@@ -333,6 +364,8 @@ class CentralDP(ClientMethod[FederatedTask[Any]]):
         """(Σ clip(Δ_u, C) + N(0, z²C²I)) / (qN); the noise is the simulation's seeded draw
         (:func:`~privaterec.fed.rng.central_noise_generator`). With adaptive clipping, also
         the noised indicator count and the next clip (:meth:`aggregate`)."""
+        if self.clip_space == "news_vectors":
+            return self._news_space_round(task, params, inputs, context)
         dimension = task.dimension
         total = torch.zeros(dimension)
         indicator_sum = 0.0
@@ -349,6 +382,66 @@ class CentralDP(ClientMethod[FederatedTask[Any]]):
                               generator=central_noise_generator(context.seed,
                                                                 context.round_index),
                               losses=losses)
+
+    def _news_space_round(self, task: FederatedTask[Any], params: torch.Tensor,
+                          inputs: Sequence[Any], context: RoundContext) -> RoundOutput:
+        """``clip_space`` news_vectors: :meth:`news_space_release`, then the server's one
+        backward pass through the news encoder
+        (:meth:`~privaterec.fed.news_space.NewsSpaceClipping.direction`), over qN. The
+        release is the same Gaussian mechanism as :meth:`round`'s (sensitivity C, noise
+        z·C): the ledger event is the same."""
+        space = self._news_space(task)
+        user, news, losses = self.news_space_release(
+            task, params, inputs, chunk_clients=context.chunk_clients,
+            generator=central_noise_generator(context.seed, context.round_index))
+        direction = space.direction(params, user, news)
+        direction /= self.sampling_rate * context.population
+        return RoundOutput(direction, losses, (self.central_event(),))
+
+    @staticmethod
+    def _news_space(task: FederatedTask[Any]) -> "NewsSpaceClipping":
+        from privaterec.fed.news_space import NewsSpaceClipping
+        from privaterec.fed.objective import LocalObjective
+        if not isinstance(task, LocalObjective):
+            raise ConfigError("--clip-space news_vectors applies to the ranking task only")
+        try:
+            return NewsSpaceClipping(task)
+        except ValueError as error:
+            raise ConfigError(f"--clip-space news_vectors: {error}; use --clip-space "
+                              f"parameters") from error
+
+    def news_space_release(self, task: FederatedTask[Any], params: torch.Tensor,
+                           inputs: Sequence[Any], *, generator: Randomness,
+                           chunk_clients: int = 16
+                           ) -> tuple[torch.Tensor, torch.Tensor, list[float]]:
+        """The aggregator's release of one ``clip_space`` news_vectors round.
+
+        Each client's w_u = [g_U ; (v_{u,n})_{n ∈ table}] is clipped to L2 norm C and summed
+        (:meth:`~privaterec.fed.news_space.NewsSpaceClipping.clipped_sum`); N(0, (z·C)²) is
+        added to every coordinate (:meth:`central_noise`: seeded in a simulation, float-safe
+        from a :class:`~privaterec.privacy.samplers.SecureNoise`).
+
+        Returns
+        -------
+        (``Tensor[D]``: the noised user-side sum on Θ_U's coordinates, 0 on Θ_N's;
+        ``Tensor[P, d]``: the noised cotangent sum per news of the table; the clients'
+        losses)
+        """
+        space = self._news_space(task)
+        user_coords = ~space.news_mask
+        pool, dim = space.pool_size, space.dim
+        if inputs:
+            sums = space.clipped_sum(params, space.objective.batch(inputs), clip=self.clip,
+                                     chunk_clients=max(chunk_clients, 128))
+            user, news = sums.user, sums.news
+            losses = [float(x) for x in sums.losses]
+        else:
+            user, news, losses = torch.zeros_like(params), torch.zeros(pool, dim), []
+        noise = self.central_noise(space.release_dimension, generator)
+        d_user = int(user_coords.sum())
+        noisy_user = torch.zeros_like(params)
+        noisy_user[user_coords] = user[user_coords] + noise[:d_user]
+        return noisy_user, news + noise[d_user:].reshape(pool, dim), losses
 
     def noised_sums(self, total: torch.Tensor, indicator_sum: float, *, population: int,
                     generator: torch.Generator) -> tuple[torch.Tensor, float | None]:
@@ -396,6 +489,14 @@ class CentralDP(ClientMethod[FederatedTask[Any]]):
         """The ledger note of a round under secure aggregation (``""``: the default note of
         :func:`~privaterec.privacy.central.central_round_event`, the server sees the
         clipped updates)."""
+        if self.clip_space == "news_vectors":
+            return (f"central DP (DP-FedSGD, clipped in news-vector space): Poisson sampling "
+                    f"q = {self.sampling_rate:g}, each client's user-side gradient and "
+                    f"news-vector cotangents clipped to L2 norm {self.clip:g} together, "
+                    f"Gaussian noise z = {self.noise_multiplier:g} on every coordinate of "
+                    f"the sum (the user side and every news of the table); the server sees "
+                    f"the clipped vectors; one user's data replaced (covers one click and "
+                    f"one user)")
         if self.secure_aggregation == "none":
             return ""
         common = (f"Poisson sampling q = {self.sampling_rate:g}, updates clipped to L2 norm "
@@ -450,8 +551,19 @@ class CentralDP(ClientMethod[FederatedTask[Any]]):
             "delta_per_round": event.delta, "coordinate_epsilon": None,
             "noised_parameters": list(parameters),
             "clients_per_round": clients_per_round, "client_fraction": client_fraction,
-            "central": central,
+            "central": central, "clip_space": self.clip_space,
         }
+        if self.clip_space == "news_vectors":
+            out["clipping"] = ("l2 (each client) of [user-side gradient ; cotangents of the "
+                               "news vectors of every news of the table] (clip_space "
+                               "news_vectors)")
+            out["aggregation"] = (
+                "noise N(0, (z C)^2) on every coordinate of the sum of the clipped vectors "
+                "(the user-side parameters and d per news of the table), divided by qN; the "
+                "server turns the noised news-vector cotangents into the news-encoder "
+                "gradient with one backward pass over the public table (post-processing)")
+            out["clipped_vector"] = ("the user-side parameters + (news in the table) x d "
+                                     "coordinates ('dimension' counts the parameters)")
         if self.adaptive is None:
             return out
         z_update, sigma_b = self.noise_split(max(1, clients_per_round))

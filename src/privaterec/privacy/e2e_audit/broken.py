@@ -13,6 +13,8 @@ Each is a context manager that patches the library for its duration (simulation 
   the clip count included) ``factor`` times its calibrated scale.
 * :func:`unnoised_clip_count` — central DP's aggregator releases the count of unclipped
   clients (adaptive clipping) without its noise.
+* :func:`noise_on_touched_news_only` — central DP clipped in news-vector space noises only
+  the rows of the news the round's clients touched (the others released as exact zeros).
 """
 
 from __future__ import annotations
@@ -123,5 +125,27 @@ def unnoised_clip_count() -> Iterator[None]:
         yield
 
 
-__all__ = ["published_dpl", "published_dpl_labels", "reply_with_loss", "scaled_gaussian_noise",
+@contextmanager
+def noise_on_touched_news_only() -> Iterator[None]:
+    """:meth:`CentralDP.news_space_release` zeroes the noised cotangent of every news no
+    client of the round touched: a data-dependent pool, so which rows are zero names the
+    news of the users' histories and candidates."""
+    from privaterec.fed.methods.central import CentralDP
+    from privaterec.fed.news_space import NewsSpaceClipping
+
+    original = CentralDP.news_space_release
+
+    def touched_only(self: CentralDP, task: Any, params: Tensor, inputs: Any,
+                     **kwargs: Any) -> tuple[Tensor, Tensor, list[float]]:
+        user, news, losses = original(self, task, params, inputs, **kwargs)
+        if not inputs:
+            return user, torch.zeros_like(news), losses
+        clean = NewsSpaceClipping(task).clipped_sum(params, task.batch(inputs), clip=self.clip)
+        return user, news * (clean.news.abs().sum(1) > 0)[:, None], losses
+
+    with _patched(CentralDP, "news_space_release", touched_only):
+        yield
+
+
+__all__ = ["noise_on_touched_news_only", "published_dpl", "published_dpl_labels", "reply_with_loss", "scaled_gaussian_noise",
            "scaled_noise", "unnoised_clip_count"]

@@ -309,8 +309,9 @@ def run_audit(method: str, *, adjacency: str, epsilon: float, mode: str = "stric
     ----------
     method:
         ``fedrec``, ``fednewsrec``, ``dp-fedrec``, ``privaterec``, ``unifedrec``, or
-        ``dp-fedavg`` / ``dp-fedavg-adaptive`` (central DP: what the aggregator releases from
-        the user's upload in one round at q = 1).
+        ``dp-fedavg`` / ``dp-fedavg-adaptive`` / ``dp-fedavg-news`` (central DP: what the
+        aggregator releases from the user's upload in one round at q = 1; ``news``: clipped
+        in news-vector space).
     adjacency:
         ``click`` or ``user`` (:mod:`~privaterec.privacy.e2e_audit.world`).
     epsilon:

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from privaterec.recall.task import UniFedRecLDP
 
 AuditMethod = Literal["fedrec", "fednewsrec", "dp-fedrec", "privaterec", "unifedrec",
-                      "dp-fedavg", "dp-fedavg-adaptive"]
+                      "dp-fedavg", "dp-fedavg-adaptive", "dp-fedavg-news"]
 METHODS: tuple[AuditMethod, ...] = get_args(AuditMethod)
 MODES = ("paper", "strict")
 FEDNEWSREC_CLIP = 0.005  # FedNewsRec's δ (its default)
@@ -124,6 +124,45 @@ def fed_run_config(method: FederatedMethod, *, mode: str, epsilon: float, noise:
     config = RunConfig(data="unused", model=model, train=TrainConfig(method=method, seed=0),
                        fed=fed_config(method, **fed))
     return resolve_run_config(config)
+
+
+def _news_space_target(world: AuditWorld, *, epsilon: float, delta: float,
+                       model: ModelConfig) -> Target:
+    """dp-fedavg with ``clip_space`` news_vectors: the aggregator's real release of one
+    round at q = 1 from the audited user's inputs alone
+    (:meth:`~privaterec.fed.methods.central.CentralDP.news_space_release`): the noised
+    user-side sum and the noised news-vector cotangents of every news of the table, before
+    the server's backward pass (which is post-processing)."""
+    from privaterec.config import replace
+    from privaterec.fed.methods import method_from_config, resolve_run_config
+    from privaterec.fed.methods.central import CentralDP
+    from privaterec.fed.news_space import NewsSpaceClipping
+    from privaterec.fed.objective import LocalObjective
+    from privaterec.method_settings import DPFedAvgSettings
+    from privaterec.models.factory import build_recommender
+
+    config = fed_run_config("dp-fedavg", mode="-", epsilon=epsilon, delta=delta, model=model)
+    settings = config.fed.settings_as(DPFedAvgSettings)
+    config = resolve_run_config(replace(config, fed=replace(config.fed, settings=replace(
+        settings, clip_space="news_vectors"))))
+    method = method_from_config(config)
+    assert isinstance(method, CentralDP)
+    torch.manual_seed(0)
+    objective = LocalObjective(build_recommender(config.model, world.vocabs, world.features))
+    params = objective.parameters()
+    user_coords = ~NewsSpaceClipping(objective).news_mask
+    events = method.population_events(objective.dimension)
+
+    def upload(data: ClientData, generator: torch.Generator) -> Release:
+        inputs = method.inputs(objective, data, generator=generator)
+        user, news, _ = method.news_space_release(objective, params, [inputs],
+                                                  generator=generator)
+        return Release({"payload": torch.cat([user[user_coords], news.reshape(-1)])}, events)
+
+    note = (f"D_U = {int(user_coords.sum())} user-side coordinates + "
+            f"{len(world.features)} news x d = {model.num_heads * model.head_dim}, one round "
+            f"at q = 1, clip {method.clip:g}, z = {method.noise_multiplier:.4g}")
+    return Target("dp-fedavg-news", "-", upload, note=note)
 
 
 def _central_target(world: AuditWorld, *, adaptive: bool, epsilon: float, delta: float,
@@ -247,6 +286,9 @@ def make_target(method: str, world: AuditWorld, *, mode: str = "strict", epsilon
                           f"number > 0")
     if audited == "unifedrec":
         return _recall_target(world, epsilon=float(epsilon))
+    if audited == "dp-fedavg-news":
+        return _news_space_target(world, epsilon=float(epsilon), delta=delta,
+                                  model=TINY_MODEL if model is None else model)
     if audited == "dp-fedavg" or audited == "dp-fedavg-adaptive":
         return _central_target(world, adaptive=audited == "dp-fedavg-adaptive",
                                epsilon=float(epsilon), delta=delta,
