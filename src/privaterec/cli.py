@@ -345,7 +345,8 @@ def cmd_evaluate_recall(args: argparse.Namespace, serving: Any) -> int:
 
 _CENTRAL_DP_FLAGS = {"users": "--users", "ldp_users": "--ldp-users",
                      "epsilons": "--epsilons", "client_fraction": "--client-fraction",
-                     "rounds": "--rounds", "report_only": "--report-only"}
+                     "rounds": "--rounds", "report_only": "--report-only",
+                     "clip_spaces": "--clip-space"}
 
 
 def cmd_experiment(args: argparse.Namespace) -> int:
@@ -362,7 +363,8 @@ def cmd_experiment(args: argparse.Namespace) -> int:
                                 ldp_users=args.ldp_users, models=args.models,
                                 seeds=args.seeds, epsilons=args.epsilons,
                                 client_fraction=args.client_fraction, rounds=args.rounds,
-                                quick=args.quick, report_only=args.report_only,
+                                clip_spaces=args.clip_spaces, quick=args.quick,
+                                report_only=args.report_only,
                                 progress=not args.no_progress)
     elif args.name == "unifedrec":
         from privaterec.experiments.unifedrec import run_unifedrec
@@ -839,6 +841,12 @@ def build_parser() -> argparse.ArgumentParser:
                          help="q (r) of every federated run (default 0.02)")
     central.add_argument("--rounds", type=int, default=None,
                          help="T of every federated run (default 300, --quick 20)")
+    central.add_argument("--clip-space", dest="clip_spaces", nargs="+", choices=CLIP_SPACES,
+                         default=None,
+                         help="what the DP-FedAvg rows clip: parameters (the gradient, "
+                              "default) and/or news_vectors (user-side gradient and "
+                              "news-vector cotangents, a round about as fast as FedRec's); "
+                              "one set of DP-FedAvg rows per value")
     central.add_argument("--report-only", action="store_true",
                          help="train and evaluate nothing: write the table from the runs "
                               "that have finished")

@@ -329,3 +329,38 @@ def test_a_model_variant_runs_with_its_word_vectors(tmp_path: Path,
     assert "| 60 | NRMS + corpus word vectors |" in result["table"]
     assert "`corpus` vectors are fitted on the texts of the training news" in result["table"]
     assert "no ε is charged" in result["table"]
+
+
+def test_news_vector_clipping_gets_its_own_dp_fedavg_rows(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch
+                                                          ) -> None:
+    planned = plan_rows((1.0, math.inf), ldp=True, clip_spaces=("parameters", "news_vectors"))
+    assert [r.key for r in planned if r.group == "central"] == [
+        "dp-fedavg_eps-1", "dp-fedavg_eps-1_news-space", "fedrec"]
+    news = next(r for r in planned if r.key == "dp-fedavg_eps-1_news-space")
+    assert news.label == "DP-FedAvg (central), clipped in news-vector space"
+    config = news.spec.run_config(data="/d", model="nrms", seed=0, quick=False)
+    assert config.fed.settings.clip_space == "news_vectors"
+    # the PrivateRec model stays clipped in parameter space
+    assert all(r.spec.clip_space == "parameters" for r in planned if r.group == "privaterec")
+    with pytest.raises(ConfigError, match="clip_space"):
+        RunSpec("fedrec", clip_space="news_vectors")
+    with pytest.raises(ConfigError, match="clip_spaces"):
+        run_central_dp(tmp_path / "bad", **ARGS, clip_spaces=("weights",))
+
+    _tiny(monkeypatch)
+    result = run_central_dp(tmp_path, **{**ARGS, "users": (60,)}, ldp_users=(),
+                            clip_spaces=("parameters", "news_vectors"))
+    rows = read_csv(Path(result["csv"]))
+    assert [r["row"] for r in rows] == ["untrained", "dp-fedavg_eps-1",
+                                        "dp-fedavg_eps-1_news-space", "fedrec"]
+    run = tmp_path / "runs-quick" / "nrms" / "dp-fedavg_eps-1_news-space" / "seed0"
+    assert RunDirectory(run).config().fed.settings.clip_space == "news_vectors"
+    # both rows have the same accounted ε: the same mechanism on another vector
+    epsilons = {r["row"]: float(r["epsilon_user_max"]) for r in rows
+                if r["row"].startswith("dp-fedavg")}
+    assert epsilons["dp-fedavg_eps-1"] == pytest.approx(epsilons["dp-fedavg_eps-1_news-space"])
+    pivot = result["table"].split("All rows:")[0]
+    assert "| DP-FedAvg clips |" in pivot
+    assert "| 60 | NRMS | news-vector cotangents |" in pivot
+    assert "Clipped in news-vector space" in result["table"]

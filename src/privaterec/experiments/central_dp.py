@@ -51,7 +51,9 @@ from privaterec.experiments.common import (METRICS, RunSpec, Stopwatch, cached_s
 from privaterec.experiments.populations import Population, make_populations, synthesize
 from privaterec.experiments.run_privacy import LedgerEpsilon, epsilon_cell, ledger_epsilon
 from privaterec.fed.methods import resolve_run_config
+from privaterec.method_settings import CLIP_SPACES, ClipSpace
 from privaterec.runs.directory import RunDirectory
+from privaterec.validators import check_choice
 
 INF = math.inf
 NAME = "central_dp"  # output files: central_dp.md, .csv, _runs.csv, .png
@@ -174,6 +176,7 @@ def run_central_dp(out: Path, *, data: str | None = None, users: Sequence[int] |
                    models: Sequence[str] | None = None, seeds: Sequence[int] = (0, 1, 2),
                    epsilons: Sequence[float] | None = None,
                    client_fraction: float | None = None, rounds: int | None = None,
+                   clip_spaces: Sequence[str] | None = None,
                    quick: bool = False, report_only: bool = False,
                    progress: bool = True) -> dict[str, Any]:
     """Central DP against local DP: writes ``OUT/central_dp.{md,csv,png}`` and
@@ -202,6 +205,9 @@ def run_central_dp(out: Path, *, data: str | None = None, users: Sequence[int] |
         r / q of every federated run (default 0.02).
     rounds:
         T of every federated run (default the experiments' budget: 300, ``quick`` 20).
+    clip_spaces:
+        What the DP-FedAvg rows clip, one set of rows per value: ``parameters`` (default)
+        and/or ``news_vectors`` (:mod:`privaterec.fed.news_space`).
     quick:
         The small synthetic data set and the quick budget (smoke tests).
     report_only:
@@ -235,12 +241,16 @@ def run_central_dp(out: Path, *, data: str | None = None, users: Sequence[int] |
     if rounds is not None and (isinstance(rounds, bool) or not isinstance(rounds, int)
                                or rounds < 1):
         raise ConfigError(f"invalid 'rounds': got {rounds!r}, expected an integer >= 1")
+    spaces: tuple[ClipSpace, ...] = tuple(
+        check_choice(space, "clip_spaces", CLIP_SPACES)
+        for space in dict.fromkeys(clip_spaces or ("parameters",)))
     populations = make_populations(out, data, users, ldp_users, default_users=USERS,
                                    quick=quick)
     # The defaults stay out of the run names, so the runs of table1 are reused.
     q = None if client_fraction in (None, CLIENT_FRACTION) else client_fraction
     t = None if rounds in (None, budget) else rounds
-    plans = [(p, plan_rows(eps, ldp=p.ldp, client_fraction=q, rounds=t)) for p in populations]
+    plans = [(p, plan_rows(eps, ldp=p.ldp, client_fraction=q, rounds=t,
+                           clip_spaces=spaces)) for p in populations]
     settings = caption_settings(RunSpec("dp-fedavg", target_epsilon=1.0, client_fraction=q,
                                         rounds=t), model=models_[0], quick=quick)
     runner = _Runner(quick, report_only, progress)

@@ -45,25 +45,42 @@ def rows_table(results: Sequence[RowResult]) -> str:
 def pivot_table(results: Sequence[RowResult], epsilons: Sequence[float], *,
                 seeds: int) -> str:
     """AUC of the untrained model (ε = 0) and of the central rows by target ε (∞: FedRec),
-    one line per population and model; a cell with fewer than ``seeds`` finished seeds
-    says how many it has (``(n = k)``)."""
-    lines: dict[tuple[str, str], dict[float, str]] = {}
+    one line per population, model and (when DP-FedAvg ran with more than one) clipping
+    space; a cell with fewer than ``seeds`` finished seeds says how many it has
+    (``(n = k)``). The untrained model and FedRec, which clip nothing, are on every line of
+    their population and model."""
+    shared: dict[tuple[str, str], dict[float, str]] = {}
+    lines: dict[tuple[str, str, str], dict[float, str]] = {}
     for r in results:
-        if r.row.group == "untrained":
-            eps = 0.0
-        elif r.row.group == "central":
-            eps = r.row.spec.target_epsilon if r.row.spec.target_epsilon is not None else INF
-        else:
-            continue
         key = (r.population.label, model_label(r.model))
         partial = f" (n = {len(r.seeds)})" if len(r.seeds) < seeds else ""
-        lines.setdefault(key, {})[eps] = format_summary(r.summaries["auc"]) + partial
+        cell = format_summary(r.summaries["auc"]) + partial
+        spec = r.row.spec
+        if r.row.group == "untrained":
+            shared.setdefault(key, {})[0.0] = cell
+        elif r.row.group == "central":
+            target = spec.target_epsilon
+            if target is None:  # FedRec
+                shared.setdefault(key, {})[INF] = cell
+            else:
+                lines.setdefault((*key, spec.clip_space), {})[target] = cell
+    for key in shared:  # a population and model without DP-FedAvg runs: one line
+        if not any(line[:2] == key for line in lines):
+            lines[(*key, "parameters")] = {}
+    spaces = sorted({space for _, _, space in lines})
+    by_space = len(spaces) > 1
     columns = (0.0, *epsilons)
-    cells = [[users, model, *[values.get(e, "–") for e in columns]]
-             for (users, model), values in lines.items()]
-    return markdown_table(["Users", "Model", "ε = 0 (untrained θ₀)",
+    cells = [[users, model, *([_CLIP_SPACE_NAMES[space]] if by_space else []),
+              *[{**shared.get((users, model), {}), **values}.get(e, "–") for e in columns]]
+             for (users, model, space), values in sorted(
+                 lines.items(), key=lambda item: list(lines).index(item[0]))]
+    return markdown_table(["Users", "Model", *(["DP-FedAvg clips"] if by_space else []),
+                           "ε = 0 (untrained θ₀)",
                            *[f"ε = {format_epsilon(e)}" + (" (FedRec)" if math.isinf(e) else "")
                              for e in epsilons]], cells)
+
+
+_CLIP_SPACE_NAMES = {"parameters": "the gradient", "news_vectors": "news-vector cotangents"}
 
 
 def caption(populations: Sequence[Population], results: Sequence[RowResult],
@@ -80,6 +97,15 @@ def caption(populations: Sequence[Population], results: Sequence[RowResult],
              f"what a private row learned is its gain over it (an encoder whose untrained news "
              f"vectors already share structure, e.g. NAML's category embeddings, starts above "
              f"0.5)."]
+    if any(r.row.spec.clip_space == "news_vectors" for r in results):
+        notes.append("Clipped in news-vector space (`--clip-space news_vectors`): one gradient "
+                     "per client; each client clips the vector [user-side gradient ; the "
+                     "cotangents of the news vectors it used] to L2 norm C, the noise z·C is "
+                     "added to every coordinate of the sum (the user-side parameters and d "
+                     "per news of the table) and the server forms the news-encoder gradient "
+                     "with one backward pass over the public table (post-processing). Same "
+                     "sensitivity C, sampling, z and accounting as the parameter-space rows "
+                     "(docs/privacy.md, \"Clipping in news-vector space\").")
     variants = sorted({r.model for r in results if parse_model(r.model)[1] is not None})
     if variants:
         notes.append(f"{', '.join(model_label(m) for m in variants)}: the news encoder with "
@@ -129,6 +155,9 @@ def caption(populations: Sequence[Population], results: Sequence[RowResult],
     return notes
 
 
+# DP-FedAvg's curve per clipping space: marker, line style, label suffix.
+_CLIP_SPACE_CURVES = {"parameters": ("o", "-", ""),
+                      "news_vectors": ("D", (0, (4, 1)), " (news-vector clipping)")}
 _LDP_COLORS = {"dp-fedrec": "C6", "fednewsrec": "C7", "paper": "C8", "strict": "C9"}
 _SERVE_MARKERS = {"local": "s", "dpa-1": "v", "dpa-10": "^"}
 
@@ -146,14 +175,15 @@ def plot(path: Path, results: Sequence[RowResult], models: Sequence[str],
         for population in populations:
             color = colors[id(population)]
             rows = [r for r in mine if r.population is population]
-            curve = sorted(((r.ledger.user_max, r.summaries["auc"]) for r in rows
-                            if r.row.group == "central" and r.row.spec.method == "dp-fedavg"),
-                           key=lambda p: p[0])
-            if curve:
-                ax.errorbar([x for x, _ in curve], [s.mean * SCALE for _, s in curve],
-                            yerr=[(s.std or 0.0) * SCALE for _, s in curve], marker="o",
-                            capsize=3, color=color,
-                            label=f"DP-FedAvg, {population.label} users")
+            for space, (marker, style, name) in _CLIP_SPACE_CURVES.items():
+                curve = sorted(((r.ledger.user_max, r.summaries["auc"]) for r in rows
+                                if r.row.group == "central" and r.row.spec.method == "dp-fedavg"
+                                and r.row.spec.clip_space == space), key=lambda p: p[0])
+                if curve:
+                    ax.errorbar([x for x, _ in curve], [s.mean * SCALE for _, s in curve],
+                                yerr=[(s.std or 0.0) * SCALE for _, s in curve], marker=marker,
+                                linestyle=style, capsize=3, color=color,
+                                label=f"DP-FedAvg{name}, {population.label} users")
             for r in rows:
                 auc = r.summaries["auc"].mean * SCALE
                 spec = r.row.spec

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Literal, Sequence
 
 from privaterec.config import PrivacyMode, RunConfig
-from privaterec.method_settings import DPFedAvgSettings, FedNewsRecSettings
+from privaterec.method_settings import ClipSpace, DPFedAvgSettings, FedNewsRecSettings
 from privaterec.experiments.common import (METRICS, ExperimentMethod, RunSpec, Summary,
                                            format_epsilon, metric_columns, summarize_metrics)
 from privaterec.experiments.populations import Population
@@ -69,7 +69,7 @@ class Row:
         if spec.method == "fedrec":
             return "FedRec (no privacy)"
         if spec.method == "dp-fedavg" and self.group == "central":
-            return "DP-FedAvg (central)"
+            return spec.label
         if self.group == "ldp":
             return f"{spec.label} (local DP)"
         assert self.serving is not None
@@ -86,10 +86,12 @@ class Row:
 
 
 def plan_rows(epsilons: Sequence[float], *, ldp: bool, client_fraction: float | None = None,
-              rounds: int | None = None) -> list[Row]:
+              rounds: int | None = None,
+              clip_spaces: Sequence[ClipSpace] = ("parameters",)) -> list[Row]:
     """The rows of one population: the untrained model, FedRec and DP-FedAvg at every finite
-    ε of ``epsilons``; with ``ldp`` also the local-DP rows and the PrivateRec central-trained
-    rows (trained at the largest finite ε, none if there is no finite ε)."""
+    ε of ``epsilons`` (once per clipping of ``clip_spaces``); with ``ldp`` also the local-DP
+    rows and the PrivateRec central-trained rows (trained at the largest finite ε, none if
+    there is no finite ε; clipped in parameter space)."""
     def spec(method: ExperimentMethod, epsilon_train: float = INF,
              privacy_mode: PrivacyMode = "paper", **more: Any) -> RunSpec:
         return RunSpec(method, epsilon_train, privacy_mode, client_fraction=client_fraction,
@@ -97,7 +99,8 @@ def plan_rows(epsilons: Sequence[float], *, ldp: bool, client_fraction: float | 
 
     finite = sorted(e for e in epsilons if math.isfinite(e))
     rows = [Row("untrained", spec("fedrec"))]  # θ₀ of the FedRec run: the same model
-    rows += [Row("central", spec("dp-fedavg", target_epsilon=e)) for e in finite]
+    rows += [Row("central", spec("dp-fedavg", target_epsilon=e, clip_space=space))
+             for space in clip_spaces for e in finite]
     if any(math.isinf(e) for e in epsilons):
         rows.append(Row("central", spec("fedrec")))
     if not ldp:

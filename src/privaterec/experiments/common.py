@@ -36,6 +36,7 @@ from privaterec.data.synth import write_synthetic
 from privaterec.errors import ConfigError
 from privaterec.experiments.settings import DEMO_ROUNDS, demo_synth_config
 from privaterec.fed.methods import PRIVATEREC_BASIS, resolve_run_config
+from privaterec.method_settings import CLIP_SPACES, ClipSpace
 from privaterec.runs.directory import RunDirectory
 from privaterec.serving.release import ServingConfig
 from privaterec.validators import check_choice
@@ -69,6 +70,8 @@ ExperimentMethod = Literal["centralized", "fedrec", "fednewsrec", "dp-fedrec", "
 EXPERIMENT_METHODS: tuple[ExperimentMethod, ...] = get_args(ExperimentMethod)
 # Methods whose per-round budget is ε_t (``epsilon_train``); the others take none.
 _EPSILON_TRAIN_METHODS = ("dp-fedrec", "privaterec")
+# How a DP-FedAvg row's label names its clipping (parameters: the default, unnamed).
+CLIP_SPACE_LABELS = {"parameters": "", "news_vectors": ", clipped in news-vector space"}
 SCALE = 100.0  # metrics are printed ×100, as in the paper's tables
 DIGITS = 2
 
@@ -102,6 +105,9 @@ class RunSpec:
     client_fraction: the sampling rate r (q, Poisson, for ``dp-fedavg``) of a federated run;
         ``None``: the method's default.
     rounds: T of a federated run; ``None``: :func:`training_budget`'s.
+    clip_space: ``dp-fedavg`` only: ``parameters`` (each client's gradient clipped, the
+        default) or ``news_vectors`` (its user-side gradient and news-vector cotangents,
+        :mod:`privaterec.fed.news_space`).
     """
 
     method: ExperimentMethod
@@ -111,8 +117,12 @@ class RunSpec:
     target_epsilon: float | None = None
     client_fraction: float | None = None
     rounds: int | None = None
+    clip_space: ClipSpace = "parameters"
 
     def __post_init__(self) -> None:
+        check_choice(self.clip_space, "clip_space", CLIP_SPACES)
+        if self.clip_space != "parameters" and self.method != "dp-fedavg":
+            raise ConfigError(f"clip_space applies to dp-fedavg only, not {self.method}")
         if self.method not in EXPERIMENT_METHODS:
             raise ConfigError(f"invalid experiment method {self.method!r}; expected one of "
                               f"{', '.join(EXPERIMENT_METHODS)}")
@@ -168,7 +178,8 @@ class RunSpec:
         else:
             assert self.target_epsilon is not None
             base = f"dp-fedavg_eps-{self.target_epsilon:g}" + (
-                f"_B{self.basis}" if self.basis else "")
+                f"_B{self.basis}" if self.basis else "") + (
+                "_news-space" if self.clip_space == "news_vectors" else "")
         if self.client_fraction is not None:
             base += f"_q-{self.client_fraction:g}"
         if self.rounds is not None:
@@ -185,8 +196,9 @@ class RunSpec:
         if self.method == "dp-fedrec":
             return "DP-FedRec" if self.epsilon_train < math.inf else "DP-FedRec (= FedRec)"
         if self.method == "dp-fedavg":
-            return ("DP-FedAvg (central)" if not self.basis
-                    else f"PrivateRec model (B = {self.basis}) by DP-FedAvg")
+            return ("DP-FedAvg (central)" + CLIP_SPACE_LABELS[self.clip_space]
+                    if not self.basis else f"PrivateRec model (B = {self.basis}) by DP-FedAvg"
+                    + CLIP_SPACE_LABELS[self.clip_space])
         return f"PrivateRec ({self.privacy_mode} mode)"
 
     def run_config(self, *, data: str, model: str, seed: int, quick: bool) -> RunConfig:
@@ -217,6 +229,8 @@ class RunSpec:
             settings["privacy_mode"] = self.privacy_mode
         if self.method == "dp-fedavg":
             settings["target_epsilon"] = self.target_epsilon
+            if self.clip_space != "parameters":
+                settings["clip_space"] = self.clip_space
         return flat_fed_config(self.method, **settings)
 
 
@@ -562,7 +576,7 @@ class Stopwatch:
         return f"{time.perf_counter() - self.start:.0f}s"
 
 
-__all__ = ["DIGITS", "EPOCHS", "EXPERIMENT_METHODS", "ExperimentMethod", "METRICS",
+__all__ = ["CLIP_SPACE_LABELS", "DIGITS", "EPOCHS", "EXPERIMENT_METHODS", "ExperimentMethod", "METRICS",
            "METRIC_LABELS", "MODEL_LABELS", "QUICK_EPOCHS", "QUICK_ROUNDS", "ROUNDS", "RunSpec",
            "SCALE", "Stopwatch", "Summary", "cached_serving", "check_models", "check_seeds",
            "ensure_run", "finished_metrics", "format_epsilon", "format_summary", "log",
