@@ -197,9 +197,12 @@ def test_configuration_rules(run_config, fed_data, make_model, clients):
         method.check_engine("flower")
     with pytest.raises(ConfigError, match="simulator"):  # no single-device update
         method.update(None, torch.zeros(1), None, generator=torch.Generator())
-    described = method.describe(dimension=10, parameters=["x"], clients_per_round=4,
-                                client_fraction=0.25)
+    described = method.describe(dimension=10, parameters=["user_encoder.w", "news_encoder.v"],
+                                clients_per_round=4, client_fraction=0.25)
     assert described["clip_space"] == "news_vectors" and "cotangents" in described["clipping"]
+    assert described["dimension"] is None  # not D: the user side plus d per news
+    assert described["noised_parameters"][0] == "user_encoder.w"
+    assert "news_encoder.v" not in described["noised_parameters"]
     assert "news-vector space" in method.central_event().note
 
 

@@ -27,7 +27,7 @@ import dataclasses
 import functools
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Sequence
+from typing import Any, ClassVar, Mapping, Sequence
 
 import torch
 
@@ -36,6 +36,8 @@ from privaterec.data.clients import ClientData
 from privaterec.errors import ConfigError
 from privaterec.fed.methods.base import ClientMethod, RoundContext, RoundOutput
 from privaterec.fed.methods.ranking import FedRec
+from privaterec.fed.news_space import NEWS_ENCODER_PREFIX, NewsSpaceClipping
+from privaterec.fed.objective import LocalObjective
 from privaterec.fed.rng import central_noise_generator
 from privaterec.fed.sampling import poisson_round
 from privaterec.fed.secagg import TAIL_SIGMAS, SecAggRound, min_clients, plan_round
@@ -51,9 +53,6 @@ from privaterec.privacy.central import (calibrate_noise_multiplier, central_cali
 from privaterec.privacy.events import PrivacyEvent
 from privaterec.privacy.mechanisms import calibrated_noise, gaussian_noise
 from privaterec.privacy.randomness import Randomness, as_source
-
-if TYPE_CHECKING:
-    from privaterec.fed.news_space import NewsSpaceClipping
 
 CLIP_INDICATOR = "clip_indicator"
 """The name of adaptive clipping's centred indicator b − ½ in what a client sends."""
@@ -399,9 +398,7 @@ class CentralDP(ClientMethod[FederatedTask[Any]]):
         return RoundOutput(direction, losses, (self.central_event(),))
 
     @staticmethod
-    def _news_space(task: FederatedTask[Any]) -> "NewsSpaceClipping":
-        from privaterec.fed.news_space import NewsSpaceClipping
-        from privaterec.fed.objective import LocalObjective
+    def _news_space(task: FederatedTask[Any]) -> NewsSpaceClipping:
         if not isinstance(task, LocalObjective):
             raise ConfigError("--clip-space news_vectors applies to the ranking task only")
         try:
@@ -562,8 +559,15 @@ class CentralDP(ClientMethod[FederatedTask[Any]]):
                 "(the user-side parameters and d per news of the table), divided by qN; the "
                 "server turns the noised news-vector cotangents into the news-encoder "
                 "gradient with one backward pass over the public table (post-processing)")
+            out["dimension"] = None  # not D: the user side plus d per news of the table
+            out["noised_parameters"] = [
+                *(p for p in parameters if not p.startswith(NEWS_ENCODER_PREFIX)),
+                "the cotangents of the news vectors (d per news of the table)"]
             out["clipped_vector"] = ("the user-side parameters + (news in the table) x d "
-                                     "coordinates ('dimension' counts the parameters)")
+                                     "coordinates; the news encoder's "
+                                     f"{sum(p.startswith(NEWS_ENCODER_PREFIX) for p in parameters)}"
+                                     " parameters get their gradient from the noised "
+                                     "cotangents by the server's backward pass")
         if self.adaptive is None:
             return out
         z_update, sigma_b = self.noise_split(max(1, clients_per_round))
