@@ -11,7 +11,7 @@ import torch
 from privaterec.config import replace
 from privaterec.errors import ConfigError
 from privaterec.fed.engine import train_federated_run
-from privaterec.fed.methods import method_from_config
+from privaterec.fed.methods import method_from_config, resolve_run_config
 from privaterec.fed.methods.central import CentralDP
 from privaterec.fed.news_space import NewsSpaceClipping
 from privaterec.fed.objective import ClientBatch, LocalObjective
@@ -184,7 +184,7 @@ def test_empty_round_releases_noise_of_the_calibrated_scale_on_every_coordinate(
     assert bool((user[space.news_mask] == 0).all())
 
 
-def test_configuration_rules(run_config, fed_data, make_model, clients):
+def test_configuration_rules(run_config, tiny_model_config):
     with pytest.raises(ConfigError, match="clip_space"):
         run_config("dp-fedavg", noise_multiplier=1.0, clip_space="gradients")
     with pytest.raises(ConfigError, match="fixed --clip"):
@@ -192,6 +192,10 @@ def test_configuration_rules(run_config, fed_data, make_model, clients):
                    adaptive_clip_quantile=0.5)
     with pytest.raises(ConfigError, match="--local-steps 1"):
         _news_method(run_config, local_steps=2)
+    with pytest.raises(ConfigError, match="plm"):
+        resolve_run_config(replace(run_config("dp-fedavg", noise_multiplier=1.0,
+                                              clip_space="news_vectors"),
+                                   model=replace(tiny_model_config, news_encoder="plm")))
     method = _news_method(run_config)
     with pytest.raises(ConfigError, match="simulator"):
         method.check_engine("flower")

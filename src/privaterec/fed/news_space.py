@@ -45,6 +45,10 @@ from privaterec.models.recommender import Recommender
 NEWS_ENCODER_PREFIX = "news_encoder."
 """θ's parameters whose names start with this are Θ_N (the rest: the user side Θ_U)."""
 
+USER_SIDE_CHUNK = 128
+"""Clients per ``vmap`` call of the user side: it runs on news vectors, not on words, so a
+chunk needs far less memory than a per-client gradient through the news encoder."""
+
 
 class _UserSideLoss(nn.Module):
     """One client's mean weighted InfoNCE from its news vectors: history ``[H, d]``, mask
@@ -129,7 +133,7 @@ class NewsSpaceClipping:
         return grad_and_value(loss, argnums=(0, 1, 2))(flat, history, candidates)
 
     def clipped_sum(self, flat: torch.Tensor, batch: ClientBatch, *, clip: float,
-                    chunk_clients: int = 128) -> NewsSpaceSum:
+                    chunk_clients: int = USER_SIDE_CHUNK) -> NewsSpaceSum:
         """Σ_u clip(w_u, C) of a round's clients (module docstring).
 
         Parameters
@@ -199,4 +203,4 @@ class NewsSpaceClipping:
         return out
 
 
-__all__ = ["NEWS_ENCODER_PREFIX", "NewsSpaceClipping", "NewsSpaceSum"]
+__all__ = ["NEWS_ENCODER_PREFIX", "NewsSpaceClipping", "NewsSpaceSum", "USER_SIDE_CHUNK"]

@@ -36,7 +36,7 @@ from privaterec.data.clients import ClientData
 from privaterec.errors import ConfigError
 from privaterec.fed.methods.base import ClientMethod, RoundContext, RoundOutput
 from privaterec.fed.methods.ranking import FedRec
-from privaterec.fed.news_space import NEWS_ENCODER_PREFIX, NewsSpaceClipping
+from privaterec.fed.news_space import NEWS_ENCODER_PREFIX, USER_SIDE_CHUNK, NewsSpaceClipping
 from privaterec.fed.objective import LocalObjective
 from privaterec.fed.rng import central_noise_generator
 from privaterec.fed.sampling import poisson_round
@@ -184,6 +184,10 @@ class CentralDP(ClientMethod[FederatedTask[Any]]):
                                   f"rounds at q = {q}, delta = {delta}, above "
                                   f"'target_epsilon' {settings.target_epsilon}: give only one "
                                   f"of the two")
+        if settings.clip_space == "news_vectors" and config.model.news_encoder == "plm":
+            raise ConfigError("--clip-space news_vectors needs a news encoder that encodes "
+                              "the news table's rows directly; the plm encoder reads its "
+                              "frozen layers' cache: use --clip-space parameters")
         if settings.adaptive_clip_quantile is not None and settings.clip_count_stddev is not None:
             assert settings.noise_multiplier is not None
             update_noise_multiplier(noise_multiplier=settings.noise_multiplier,
@@ -429,7 +433,7 @@ class CentralDP(ClientMethod[FederatedTask[Any]]):
         pool, dim = space.pool_size, space.dim
         if inputs:
             sums = space.clipped_sum(params, space.objective.batch(inputs), clip=self.clip,
-                                     chunk_clients=max(chunk_clients, 128))
+                                     chunk_clients=max(chunk_clients, USER_SIDE_CHUNK))
             user, news = sums.user, sums.news
             losses = [float(x) for x in sums.losses]
         else:
