@@ -94,6 +94,11 @@ BROKEN = [  # (variant, context, method, mode, adjacency, pair)
      "unifedrec", "strict", "user", "one-impression"),
     ("reply carries the raw loss", broken.reply_with_loss, "dp-fedrec", "strict", "user",
      "one-impression"),
+    ("central noise 100x smaller than calibrated (news-vector clipping)",
+     lambda: broken.scaled_gaussian_noise(0.01), "dp-fedavg-news", "strict", "user",
+     "one-impression"),
+    ("noise on the news the round touched only (news-vector clipping)",
+     broken.noise_on_touched_news_only, "dp-fedavg-news", "strict", "click", "history"),
 ]
 
 
