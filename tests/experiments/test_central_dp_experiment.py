@@ -364,3 +364,9 @@ def test_news_vector_clipping_gets_its_own_dp_fedavg_rows(tmp_path: Path,
     assert "| DP-FedAvg clips |" in pivot
     assert "| 60 | NRMS | news-vector cotangents |" in pivot
     assert "Clipped in news-vector space" in result["table"]
+    alone = run_central_dp(tmp_path, **{**ARGS, "users": (60,)}, ldp_users=(),
+                           clip_spaces=("news_vectors",), report_only=True)
+    assert "| 60 | NRMS | news-vector cotangents |" in alone["table"]  # the column stays
+    default = run_central_dp(tmp_path, **{**ARGS, "users": (60,)}, ldp_users=(),
+                             report_only=True)
+    assert "DP-FedAvg clips" not in default["table"]

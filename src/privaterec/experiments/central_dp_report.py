@@ -45,8 +45,8 @@ def rows_table(results: Sequence[RowResult]) -> str:
 def pivot_table(results: Sequence[RowResult], epsilons: Sequence[float], *,
                 seeds: int) -> str:
     """AUC of the untrained model (ε = 0) and of the central rows by target ε (∞: FedRec),
-    one line per population, model and (when DP-FedAvg ran with more than one) clipping
-    space; a cell with fewer than ``seeds`` finished seeds says how many it has
+    one line per population, model and clipping space (a column says which, unless every
+    DP-FedAvg row clipped its gradient, the default); a cell with fewer than ``seeds`` finished seeds says how many it has
     (``(n = k)``). The untrained model and FedRec, which clip nothing, are on every line of
     their population and model."""
     shared: dict[tuple[str, str], dict[float, str]] = {}
@@ -68,7 +68,7 @@ def pivot_table(results: Sequence[RowResult], epsilons: Sequence[float], *,
         if not any(line[:2] == key for line in lines):
             lines[(*key, "parameters")] = {}
     spaces = sorted({space for _, _, space in lines})
-    by_space = len(spaces) > 1
+    by_space = spaces != ["parameters"]  # say which clipping unless it is the default alone
     columns = (0.0, *epsilons)
     cells = [[users, model, *([_CLIP_SPACE_NAMES[space]] if by_space else []),
               *[{**shared.get((users, model), {}), **values}.get(e, "–") for e in columns]]
