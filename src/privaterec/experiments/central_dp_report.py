@@ -46,9 +46,9 @@ def pivot_table(results: Sequence[RowResult], epsilons: Sequence[float], *,
                 seeds: int) -> str:
     """AUC of the untrained model (ε = 0) and of the central rows by target ε (∞: FedRec),
     one line per population, model and clipping space (a column says which, unless every
-    DP-FedAvg row clipped its gradient, the default); a cell with fewer than ``seeds`` finished seeds says how many it has
-    (``(n = k)``). The untrained model and FedRec, which clip nothing, are on every line of
-    their population and model."""
+    DP-FedAvg row clipped its gradient, the default); a cell with fewer than ``seeds``
+    finished seeds says how many it has (``(n = k)``). The untrained model and FedRec, which
+    clip nothing, are on every line of their population and model."""
     shared: dict[tuple[str, str], dict[float, str]] = {}
     lines: dict[tuple[str, str, str], dict[float, str]] = {}
     for r in results:
@@ -72,8 +72,7 @@ def pivot_table(results: Sequence[RowResult], epsilons: Sequence[float], *,
     columns = (0.0, *epsilons)
     cells = [[users, model, *([_CLIP_SPACE_NAMES[space]] if by_space else []),
               *[{**shared.get((users, model), {}), **values}.get(e, "–") for e in columns]]
-             for (users, model, space), values in sorted(
-                 lines.items(), key=lambda item: list(lines).index(item[0]))]
+             for (users, model, space), values in lines.items()]
     return markdown_table(["Users", "Model", *(["DP-FedAvg clips"] if by_space else []),
                            "ε = 0 (untrained θ₀)",
                            *[f"ε = {format_epsilon(e)}" + (" (FedRec)" if math.isinf(e) else "")

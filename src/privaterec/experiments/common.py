@@ -576,8 +576,8 @@ class Stopwatch:
         return f"{time.perf_counter() - self.start:.0f}s"
 
 
-__all__ = ["CLIP_SPACE_LABELS", "DIGITS", "EPOCHS", "EXPERIMENT_METHODS", "ExperimentMethod", "METRICS",
-           "METRIC_LABELS", "MODEL_LABELS", "QUICK_EPOCHS", "QUICK_ROUNDS", "ROUNDS", "RunSpec",
+__all__ = ["CLIP_SPACE_LABELS", "DIGITS", "EPOCHS", "EXPERIMENT_METHODS", "ExperimentMethod",
+           "METRICS", "METRIC_LABELS", "MODEL_LABELS", "QUICK_EPOCHS", "QUICK_ROUNDS", "ROUNDS", "RunSpec",
            "SCALE", "Stopwatch", "Summary", "cached_serving", "check_models", "check_seeds",
            "ensure_run", "finished_metrics", "format_epsilon", "format_summary", "log",
            "markdown_table", "metric_columns", "model_label", "over_seeds", "parse_model",
