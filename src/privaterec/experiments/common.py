@@ -577,8 +577,8 @@ class Stopwatch:
 
 
 __all__ = ["CLIP_SPACE_LABELS", "DIGITS", "EPOCHS", "EXPERIMENT_METHODS", "ExperimentMethod",
-           "METRICS", "METRIC_LABELS", "MODEL_LABELS", "QUICK_EPOCHS", "QUICK_ROUNDS", "ROUNDS", "RunSpec",
-           "SCALE", "Stopwatch", "Summary", "cached_serving", "check_models", "check_seeds",
+           "METRICS", "METRIC_LABELS", "MODEL_LABELS", "QUICK_EPOCHS", "QUICK_ROUNDS", "ROUNDS",
+           "RunSpec", "SCALE", "Stopwatch", "Summary", "cached_serving", "check_models", "check_seeds",
            "ensure_run", "finished_metrics", "format_epsilon", "format_summary", "log",
            "markdown_table", "metric_columns", "model_label", "over_seeds", "parse_model",
            "resolve_data", "run_dir", "run_metrics", "serve_run", "serving_key", "summarize",
