@@ -696,7 +696,9 @@ def build_parser() -> argparse.ArgumentParser:
                               "news_vectors (its user-side gradient and the cotangents of "
                               "the news vectors; the server forms the news-encoder gradient "
                               "in one shared pass: a round costs about a non-private one; "
-                              "simulator, --local-steps 1, fixed --clip)")
+                              "--local-steps 1, fixed --clip; on Flower through SecAgg+, "
+                              "each device then uploads D_U + (news in the table) x d "
+                              "coordinates)")
     private = train.add_argument_group("PrivateRec (--method privaterec)")
     private.add_argument("--basis", type=basis_arg, default=None,
                          help="B basic vectors, an integer >= 2 (default 5)")

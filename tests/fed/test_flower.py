@@ -210,11 +210,15 @@ def test_flower_engine_equals_simulator_for_unifedrec(data_dir, tmp_path, monkey
 
 
 @pytest.mark.slow
-def test_flower_secaggplus_equals_the_simulators_dp_fedavg(data_dir, tmp_path, monkeypatch):
+@pytest.mark.parametrize("clip_space", ["parameters", "news_vectors"])
+def test_flower_secaggplus_equals_the_simulators_dp_fedavg(data_dir, tmp_path, monkeypatch,
+                                                           clip_space):
     """dp-fedavg on Flower's Ray runtime with SecAgg+ and the server's (seeded) noise ends
     with the simulator's parameters to quantisation tolerance (each client's coordinates
     are rounded toward zero on a grid of step 2^-26 here, tests/fed/test_secagg.py) and
-    with its privacy accounting; every round's sum came out of a SecAgg+ session."""
+    with its privacy accounting; every round's sum came out of a SecAgg+ session. Clipped
+    in parameter space and in news-vector space (each device then uploads its user-side
+    gradient and the cotangents of every news of the table)."""
     sessions: list[int] = []
     secure_sum = flower.secure_sum
 
@@ -225,7 +229,7 @@ def test_flower_secaggplus_equals_the_simulators_dp_fedavg(data_dir, tmp_path, m
 
     monkeypatch.setattr(flower, "secure_sum", spy)
     fed = dict(rounds=ROUNDS, client_fraction=0.5, noise_multiplier=1.0, target_delta=1e-3,
-               adam_tau=1e-3)
+               adam_tau=1e-3, clip_space=clip_space)
     runs = {}
     for engine, secure in (("simulator", "none"), ("flower", "secaggplus")):
         config = RunConfig(data=str(data_dir), model=TINY,

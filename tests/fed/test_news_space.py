@@ -130,6 +130,38 @@ def test_a_clients_vector_does_not_depend_on_the_other_clients(make_objective, p
                                atol=1e-7)
 
 
+def test_device_releases_sum_to_the_rounds_clipped_sum(make_objective, perturb, clients,
+                                                       run_config):
+    """A device's upload (``release``: clip(w_u, C) in ``pack``'s layout, what it hands to
+    SecAgg+) has D_U + P·d coordinates and norm ≤ C, and the uploads of a round's clients
+    sum to the simulator's clipped sum; the server's ``direction_from_release`` of that sum
+    is the simulator's direction."""
+    from privaterec.fed.rng import client_generator
+    objective = make_objective("nrms")
+    theta = perturb(objective)
+    method = _news_method(run_config)
+    space = NewsSpaceClipping(objective)
+    inputs = [method.inputs(objective, clients.client(u), generator=client_generator(1, 0, u))
+              for u in USERS]
+    uploads = []
+    for one in inputs:
+        payload, loss, reports = method.release(objective, theta, one,
+                                                generator=torch.Generator())
+        assert payload.shape == (method.release_dimension(objective),)
+        assert method.release_dimension(objective) == space.release_dimension
+        assert float(payload.norm()) <= 0.05 * (1 + 1e-5) and reports == {}
+        uploads.append(payload)
+    sums = space.clipped_sum(theta, objective.batch(inputs), clip=0.05, chunk_clients=2)
+    total = torch.stack(uploads).sum(0)
+    torch.testing.assert_close(total, space.pack(sums.user, sums.news), rtol=1e-4, atol=1e-7)
+    user, news = space.unpack(total)
+    torch.testing.assert_close(method.direction_from_release(objective, theta, total),
+                               space.direction(theta, user, news))
+    assert bool((user[space.news_mask] == 0).all())
+    with pytest.raises(ValueError, match="coordinates"):
+        space.unpack(total[:-1])
+
+
 def _news_method(run_config, **changes) -> CentralDP:
     method = method_from_config(run_config(
         "dp-fedavg", **{"noise_multiplier": 1.0, "client_fraction": 0.25, "clip": 0.05,
@@ -197,10 +229,13 @@ def test_configuration_rules(run_config, tiny_model_config):
                                               clip_space="news_vectors"),
                                    model=replace(tiny_model_config, news_encoder="plm")))
     method = _news_method(run_config)
-    with pytest.raises(ConfigError, match="simulator"):
-        method.check_engine("flower")
-    with pytest.raises(ConfigError, match="simulator"):  # no single-device update
-        method.update(None, torch.zeros(1), None, generator=torch.Generator())
+    with pytest.raises(ConfigError, match="secure aggregation only"):
+        method.check_engine("flower")  # on Flower, through SecAgg+ (as parameter space)
+    secure = _news_method(run_config, engine="flower", secure_aggregation="secaggplus")
+    secure.check_engine("flower")
+    assert "news-vector space" in secure.event_note() and "SecAgg+" in secure.event_note()
+    with pytest.raises(ConfigError, match="ranking task"):
+        method.release_dimension(object())  # type: ignore[arg-type]
     described = method.describe(dimension=10, parameters=["user_encoder.w", "news_encoder.v"],
                                 clients_per_round=4, client_fraction=0.25)
     assert described["clip_space"] == "news_vectors" and "cotangents" in described["clipping"]

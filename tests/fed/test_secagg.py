@@ -37,8 +37,9 @@ from privaterec.fed import flower  # noqa: E402
 from privaterec.fed.engine import check_engine  # noqa: E402
 from privaterec.fed.methods import method_from_config, resolve_run_config  # noqa: E402
 from privaterec.fed.methods.central import CentralDP  # noqa: E402
+from privaterec.fed.news_space import NewsSpaceClipping  # noqa: E402
 from privaterec.fed.objective import LocalObjective  # noqa: E402
-from privaterec.fed.rng import client_generator  # noqa: E402
+from privaterec.fed.rng import central_noise_generator, client_generator  # noqa: E402
 from privaterec.fed.sampling import eligible_clients  # noqa: E402
 from privaterec.fed.secagg import (MIN_BITS, SecAggRound, min_clients,  # noqa: E402
                                    plan_round, quantization_bits)
@@ -248,7 +249,7 @@ class Setup:
 
     def round_fn(self):
         owner = flower.discover_nodes(self.grid, self.clients, flower.run_record({}))
-        return flower._secure_round_fn(self.grid, self.clients, owner, self.method,
+        return flower._secure_round_fn(self.grid, self.task, self.clients, owner, self.method,
                                        flower.public_fingerprint(self.task, self.method),
                                        seed=SEED, timeout=60.0, server_noise=None)
 
@@ -322,6 +323,109 @@ def test_distributed_noise_equals_the_simulator_with_the_noise_switched_off(
     expected = plan.sigma / (s.method.sampling_rate * s.population) * math.sqrt(
         plan.clients / plan.threshold)
     assert float(noise.std()) == pytest.approx(expected, rel=0.1)
+
+
+def _news_space_release(s: Setup, params: torch.Tensor, selected: list[int], *,
+                        noise: bool = True) -> torch.Tensor:
+    """The simulator's noised release of a news-vector round ``[D_U + P·d]`` (the seeded
+    server noise of round 0, or none)."""
+    inputs = [s.method.inputs(s.task, s.clients.client(u),
+                              generator=client_generator(SEED, 0, u)) for u in selected]
+    space = NewsSpaceClipping(s.task)
+    if not noise:
+        sums = space.clipped_sum(params, s.task.batch(inputs), clip=s.method.clip)
+        return space.pack(sums.user, sums.news)
+    user, news, _ = s.method.news_space_release(s.task, params, inputs,
+                                                generator=central_noise_generator(SEED, 0))
+    return space.pack(user, news)
+
+
+class _ReleaseSpy:
+    """Records the noised sums the server turns into θ's direction."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.sums: list[torch.Tensor] = []
+        original = CentralDP.direction_from_release
+
+        def spy(method: CentralDP, task: Any, params: torch.Tensor,
+                noised_sum: torch.Tensor) -> torch.Tensor:
+            self.sums.append(noised_sum.clone())
+            return original(method, task, params, noised_sum)
+
+        monkeypatch.setattr(CentralDP, "direction_from_release", spy)
+
+
+def test_news_vector_clipping_over_secaggplus_equals_the_simulator(data_dir, tmp_path,
+                                                                    monkeypatch):
+    """``--clip-space news_vectors`` on Flower: each device uploads clip(w_u, C) (D_U + P·d
+    coordinates) through SecAgg+; the server's decoded, noised sum is the simulator's
+    release to quantisation tolerance, and its direction is the server's backward pass of
+    that sum over qN."""
+    s = Setup(data_dir, tmp_path, clip_space="news_vectors")
+    selected = s.selected(0)
+    plan = s.method.secure_round(len(selected))
+    assert plan is not None and len(selected) >= 3
+    params = s.task.parameters()
+    spy = _ReleaseSpy(monkeypatch)
+    flw = s.round_fn()(params, selected, 0)
+    (released,) = spy.sums
+    sim = _news_space_release(s, params, selected)
+    assert released.shape == sim.shape == (NewsSpaceClipping(s.task).release_dimension,)
+    assert released.shape[0] > s.task.dimension - NewsSpaceClipping(s.task).news_mask.sum()
+    assert float((released - sim).abs().max()) <= plan.tolerance() + 1e-7
+    assert float((sim - _news_space_release(s, params, selected, noise=False)).abs().max()
+                 ) > 1e3 * plan.tolerance()  # the server's noise is in both: not vacuous
+    qn = s.method.sampling_rate * s.population
+    torch.testing.assert_close(flw.direction, s.method.direction_from_release(
+        s.task, params, released) / qn)
+    round_sim = simulate_round(s.task, params, s.clients, selected, s.method, seed=SEED,
+                               round_index=0)
+    torch.testing.assert_close(round_sim.direction, s.method.direction_from_release(
+        s.task, params, sim) / qn, rtol=1e-5, atol=1e-7)
+    assert flw.population_events == (s.method.central_event(),)
+    assert flw.num_examples is None and flw.losses is None
+    masked = _collect_replies(s.grid)
+    assert len(masked) == len(selected)  # every device went through SecAgg+
+    for reply in masked:
+        arrays = reply.content.config_records[RECORD_KEY_CONFIGS][Key.MASKED_PARAMETERS]
+        assert bytes_to_ndarray(arrays[1]).shape == released.shape
+
+
+def test_news_vector_clipping_with_distributed_noise(data_dir, tmp_path, monkeypatch):
+    """Distributed noise in news-vector space: the devices' shares put N(0, σ²·n/(n − k))
+    on every coordinate of the release (the rows of every news of the table included);
+    without them the decoded sum is the simulator's clipped sum to quantisation tolerance."""
+    s = Setup(data_dir, tmp_path, clip_space="news_vectors", noise_placement="distributed",
+              max_dropouts=1)
+    selected = s.selected(0)
+    params = s.task.parameters()
+    plan = s.method.secure_round(len(selected))
+    assert plan is not None and plan.distributed
+    spy = _ReleaseSpy(monkeypatch)
+    s.round_fn()(params, selected, 0)
+    monkeypatch.setattr(SecAggRound, "share_sigma", property(lambda self: 0.0))
+    monkeypatch.setattr(SecAggRound, "check", lambda self: None)
+    s.round_fn()(params, selected, 0)
+    with_noise, without = spy.sums
+    clean = _news_space_release(s, params, selected, noise=False)
+    assert float((without - clean).abs().max()) <= plan.tolerance() + 1e-7
+    noise = (with_noise - without).double()
+    expected = plan.sigma * math.sqrt(plan.clients / plan.threshold)
+    assert float(noise.std()) == pytest.approx(expected, rel=5 / math.sqrt(noise.numel()))
+    news = NewsSpaceClipping(s.task)
+    rows = noise[-news.pool_size * news.dim:].reshape(news.pool_size, news.dim)
+    assert bool((rows.abs().sum(1) > 0).all())  # every news of the table is noised
+
+
+def test_news_vector_training_over_secaggplus_equals_the_simulator(data_dir, tmp_path):
+    """Two rounds of ``--clip-space news_vectors`` through SecAgg+ end with the simulator's
+    parameters to quantisation tolerance (propagated through FedAdam as in
+    :func:`test_secure_training_equals_the_simulator`) and with its very ledger."""
+    s = Setup(data_dir, tmp_path, clip_space="news_vectors")
+    flw, sim = s.train_flower(), s.train_simulator()
+    assert float((sim.params - s.task.parameters()).abs().max()) > 1e-3  # θ moved
+    assert float((flw.params - sim.params).abs().max()) <= 1e-6
+    assert flw.ledger == sim.ledger
 
 
 def test_a_dropout_within_the_bound_still_aggregates(data_dir, tmp_path):
@@ -459,7 +563,8 @@ def test_secure_aggregation_is_for_dp_fedavg_on_flower_only(data_dir, tmp_path):
 
 
 # ================================================================= end-to-end audit
-def test_audit_what_a_client_sends_under_secagg(data_dir, tmp_path):
+@pytest.mark.parametrize("clip_space", ["parameters", "news_vectors"])
+def test_audit_what_a_client_sends_under_secagg(data_dir, tmp_path, clip_space):
     """The end-to-end audit of the upload under SecAgg+: the same distinguisher as
     ``privaterec privacy audit`` (:func:`~privaterec.privacy.e2e_audit.distinguish`), on
     everything the server receives from one client in its collect stage, for two
@@ -467,13 +572,15 @@ def test_audit_what_a_client_sends_under_secagg(data_dir, tmp_path):
     bound above 0 (at α = 1e-6); the same client's plaintext vector is told apart at once
     (the audit has power). What a client sends in the four stages is listed and checked:
     two public keys, its encrypted secret shares, its masked vector (with its masked
-    weight 1), the key shares for unmasking, and the constant ``num_examples = 1``."""
+    weight 1), the key shares for unmasking, and the constant ``num_examples = 1``. The
+    same holds for a news-vector upload (``clip_space`` news_vectors: D_U + P·d
+    coordinates)."""
     from flwr.client.mod import secaggplus_mod
     from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
     from flwr.compat.common import recorddict_compat as compat
     from privaterec.privacy.e2e_audit import distinguish
 
-    s = Setup(data_dir, tmp_path)
+    s = Setup(data_dir, tmp_path, clip_space=clip_space)
     params = s.task.parameters()
     plan = s.method.secure_round(2)
     assert plan is not None
@@ -483,6 +590,7 @@ def test_audit_what_a_client_sends_under_secagg(data_dir, tmp_path):
         update = s.method.update(s.task, params, s.method.inputs(
             s.task, s.clients.client(u), generator=g), generator=g)[0]
         vectors[u] = plan.client_vector(update, g).numpy()
+    assert vectors[0].shape == (s.method.release_dimension(s.task),)
     assert not np.array_equal(vectors[0], vectors[1])
     audited, others = 1000, (1001,)
     sent_by_audited: list[Message] = []

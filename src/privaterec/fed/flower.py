@@ -754,18 +754,21 @@ def secure_sum(grid: Grid, plan: SecAggRound, nodes: Sequence[int],
     return torch.from_numpy(mean * summed), summed
 
 
-def _secure_round_fn(grid: Grid, clients: ClientDataset, owner: Mapping[int, int],
-                     method: CentralDP, fingerprint: str, *, seed: int, timeout: float,
-                     server_noise: SecureNoise | None
+def _secure_round_fn(grid: Grid, task: FederatedTask[Any], clients: ClientDataset,
+                     owner: Mapping[int, int], method: CentralDP, fingerprint: str, *,
+                     seed: int, timeout: float, server_noise: SecureNoise | None
                      ) -> Callable[[torch.Tensor, list[int], int], RoundResult]:
-    """Central DP's round over SecAgg+: (decoded sum [+ the server's noise]) / (qN)."""
+    """Central DP's round over SecAgg+: (decoded sum [+ the server's noise]) / (qN); with
+    ``clip_space`` news_vectors the decoded sum is the clients' news-vector releases, which
+    the server turns into θ's direction (:meth:`CentralDP.direction_from_release`)."""
     population = len(eligible_clients(clients, by_impressions=method.by_impressions))
+    release_dimension = method.release_dimension(task)
 
     def round_fn(params: torch.Tensor, selected: list[int], t: int) -> RoundResult:
         dimension = int(params.numel())
         users = sorted(selected)
         plan = method.secure_round(len(users))
-        total = torch.zeros(dimension)
+        total = torch.zeros(release_dimension)
         if plan is not None:  # else too few clients to hide each one: none is asked
             nodes = [owner[u] for u in users]
             if len(set(nodes)) != len(nodes):
@@ -783,9 +786,10 @@ def _secure_round_fn(grid: Grid, clients: ClientDataset, owner: Mapping[int, int
             total = summed.to(torch.float32)
         if not method.distributed:
             total = total + method.central_noise(
-                dimension, server_noise if server_noise is not None
+                release_dimension, server_noise if server_noise is not None
                 else central_noise_generator(seed, t))
-        direction = total / (method.sampling_rate * population)
+        direction = (method.direction_from_release(task, params, total)
+                     / (method.sampling_rate * population))
         return RoundResult(direction, None, None, [method.events(dimension)] * len(users),
                            population_events=(method.central_event(),))
 
@@ -815,7 +819,7 @@ def serve(grid: Grid, task: FederatedTask[Any], clients: ClientDataset, fed: Fed
                            by_impressions=method.by_impressions)
     fingerprint = public_fingerprint(task, method)
     if isinstance(method, CentralDP) and method.secure_aggregation != "none":
-        round_fn = _secure_round_fn(grid, clients, owner, method, fingerprint, seed=seed,
+        round_fn = _secure_round_fn(grid, task, clients, owner, method, fingerprint, seed=seed,
                                     timeout=round_timeout,
                                     server_noise=SecureNoise() if secure_server_noise
                                     else None)

@@ -24,6 +24,10 @@ on the already-encoded news vectors), so a round costs about one non-private rou
 the news of the round encoded once without gradient, the user side per client, the
 table encoded once with its backward pass.
 
+On the Flower engine each device computes its own clip(w_u, C) (a round of one client) and
+uploads it through SecAgg+ as one vector of D_U + |P|·d coordinates (:meth:`pack`), so the
+server decodes the same clipped sum the simulator forms.
+
 This is a different mechanism from parameter-space DP-FedAvg: one gradient per client
 (FedSGD: a multi-step local update does not factor this way), a different clipping
 geometry (‖g_U‖² + Σ_n ‖v_{u,n}‖² ≤ C² instead of ‖g‖ ≤ C), and noise on the cotangent of
@@ -95,7 +99,8 @@ class NewsSpaceSum:
 
 
 class NewsSpaceClipping:
-    """The per-client part of the mechanism on a :class:`LocalObjective` (simulation).
+    """The per-client part of the mechanism on a :class:`LocalObjective`: a round's clients
+    at once (the simulator) or one client (a device, whose upload is :meth:`pack`'s vector).
 
     Parameters
     ----------
@@ -124,6 +129,24 @@ class NewsSpaceClipping:
     def release_dimension(self) -> int:
         """D_U + |P|·d, the coordinates of one client's clipped vector (and of the noise)."""
         return int((~self.news_mask).sum()) + self.pool_size * self.dim
+
+    def pack(self, user: torch.Tensor, news: torch.Tensor) -> torch.Tensor:
+        """The release vector ``Tensor[D_U + P·d]`` of (``user`` ``[D]``, read on Θ_U's
+        coordinates; ``news`` ``[P, d]``): Θ_U's coordinates in θ's order, then the table's
+        rows. One client's upload (a device under SecAgg+) and the noise share this layout."""
+        return torch.cat([user[~self.news_mask], news.reshape(-1)])
+
+    def unpack(self, vector: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(``Tensor[D]``: the user-side part on Θ_U's coordinates, 0 on Θ_N's;
+        ``Tensor[P, d]``) of a release vector ``[D_U + P·d]`` (:meth:`pack`'s inverse)."""
+        if vector.shape != (self.release_dimension,):
+            raise ValueError(f"a news-vector release has {self.release_dimension} "
+                             f"coordinates, got shape {tuple(vector.shape)}")
+        user_coords = ~self.news_mask
+        d_user = int(user_coords.sum())
+        user = torch.zeros(user_coords.shape[0], dtype=vector.dtype)
+        user[user_coords] = vector[:d_user]
+        return user, vector[d_user:].reshape(self.pool_size, self.dim)
 
     def _client_fn(self, flat: torch.Tensor, history: torch.Tensor, mask: torch.Tensor,
                    candidates: torch.Tensor, weights: torch.Tensor

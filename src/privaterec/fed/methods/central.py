@@ -256,11 +256,6 @@ class CentralDP(ClientMethod[FederatedTask[Any]]):
                               f"only: the round's clip is server state that the {engine} "
                               f"engine does not send to its clients yet; use --engine "
                               f"simulator, or a fixed --clip without --adaptive-clip-quantile")
-        if self.clip_space == "news_vectors" and engine != "simulator":
-            raise ConfigError(f"--clip-space news_vectors runs on the simulator engine only "
-                              f"(a device's upload would be one vector per news of the table, "
-                              f"which the {engine} engine does not send yet); use --engine "
-                              f"simulator, or --clip-space parameters")
         if engine == "flower" and self.secure_aggregation == "none":
             raise ConfigError(f"{self.name} (central DP) on Flower runs through secure "
                               f"aggregation only: pass --secure-aggregation secaggplus (the "
@@ -339,15 +334,16 @@ class CentralDP(ClientMethod[FederatedTask[Any]]):
         """The clipped update ``Tensor[D]``, the loss and, with adaptive clipping, the
         centred clip indicator b − ½ (``clip_indicator``), all sent to the aggregator.
 
-        Raises
-        ------
-        ConfigError
-            With ``clip_space`` news_vectors, which has no single-client parameter update
-            (its round runs on the simulator, :meth:`round`).
+        With ``clip_space`` news_vectors the payload is instead clip(w_u, C)
+        ``Tensor[D_U + P·d]`` (:meth:`~privaterec.fed.news_space.NewsSpaceClipping.pack`'s
+        layout): the user-side gradient and the cotangents of every news of the table, a
+        device's upload to SecAgg+ (:meth:`direction_from_release` turns the sum into θ's
+        direction).
         """
-        if self.clip_space != "parameters":
-            raise ConfigError("--clip-space news_vectors has no per-device parameter update: "
-                              "it runs on the simulator engine only")
+        if self.clip_space == "news_vectors":
+            space = self._news_space(task)
+            sums = space.clipped_sum(params, space.objective.batch([inputs]), clip=self.clip)
+            return space.pack(sums.user, sums.news), float(sums.losses[0]), {}
         update, loss = self.inner.update(task, params, inputs, generator=generator)
         clipped, _ = self.privatize(update[None], [generator])
         reports = ({} if self.adaptive is None else
@@ -429,20 +425,36 @@ class CentralDP(ClientMethod[FederatedTask[Any]]):
         losses)
         """
         space = self._news_space(task)
-        user_coords = ~space.news_mask
-        pool, dim = space.pool_size, space.dim
         if inputs:
             sums = space.clipped_sum(params, space.objective.batch(inputs), clip=self.clip,
                                      chunk_clients=max(chunk_clients, USER_SIDE_CHUNK))
-            user, news = sums.user, sums.news
+            total = space.pack(sums.user, sums.news)
             losses = [float(x) for x in sums.losses]
         else:
-            user, news, losses = torch.zeros_like(params), torch.zeros(pool, dim), []
-        noise = self.central_noise(space.release_dimension, generator)
-        d_user = int(user_coords.sum())
-        noisy_user = torch.zeros_like(params)
-        noisy_user[user_coords] = user[user_coords] + noise[:d_user]
-        return noisy_user, news + noise[d_user:].reshape(pool, dim), losses
+            total, losses = torch.zeros(space.release_dimension), []
+        user, news = space.unpack(total + self.central_noise(space.release_dimension,
+                                                             generator))
+        return user, news, losses
+
+    def release_dimension(self, task: FederatedTask[Any]) -> int:
+        """Coordinates of one client's release (and of the noise on the sum): D, or
+        D_U + P·d with ``clip_space`` news_vectors."""
+        if self.clip_space == "news_vectors":
+            return self._news_space(task).release_dimension
+        return task.dimension
+
+    def direction_from_release(self, task: FederatedTask[Any], params: torch.Tensor,
+                               noised_sum: torch.Tensor) -> torch.Tensor:
+        """θ's direction ``Tensor[D]`` (before the division by qN) from the noised sum of
+        the clients' releases ``[release_dimension]``: the sum itself, or with
+        ``clip_space`` news_vectors the user-side part plus the news-encoder gradient of
+        the noised cotangents (the server's backward pass over the public table:
+        post-processing)."""
+        if self.clip_space != "news_vectors":
+            return noised_sum
+        space = self._news_space(task)
+        user, news = space.unpack(noised_sum)
+        return space.direction(params, user, news)
 
     def noised_sums(self, total: torch.Tensor, indicator_sum: float, *, population: int,
                     generator: torch.Generator) -> tuple[torch.Tensor, float | None]:
@@ -490,7 +502,8 @@ class CentralDP(ClientMethod[FederatedTask[Any]]):
         """The ledger note of a round under secure aggregation (``""``: the default note of
         :func:`~privaterec.privacy.central.central_round_event`, the server sees the
         clipped updates)."""
-        if self.clip_space == "news_vectors":
+        news_space = self.clip_space == "news_vectors"
+        if news_space and self.secure_aggregation == "none":
             return (f"central DP (DP-FedSGD, clipped in news-vector space): Poisson sampling "
                     f"q = {self.sampling_rate:g}, each client's user-side gradient and "
                     f"news-vector cotangents clipped to L2 norm {self.clip:g} together, "
@@ -500,15 +513,20 @@ class CentralDP(ClientMethod[FederatedTask[Any]]):
                     f"one user)")
         if self.secure_aggregation == "none":
             return ""
-        common = (f"Poisson sampling q = {self.sampling_rate:g}, updates clipped to L2 norm "
+        algorithm = ("DP-FedSGD, clipped in news-vector space" if news_space
+                     else "DP-FedAvg")
+        clipped = ("each client's [user-side gradient ; cotangents of the news vectors of "
+                   "every news of the table] clipped to L2 norm" if news_space
+                   else "updates clipped to L2 norm")
+        common = (f"Poisson sampling q = {self.sampling_rate:g}, {clipped} "
                   f"{self.clip:g} and rounded toward zero onto SecAgg+'s grid (norm still <= "
                   f"{self.clip:g}), summed by SecAgg+ (the server sees only the sum of the "
                   f"clients that did not drop out, at most {self.max_dropouts})")
         if not self.distributed:
-            return (f"central DP (DP-FedAvg) with secure aggregation: {common}; the server "
+            return (f"central DP ({algorithm}) with secure aggregation: {common}; the server "
                     f"adds Gaussian noise z = {self.noise_multiplier:g} to the sum; one "
                     f"user's data replaced (covers one click and one user)")
-        return (f"distributed DP (DP-FedAvg) with secure aggregation: {common}; each of the "
+        return (f"distributed DP ({algorithm}) with secure aggregation: {common}; each of the "
                 f"n sampled clients adds N(0, (z C)^2/(n - {self.max_dropouts})), z = "
                 f"{self.noise_multiplier:g}, before masking, so the sum carries noise of "
                 f"std >= z C when at most {self.max_dropouts} clients drop out (SecAgg+'s "
@@ -644,8 +662,10 @@ class CentralDP(ClientMethod[FederatedTask[Any]]):
                             f"carries variance >= (z C)^2 when at most {k} clients drop out, "
                             f"which SecAgg+'s threshold enforces")
             out["total_variation_per_coordinate_and_client"] = per_share
+            coordinates = (f"D = {dimension}" if self.clip_space == "parameters" else
+                           "(D_U + P d) coordinates of the news-vector release")
             out["total_variation_bound_run"] = (
-                f"eta <= {self.rounds} rounds x n clients x D = {dimension} x "
+                f"eta <= {self.rounds} rounds x n clients x {coordinates} x "
                 f"{per_share:.3g}: the run is (epsilon, delta + (1 + e^epsilon) eta)-DP")
             out["against_the_server"] = (
                 "the server picks the sampled clients, so Poisson amplification does not "
