@@ -346,7 +346,7 @@ def cmd_evaluate_recall(args: argparse.Namespace, serving: Any) -> int:
 _CENTRAL_DP_FLAGS = {"users": "--users", "ldp_users": "--ldp-users",
                      "epsilons": "--epsilons", "client_fraction": "--client-fraction",
                      "rounds": "--rounds", "report_only": "--report-only",
-                     "clip_spaces": "--clip-space"}
+                     "clip_spaces": "--clip-space", "privaterec_bases": "--privaterec-basis"}
 
 
 def cmd_experiment(args: argparse.Namespace) -> int:
@@ -363,7 +363,8 @@ def cmd_experiment(args: argparse.Namespace) -> int:
                                 ldp_users=args.ldp_users, models=args.models,
                                 seeds=args.seeds, epsilons=args.epsilons,
                                 client_fraction=args.client_fraction, rounds=args.rounds,
-                                clip_spaces=args.clip_spaces, quick=args.quick,
+                                clip_spaces=args.clip_spaces,
+                                privaterec_bases=args.privaterec_bases, quick=args.quick,
                                 report_only=args.report_only,
                                 progress=not args.no_progress)
     elif args.name == "unifedrec":
@@ -849,6 +850,11 @@ def build_parser() -> argparse.ArgumentParser:
                               "default) and/or news_vectors (user-side gradient and "
                               "news-vector cotangents, a round about as fast as FedRec's); "
                               "one set of DP-FedAvg rows per value")
+    central.add_argument("--privaterec-basis", dest="privaterec_bases", nargs="+", type=int,
+                         default=None,
+                         help="B of the PrivateRec rows trained by DP-FedAvg, one set of "
+                              "rows per value (default 5; under central DP with local "
+                              "ranking a larger B costs no epsilon)")
     central.add_argument("--report-only", action="store_true",
                          help="train and evaluate nothing: write the table from the runs "
                               "that have finished")

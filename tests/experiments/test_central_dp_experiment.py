@@ -370,3 +370,19 @@ def test_news_vector_clipping_gets_its_own_dp_fedavg_rows(tmp_path: Path,
     default = run_central_dp(tmp_path, **{**ARGS, "users": (60,)}, ldp_users=(),
                              report_only=True)
     assert "DP-FedAvg clips" not in default["table"]
+
+
+def test_privaterec_rows_once_per_number_of_basic_vectors(tmp_path: Path) -> None:
+    planned = plan_rows((1.0, 8.0, math.inf), ldp=True, privaterec_bases=(5, 20))
+    private = [r for r in planned if r.group == "privaterec"]
+    assert [r.key for r in private] == [
+        "dp-fedavg_eps-8_B5+local", "dp-fedavg_eps-8_B5+dpa-1", "dp-fedavg_eps-8_B5+dpa-10",
+        "dp-fedavg_eps-8_B20+local", "dp-fedavg_eps-8_B20+dpa-1", "dp-fedavg_eps-8_B20+dpa-10"]
+    assert private[3].label == "PrivateRec (B = 20) by DP-FedAvg + local ranking"
+    config = private[3].spec.run_config(data="/d", model="nrms", seed=0, quick=False)
+    assert config.model.basis_size == 20 and config.fed.settings.target_epsilon == 8.0
+    assert [r.key for r in plan_rows((1.0, math.inf), ldp=True) if r.group == "privaterec"
+            ][0] == "dp-fedavg_eps-1_B5+local"  # the default B stays the paper's 5
+    for bad in ((1,), (True,), (2.5,)):
+        with pytest.raises(ConfigError, match="privaterec_bases"):
+            run_central_dp(tmp_path / "bad", **ARGS, privaterec_bases=bad)

@@ -177,6 +177,7 @@ def run_central_dp(out: Path, *, data: str | None = None, users: Sequence[int] |
                    epsilons: Sequence[float] | None = None,
                    client_fraction: float | None = None, rounds: int | None = None,
                    clip_spaces: Sequence[str] | None = None,
+                   privaterec_bases: Sequence[int] | None = None,
                    quick: bool = False, report_only: bool = False,
                    progress: bool = True) -> dict[str, Any]:
     """Central DP against local DP: writes ``OUT/central_dp.{md,csv,png}`` and
@@ -208,6 +209,9 @@ def run_central_dp(out: Path, *, data: str | None = None, users: Sequence[int] |
     clip_spaces:
         What the DP-FedAvg rows clip, one set of rows per value: ``parameters`` (default)
         and/or ``news_vectors`` (:mod:`privaterec.fed.news_space`).
+    privaterec_bases:
+        B of the PrivateRec central-trained rows, one set of rows per value (default
+        :data:`PRIVATEREC_BASIS`; integers ≥ 2).
     quick:
         The small synthetic data set and the quick budget (smoke tests).
     report_only:
@@ -244,13 +248,19 @@ def run_central_dp(out: Path, *, data: str | None = None, users: Sequence[int] |
     spaces: tuple[ClipSpace, ...] = tuple(
         check_choice(space, "clip_spaces", CLIP_SPACES)
         for space in dict.fromkeys(clip_spaces or ("parameters",)))
+    bases = tuple(dict.fromkeys(privaterec_bases or (PRIVATEREC_BASIS,)))
+    for basis in bases:
+        if isinstance(basis, bool) or not isinstance(basis, int) or basis < 2:
+            raise ConfigError(f"invalid 'privaterec_bases': got {basis!r}, expected integers "
+                              f">= 2 (B basic vectors)")
     populations = make_populations(out, data, users, ldp_users, default_users=USERS,
                                    quick=quick)
     # The defaults stay out of the run names, so the runs of table1 are reused.
     q = None if client_fraction in (None, CLIENT_FRACTION) else client_fraction
     t = None if rounds in (None, budget) else rounds
     plans = [(p, plan_rows(eps, ldp=p.ldp, client_fraction=q, rounds=t,
-                           clip_spaces=spaces)) for p in populations]
+                           clip_spaces=spaces, privaterec_bases=bases))
+             for p in populations]
     settings = caption_settings(RunSpec("dp-fedavg", target_epsilon=1.0, client_fraction=q,
                                         rounds=t), model=models_[0], quick=quick)
     runner = _Runner(quick, report_only, progress)

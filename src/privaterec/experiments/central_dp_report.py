@@ -86,6 +86,9 @@ def caption(populations: Sequence[Population], results: Sequence[RowResult],
              settings: dict[str, Any], *, seeds: Sequence[int], quick: bool) -> list[str]:
     q, rounds, delta, clip = (settings[k] for k in ("client_fraction", "rounds", "delta",
                                                     "clip"))
+    bases = " and ".join(str(b) for b in sorted(
+        {r.row.spec.basis for r in results if r.row.group == "privaterec"}
+        or {PRIVATEREC_BASIS}))
     notes = [f"Central rows: DP-FedAvg with Poisson sampling at q = {q:g} per round, T = "
              f"{rounds} rounds{' (--quick)' if quick else ''}, updates clipped to L2 norm "
              f"C = {clip:g}, Gaussian noise z·C once on the sum, FedAdam; z calibrated by "
@@ -142,7 +145,7 @@ def caption(populations: Sequence[Population], results: Sequence[RowResult],
         "candidate-path gradient reveals which displayed news were drawn, so no total covers "
         "a whole user (∞); paper mode also uploads the history-path gradient raw, so its "
         "stated guarantee does not hold at all.",
-        f"PrivateRec by DP-FedAvg: the PrivateRec model (B = {PRIVATEREC_BASIS}) trained by "
+        f"PrivateRec by DP-FedAvg: the PrivateRec model (B = {bases}) trained by "
         "DP-FedAvg at the largest finite target ε (its training ε is the one shown), then "
         "served by local ranking (the device downloads the pool's score matrix and sends "
         f"nothing: ε_s = 0) or by DPA (padding p = {SERVE_PADDING:g}, Laplace on the B "
@@ -206,8 +209,9 @@ def plot(path: Path, results: Sequence[RowResult], models: Sequence[str],
                             else f"DPA ε_s = {format_epsilon(r.row.serving.epsilon)}")
                     ax.plot([r.ledger.user_max], [auc], linestyle="none",
                             marker=_SERVE_MARKERS.get(served, "D"), color=color,
-                            markersize=8, label=f"PrivateRec by DP-FedAvg + {name}, "
-                                                f"{population.label} users")
+                            markersize=8 if spec.basis == PRIVATEREC_BASIS else 6,
+                            label=f"PrivateRec (B = {spec.basis}) by DP-FedAvg + {name}, "
+                                  f"{population.label} users")
         if mine:
             ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=1)
         else:

@@ -9,8 +9,9 @@ The rows of one population (issue 15, item 4):
   FedRec as the ε = ∞ point;
 * **ldp** — DP-FedRec and PrivateRec paper / strict mode at ε_t = 10 per round, FedNewsRec
   at its paper defaults;
-* **privaterec** — the PrivateRec model (B = 5) trained by DP-FedAvg at the largest finite
-  ε, served by local ranking (ε_s = 0) and by DPA at ε_s ∈ :data:`SERVE_EPSILONS`.
+* **privaterec** — the PrivateRec model (B = 5 by default, or each B of
+  ``privaterec_bases``) trained by DP-FedAvg at the largest finite ε, served by local
+  ranking (ε_s = 0) and by DPA at ε_s ∈ :data:`SERVE_EPSILONS`.
 """
 
 from __future__ import annotations
@@ -87,11 +88,13 @@ class Row:
 
 def plan_rows(epsilons: Sequence[float], *, ldp: bool, client_fraction: float | None = None,
               rounds: int | None = None,
-              clip_spaces: Sequence[ClipSpace] = ("parameters",)) -> list[Row]:
+              clip_spaces: Sequence[ClipSpace] = ("parameters",),
+              privaterec_bases: Sequence[int] = (PRIVATEREC_BASIS,)) -> list[Row]:
     """The rows of one population: the untrained model, FedRec and DP-FedAvg at every finite
     ε of ``epsilons`` (once per clipping of ``clip_spaces``); with ``ldp`` also the local-DP
-    rows and the PrivateRec central-trained rows (trained at the largest finite ε, none if
-    there is no finite ε; clipped in parameter space)."""
+    rows and the PrivateRec central-trained rows, once per number of basic vectors B of
+    ``privaterec_bases`` (trained at the largest finite ε, none if there is no finite ε;
+    clipped in parameter space)."""
     def spec(method: ExperimentMethod, epsilon_train: float = INF,
              privacy_mode: PrivacyMode = "paper", **more: Any) -> RunSpec:
         return RunSpec(method, epsilon_train, privacy_mode, client_fraction=client_fraction,
@@ -108,8 +111,8 @@ def plan_rows(epsilons: Sequence[float], *, ldp: bool, client_fraction: float | 
     rows += [Row("ldp", spec("dp-fedrec", LDP_EPSILON)), Row("ldp", spec("fednewsrec")),
              Row("ldp", spec("privaterec", LDP_EPSILON, "paper")),
              Row("ldp", spec("privaterec", LDP_EPSILON, "strict"))]
-    if finite:
-        model = spec("dp-fedavg", basis_size=PRIVATEREC_BASIS, target_epsilon=finite[-1])
+    for basis in privaterec_bases if finite else ():
+        model = spec("dp-fedavg", basis_size=basis, target_epsilon=finite[-1])
         rows.append(Row("privaterec", model, ServingConfig(kind="local")))
         rows += [Row("privaterec", model, ServingConfig(kind="privaterec", epsilon=e,
                                                         padding_p=SERVE_PADDING))
