@@ -164,6 +164,14 @@ _LDP_COLORS = {"dp-fedrec": "C6", "fednewsrec": "C7", "paper": "C8", "strict": "
 _SERVE_MARKERS = {"local": "s", "dpa-1": "v", "dpa-10": "^"}
 
 
+def _basis_fill(basis: int, results: Sequence[RowResult]) -> str:
+    """Marker fill of the PrivateRec rows of ``basis`` basic vectors: full for the first B
+    of the table, then hollow, left half, bottom half (their markers would overlap)."""
+    bases = sorted({r.row.spec.basis for r in results if r.row.group == "privaterec"})
+    fills = ("full", "none", "left", "bottom", "right", "top")
+    return fills[bases.index(basis) % len(fills)] if basis in bases else "full"
+
+
 def plot(path: Path, results: Sequence[RowResult], models: Sequence[str],
           populations: Sequence[Population], epsilons: Sequence[float]) -> Path:
     """One panel per model: DP-FedAvg AUC against the ledger's user-level ε per population
@@ -209,7 +217,7 @@ def plot(path: Path, results: Sequence[RowResult], models: Sequence[str],
                             else f"DPA ε_s = {format_epsilon(r.row.serving.epsilon)}")
                     ax.plot([r.ledger.user_max], [auc], linestyle="none",
                             marker=_SERVE_MARKERS.get(served, "D"), color=color,
-                            markersize=8 if spec.basis == PRIVATEREC_BASIS else 6,
+                            markersize=8, fillstyle=_basis_fill(spec.basis, results),
                             label=f"PrivateRec (B = {spec.basis}) by DP-FedAvg + {name}, "
                                   f"{population.label} users")
         if mine:
