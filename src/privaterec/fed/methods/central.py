@@ -390,8 +390,8 @@ class CentralDP(ClientMethod[FederatedTask[Any]]):
         release is the same Gaussian mechanism as :meth:`round`'s (sensitivity C, noise
         z·C): the ledger event is the same."""
         space = self._news_space(task)
-        user, news, losses = self.news_space_release(
-            task, params, inputs, chunk_clients=context.chunk_clients,
+        user, news, losses = self._news_space_release(
+            space, params, inputs, chunk_clients=context.chunk_clients,
             generator=central_noise_generator(context.seed, context.round_index))
         direction = space.direction(params, user, news)
         direction /= self.sampling_rate * context.population
@@ -424,7 +424,14 @@ class CentralDP(ClientMethod[FederatedTask[Any]]):
         ``Tensor[P, d]``: the noised cotangent sum per news of the table; the clients'
         losses)
         """
-        space = self._news_space(task)
+        return self._news_space_release(self._news_space(task), params, inputs,
+                                        generator=generator, chunk_clients=chunk_clients)
+
+    def _news_space_release(self, space: NewsSpaceClipping, params: torch.Tensor,
+                            inputs: Sequence[Any], *, generator: Randomness,
+                            chunk_clients: int
+                            ) -> tuple[torch.Tensor, torch.Tensor, list[float]]:
+        """:meth:`news_space_release` on an already built ``space`` (one per round)."""
         if inputs:
             sums = space.clipped_sum(params, space.objective.batch(inputs), clip=self.clip,
                                      chunk_clients=max(chunk_clients, USER_SIDE_CHUNK))
