@@ -239,9 +239,10 @@ class Setup:
 
     def train_flower(self, **kwargs: Any):
         task = self.new_task()
+        kwargs.setdefault("deployed", False)  # seeded like the simulator, to compare
         return flower.serve(self.grid, task, self.clients, self.config.fed, self.method,
                             build_strategy(self.config.fed), seed=SEED, run_files={},
-                            progress=False, secure_server_noise=False, **kwargs)
+                            progress=False, **kwargs)
 
     def train_simulator(self):
         return train_federated(self.new_task(), self.clients, self.config.fed, self.method,
@@ -251,7 +252,7 @@ class Setup:
         owner = flower.discover_nodes(self.grid, self.clients, flower.run_record({}))
         return flower._secure_round_fn(self.grid, self.task, self.clients, owner, self.method,
                                        flower.public_fingerprint(self.task, self.method),
-                                       seed=SEED, timeout=60.0, server_noise=None)
+                                       seed=SEED, timeout=60.0, deployed=False)
 
     def selected(self, t: int) -> list[int]:
         return self.method.select(eligible_clients(self.clients), 0, seed=SEED, round_index=t)
@@ -457,6 +458,74 @@ def test_a_dropout_within_the_bound_still_aggregates(data_dir, tmp_path):
             RECORD_KEY_CONFIGS, {}).get(Key.STAGE) == Stage.COLLECT_MASKED_VECTORS)
     with pytest.raises(PrivateRecError, match="more than 1 dropped out"):
         round_fn(params, selected, 1 if len(s.selected(1)) >= 3 else 0)
+
+
+def test_a_deployed_server_sends_no_seed_and_seeded_nodes_refuse_its_rounds(data_dir,
+                                                                           tmp_path):
+    s = Setup(data_dir, tmp_path)  # simulated partitions: no user-id, no os-entropy
+    with pytest.raises(PrivateRecError, match="a deployed server sent this round"):
+        s.train_flower(deployed=True)
+
+
+def test_a_deployed_round_draws_sample_noise_and_shares_from_the_os(data_dir, tmp_path,
+                                                                    monkeypatch):
+    s = Setup(data_dir, tmp_path, noise_placement="distributed")
+    for context in s.grid.contexts.values():
+        context.node_config["os-entropy"] = True  # as a real device (user-id) would
+    seen: list[dict[str, Any]] = []
+    secure_source = flower._secure_source
+
+    def spy(context: Context, config: Any) -> SecureNoise | None:
+        seen.append(dict(config))
+        return secure_source(context, config)
+
+    monkeypatch.setattr(flower, "_secure_source", spy)
+    sampled: list[list[int]] = []
+    select = CentralDP.select
+
+    def spy_select(self: CentralDP, *args: Any, **kwargs: Any) -> list[int]:
+        assert isinstance(kwargs.get("source"), SecureNoise)
+        sampled.append(select(self, *args, **kwargs))
+        return sampled[-1]
+
+    monkeypatch.setattr(CentralDP, "select", spy_select)
+    state = s.train_flower(deployed=True)
+    assert state.round_index == 2 and len(sampled) == 2
+    assert seen and all("seed" not in c and c.get("deployed") is True for c in seen)
+    assert bool(torch.isfinite(state.params).all())
+
+
+def test_a_deployed_sample_is_not_a_function_of_the_seed(data_dir, tmp_path):
+    s = Setup(data_dir, tmp_path)
+    eligible = eligible_clients(s.clients)
+    seeded = s.method.select(eligible, 0, seed=SEED, round_index=0)
+    assert seeded == s.method.select(eligible, 0, seed=SEED, round_index=0)
+    draws = [s.method.select(eligible, 0, seed=SEED, round_index=0, source=SecureNoise())
+             for _ in range(40)]  # q = 0.5 over 12 users: 40 equal draws has odds 2^-480
+    assert any(d != seeded for d in draws)
+    counts = torch.zeros(USERS)
+    for d in draws:
+        counts[d] += 1
+    # Each user's inclusion count is Binomial(40, q = 0.5); a two-sided 1e-6 band each.
+    low, high = stats.binom.ppf([FIT_ALPHA / 2, 1 - FIT_ALPHA / 2], 40, 0.5)
+    assert bool(((counts >= low) & (counts <= high)).all()), counts
+
+
+def test_the_nodes_source_follows_the_round_and_the_node():
+    seeded = Context(run_id=1, node_id=1, node_config={"partition-id": 0}, state=RecordDict(),
+                     run_config={})
+    device = Context(run_id=1, node_id=2, node_config={"user-id": "U1"}, state=RecordDict(),
+                     run_config={})
+    assert flower._secure_source(seeded, flower._seed_entry(7, False)) is None
+    assert isinstance(flower._secure_source(device, flower._seed_entry(7, False)), SecureNoise)
+    assert isinstance(flower._secure_source(device, flower._seed_entry(7, True)), SecureNoise)
+    assert flower._seed_entry(7, True) == {"deployed": True}
+    with pytest.raises(ConfigError, match="user-id"):
+        flower._secure_source(seeded, flower._seed_entry(7, True))
+    opted_out = Context(run_id=1, node_id=3, node_config={"user-id": "U2", "os-entropy": False},
+                        state=RecordDict(), run_config={})
+    with pytest.raises(ConfigError, match="deployed server"):
+        flower._secure_source(opted_out, flower._seed_entry(7, True))
 
 
 def test_the_server_sees_masked_vectors_only(data_dir, tmp_path):

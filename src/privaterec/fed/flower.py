@@ -353,14 +353,16 @@ def _client_train(load: DeviceLoader, message: Message, context: Context) -> Mes
     if theta.numel() != device.task.dimension:
         raise ConfigError(f"received θ of dimension {theta.numel()}, the device's model has "
                           f"{device.task.dimension}")
-    seed, round_index = _value(config, "seed", int), _value(config, "round", int)
+    round_index = _value(config, "round", int)
     user_ids = _values(config, "users", str)
     held = set(_held_users(device, context.node_config))
     # A real device (node option user-id) draws everything from the OS CSPRNG with
     # float-safe noise (SecureNoise): with (seed, round, user) seeding the server could
     # subtract the noise. Simulated partitions are seeded so that engines can be compared;
-    # the node option os-entropy=true forces the secure source there too.
-    secure = SecureNoise() if _os_entropy(context) else None
+    # the node option os-entropy=true forces the secure source there too. A deployed
+    # server sends no seed, and a node without the OS source refuses its rounds.
+    secure = _secure_source(context, config)
+    seed = _value(config, "seed", int) if secure is None else 0
     payloads: list[torch.Tensor] = []
     counts: list[int] = []
     losses: list[float] = []
@@ -395,6 +397,34 @@ def _os_entropy(context: Context) -> bool:
     """Whether this node draws from the OS CSPRNG (a real device, or ``os-entropy``)."""
     return bool(context.node_config.get("os-entropy",
                                         bool(context.node_config.get("user-id", ""))))
+
+
+def _secure_source(context: Context, config: Mapping[str, Any]) -> SecureNoise | None:
+    """The OS CSPRNG for this node's draws, or ``None`` for a simulated partition (whose
+    draws are seeded by the round's ``seed``).
+
+    Raises
+    ------
+    ConfigError
+        If a deployed server (``deployed`` in the round's configuration: it sends no seed)
+        asks a node that has no OS source: its releases would be seeded, and whoever knows
+        the seed could subtract their noise.
+    """
+    if _os_entropy(context):
+        return SecureNoise()
+    if config.get("deployed"):
+        raise ConfigError("a deployed server sent this round, and this SuperNode draws its "
+                          "noise from a seeded simulation stream (node option os-entropy is "
+                          "false, or it has no user-id): start it with "
+                          "--node-config 'user-id=\"...\"' (or os-entropy=true)")
+    return None
+
+
+def _seed_entry(seed: int, deployed: bool) -> dict[str, int | bool]:
+    """What a round's configuration says of the randomness: a simulation sends its seed
+    (every node's draws are seeded by (seed, round, user), as on the simulator); a deployed
+    server sends none, only that it is deployed (:func:`_secure_source`)."""
+    return {"deployed": True} if deployed else {"seed": seed}
 
 
 def _secure_plan(method: ClientMethod, clients: int) -> SecAggRound:
@@ -451,7 +481,8 @@ def _client_secure_fit(load: DeviceLoader, message: Message, context: Context) -
                           f"run the same privaterec on both")
     plan = _secure_plan(device.method, int(config["clients"]))
     _check_session(plan, context)
-    source = (SecureNoise() if _os_entropy(context)
+    secure = _secure_source(context, config)
+    source = (secure if secure is not None
               else client_generator(int(config["seed"]), int(config["round"]), user))
     with deterministic_algorithms(), flush_denormals():  # as the simulator computes
         data = device.clients.client(device.index[user_id])
@@ -603,8 +634,8 @@ def _parse_reply(reply: Message, expected: Sequence[int], clients: ClientDataset
 
 
 def _round_fn(grid: Grid, clients: ClientDataset, owner: Mapping[int, int],
-              method: ClientMethod, fingerprint: str, *, seed: int,
-              timeout: float) -> Callable[[torch.Tensor, list[int], int], RoundResult]:
+              method: ClientMethod, fingerprint: str, *, seed: int, timeout: float,
+              deployed: bool) -> Callable[[torch.Tensor, list[int], int], RoundResult]:
     expected_samples = clients.samples_per_user().clamp(max=method.max_samples)
 
     def round_fn(params: torch.Tensor, selected: list[int], t: int) -> RoundResult:
@@ -617,7 +648,7 @@ def _round_fn(grid: Grid, clients: ClientDataset, owner: Mapping[int, int],
             Message(RecordDict({
                 "global": theta,
                 "config": ConfigRecord({
-                    "round": t, "seed": seed, "fingerprint": fingerprint,
+                    "round": t, **_seed_entry(seed, deployed), "fingerprint": fingerprint,
                     "users": [clients.user_ids[u] for u in users], "user-indices": users}),
             }), dst_node_id=node, message_type=MessageType.TRAIN, group_id=str(t))
             for node, users in by_node.items()]
@@ -756,13 +787,14 @@ def secure_sum(grid: Grid, plan: SecAggRound, nodes: Sequence[int],
 
 def _secure_round_fn(grid: Grid, task: FederatedTask[Any], clients: ClientDataset,
                      owner: Mapping[int, int], method: CentralDP, fingerprint: str, *,
-                     seed: int, timeout: float, server_noise: SecureNoise | None
+                     seed: int, timeout: float, deployed: bool
                      ) -> Callable[[torch.Tensor, list[int], int], RoundResult]:
     """Central DP's round over SecAgg+: (decoded sum [+ the server's noise]) / (qN); with
     ``clip_space`` news_vectors the decoded sum is the clients' news-vector releases, which
     the server turns into θ's direction (:meth:`CentralDP.direction_from_release`)."""
     population = len(eligible_clients(clients, by_impressions=method.by_impressions))
     release_dimension = method.release_dimension(task)
+    server_noise = SecureNoise() if deployed else None
 
     def round_fn(params: torch.Tensor, selected: list[int], t: int) -> RoundResult:
         dimension = int(params.numel())
@@ -776,7 +808,7 @@ def _secure_round_fn(grid: Grid, task: FederatedTask[Any], clients: ClientDatase
                                       "(each node sends one masked vector); start one "
                                       "SuperNode per user")
             theta = ndarrays_to_parameters([params.detach().float().contiguous().numpy()])
-            fitins = {node: FitIns(theta, {"round": t, "seed": seed,
+            fitins = {node: FitIns(theta, {"round": t, **_seed_entry(seed, deployed),
                                            "fingerprint": fingerprint,
                                            "user": clients.user_ids[u], "user-index": u,
                                            "clients": plan.clients, "secagg-prg": MASK_PRG})
@@ -806,31 +838,32 @@ def serve(grid: Grid, task: FederatedTask[Any], clients: ClientDataset, fed: Fed
           checkpoint_extra: dict[str, Any] | None = None,
           discovery_timeout: float = DISCOVERY_TIMEOUT,
           round_timeout: float = ROUND_TIMEOUT,
-          secure_server_noise: bool = True) -> FederatedState:
+          deployed: bool = True) -> FederatedState:
     """The ServerApp's work on a connected ``grid``: discover nodes, then train.
 
     Parameters: see :meth:`FlowerEngine.train`; ``run_files`` are the run's public files
     sent to the devices (:func:`run_record`); ``discovery_timeout`` and ``round_timeout``
     bound the waits for SuperNodes (:func:`discover_nodes`) and for a round's replies.
-    ``secure_server_noise``: central DP's noise on the sum comes from the OS CSPRNG
-    (a deployment), else from the seeded simulation stream (equal to the simulator's).
+    ``deployed``: a deployment: who takes part in each round and central DP's noise on
+    the sum come from the OS CSPRNG, the rounds carry no seed, and every node must draw
+    from the OS CSPRNG too (:func:`_secure_source`). ``False``: a simulation, seeded like
+    the simulator (equal to it).
     """
     owner = discover_nodes(grid, clients, run_record(run_files), timeout=discovery_timeout,
                            by_impressions=method.by_impressions)
     fingerprint = public_fingerprint(task, method)
     if isinstance(method, CentralDP) and method.secure_aggregation != "none":
         round_fn = _secure_round_fn(grid, task, clients, owner, method, fingerprint, seed=seed,
-                                    timeout=round_timeout,
-                                    server_noise=SecureNoise() if secure_server_noise
-                                    else None)
+                                    timeout=round_timeout, deployed=deployed)
     else:
         round_fn = _round_fn(grid, clients, owner, method, fingerprint, seed=seed,
-                             timeout=round_timeout)
+                             timeout=round_timeout, deployed=deployed)
     return train_federated(task, clients, fed, method, strategy, seed=seed, round_fn=round_fn,
                            checkpoint_path=checkpoint_path, on_evaluate=on_evaluate,
                            on_checkpoint=on_checkpoint, progress=progress,
                            stop_after_rounds=stop_after_rounds,
-                           checkpoint_extra=checkpoint_extra)
+                           checkpoint_extra=checkpoint_extra,
+                           sampling_source=SecureNoise() if deployed else None)
 
 
 class FlowerEngine:
@@ -877,7 +910,7 @@ class FlowerEngine:
             stop_after_rounds=stop_after_rounds, checkpoint_extra=checkpoint_extra)
         if self.grid is not None:
             return serve(self.grid, task, clients, fed, method, strategy, **kwargs)
-        kwargs["secure_server_noise"] = False  # a simulation: the simulator's seeded noise
+        kwargs["deployed"] = False  # a simulation: seeded like the simulator
         # Every simulated SuperNode exists from the start: the wait is only for their
         # ClientApps to answer, which is bounded like a round, not like a missing device.
         kwargs["discovery_timeout"] = ROUND_TIMEOUT

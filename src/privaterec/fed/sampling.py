@@ -1,7 +1,11 @@
 """Who takes part in a round: the eligible users and the round's sample (DESIGN §2).
 
-Client sampling of round t is a function of (seed, t) only (:func:`~privaterec.fed.rng.
-round_generator`), so a resumed run and every engine sample the same clients.
+In a simulation, client sampling of round t is a function of (seed, t) only
+(:func:`~privaterec.fed.rng.round_generator`), so a resumed run and every engine sample the
+same clients. A deployed server passes ``source`` (the OS CSPRNG, :class:`~privaterec.privacy.
+samplers.SecureNoise`): whoever knows the run's seed (it is in the public ``config.yaml``)
+must not be able to tell who was sampled, or central DP's amplification by sampling would not
+hold against them.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ import torch
 from privaterec.config import FedConfig
 from privaterec.data.clients import ClientDataset
 from privaterec.fed.rng import round_generator
+from privaterec.privacy.samplers import NoiseSource
 
 
 def eligible_clients(clients: ClientDataset, *, by_impressions: bool = False) -> torch.Tensor:
@@ -31,18 +36,28 @@ def clients_per_round(fed: FedConfig, num_eligible: int) -> int:
     return max(1, min(num_eligible, round(fed.client_fraction * num_eligible)))
 
 
-def poisson_round(eligible: torch.Tensor, q: float, *, seed: int,
-                  round_index: int) -> list[int]:
-    """Each eligible user independently with probability q (DP-FedAvg's Poisson sampling,
-    seeded by (seed, round)); the number of clients varies from round to round."""
-    u = torch.rand(len(eligible), generator=round_generator(seed, round_index),
-                   dtype=torch.float64)
+def poisson_round(eligible: torch.Tensor, q: float, *, seed: int, round_index: int,
+                  source: NoiseSource | None = None) -> list[int]:
+    """Each eligible user independently with probability q (DP-FedAvg's Poisson sampling);
+    the number of clients varies from round to round.
+
+    Seeded by (seed, round) in a simulation; with ``source`` (a deployed server's OS CSPRNG)
+    the uniforms are ``source.uniform`` (j·2^−53 for 53 random bits j, so each user is
+    taken with probability ⌈q·2^53⌉/2^53, q to within 2^−53).
+    """
+    u = (torch.rand(len(eligible), generator=round_generator(seed, round_index),
+                    dtype=torch.float64) if source is None
+         else source.uniform([len(eligible)]))
     return sorted(int(x) for x in eligible[u < q])
 
 
-def sample_round(eligible: torch.Tensor, m: int, *, seed: int, round_index: int) -> list[int]:
-    """m distinct clients for round ``round_index`` (seeded, without replacement), sorted."""
-    order = torch.randperm(len(eligible), generator=round_generator(seed, round_index))
+def sample_round(eligible: torch.Tensor, m: int, *, seed: int, round_index: int,
+                 source: NoiseSource | None = None) -> list[int]:
+    """m distinct clients for round ``round_index`` (without replacement), sorted: seeded in
+    a simulation, a uniformly random permutation from ``source`` (the OS CSPRNG) when
+    deployed."""
+    order = (torch.randperm(len(eligible), generator=round_generator(seed, round_index))
+             if source is None else torch.argsort(source.uniform([len(eligible)])))
     return sorted(int(u) for u in eligible[order[:m]])
 
 

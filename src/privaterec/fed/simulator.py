@@ -39,6 +39,7 @@ from privaterec.fed.strategies import State, Strategy, aggregate
 from privaterec.fed.task import FederatedTask
 from privaterec.privacy.events import PrivacyEvent
 from privaterec.privacy.ledger import PrivacyLedger
+from privaterec.privacy.samplers import NoiseSource
 from privaterec.runtime.checkpoint import load_checkpoint, save_checkpoint
 from privaterec.runtime.determinism import deterministic_algorithms, flush_denormals
 
@@ -167,7 +168,8 @@ def train_federated(task: FederatedTask[Any], clients: ClientDataset, fed: FedCo
                     on_checkpoint: Callable[[FederatedState], None] | None = None,
                     progress: bool = True,
                     stop_after_rounds: int | None = None,
-                    checkpoint_extra: dict[str, Any] | None = None) -> FederatedState:
+                    checkpoint_extra: dict[str, Any] | None = None,
+                    sampling_source: NoiseSource | None = None) -> FederatedState:
     """Run ``fed.rounds`` rounds from θ = the model's parameters; resume from a checkpoint.
 
     Parameters
@@ -184,6 +186,9 @@ def train_federated(task: FederatedTask[Any], clients: ClientDataset, fed: FedCo
         write ``privacy.json``).
     stop_after_rounds: stop after this many rounds of this call (tests of resumption).
     checkpoint_extra: entries added to every checkpoint (e.g. what a resume must match).
+    sampling_source: where a deployed server draws who takes part in a round (the OS
+        CSPRNG, :class:`~privaterec.privacy.samplers.SecureNoise`); ``None``: seeded by
+        (seed, round), a simulation (:meth:`ClientMethod.select`).
     """
     if round_fn is None:
         def round_fn(params: torch.Tensor, selected: list[int], t: int, *,
@@ -196,14 +201,16 @@ def train_federated(task: FederatedTask[Any], clients: ClientDataset, fed: FedCo
                       checkpoint_path=checkpoint_path, on_evaluate=on_evaluate,
                       on_checkpoint=on_checkpoint, progress=progress,
                       stop_after_rounds=stop_after_rounds,
-                      checkpoint_extra=checkpoint_extra or {})
+                      checkpoint_extra=checkpoint_extra or {},
+                      sampling_source=sampling_source)
 
 
 def _train(task: FederatedTask[Any], clients: ClientDataset, fed: FedConfig,
            method: ClientMethod, strategy: Strategy, *, seed: int, round_fn: RoundFn,
            checkpoint_path: str | Path | None, on_evaluate: RoundCallback | None,
            on_checkpoint: Callable[[FederatedState], None] | None, progress: bool,
-           stop_after_rounds: int | None, checkpoint_extra: dict[str, Any]) -> FederatedState:
+           stop_after_rounds: int | None, checkpoint_extra: dict[str, Any],
+           sampling_source: NoiseSource | None) -> FederatedState:
     if checkpoint_path is not None and Path(checkpoint_path).exists():
         saved = load_checkpoint(checkpoint_path)
         task.model.load_state_dict(saved["model"])  # frozen parameters too
@@ -234,7 +241,7 @@ def _train(task: FederatedTask[Any], clients: ClientDataset, fed: FedConfig,
                desc=f"{method.name} rounds", unit="round", leave=False)
     while state.round_index < fed.rounds:
         t = state.round_index
-        selected = method.select(eligible, m, seed=seed, round_index=t)
+        selected = method.select(eligible, m, seed=seed, round_index=t, source=sampling_source)
         result = (round_fn(state.params, selected, t, server_state=dict(state.server_state))
                   if state.server_state else round_fn(state.params, selected, t))
         params, strategy_state = strategy.step(state.params, state.strategy_state,

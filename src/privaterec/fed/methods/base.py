@@ -34,6 +34,7 @@ from privaterec.privacy.calibrated import Calibration
 from privaterec.privacy.events import Adjacency, PrivacyEvent
 from privaterec.privacy.ledger import adjacency_view, basic_composition
 from privaterec.privacy.randomness import Randomness, release_rows
+from privaterec.privacy.samplers import NoiseSource
 
 TaskT = TypeVar("TaskT", bound="FederatedTask[Any]")
 """The task a method trains (the ranking methods: ``LocalObjective``; Uni-FedRec's:
@@ -128,10 +129,11 @@ class ClientMethod(ABC, Generic[TaskT]):
             Naming the setting and what to pass instead.
         """
 
-    def select(self, eligible: torch.Tensor, m: int, *, seed: int,
-               round_index: int) -> list[int]:
-        """The round's clients: m of the eligible users (seeded, without replacement)."""
-        return sample_round(eligible, m, seed=seed, round_index=round_index)
+    def select(self, eligible: torch.Tensor, m: int, *, seed: int, round_index: int,
+               source: NoiseSource | None = None) -> list[int]:
+        """The round's clients: m of the eligible users, without replacement (seeded; from
+        ``source``, the OS CSPRNG, on a deployed server)."""
+        return sample_round(eligible, m, seed=seed, round_index=round_index, source=source)
 
     # ------------------------------------------------------------------ server state
     def server_state(self) -> dict[str, float]:

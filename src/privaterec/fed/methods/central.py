@@ -53,6 +53,7 @@ from privaterec.privacy.central import (calibrate_noise_multiplier, central_cali
 from privaterec.privacy.events import PrivacyEvent
 from privaterec.privacy.mechanisms import calibrated_noise, gaussian_noise
 from privaterec.privacy.randomness import Randomness, as_source
+from privaterec.privacy.samplers import NoiseSource
 
 CLIP_INDICATOR = "clip_indicator"
 """The name of adaptive clipping's centred indicator b − ½ in what a client sends."""
@@ -290,10 +291,12 @@ class CentralDP(ClientMethod[FederatedTask[Any]]):
             return self.noise_multiplier, None
         return self.adaptive.noise_split(self.noise_multiplier, expected)
 
-    def select(self, eligible: torch.Tensor, m: int, *, seed: int,
-               round_index: int) -> list[int]:
-        """Poisson sampling: each eligible user with probability q (``m`` is not used)."""
-        return poisson_round(eligible, self.sampling_rate, seed=seed, round_index=round_index)
+    def select(self, eligible: torch.Tensor, m: int, *, seed: int, round_index: int,
+               source: NoiseSource | None = None) -> list[int]:
+        """Poisson sampling: each eligible user with probability q (``m`` is not used);
+        seeded in a simulation, from ``source`` (the OS CSPRNG) on a deployed server."""
+        return poisson_round(eligible, self.sampling_rate, seed=seed, round_index=round_index,
+                             source=source)
 
     def inputs(self, task: FederatedTask[Any], data: ClientData, *,
                generator: Randomness) -> Any:
