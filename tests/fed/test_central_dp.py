@@ -3,16 +3,19 @@ every user of the population accounted (issue 15)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
 import torch
 
 from privaterec.config import RunConfig, TrainConfig, fed_config, replace
+from privaterec.data.clients import build_client_dataset
 from privaterec.errors import ConfigError
 from privaterec.fed.client import client_update
 from privaterec.fed.engine import train_federated_run
 from privaterec.fed.methods import method_from_config, resolve_run_config
+from privaterec.fed.objective import LocalObjective
 from privaterec.fed.rng import central_noise_generator, client_generator
 from privaterec.fed.simulator import eligible_clients, poisson_round, simulate_round
 from privaterec.privacy.central import central_epsilon
@@ -84,6 +87,41 @@ def test_empty_round_releases_noise_of_the_calibrated_scale(make_objective, clie
     sigma = 1.0 * 0.05 / (0.25 * population)
     d = objective.dimension
     assert float(result.direction.double().std()) == pytest.approx(sigma, rel=5 / math.sqrt(d))
+
+
+def test_the_population_is_every_training_user_whatever_their_data(fed_data, make_model,
+                                                                  run_config):
+    """N, the sample and the ledger must not depend on anyone's data (one user's data
+    replaced): a user whose impressions have no click is counted in N (the divisor qN),
+    sampled and accounted; sampled, they add nothing."""
+    train = fed_data.dataset.train
+    silent = sorted({imp.user_id for imp in train.behaviors})[1]
+    behaviors = [dataclasses.replace(imp, labels=tuple(0 for _ in imp.labels))
+                 if imp.user_id == silent and imp.labels is not None else imp
+                 for imp in train.behaviors]
+    clients = build_client_dataset(dataclasses.replace(train, behaviors=behaviors),
+                                   fed_data.features,
+                                   history_len=int(fed_data.clients.history.shape[1]))
+    index = clients.user_ids.index(silent)
+    assert int(clients.samples_per_user()[index]) == 0
+    assert index not in eligible_clients(clients).tolist()
+    config = run_config("dp-fedavg", noise_multiplier=2.0, client_fraction=0.5, clip=0.05,
+                        rounds=3, target_delta=1e-3)
+    method = method_from_config(config)
+    population = method.population(clients)
+    assert population.tolist() == list(range(clients.num_users))
+    sampled_in = [t for t in range(3) if index in method.select(population, 0, seed=0,
+                                                                round_index=t)]
+    assert sampled_in  # the silent user is drawn in some round of this seed
+    state = train_federated_run(config, make_model("nrms", seed=0), clients, progress=False)
+    assert sorted(state.ledger.users) == sorted(clients.user_ids)
+    objective = LocalObjective(make_model("nrms", seed=0))
+    empty = simulate_round(objective, objective.parameters(), clients, [], method, seed=0,
+                           round_index=1)  # the noise alone, over qN with N every user
+    noise = gaussian_noise((objective.dimension,), sigma=2.0 * 0.05,
+                           generator=central_noise_generator(0, 1))
+    torch.testing.assert_close(empty.direction, noise / (0.5 * clients.num_users),
+                               rtol=1e-6, atol=0.0)
 
 
 def test_training_accounts_every_user_of_the_population(fed_data, clients, make_model,

@@ -47,7 +47,7 @@ from privaterec.fed.simulator import simulate_round, train_federated  # noqa: E4
 from privaterec.fed.strategies import build_strategy  # noqa: E402
 from privaterec.models.factory import build_recommender  # noqa: E402
 from privaterec.privacy.samplers import SecureNoise  # noqa: E402
-from privaterec.runs.ranking import prepare_data  # noqa: E402
+from privaterec.runs.ranking import prepare_data, train_run  # noqa: E402
 
 TINY = ModelConfig(word_dim=8, num_heads=2, head_dim=4, attention_dim=8, title_len=6,
                    abstract_len=4, history_len=5)
@@ -509,6 +509,15 @@ def test_a_deployed_sample_is_not_a_function_of_the_seed(data_dir, tmp_path):
     # Each user's inclusion count is Binomial(40, q = 0.5); a two-sided 1e-6 band each.
     low, high = stats.binom.ppf([FIT_ALPHA / 2, 1 - FIT_ALPHA / 2], 40, 0.5)
     assert bool(((counts >= low) & (counts <= high)).all()), counts
+
+
+def test_train_run_on_a_grid_is_deployed_unless_a_seeded_rehearsal(data_dir, tmp_path):
+    s = Setup(data_dir, tmp_path)  # seeded partitions, as SuperNodes with os-entropy=false
+    metrics = train_run(s.config, tmp_path / "rehearsal", progress=False, grid=s.grid,
+                        seeded_rehearsal=True)
+    assert len(metrics["rounds"]) == 2
+    with pytest.raises(PrivateRecError, match="a deployed server sent this round"):
+        train_run(s.config, tmp_path / "deployed", progress=False, grid=s.grid)
 
 
 def test_the_nodes_source_follows_the_round_and_the_node():

@@ -34,7 +34,8 @@ def run_config_from_flower(run_config: Mapping[str, Any]) -> tuple[RunConfig, Pa
     (a privaterec YAML, optional), ``method``, ``rounds``, ``clients-per-round``,
     ``seed``, ``eval-every``, and for ``dp-fedavg`` ``secure-aggregation``,
     ``noise-placement`` and ``max-dropouts`` (``""``, ``0`` or ``-1``: keep the YAML's
-    value or the default), ``drop-missing``.
+    value or the default), ``drop-missing``. The ServerApp also reads ``seeded-rehearsal``
+    (:func:`~privaterec.runs.ranking.train_run`).
 
     Raises
     ------
@@ -85,7 +86,9 @@ server_app = ServerApp()
 def _flwr_run_main(grid: Grid, context: Context) -> None:
     """``flwr run flower/``: train the run directory ``out-dir`` like ``privaterec train``."""
     config, out, drop_missing = run_config_from_flower(context.run_config)
-    metrics = train_run(config, out, drop_missing=drop_missing, progress=False, grid=grid)
+    metrics = train_run(config, out, drop_missing=drop_missing, progress=False, grid=grid,
+                        seeded_rehearsal=bool(context.run_config.get("seeded-rehearsal",
+                                                                     False)))
     test = metrics.get("test") or {}
     summary = ", ".join(f"{k}={v:.4f}" for k, v in test.items() if isinstance(v, float))
     logging.getLogger("flwr").info("privaterec: run written to %s %s", out, summary)

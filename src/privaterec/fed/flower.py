@@ -416,7 +416,9 @@ def _secure_source(context: Context, config: Mapping[str, Any]) -> SecureNoise |
         raise ConfigError("a deployed server sent this round, and this SuperNode draws its "
                           "noise from a seeded simulation stream (node option os-entropy is "
                           "false, or it has no user-id): start it with "
-                          "--node-config 'user-id=\"...\"' (or os-entropy=true)")
+                          "--node-config 'user-id=\"...\"' (or os-entropy=true); a "
+                          "simulation is seeded: pass --run-config 'seeded-rehearsal=true' "
+                          "to flwr run")
     return None
 
 
@@ -884,14 +886,20 @@ class FlowerEngine:
         Simulated SuperNodes (default: one per user, at most
         :data:`MAX_SIMULATED_SUPERNODES`, node ``p`` holding a contiguous block of users;
         with secure aggregation one per user whatever their number).
+    deployed:
+        With ``grid``: a deployment (the default; :func:`serve`), or ``False`` for a seeded
+        rehearsal that equals the simulator (SuperNodes with ``os-entropy=false``; never
+        with real users). Flower's simulation runtime is always seeded.
     """
 
     def __init__(self, load_device: DeviceLoader, run_files: Mapping[str, str], *,
-                 grid: Grid | None = None, num_supernodes: int | None = None) -> None:
+                 grid: Grid | None = None, num_supernodes: int | None = None,
+                 deployed: bool = True) -> None:
         self.load_device = load_device
         self.run_files = dict(run_files)
         self.grid = grid
         self.num_supernodes = num_supernodes
+        self.deployed = deployed
 
     def train(self, task: FederatedTask[Any], clients: ClientDataset, fed: FedConfig,
               method: ClientMethod, strategy: Strategy, *, seed: int,
@@ -909,7 +917,8 @@ class FlowerEngine:
             on_evaluate=on_evaluate, on_checkpoint=on_checkpoint, progress=progress,
             stop_after_rounds=stop_after_rounds, checkpoint_extra=checkpoint_extra)
         if self.grid is not None:
-            return serve(self.grid, task, clients, fed, method, strategy, **kwargs)
+            return serve(self.grid, task, clients, fed, method, strategy,
+                         deployed=self.deployed, **kwargs)
         kwargs["deployed"] = False  # a simulation: seeded like the simulator
         # Every simulated SuperNode exists from the start: the wait is only for their
         # ClientApps to answer, which is bounded like a round, not like a missing device.

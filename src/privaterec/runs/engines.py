@@ -21,15 +21,16 @@ if TYPE_CHECKING:
 
 
 def build_engine(name: str, *, run_files: Mapping[str, str] | None = None,
-                 grid: Any = None) -> Engine:
+                 grid: Any = None, deployed: bool = True) -> Engine:
     """The engine ``name`` (``fed.engine``): ``simulator``, or ``flower`` on ``grid`` (a
     ``flwr run`` ServerApp's Grid) or in Flower's simulation runtime. ``run_files``: the
-    run's public files the devices rebuild the task from."""
+    run's public files the devices rebuild the task from. ``deployed`` (with ``grid``):
+    ``False`` for a seeded rehearsal of a deployment (:func:`privaterec.fed.flower.serve`)."""
     if name == "simulator" and grid is None:
         return SimulatorEngine()
     from privaterec.fed.flower import FlowerEngine
 
-    return FlowerEngine(load_device, run_files or {}, grid=grid)
+    return FlowerEngine(load_device, run_files or {}, grid=grid, deployed=deployed)
 
 
 def load_device(spec: "ClientSpec") -> "Device":

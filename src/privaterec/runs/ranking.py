@@ -56,17 +56,20 @@ def evaluation_split(dataset: MindDataset, split: str) -> MindSplit:
 
 def train_run(config: RunConfig, out: str | Path, *, drop_missing: bool = False,
               progress: bool = True, evaluate_each_epoch: bool = False,
-              grid: Any = None) -> dict[str, Any]:
+              grid: Any = None, seeded_rehearsal: bool = False) -> dict[str, Any]:
     """Train ``config`` into the run directory ``out`` (resuming if it holds this run).
 
     ``grid``: a Flower Grid to send the rounds through (a ``flwr run`` ServerApp,
     :mod:`privaterec.apps.flower_app`); ``None``: the engine ``config.fed.engine`` names.
+    ``seeded_rehearsal`` (with ``grid``): seed the server's sample and noise and send the
+    seed to the SuperNodes, as a simulation does, to check a deployment against the
+    simulator; never with real users (:func:`privaterec.fed.flower.serve`, ``deployed``).
     Returns the metrics written to ``metrics.json`` (test metrics when a test split exists).
     """
     with flush_denormals():
         return _train_run(resolve_run_config(config), out, drop_missing=drop_missing,
                           progress=progress, evaluate_each_epoch=evaluate_each_epoch,
-                          grid=grid)
+                          grid=grid, seeded_rehearsal=seeded_rehearsal)
 
 
 def evaluate_untrained(config: RunConfig, *, progress: bool = False) -> dict[str, Any]:
@@ -95,7 +98,8 @@ def evaluate_untrained(config: RunConfig, *, progress: bool = False) -> dict[str
 
 
 def _train_run(config: RunConfig, out: str | Path, *, drop_missing: bool, progress: bool,
-               evaluate_each_epoch: bool, grid: Any) -> dict[str, Any]:
+               evaluate_each_epoch: bool, grid: Any,
+               seeded_rehearsal: bool) -> dict[str, Any]:
     run = RunDirectory(Path(out))
     run.check(config)  # refuse a different run before loading anything
     # load and validate the data before the run directory exists: a bad --data must not
@@ -131,7 +135,8 @@ def _train_run(config: RunConfig, out: str | Path, *, drop_missing: bool, progre
 
     if config.train.method in FEDERATED_METHODS:
         log = _train_federated(config, run, model, prepared, progress=progress,
-                               evaluate=test_auc, grid=grid)
+                               evaluate=test_auc, grid=grid,
+                               seeded_rehearsal=seeded_rehearsal)
         log_key = "rounds"
     else:
         log = train_centralized(model, prepared.train_clients, config.train,
@@ -166,7 +171,7 @@ def _basis_diagnostics(model: Recommender, split: MindSplit, features: NewsFeatu
 def _train_federated(config: RunConfig, run: RunDirectory, model: Recommender,
                      prepared: PreparedData, *, progress: bool,
                      evaluate: Callable[[], dict[str, Any] | None],
-                     grid: Any) -> list[dict[str, Any]]:
+                     grid: Any, seeded_rehearsal: bool) -> list[dict[str, Any]]:
     """Federated training with ``privacy.json`` kept current at every checkpoint."""
     from privaterec.privacy.report import write_privacy_json
 
@@ -182,7 +187,8 @@ def _train_federated(config: RunConfig, run: RunDirectory, model: Recommender,
         write_privacy_json(run.privacy_path, state.ledger, release=release,
                            delta=config.fed.report_delta, rounds=state.round_index)
 
-    engine = build_engine(config.fed.engine, run_files=run_files(run, config), grid=grid)
+    engine = build_engine(config.fed.engine, run_files=run_files(run, config), grid=grid,
+                          deployed=not seeded_rehearsal)
     state = job.train(clients, engine=engine, checkpoint_path=run.checkpoint_path,
                       progress=progress, on_evaluate=lambda t, _: evaluate(),
                       on_checkpoint=write_privacy)
