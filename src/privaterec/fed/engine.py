@@ -19,7 +19,7 @@ from privaterec.data.clients import ClientDataset
 from privaterec.errors import ConfigError
 from privaterec.fed.methods import ClientMethod, method_from_config, resolve_run_config
 from privaterec.fed.objective import LocalObjective
-from privaterec.fed.sampling import clients_per_round, eligible_clients
+from privaterec.fed.sampling import clients_per_round
 from privaterec.fed.simulator import FederatedState, RoundCallback, train_federated
 from privaterec.fed.strategies import Strategy, build_strategy, with_pretrained_lr
 from privaterec.fed.task import FederatedTask
@@ -65,8 +65,7 @@ def check_engine(method: ClientMethod, clients: ClientDataset, *, engine: str) -
         Naming the setting and what to pass instead.
     """
     method.check_engine(engine)
-    method.check_population(len(eligible_clients(clients,
-                                                 by_impressions=method.by_impressions)))
+    method.check_population(len(method.population(clients)))
 
 
 def check_run(config: RunConfig, clients: ClientDataset) -> None:
@@ -87,8 +86,7 @@ class FederatedJob:
 
     def clients_per_round(self, clients: ClientDataset) -> int:
         """m, the clients sampled per round (the expected count for Poisson sampling)."""
-        return clients_per_round(self.config.fed, len(eligible_clients(
-            clients, by_impressions=self.method.by_impressions)))
+        return clients_per_round(self.config.fed, len(self.method.population(clients)))
 
     def train(self, clients: ClientDataset, *, engine: Engine | None = None,
               checkpoint_path: str | Path | None = None, progress: bool = True,

@@ -794,7 +794,7 @@ def _secure_round_fn(grid: Grid, task: FederatedTask[Any], clients: ClientDatase
     """Central DP's round over SecAgg+: (decoded sum [+ the server's noise]) / (qN); with
     ``clip_space`` news_vectors the decoded sum is the clients' news-vector releases, which
     the server turns into θ's direction (:meth:`CentralDP.direction_from_release`)."""
-    population = len(eligible_clients(clients, by_impressions=method.by_impressions))
+    population = len(method.population(clients))
     release_dimension = method.release_dimension(task)
     server_noise = SecureNoise() if deployed else None
 

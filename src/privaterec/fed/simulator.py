@@ -98,7 +98,7 @@ def simulate_round(task: FederatedTask[Any], params: torch.Tensor, clients: Clie
     generators = [client_generator(seed, round_index, u) for u in selected]
     inputs = [method.inputs(task, clients.client(u), generator=g)
               for u, g in zip(selected, generators)]
-    population = len(eligible_clients(clients, by_impressions=method.by_impressions))
+    population = len(method.population(clients))
     context = RoundContext(seed=seed, round_index=round_index, chunk_clients=chunk_clients,
                            population=population)  # public N
     out = method.round(task, params, inputs, generators, context)
@@ -225,9 +225,11 @@ def _train(task: FederatedTask[Any], clients: ClientDataset, fed: FedConfig,
         params = task.parameters()
         state = FederatedState(params=params, strategy_state=strategy.init_state(params),
                                server_state=method.server_state())
-    eligible = eligible_clients(clients, by_impressions=method.by_impressions)
-    population_ids = [clients.user_ids[int(u)] for u in eligible]  # central DP's ledger rows
-    m = clients_per_round(fed, len(eligible))
+    population = method.population(clients)
+    population_ids = [clients.user_ids[int(u)] for u in population]  # central DP's ledger rows
+    can_train = torch.zeros(clients.num_users, dtype=torch.bool)
+    can_train[eligible_clients(clients, by_impressions=method.by_impressions)] = True
+    m = clients_per_round(fed, len(population))
 
     def checkpoint() -> None:
         if checkpoint_path is not None:
@@ -241,7 +243,11 @@ def _train(task: FederatedTask[Any], clients: ClientDataset, fed: FedConfig,
                desc=f"{method.name} rounds", unit="round", leave=False)
     while state.round_index < fed.rounds:
         t = state.round_index
-        selected = method.select(eligible, m, seed=seed, round_index=t, source=sampling_source)
+        sampled = method.select(population, m, seed=seed, round_index=t,
+                                source=sampling_source)
+        # A sampled user without a training sample (central DP samples every user) adds
+        # nothing to the round: it is not asked.
+        selected = [u for u in sampled if bool(can_train[u])]
         result = (round_fn(state.params, selected, t, server_state=dict(state.server_state))
                   if state.server_state else round_fn(state.params, selected, t))
         params, strategy_state = strategy.step(state.params, state.strategy_state,

@@ -25,8 +25,8 @@ from typing import Any, ClassVar, Generic, Mapping, Sequence, TypeVar
 
 import torch
 
-from privaterec.data.clients import ClientData
-from privaterec.fed.sampling import sample_round
+from privaterec.data.clients import ClientData, ClientDataset
+from privaterec.fed.sampling import eligible_clients, sample_round
 from privaterec.fed.strategies import ServerDefaults, weighted_mean
 from privaterec.fed.task import FederatedTask
 from privaterec.method_settings import MethodSettings
@@ -105,6 +105,11 @@ class ClientMethod(ABC, Generic[TaskT]):
         """Whether who takes part is decided by labelled impressions (PrivateRec) rather than
         by training samples (:func:`~privaterec.fed.sampling.eligible_clients`)."""
         return False
+
+    def population(self, clients: ClientDataset) -> torch.Tensor:
+        """``LongTensor``: the users a round samples from, and N of the method's accounting:
+        the eligible users (:func:`~privaterec.fed.sampling.eligible_clients`)."""
+        return eligible_clients(clients, by_impressions=self.by_impressions)
 
     def check_client(self, data: ClientData) -> None:
         """Raise ``ValueError`` if the client cannot take part (no training sample)."""

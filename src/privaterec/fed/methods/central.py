@@ -32,7 +32,7 @@ from typing import Any, ClassVar, Mapping, Sequence
 import torch
 
 from privaterec.config import RunConfig, replace
-from privaterec.data.clients import ClientData
+from privaterec.data.clients import ClientData, ClientDataset
 from privaterec.errors import ConfigError
 from privaterec.fed.methods.base import ClientMethod, RoundContext, RoundOutput
 from privaterec.fed.methods.ranking import FedRec
@@ -221,6 +221,13 @@ class CentralDP(ClientMethod[FederatedTask[Any]]):
     @property
     def by_impressions(self) -> bool:
         return self.inner.by_impressions
+
+    def population(self, clients: ClientDataset) -> torch.Tensor:
+        """Every training user: N (the divisor qN, δ < 1/N) and who is sampled must not
+        depend on anyone's data, and under replacement a user whose new data has no training
+        sample is still enrolled. Sampled, such a user adds a zero update (the engine does
+        not ask them)."""
+        return torch.arange(clients.num_users)
 
     def check_client(self, data: ClientData) -> None:
         self.inner.check_client(data)
