@@ -253,7 +253,8 @@ class DPFedAvgSettings(MethodSettings):
         the gradient (DP-FedAvg). ``news_vectors``: the user-side gradient and the
         cotangents of the news vectors of the whole news table, turned into the
         news-encoder gradient by the server with one shared backward pass
-        (:mod:`privaterec.fed.news_space`; simulator, one local step, fixed clip).
+        (:mod:`privaterec.fed.news_space`; the simulator, or Flower through SecAgg+; one
+        local step, fixed clip).
     """
 
     method: ClassVar[str] = "dp-fedavg"

@@ -145,6 +145,11 @@ def caption(populations: Sequence[Population], results: Sequence[RowResult],
         "candidate-path gradient reveals which displayed news were drawn, so no total covers "
         "a whole user (∞); paper mode also uploads the history-path gradient raw, so its "
         "stated guarantee does not hold at all.",
+        "Trust models differ at the same adjacency: a central row's ε holds against everyone "
+        "who sees the released models but not who was sampled, with the aggregator trusted to "
+        "add the noise (the simulator's server, or on Flower the SecAgg+ server, which sees "
+        "only the sum); a local-DP row's ε holds against the server itself, which sees each "
+        "noised upload (docs/privacy.md).",
         f"PrivateRec by DP-FedAvg: the PrivateRec model (B = {bases}) trained by "
         "DP-FedAvg at the largest finite target ε (its training ε is the one shown), then "
         "served by local ranking (the device downloads the pool's score matrix and sends "

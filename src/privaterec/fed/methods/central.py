@@ -583,6 +583,10 @@ class CentralDP(ClientMethod[FederatedTask[Any]]):
                            "updates (central DP), divided by the expected count qN",
             "clipping": "l2 (each client)", "clip_bound": self.clip,
             "noise_scale": event.noise_scale, "sensitivity_l2": self.clip,
+            "sensitivity_note": "sensitivity_l2 is each user's norm bound C: one user added "
+                                "or removed moves the sum by at most C, one user's data "
+                                "replaced by at most 2C (the accountant's REPLACE_ONE "
+                                "neighbouring relation, which the epsilon_run values use)",
             "dimension": dimension, "epsilon_per_round": event.epsilon,
             "delta_per_round": event.delta, "coordinate_epsilon": None,
             "noised_parameters": list(parameters),
