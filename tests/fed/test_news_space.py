@@ -149,7 +149,7 @@ def test_device_releases_sum_to_the_rounds_clipped_sum(make_objective, perturb, 
                                                 generator=torch.Generator())
         assert payload.shape == (method.release_dimension(objective),)
         assert method.release_dimension(objective) == space.release_dimension
-        assert float(payload.norm()) <= 0.05 * (1 + 1e-5) and reports == {}
+        assert float(payload.double().norm()) <= 0.05 and reports == {}
         uploads.append(payload)
     sums = space.clipped_sum(theta, objective.batch(inputs), clip=0.05, chunk_clients=2)
     total = torch.stack(uploads).sum(0)

@@ -143,12 +143,19 @@ def _check_bound(bound: float | Tensor) -> None:
         raise ConfigError(f"invalid clipping 'bound': got {bound!r}, expected a number >= 0")
 
 
+CLIP_MARGIN = 2.0 ** -22
+"""Relative margin of the clip: a slice is scaled to norm ≤ C·(1 − 2^−22), its norm taken in
+float64, so that the float32 product (two roundings of ≤ 2^−24 each: the factor and each
+coordinate) still has exact norm ≤ C, the sensitivity the accountant assumes."""
+
+
 def _clip_norm(x: Tensor, bound: float | Tensor, dim: Dims, ord: float) -> Tensor:
     _check_bound(bound)
-    norms = torch.linalg.vector_norm(x, ord=ord, dim=_dims(x, dim), keepdim=True)
+    norms = torch.linalg.vector_norm(x, ord=ord, dim=_dims(x, dim), keepdim=True,
+                                     dtype=torch.float64)
     tiny = torch.finfo(norms.dtype).tiny
-    factor = torch.clamp(bound / norms.clamp_min(tiny), max=1.0)
-    return x * factor
+    factor = torch.clamp(bound * (1.0 - CLIP_MARGIN) / norms.clamp_min(tiny), max=1.0)
+    return x * factor.to(x.dtype)
 
 
 def clip_l2(x: Tensor, bound: float | Tensor, *, dim: Dims = -1) -> Tensor:
@@ -167,7 +174,8 @@ def clip_l2(x: Tensor, bound: float | Tensor, *, dim: Dims = -1) -> Tensor:
     Returns
     -------
     Tensor
-        Same shape as ``x``; norms ≤ C up to floating-point rounding.
+        Same shape as ``x``; exact norms ≤ C (:data:`CLIP_MARGIN`: a slice whose norm is
+        within 2^−22 of C, or above it, is scaled to C·(1 − 2^−22)).
     """
     return _clip_norm(x, bound, dim, 2.0)
 
