@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -14,10 +15,12 @@ from privaterec.data.clients import build_client_dataset
 from privaterec.errors import ConfigError
 from privaterec.fed.client import client_update
 from privaterec.fed.engine import train_federated_run
+from privaterec.fed.methods.central import CentralDP
 from privaterec.fed.methods import method_from_config, resolve_run_config
 from privaterec.fed.objective import LocalObjective
 from privaterec.fed.rng import central_noise_generator, client_generator
 from privaterec.fed.simulator import eligible_clients, poisson_round, simulate_round
+from privaterec.privacy.audit import empirical_epsilon_lower_bound
 from privaterec.privacy.central import central_epsilon
 from privaterec.privacy.mechanisms import gaussian_noise
 
@@ -157,3 +160,49 @@ def test_a_refused_central_run_creates_no_run_directory(tmp_path, fed_data):
     with pytest.raises(ConfigError, match="1/N"):
         train_run(config, tmp_path / "run", progress=False)
     assert not (tmp_path / "run").exists()
+
+
+def _audit_round(method, *, sign: float, trials: int, offset: int) -> np.ndarray:
+    """The released coordinate of one round of the real code, ``trials`` times: Poisson
+    sampling (:meth:`CentralDP.select`), each sampled client's update clipped
+    (:meth:`privatize`), then :meth:`aggregate`'s noise and division by qN. User 0's raw
+    update is ``sign`` · 5 (clipped to ±C); the other users' are 0."""
+    population = torch.arange(4)
+    out = np.empty(trials)
+    for trial in range(trials):
+        sampled = method.select(population, 0, seed=offset + trial, round_index=0)
+        raw = torch.tensor([[sign * 5.0] if u == 0 else [0.0] for u in sampled])
+        clipped, _ = method.privatize(raw.reshape(len(sampled), 1),
+                                      [torch.Generator() for _ in sampled])
+        total = clipped.sum(0) if len(sampled) else torch.zeros(1)
+        generator = torch.Generator().manual_seed(offset + trial)
+        out[trial] = float(method.aggregate(total, 0.0, population=4,
+                                            generator=generator).direction[0])
+    return out
+
+
+def test_audit_of_the_real_round_at_q_below_one(run_config, monkeypatch):
+    """End-to-end distinguishing game on the engine's own round at q = 0.5 (user 0's data
+    replaced: update +C or -C, each sampled with probability q): the Clopper-Pearson lower
+    bound on epsilon stays below the ledger's per-round epsilon, and the test has power; the
+    same round with its noise 10x too small is caught above the claim."""
+    method = method_from_config(run_config("dp-fedavg", noise_multiplier=1.0,
+                                           client_fraction=0.5, clip=0.05,
+                                           target_delta=1e-5))
+    event = method.central_event()
+    claimed = central_epsilon(noise_multiplier=1.0, sampling_rate=0.5, rounds=1, delta=1e-5)
+    threshold = 0.5 * 0.05 / (0.5 * 4)  # fixed before any draw: half of C, over qN
+    trials = 10_000
+
+    def bound() -> float:
+        minus = _audit_round(method, sign=-1.0, trials=trials, offset=0)
+        plus = _audit_round(method, sign=+1.0, trials=trials, offset=trials)
+        return empirical_epsilon_lower_bound(minus, plus, threshold, alpha=0.05,
+                                             delta=event.delta or 0.0)
+
+    honest = bound()
+    assert 0.5 < honest <= claimed, (honest, claimed)
+    central_noise = CentralDP.central_noise
+    monkeypatch.setattr(CentralDP, "central_noise",
+                        lambda self, d, source: central_noise(self, d, source) / 10)
+    assert bound() > claimed
