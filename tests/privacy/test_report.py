@@ -137,6 +137,17 @@ def test_report_values_equal_ledger_report(tmp_path):
     assert "max epsilon 20, max delta 4e-05 (sums over releases" in text
 
 
+def test_a_delta_not_below_one_over_n_is_flagged(tmp_path):
+    ledger = ledger_with(laplace_event(1.0), [1, 5, 5, 12])  # N = 4 users
+    release = {"method": "dp-fedrec", "mechanism": "laplace", "epsilon_per_round": 1.0}
+    fine = write_privacy_json(tmp_path / "privacy.json", ledger, release=release,
+                              delta=0.2, rounds=20, composition="pld")
+    assert fine["checks"] == []  # 0.2 < 1/4
+    summary = recompose_privacy_summary(fine, delta=0.25)
+    assert any("not below 1/N = 0.25 for the N = 4 users" in c for c in summary["checks"])
+    assert "not below 1/N" in format_privacy_report(summary)
+
+
 def test_fednewsrec_reports_coordinate_and_update_epsilon(tmp_path):
     dim = 1000
     coordinate = 2 * 0.005 / 0.015          # 2δ/λ, computed here independently

@@ -146,9 +146,15 @@ def build_privacy_summary(ledger: PrivacyLedger, *, release: Mapping[str, Any], 
     _check_inputs(release, delta, rounds, composition)
     release = _decode(to_json_safe(release, where="release"))
     report = _decode(to_json_safe(ledger.report(delta=float(delta), composition=composition)))
+    checks = release_checks(release, report)
+    users = len(ledger.users)
+    if users and not float(delta) < 1 / users:
+        checks.append(f"target delta = {float(delta):g} is not below 1/N = {1 / users:.3g} "
+                      f"for the N = {users} users of the ledger: a delta that large allows "
+                      f"releasing one user's data outright; report at a smaller --delta")
     return {"format": FORMAT, "version": VERSION, "release": release, "delta": float(delta),
             "rounds": int(rounds), "composition": composition, "report": report,
-            "checks": release_checks(release, report), "ledger": ledger.to_dict()}
+            "checks": checks, "ledger": ledger.to_dict()}
 
 
 def write_privacy_json(path: Path, ledger: PrivacyLedger, *, release: Mapping[str, Any],
