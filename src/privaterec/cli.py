@@ -617,15 +617,18 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--seed", type=int, default=None,
                        help=f"seed of every random draw (default {train_defaults.seed})")
     fed = train.add_argument_group(
-        "federated training (fedrec, fednewsrec, dp-fedrec, privaterec; unset = the "
+        "federated training (fedrec, fednewsrec, dp-fedrec, dp-fedavg, privaterec; unset = the "
         "method's default; a flag that is not a setting of the method is refused)")
     fed.add_argument("--rounds", type=int, default=None, help="T communication rounds")
     fed.add_argument("--client-fraction", type=float, default=None,
-                     help="r, fraction of users sampled per round (default 0.02)")
+                     help="r, fraction of users sampled per round (default 0.02); dp-fedavg: "
+                          "q, each user's probability of joining a round (Poisson)")
     fed.add_argument("--clients-per-round", type=int, default=None,
-                     help="sample exactly this many users per round (overrides r)")
+                     help="sample exactly this many users per round (overrides r; not with "
+                          "dp-fedavg, whose accounting needs Poisson sampling)")
     fed.add_argument("--strategy", choices=STRATEGIES, default=None,
-                     help="server optimiser (fednewsrec: sgd; fedrec, dp-fedrec: fedadam)")
+                     help="server optimiser (fednewsrec: sgd; fedrec, dp-fedrec, dp-fedavg: "
+                          "fedadam)")
     fed.add_argument("--server-lr", type=float, default=None,
                      help="server learning rate (sgd 0.5, fedavg 1.0, fedavgm 1.0, fedadam 1e-2)")
     fed.add_argument("--server-momentum", type=float, default=None,
