@@ -191,6 +191,7 @@ def test_audit_of_the_real_round_at_q_below_one(run_config, monkeypatch):
                                            target_delta=1e-5))
     event = method.central_event()
     claimed = central_epsilon(noise_multiplier=1.0, sampling_rate=0.5, rounds=1, delta=1e-5)
+    assert event.epsilon == pytest.approx(claimed, rel=1e-9)  # the ledger's per-round claim
     threshold = 0.5 * 0.05 / (0.5 * 4)  # fixed before any draw: half of C, over qN
     trials = 10_000
 

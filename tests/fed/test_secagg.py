@@ -32,7 +32,7 @@ from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
 from privaterec.config import ModelConfig, RunConfig, TrainConfig, fed_config  # noqa: E402
 from privaterec.method_settings import DPFedAvgSettings  # noqa: E402
 from privaterec.data.synth import SynthConfig, write_synthetic  # noqa: E402
-from privaterec.errors import ConfigError, PrivateRecError  # noqa: E402
+from privaterec.errors import CheckpointError, ConfigError, PrivateRecError  # noqa: E402
 from privaterec.fed import flower  # noqa: E402
 from privaterec.fed.engine import check_engine  # noqa: E402
 from privaterec.fed.methods import method_from_config, resolve_run_config  # noqa: E402
@@ -40,7 +40,6 @@ from privaterec.fed.methods.central import CentralDP  # noqa: E402
 from privaterec.fed.news_space import NewsSpaceClipping  # noqa: E402
 from privaterec.fed.objective import LocalObjective  # noqa: E402
 from privaterec.fed.rng import central_noise_generator, client_generator  # noqa: E402
-from privaterec.fed.sampling import eligible_clients  # noqa: E402
 from privaterec.fed.secagg import (MIN_BITS, SecAggRound, min_clients,  # noqa: E402
                                    plan_round, quantization_bits)
 from privaterec.fed.simulator import simulate_round, train_federated  # noqa: E402
@@ -235,7 +234,7 @@ class Setup:
 
     @property
     def population(self) -> int:
-        return len(eligible_clients(self.clients))
+        return len(self.method.population(self.clients))
 
     def train_flower(self, **kwargs: Any):
         task = self.new_task()
@@ -255,7 +254,8 @@ class Setup:
                                        seed=SEED, timeout=60.0, deployed=False)
 
     def selected(self, t: int) -> list[int]:
-        return self.method.select(eligible_clients(self.clients), 0, seed=SEED, round_index=t)
+        return self.method.select(self.method.population(self.clients), 0, seed=SEED,
+                                  round_index=t)
 
 
 def _collect_replies(grid: LocalGrid) -> list[Message]:
@@ -467,9 +467,10 @@ def test_a_deployed_server_sends_no_seed_and_seeded_nodes_refuse_its_rounds(data
         s.train_flower(deployed=True)
 
 
+@pytest.mark.parametrize("placement", ["central", "distributed"])
 def test_a_deployed_round_draws_sample_noise_and_shares_from_the_os(data_dir, tmp_path,
-                                                                    monkeypatch):
-    s = Setup(data_dir, tmp_path, noise_placement="distributed")
+                                                                    monkeypatch, placement):
+    s = Setup(data_dir, tmp_path, noise_placement=placement)
     for context in s.grid.contexts.values():
         context.node_config["os-entropy"] = True  # as a real device (user-id) would
     seen: list[dict[str, Any]] = []
@@ -489,15 +490,30 @@ def test_a_deployed_round_draws_sample_noise_and_shares_from_the_os(data_dir, tm
         return sampled[-1]
 
     monkeypatch.setattr(CentralDP, "select", spy_select)
-    state = s.train_flower(deployed=True)
+    noise_sources: list[Any] = []
+    central_noise = CentralDP.central_noise
+
+    def spy_noise(self: CentralDP, dimension: int, source: Any) -> torch.Tensor:
+        noise_sources.append(source)
+        return central_noise(self, dimension, source)
+
+    monkeypatch.setattr(CentralDP, "central_noise", spy_noise)
+    checkpoint = tmp_path / "deployed.pt"
+    state = s.train_flower(deployed=True, checkpoint_path=checkpoint)
     assert state.round_index == 2 and len(sampled) == 2
+    # The server's own noise: from the OS with central placement, none with distributed.
+    assert (all(isinstance(n, SecureNoise) for n in noise_sources) and len(noise_sources) == 2
+            if placement == "central" else not noise_sources)
+    # A deployed checkpoint records the mode: a seeded resume of it is refused.
+    with pytest.raises(CheckpointError, match="written by a deployed run"):
+        s.train_flower(deployed=False, checkpoint_path=checkpoint)
     assert seen and all("seed" not in c and c.get("deployed") is True for c in seen)
     assert bool(torch.isfinite(state.params).all())
 
 
 def test_a_deployed_sample_is_not_a_function_of_the_seed(data_dir, tmp_path):
     s = Setup(data_dir, tmp_path)
-    eligible = eligible_clients(s.clients)
+    eligible = s.method.population(s.clients)
     seeded = s.method.select(eligible, 0, seed=SEED, round_index=0)
     assert seeded == s.method.select(eligible, 0, seed=SEED, round_index=0)
     draws = [s.method.select(eligible, 0, seed=SEED, round_index=0, source=SecureNoise())
@@ -747,3 +763,14 @@ def test_flwr_run_config_takes_the_secure_aggregation_keys(tmp_path):
                                            "noise-placement": "", "max-dropouts": -1})
     assert (config.fed.settings.secure_aggregation, config.fed.settings.max_dropouts) == \
         ("none", 0)
+
+
+def test_seeded_rehearsal_is_a_boolean_and_off_by_default():
+    from privaterec.apps.flower_app import seeded_rehearsal
+
+    assert seeded_rehearsal({}) is False
+    assert seeded_rehearsal({"seeded-rehearsal": False}) is False
+    assert seeded_rehearsal({"seeded-rehearsal": True}) is True
+    for wrong in ("false", "true", 0, 1):  # a quoted 'false' must not seed a deployment
+        with pytest.raises(ConfigError, match="seeded-rehearsal"):
+            seeded_rehearsal({"seeded-rehearsal": wrong})

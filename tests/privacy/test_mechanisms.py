@@ -145,6 +145,8 @@ def test_clip_float32_norms_are_exactly_within_the_bound_and_zero_bound():
     assert torch.equal(clip_l2(x, 0.0), torch.zeros_like(x))
     with pytest.raises(ConfigError, match="'bound'"):
         clip_l1(x, -1.0)
+    with pytest.raises(ConfigError, match="float32 or float64"):
+        clip_l2(x.to(torch.bfloat16), 0.3)  # the margin does not cover bfloat16 rounding
 
 
 def test_clip_dim_none_clips_each_leading_item_over_all_dims():

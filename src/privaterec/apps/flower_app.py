@@ -79,6 +79,22 @@ def run_config_from_flower(run_config: Mapping[str, Any]) -> tuple[RunConfig, Pa
             bool(run_config.get("drop-missing", False)))
 
 
+def seeded_rehearsal(run_config: Mapping[str, Any]) -> bool:
+    """The run-config key ``seeded-rehearsal``: ``true`` only as a boolean (TOML ``true``).
+
+    Raises
+    ------
+    ConfigError
+        For any other value than a boolean (e.g. the string ``'false'``, which ``bool()``
+        would read as true and so seed a deployment).
+    """
+    value = run_config.get("seeded-rehearsal", False)
+    if not isinstance(value, bool):
+        raise ConfigError(f"run config 'seeded-rehearsal' must be true or false (unquoted), "
+                          f"got {value!r}")
+    return value
+
+
 server_app = ServerApp()
 
 
@@ -87,8 +103,7 @@ def _flwr_run_main(grid: Grid, context: Context) -> None:
     """``flwr run flower/``: train the run directory ``out-dir`` like ``privaterec train``."""
     config, out, drop_missing = run_config_from_flower(context.run_config)
     metrics = train_run(config, out, drop_missing=drop_missing, progress=False, grid=grid,
-                        seeded_rehearsal=bool(context.run_config.get("seeded-rehearsal",
-                                                                     False)))
+                        seeded_rehearsal=seeded_rehearsal(context.run_config))
     test = metrics.get("test") or {}
     summary = ", ".join(f"{k}={v:.4f}" for k, v in test.items() if isinstance(v, float))
     logging.getLogger("flwr").info("privaterec: run written to %s %s", out, summary)
@@ -96,4 +111,4 @@ def _flwr_run_main(grid: Grid, context: Context) -> None:
 
 client_app = make_client_app(load_device)
 
-__all__ = ["client_app", "run_config_from_flower", "server_app"]
+__all__ = ["client_app", "run_config_from_flower", "seeded_rehearsal", "server_app"]

@@ -8,8 +8,9 @@ SuperNode that holds the client's data:
 
 * **server** (:func:`serve`, run inside a ServerApp): runs
   :func:`privaterec.fed.simulator.train_federated` with a round function that sends the
-  global θ (``ArrayRecord``) and the round's seed and user list (``ConfigRecord``) to the
-  SuperNodes holding the round's sampled users, collects their replies, sorts them by user
+  global θ (``ArrayRecord``) and the round's user list (``ConfigRecord``; with the seed in a
+  simulation or seeded rehearsal, with only the mark ``deployed`` from a deployed server) to
+  the SuperNodes holding the round's sampled users, collects their replies, sorts them by user
   index and aggregates them with :func:`privaterec.fed.strategies.aggregate`. The server
   strategy, the privacy ledger, checkpoints and evaluation stay in ``train_federated``.
 * **ClientApp** (:func:`make_client_app`, ``@app.train()``): for each requested user it calls
@@ -43,8 +44,9 @@ server, run by :func:`secure_sum` inside the same round function), so the server
 only their sum; the quantisation, threshold, modulus and noise shares are
 :mod:`privaterec.fed.secagg`'s. One user per SuperNode (each sends one masked vector).
 The server then adds the noise (``central``; seeded by
-:func:`~privaterec.fed.rng.central_noise_generator` in a simulation, float-safe from the OS
-CSPRNG on a real Grid) or the clients already added their shares (``distributed``).
+:func:`~privaterec.fed.rng.central_noise_generator` in a simulation or seeded rehearsal,
+float-safe from the OS CSPRNG when deployed) or the clients already added their shares
+(``distributed``).
 
 :class:`FlowerEngine` is the :class:`~privaterec.fed.engine.Engine` the run layer passes to
 train on Flower: on a given Grid (a ``flwr run`` ServerApp, :mod:`privaterec.apps.
@@ -93,9 +95,9 @@ from flwr.server.workflow import SecAggPlusWorkflow  # noqa: E402
 from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECORD  # noqa: E402
 from flwr.serverapp import Grid, ServerApp  # noqa: E402
 
-from privaterec.config import FedConfig  # noqa: E402
+from privaterec.config import FedConfig, replace  # noqa: E402
 from privaterec.data.clients import ClientDataset  # noqa: E402
-from privaterec.errors import ConfigError, PrivateRecError  # noqa: E402
+from privaterec.errors import CheckpointError, ConfigError, PrivateRecError  # noqa: E402
 from privaterec.fed.client import client_update  # noqa: E402
 from privaterec.fed.methods.base import ClientMethod  # noqa: E402
 from privaterec.fed.methods.central import CentralDP  # noqa: E402
@@ -109,6 +111,7 @@ from privaterec.fed.task import FederatedTask  # noqa: E402
 from privaterec.fed.update import ClientUpdate  # noqa: E402
 from privaterec.privacy.events import PrivacyEvent  # noqa: E402
 from privaterec.privacy.samplers import SecureNoise  # noqa: E402
+from privaterec.runtime.checkpoint import load_checkpoint  # noqa: E402
 from privaterec.runtime.determinism import (deterministic_algorithms,  # noqa: E402
                                             flush_denormals)
 
@@ -848,9 +851,23 @@ def serve(grid: Grid, task: FederatedTask[Any], clients: ClientDataset, fed: Fed
     bound the waits for SuperNodes (:func:`discover_nodes`) and for a round's replies.
     ``deployed``: a deployment: who takes part in each round and central DP's noise on
     the sum come from the OS CSPRNG, the rounds carry no seed, and every node must draw
-    from the OS CSPRNG too (:func:`_secure_source`). ``False``: a simulation, seeded like
-    the simulator (equal to it).
+    from the OS CSPRNG too (:func:`_secure_source`); the run is checkpointed every round (a
+    resume re-runs the rounds after the last checkpoint, with fresh draws the ledger would
+    miss) and a checkpoint records the mode, which a resume must match. ``False``: a
+    simulation, seeded like the simulator (equal to it).
     """
+    if deployed:  # e.g. central DP only through secure aggregation (the run layer checks
+        method.check_engine("flower")  # too; benchmarks time the other path in simulation)
+    if checkpoint_path is not None and Path(checkpoint_path).exists():
+        written = bool(load_checkpoint(checkpoint_path).get("deployed", False))
+        if written != deployed:
+            raise CheckpointError(
+                f"{checkpoint_path}: written by a {'deployed' if written else 'seeded'} run, "
+                f"resumed as a {'deployed' if deployed else 'seeded'} one (seeded-rehearsal "
+                f"changed); train into a new out-dir")
+    if deployed:  # fresh draws: a resume must not replay rounds the ledger has not recorded
+        fed = replace(fed, checkpoint_every=1)
+    checkpoint_extra = {**(checkpoint_extra or {}), "deployed": deployed}
     owner = discover_nodes(grid, clients, run_record(run_files), timeout=discovery_timeout,
                            by_impressions=method.by_impressions)
     fingerprint = public_fingerprint(task, method)

@@ -150,9 +150,10 @@ class SecAggRound:
 
     def quantize(self, x: torch.Tensor) -> torch.Tensor:
         """The clipped update ``x`` ``[D]`` on the grid, each coordinate rounded toward zero
-        (float64, exact multiples of s): ‖q‖₂ ≤ ‖x‖₂, and ≤ C (checked in float64; a
-        coordinate is moved one more step toward zero while the float32 clip left the norm
-        above C)."""
+        (float64, exact multiples of s): ‖q‖₂ ≤ ‖x‖₂, and ≤ C (checked in float64; the clip
+        already bounds ‖x‖₂ by C exactly, :data:`~privaterec.privacy.mechanisms.CLIP_MARGIN`,
+        so the loop that moves coordinates one more step toward zero is a guard for an
+        ``x`` clipped elsewhere)."""
         x64 = x.detach().to(torch.float64)
         q = torch.trunc(x64 / self.step) * self.step
         while float(torch.linalg.vector_norm(q)) > self.clip:

@@ -89,7 +89,8 @@ def clip_indicators(updates: torch.Tensor, clip: float) -> torch.Tensor:
     updates:
         ``Tensor[m, D]``, the clients' updates before clipping.
     clip:
-        C_t; b_i = 1 when ‖Δ_i‖₂ ≤ C_t (the update passes the L2 clip unchanged).
+        C_t; b_i = 1 when ‖Δ_i‖₂ ≤ C_t (the update passes the L2 clip unchanged, except
+        within the clip's relative margin 2^−22 of C_t, where it is scaled by at most that).
     """
     norms = torch.linalg.vector_norm(updates, ord=2, dim=-1)
     return (norms <= clip).to(torch.float64) - 0.5

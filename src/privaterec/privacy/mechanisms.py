@@ -151,6 +151,10 @@ coordinate) still has exact norm ≤ C, the sensitivity the accountant assumes."
 
 def _clip_norm(x: Tensor, bound: float | Tensor, dim: Dims, ord: float) -> Tensor:
     _check_bound(bound)
+    if x.dtype not in (torch.float32, torch.float64):
+        raise ConfigError(f"clipping needs float32 or float64 values, got {x.dtype}: the "
+                          f"exact norm bound (CLIP_MARGIN) does not hold for narrower floats; "
+                          f"cast the update first")
     norms = torch.linalg.vector_norm(x, ord=ord, dim=_dims(x, dim), keepdim=True,
                                      dtype=torch.float64)
     tiny = torch.finfo(norms.dtype).tiny
@@ -159,7 +163,8 @@ def _clip_norm(x: Tensor, bound: float | Tensor, dim: Dims, ord: float) -> Tenso
 
 
 def clip_l2(x: Tensor, bound: float | Tensor, *, dim: Dims = -1) -> Tensor:
-    """Scale each slice to L2 norm ≤ ``bound``: x · min(1, bound/‖x‖₂); unchanged if inside.
+    """Scale each slice to L2 norm ≤ ``bound``: x · min(1, bound·(1 − 2^−22)/‖x‖₂), the norm
+    in float64 (:data:`CLIP_MARGIN`); unchanged if inside that slightly smaller ball.
 
     Parameters
     ----------
