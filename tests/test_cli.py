@@ -320,7 +320,7 @@ def test_train_evaluate_demo_flags_all_have_help_and_defaults(capsys):
     for flag, default in (("--method", "centralized"), ("--model", "nrms"),
                           ("--epochs", "3"), ("--lr", "0.005"), ("--batch-size", "32")):
         assert f"(default {default})" in text.split(flag, 2)[2].split(" --", 1)[0], flag
-    assert "dp-fedrec, privaterec; unset" in text
+    assert "dp-fedrec, dp-fedavg, privaterec; unset" in text
     assert "--epsilon-train EPSILON_TRAIN dp-fedrec, privaterec:" in text
 
 
