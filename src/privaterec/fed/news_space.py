@@ -45,7 +45,7 @@ from torch.func import grad_and_value, vmap
 
 from privaterec.fed.objective import ClientBatch, LocalObjective
 from privaterec.models.recommender import Recommender
-from privaterec.privacy.mechanisms import CLIP_MARGIN
+from privaterec.privacy.mechanisms import clip_factor
 
 NEWS_ENCODER_PREFIX = "news_encoder."
 """θ's parameters whose names start with this are Θ_N (the rest: the user side Θ_U)."""
@@ -194,12 +194,11 @@ class NewsSpaceClipping:
                 0, inverse.reshape(-1), cot.reshape(-1, self.dim))        # [pairs, d]
             pair_owner = keys // self.pool_size
             pair_row = keys % self.pool_size
-            # The norm in float64 and C·(1 − 2^−22), as clip_l2: exact norms ≤ C in float32.
+            # The norm in float64, then clip_l2's factor: exact norms ≤ C in float32.
             squared = (g_user.double() ** 2).sum(1).index_add_(
                 0, pair_owner, (pair_v.double() ** 2).sum(1))
             norm = squared.sqrt()
-            factor = ((clip * (1.0 - CLIP_MARGIN)) / norm.clamp_min(1e-300)
-                      ).clamp(max=1.0).to(g_user.dtype)                   # [c]
+            factor = clip_factor(norm, clip).to(g_user.dtype)           # [c]
             user_total[user_coords] += (factor[:, None] * g_user).sum(0)
             news_total.index_add_(0, pair_row, factor[pair_owner, None] * pair_v)
             norms[index] = norm.to(norms.dtype)

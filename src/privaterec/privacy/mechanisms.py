@@ -149,6 +149,13 @@ float64, so that the float32 product (two roundings of ≤ 2^−24 each: the fac
 coordinate) still has exact norm ≤ C, the sensitivity the accountant assumes."""
 
 
+def clip_factor(norms: Tensor, bound: float | Tensor) -> Tensor:
+    """min(1, C·(1 − 2^−22)/‖x‖) for float64 ``norms`` (:data:`CLIP_MARGIN`): the scale that
+    clips a vector of that norm to an exact norm ≤ C once applied in float32 or float64."""
+    tiny = torch.finfo(norms.dtype).tiny
+    return torch.clamp(bound * (1.0 - CLIP_MARGIN) / norms.clamp_min(tiny), max=1.0)
+
+
 def _clip_norm(x: Tensor, bound: float | Tensor, dim: Dims, ord: float) -> Tensor:
     _check_bound(bound)
     if x.dtype not in (torch.float32, torch.float64):
@@ -157,9 +164,7 @@ def _clip_norm(x: Tensor, bound: float | Tensor, dim: Dims, ord: float) -> Tenso
                           f"cast the update first")
     norms = torch.linalg.vector_norm(x, ord=ord, dim=_dims(x, dim), keepdim=True,
                                      dtype=torch.float64)
-    tiny = torch.finfo(norms.dtype).tiny
-    factor = torch.clamp(bound * (1.0 - CLIP_MARGIN) / norms.clamp_min(tiny), max=1.0)
-    return x * factor.to(x.dtype)
+    return x * clip_factor(norms, bound).to(x.dtype)
 
 
 def clip_l2(x: Tensor, bound: float | Tensor, *, dim: Dims = -1) -> Tensor:
