@@ -18,7 +18,7 @@ import torch
 from privaterec.config import ModelConfig, RunConfig, TrainConfig, fed_config, replace
 from privaterec.data.clients import ClientDataset, build_client_dataset
 from privaterec.data.features import NewsFeatures, build_news_features, build_vocabularies
-from privaterec.data.records import MindDataset
+from privaterec.data.records import MindDataset, MindSplit
 from privaterec.data.synth import SynthConfig, generate
 from privaterec.data.text import TextVocabularies
 from privaterec.fed.client import client_candidates
@@ -148,6 +148,20 @@ def client_batch(clients: ClientDataset) -> Callable[..., tuple[ClientBatch, lis
     return make
 
 
+def without_clicks(split: MindSplit, features: NewsFeatures, user_id: str, *,
+                   history_len: int) -> ClientDataset:
+    """The training clients of ``split`` with ``user_id``'s impressions stripped of their
+    clicks: that user keeps their history and impressions but has no training sample (one
+    user's data replaced, as central DP's adjacency allows)."""
+    behaviors = [dataclasses.replace(imp, labels=tuple(0 for _ in imp.labels))
+                 if imp.user_id == user_id and imp.labels is not None else imp
+                 for imp in split.behaviors]
+    clients = build_client_dataset(dataclasses.replace(split, behaviors=behaviors), features,
+                                   history_len=history_len)
+    assert int(clients.samples_per_user()[clients.user_ids.index(user_id)]) == 0
+    return clients
+
+
 def perturbed(objective: LocalObjective, scale: float = 0.05, seed: int = 0) -> torch.Tensor:
     """θ₀ + noise: gradients are checked away from the initialisation too."""
     generator = torch.Generator().manual_seed(seed)
@@ -158,4 +172,9 @@ def perturbed(objective: LocalObjective, scale: float = 0.05, seed: int = 0) -> 
 @pytest.fixture(scope="session")
 def perturb() -> Callable[..., torch.Tensor]:
     return perturbed
+
+
+@pytest.fixture(scope="session")
+def strip_clicks() -> Callable[..., ClientDataset]:
+    return without_clicks
 

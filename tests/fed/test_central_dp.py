@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from privaterec.config import RunConfig, TrainConfig, fed_config, replace
-from privaterec.data.clients import build_client_dataset
+from privaterec.data.clients import ClientDataset
 from privaterec.errors import ConfigError
 from privaterec.fed.client import client_update
 from privaterec.fed.engine import train_federated_run
@@ -92,21 +92,21 @@ def test_empty_round_releases_noise_of_the_calibrated_scale(make_objective, clie
     assert float(result.direction.double().std()) == pytest.approx(sigma, rel=5 / math.sqrt(d))
 
 
+def _silent_clients(fed_data, strip_clicks) -> tuple[ClientDataset, int]:
+    """The clients with user 1's clicks removed (no training sample), and that user's index."""
+    train = fed_data.dataset.train
+    silent = sorted({imp.user_id for imp in train.behaviors})[1]
+    clients = strip_clicks(train, fed_data.features, silent,
+                           history_len=int(fed_data.clients.history.shape[1]))
+    return clients, clients.user_ids.index(silent)
+
+
 def test_the_population_is_every_training_user_whatever_their_data(fed_data, make_model,
-                                                                  run_config):
+                                                                  run_config, strip_clicks):
     """N, the sample and the ledger must not depend on anyone's data (one user's data
     replaced): a user whose impressions have no click is counted in N (the divisor qN),
     sampled and accounted; sampled, they add nothing."""
-    train = fed_data.dataset.train
-    silent = sorted({imp.user_id for imp in train.behaviors})[1]
-    behaviors = [dataclasses.replace(imp, labels=tuple(0 for _ in imp.labels))
-                 if imp.user_id == silent and imp.labels is not None else imp
-                 for imp in train.behaviors]
-    clients = build_client_dataset(dataclasses.replace(train, behaviors=behaviors),
-                                   fed_data.features,
-                                   history_len=int(fed_data.clients.history.shape[1]))
-    index = clients.user_ids.index(silent)
-    assert int(clients.samples_per_user()[index]) == 0
+    clients, index = _silent_clients(fed_data, strip_clicks)
     assert index not in eligible_clients(clients).tolist()
     config = run_config("dp-fedavg", noise_multiplier=2.0, client_fraction=0.5, clip=0.05,
                         rounds=3, target_delta=1e-3)
@@ -125,6 +125,31 @@ def test_the_population_is_every_training_user_whatever_their_data(fed_data, mak
                            generator=central_noise_generator(0, 1))
     torch.testing.assert_close(empty.direction, noise / (0.5 * clients.num_users),
                                rtol=1e-6, atol=0.0)
+
+
+def test_adaptive_clipping_counts_a_sampled_user_without_a_sample(fed_data, make_model,
+                                                                   run_config, strip_clicks):
+    """Replaced by data without a training sample, a sampled user takes part with a zero
+    update, which is unclipped: the release's count must include its +½ (else the count
+    would move by ½ with that user's data, beyond what the accounting allows for)."""
+    clients, index = _silent_clients(fed_data, strip_clicks)
+    config = run_config("dp-fedavg", noise_multiplier=2.0, client_fraction=0.5, clip=0.05,
+                        rounds=3, target_delta=1e-3, adaptive_clip_quantile=0.5,
+                        clip_count_stddev=3.0)
+    method = method_from_config(config)
+    assert isinstance(method, CentralDP)
+    objective = LocalObjective(make_model("nrms", seed=0))
+    params = objective.parameters()
+    n = clients.num_users
+    out = simulate_round(objective, params, clients, [index], method, seed=0, round_index=1)
+    expected = method.aggregate(torch.zeros(objective.dimension), 0.5, population=n,
+                                generator=central_noise_generator(0, 1))
+    assert out.metrics == expected.metrics
+    torch.testing.assert_close(out.direction, expected.direction, rtol=0.0, atol=0.0)
+    absent = method.aggregate(torch.zeros(objective.dimension), 0.0, population=n,
+                              generator=central_noise_generator(0, 1))
+    assert out.metrics["unclipped_fraction"] != absent.metrics["unclipped_fraction"]
+    assert out.server_state != absent.server_state  # the count reaches the next clip
 
 
 def test_training_accounts_every_user_of_the_population(fed_data, clients, make_model,

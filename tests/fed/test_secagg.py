@@ -207,12 +207,18 @@ def _config(data_dir, **fed: Any) -> RunConfig:
 class Setup:
     """The run's public task, method and clients, and a LocalGrid of one node per user."""
 
-    def __init__(self, data_dir, tmp_path, **fed: Any) -> None:
+    def __init__(self, data_dir, tmp_path, *,
+                 silent: tuple[int, Callable[..., Any]] | None = None, **fed: Any) -> None:
         self.config = _config(data_dir, **fed)
         self.prepared = prepare_data(self.config)
         self.method = method_from_config(self.config)
         assert isinstance(self.method, CentralDP)
         self.clients = self.prepared.train_clients
+        if silent is not None:  # (user, strip_clicks): that user's impressions lose their clicks
+            user, strip_clicks = silent
+            self.clients = strip_clicks(self.prepared.dataset.train, self.prepared.features,
+                                        self.clients.user_ids[user],
+                                        history_len=int(self.clients.history.shape[1]))
         self.task = self.new_task()
         device = flower.Device.of(self.new_task(), self.method, self.clients)
         self.loader = lambda spec: device  # what load_device rebuilds on a SuperNode
@@ -300,6 +306,45 @@ def test_secure_training_equals_the_simulator(data_dir, tmp_path):
     assert flw.ledger == sim.ledger
     assert [(e["round"], e["clients"]) for e in flw.log] == \
         [(e["round"], e["clients"]) for e in sim.log]
+
+
+@pytest.mark.parametrize("placement", ["central", "distributed"])
+def test_a_sampled_user_without_a_sample_takes_part_with_a_zero_vector(
+        data_dir, tmp_path, monkeypatch, strip_clicks, placement):
+    """Under replacement one user's data may lose every training sample: the round must not
+    change shape. Sampled, that user is in the SecAgg+ plan (n counts it), sends a masked
+    zero vector (plus its noise share with distributed noise), and the sum is the
+    simulator's."""
+    fed = {"noise_placement": placement, "max_dropouts": 1} if placement == "distributed" \
+        else {}
+    s0 = Setup(data_dir, tmp_path, **fed)
+    selected = s0.selected(0)
+    silent = selected[1]
+    s = Setup(data_dir, tmp_path, silent=(silent, strip_clicks), **fed)
+    assert s.selected(0) == selected  # who is sampled does not depend on the data
+    plan = s.method.secure_round(len(selected))
+    assert plan is not None
+    sizes: list[int] = []
+    real_plan = CentralDP.secure_round
+    monkeypatch.setattr(CentralDP, "secure_round",
+                        lambda self, n: sizes.append(n) or real_plan(self, n))
+    params = s.task.parameters()
+    if placement == "distributed":  # compare the sums without the shares' noise
+        monkeypatch.setattr(SecAggRound, "share_sigma", property(lambda self: 0.0))
+        monkeypatch.setattr(SecAggRound, "check", lambda self: None)
+    monkeypatch.setattr(CentralDP, "central_noise", lambda self, d, source: torch.zeros(d))
+    flw = s.round_fn()(params, selected, 0)
+    assert sizes and set(sizes) == {len(selected)}  # server and devices: n counts the user
+    assert len(_collect_replies(s.grid)) == len(selected)  # it went through SecAgg+ too
+    sim = simulate_round(s.task, params, s.clients, selected, s.method, seed=SEED,
+                         round_index=0)
+    without = simulate_round(s.task, params, s.clients,
+                             [u for u in selected if u != silent], s.method, seed=SEED,
+                             round_index=0)
+    torch.testing.assert_close(sim.direction, without.direction)  # it added zero
+    assert float(sim.direction.abs().max()) > 0
+    tolerance = plan.tolerance() / (s.method.sampling_rate * s.population) + 1e-7
+    assert float((flw.direction - sim.direction).abs().max()) <= tolerance
 
 
 def test_distributed_noise_equals_the_simulator_with_the_noise_switched_off(

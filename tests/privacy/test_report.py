@@ -144,8 +144,22 @@ def test_a_delta_not_below_one_over_n_is_flagged(tmp_path):
                               delta=0.2, rounds=20, composition="pld")
     assert fine["checks"] == []  # 0.2 < 1/4
     summary = recompose_privacy_summary(fine, delta=0.25)
-    assert any("not below 1/N = 0.25 for the N = 4 users" in c for c in summary["checks"])
+    assert any("not below 1/N = 0.25 for N = 4, the users of the ledger" in c
+               for c in summary["checks"])
     assert "not below 1/N" in format_privacy_report(summary)
+
+
+def test_the_delta_check_uses_the_stated_population(tmp_path):
+    """A local-DP ledger holds only the users sampled so far: N is the run's population
+    when the release states it (``population``), which can be larger or smaller."""
+    ledger = ledger_with(laplace_event(1.0), [1, 5, 5, 12])  # 4 users seen so far
+    release = {"method": "dp-fedrec", "mechanism": "laplace", "epsilon_per_round": 1.0,
+               "population": 10}
+    summary = write_privacy_json(tmp_path / "privacy.json", ledger, release=release,
+                                 delta=0.2, rounds=20, composition="pld")
+    assert any("not below 1/N = 0.1 for N = 10, the run's population" in c
+               for c in summary["checks"])  # 0.2 < 1/4, yet not below 1/10
+    assert recompose_privacy_summary(summary, delta=0.05)["checks"] == []
 
 
 def test_fednewsrec_reports_coordinate_and_update_epsilon(tmp_path):

@@ -484,15 +484,22 @@ def _client_secure_fit(load: DeviceLoader, message: Message, context: Context) -
         raise ConfigError(f"the server expands SecAgg+'s mask seeds with "
                           f"{config.get('secagg-prg')!r}, this device with {MASK_PRG!r}: "
                           f"run the same privaterec on both")
-    plan = _secure_plan(device.method, int(config["clients"]))
+    method = device.method
+    plan = _secure_plan(method, int(config["clients"]))
+    assert isinstance(method, CentralDP)  # _secure_plan refuses any other method
     _check_session(plan, context)
     secure = _secure_source(context, config)
     source = (secure if secure is not None
               else client_generator(int(config["seed"]), int(config["round"]), user))
     with deterministic_algorithms(), flush_denormals():  # as the simulator computes
         data = device.clients.client(device.index[user_id])
-        update = client_update(device.task, theta, data, device.method, generator=source)
-        vector = plan.client_vector(update.sent()["payload"], source)
+        if method.takes_part(data):
+            payload = client_update(device.task, theta, data, method,
+                                    generator=source).sent()["payload"]
+        else:  # sampled without a training sample: a zero update, so that the round's plan
+            # and (distributed noise) its noise shares do not depend on this user's data
+            payload = torch.zeros(method.release_dimension(device.task))
+        vector = plan.client_vector(payload, source)
     fitres = FitRes(status=Status(code=Code.OK, message=""),
                     parameters=ndarrays_to_parameters([vector.numpy()]), num_examples=1,
                     metrics={})
@@ -554,12 +561,15 @@ def run_record(files: Mapping[str, str]) -> ConfigRecord:
 
 def discover_nodes(grid: Grid, clients: ClientDataset, run: ConfigRecord, *,
                    timeout: float = DISCOVERY_TIMEOUT,
-                   by_impressions: bool = False) -> dict[int, int]:
-    """Map every eligible user index to the SuperNode holding it (``query`` messages).
+                   by_impressions: bool = False,
+                   population: torch.Tensor | None = None) -> dict[int, int]:
+    """Map every user a round may sample to the SuperNode holding it (``query`` messages).
 
     Sends each newly connected node the run's public configuration ``run``
-    (:func:`run_record`) and asks which users it holds, until every user with a training
-    sample (or labelled impression, ``by_impressions``) is held by a node.
+    (:func:`run_record`) and asks which users it holds, until every user of ``population``
+    (the method's :meth:`~privaterec.fed.methods.base.ClientMethod.population`; default the
+    users with a training sample, or labelled impression with ``by_impressions``) is held by
+    a node.
 
     Raises
     ------
@@ -568,7 +578,9 @@ def discover_nodes(grid: Grid, clients: ClientDataset, run: ConfigRecord, *,
         by any node after ``timeout`` seconds.
     """
     index = {uid: u for u, uid in enumerate(clients.user_ids)}
-    needed = {int(u) for u in eligible_clients(clients, by_impressions=by_impressions)}
+    if population is None:
+        population = eligible_clients(clients, by_impressions=by_impressions)
+    needed = {int(u) for u in population}
     owner: dict[int, int] = {}
     asked: set[int] = set()
     deadline = time.monotonic() + timeout
@@ -869,7 +881,7 @@ def serve(grid: Grid, task: FederatedTask[Any], clients: ClientDataset, fed: Fed
         fed = replace(fed, checkpoint_every=1)
     checkpoint_extra = {**(checkpoint_extra or {}), "deployed": deployed}
     owner = discover_nodes(grid, clients, run_record(run_files), timeout=discovery_timeout,
-                           by_impressions=method.by_impressions)
+                           population=method.population(clients))
     fingerprint = public_fingerprint(task, method)
     if isinstance(method, CentralDP) and method.secure_aggregation != "none":
         round_fn = _secure_round_fn(grid, task, clients, owner, method, fingerprint, seed=seed,

@@ -88,19 +88,24 @@ def simulate_round(task: FederatedTask[Any], params: torch.Tensor, clients: Clie
     Parameters
     ----------
     task, params: the model and the global θ ``[D]``.
-    clients: all clients; ``selected`` the user indices of this round.
+    clients: all clients; ``selected`` the user indices of this round (with central DP they
+        may include users without a training sample: they add a zero update).
     method: what clients do. seed, round_index: select the clients' generators.
     chunk_clients: clients per ``vmap`` chunk (memory bound).
     server_state: the method's server state in this round (default: its initial state).
     """
     if server_state is not None:
         method = method.at_server_state(server_state)
-    generators = [client_generator(seed, round_index, u) for u in selected]
+    # A sampled user without a training sample (central DP samples every user) takes part
+    # with a zero update: it has no inputs, and the round counts it (``idle_clients``).
+    active = [u for u in selected if method.takes_part(clients.client(u))]
+    generators = [client_generator(seed, round_index, u) for u in active]
     inputs = [method.inputs(task, clients.client(u), generator=g)
-              for u, g in zip(selected, generators)]
+              for u, g in zip(active, generators)]
     population = len(method.population(clients))
     context = RoundContext(seed=seed, round_index=round_index, chunk_clients=chunk_clients,
-                           population=population)  # public N
+                           population=population,  # public N
+                           idle_clients=len(selected) - len(active))
     out = method.round(task, params, inputs, generators, context)
     counts = [method.num_examples(x) for x in inputs]
     events = method.events(task.dimension)
@@ -118,7 +123,7 @@ def sequential_round(task: FederatedTask[Any], params: torch.Tensor, clients: Cl
         method = method.at_server_state(server_state)
     updates = [client_update(task, params, clients.client(u), method,
                              generator=client_generator(seed, round_index, u))
-               for u in selected]
+               for u in selected if method.takes_part(clients.client(u))]
     return RoundResult(aggregate(updates), [u.num_examples for u in updates],
                        [float(u.metrics["loss"]) for u in updates],
                        [u.privacy_events for u in updates])
@@ -227,8 +232,6 @@ def _train(task: FederatedTask[Any], clients: ClientDataset, fed: FedConfig,
                                server_state=method.server_state())
     population = method.population(clients)
     population_ids = [clients.user_ids[int(u)] for u in population]  # central DP's ledger rows
-    can_train = torch.zeros(clients.num_users, dtype=torch.bool)
-    can_train[eligible_clients(clients, by_impressions=method.by_impressions)] = True
     m = clients_per_round(fed, len(population))
 
     def checkpoint() -> None:
@@ -243,11 +246,10 @@ def _train(task: FederatedTask[Any], clients: ClientDataset, fed: FedConfig,
                desc=f"{method.name} rounds", unit="round", leave=False)
     while state.round_index < fed.rounds:
         t = state.round_index
-        sampled = method.select(population, m, seed=seed, round_index=t,
-                                source=sampling_source)
-        # A sampled user without a training sample (central DP samples every user) adds
-        # nothing to the round: it is not asked.
-        selected = [u for u in sampled if bool(can_train[u])]
+        # Every sampled user takes part; one without a training sample (central DP samples
+        # every user, whatever their data) with a zero update (the round function's part).
+        selected = method.select(population, m, seed=seed, round_index=t,
+                                 source=sampling_source)
         result = (round_fn(state.params, selected, t, server_state=dict(state.server_state))
                   if state.server_state else round_fn(state.params, selected, t))
         params, strategy_state = strategy.step(state.params, state.strategy_state,

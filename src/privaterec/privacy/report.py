@@ -147,11 +147,15 @@ def build_privacy_summary(ledger: PrivacyLedger, *, release: Mapping[str, Any], 
     release = _decode(to_json_safe(release, where="release"))
     report = _decode(to_json_safe(ledger.report(delta=float(delta), composition=composition)))
     checks = release_checks(release, report)
-    users = len(ledger.users)
+    # N: the run's population when the release states it (a local-DP ledger holds only the
+    # users sampled so far), else the ledger's users.
+    stated = release.get("population")
+    users, whose = ((int(stated), "the run's population") if is_real(stated) and stated > 0
+                    else (len(ledger.users), "the users of the ledger"))
     if users and not float(delta) < 1 / users:
         checks.append(f"target delta = {float(delta):g} is not below 1/N = {1 / users:.3g} "
-                      f"for the N = {users} users of the ledger: a delta that large allows "
-                      f"releasing one user's data outright; report at a smaller --delta")
+                      f"for N = {users}, {whose}: a delta that large allows releasing one "
+                      f"user's data outright; report at a smaller --delta")
     return {"format": FORMAT, "version": VERSION, "release": release, "delta": float(delta),
             "rounds": int(rounds), "composition": composition, "report": report,
             "checks": checks, "ledger": ledger.to_dict()}

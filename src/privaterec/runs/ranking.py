@@ -181,7 +181,8 @@ def _train_federated(config: RunConfig, run: RunDirectory, model: Recommender,
     release = release_description(job.method, dimension=job.task.dimension,
                                   noised_parameters=job.task.parameter_names(),
                                   clients_per_round=m,
-                                  client_fraction=m / max(1, clients.num_users))
+                                  client_fraction=m / max(1, clients.num_users),
+                                  population=len(job.method.population(clients)))
 
     def write_privacy(state: Any) -> None:
         write_privacy_json(run.privacy_path, state.ledger, release=release,

@@ -14,7 +14,8 @@ from privaterec.fed.methods.base import ClientMethod
 
 def release_description(method: ClientMethod, *, dimension: int,
                         noised_parameters: Sequence[str], clients_per_round: int,
-                        client_fraction: float) -> dict[str, Any]:
+                        client_fraction: float, population: int | None = None
+                        ) -> dict[str, Any]:
     """Description of one client's per-round release, for ``privacy.json``.
 
     Parameters
@@ -22,11 +23,15 @@ def release_description(method: ClientMethod, *, dimension: int,
     method: the run's client method. dimension: D.
     noised_parameters: the names of θ's parameters.
     clients_per_round, client_fraction: the round's public sampling (m and m / users).
+    population: N, the users the rounds sample from (written as ``population``; the report's
+        δ < 1/N check uses it rather than the users the ledger has seen so far).
     """
     out = method.describe(dimension=dimension, parameters=noised_parameters,
                           clients_per_round=clients_per_round, client_fraction=client_fraction)
     out["epsilon_per_round_user"], out["delta_per_round_user"] = method.round_epsilon(
         dimension, "user")
+    if population is not None:
+        out["population"] = int(population)
     if "sends" not in out:  # a method whose client sends more says so itself
         out["sends"] = ("released update, sample count, loss" if method.sends_metadata
                         else "released update only")

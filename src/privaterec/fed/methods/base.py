@@ -47,13 +47,17 @@ class RoundContext:
 
     seed, round_index: select the round's generators (:mod:`privaterec.fed.rng`).
     chunk_clients: clients per ``vmap`` chunk. population: N, the number of eligible users
-    (central DP divides its noised sum by qN).
+    (central DP divides its noised sum by qN). idle_clients: sampled users without a
+    training sample (:meth:`ClientMethod.takes_part` is false), who take part with a zero
+    update: they are not in the round's inputs, and a method whose release counts the
+    participants (adaptive clipping's unclipped count) counts them.
     """
 
     seed: int
     round_index: int
     chunk_clients: int = 16
     population: int = 0
+    idle_clients: int = 0
 
 
 @dataclass(frozen=True)
@@ -115,6 +119,17 @@ class ClientMethod(ABC, Generic[TaskT]):
         """Raise ``ValueError`` if the client cannot take part (no training sample)."""
         if data.num_samples == 0:
             raise ValueError(f"client {data.user_id!r} has no training sample")
+
+    def takes_part(self, data: ClientData) -> bool:
+        """Whether the client has what an update needs (:meth:`check_client` passes).
+
+        A sampled client that does not (central DP samples every user, whatever their data)
+        takes part with a zero update (:attr:`RoundContext.idle_clients`)."""
+        try:
+            self.check_client(data)
+        except ValueError:
+            return False
+        return True
 
     def check_population(self, population: int) -> None:
         """Refuse settings that cannot hold for ``population`` training users (none here).

@@ -225,8 +225,9 @@ class CentralDP(ClientMethod[FederatedTask[Any]]):
     def population(self, clients: ClientDataset) -> torch.Tensor:
         """Every training user: N (the divisor qN, δ < 1/N) and who is sampled must not
         depend on anyone's data, and under replacement a user whose new data has no training
-        sample is still enrolled. Sampled, such a user adds a zero update (the engine does
-        not ask them)."""
+        sample is still enrolled. Sampled, such a user takes part with a zero update: it
+        counts in adaptive clipping's unclipped count and in the SecAgg+ round's plan (with
+        its noise share under distributed noise), so no release changes shape with it."""
         return torch.arange(clients.num_users)
 
     def check_client(self, data: ClientData) -> None:
@@ -387,6 +388,8 @@ class CentralDP(ClientMethod[FederatedTask[Any]]):
             if self.adaptive is not None:
                 indicator_sum = float(clip_indicators(updates, self.clip).sum())
             losses = [float(x) for x in loss_t]
+        if self.adaptive is not None:  # an idle client's zero update is unclipped: +½ each
+            indicator_sum += 0.5 * context.idle_clients
         return self.aggregate(total, indicator_sum, population=context.population,
                               generator=central_noise_generator(context.seed,
                                                                 context.round_index),
