@@ -105,7 +105,7 @@ def test_the_population_is_every_training_user_whatever_their_data(fed_data, mak
                                                                   run_config, strip_clicks):
     """N, the sample and the ledger must not depend on anyone's data (one user's data
     replaced): a user whose impressions have no click is counted in N (the divisor qN),
-    sampled and accounted; sampled, they add nothing."""
+    sampled and accounted; sampled, they take part with a zero update."""
     clients, index = _silent_clients(fed_data, strip_clicks)
     assert index not in eligible_clients(clients).tolist()
     config = run_config("dp-fedavg", noise_multiplier=2.0, client_fraction=0.5, clip=0.05,
@@ -128,7 +128,8 @@ def test_the_population_is_every_training_user_whatever_their_data(fed_data, mak
 
 
 def test_adaptive_clipping_counts_a_sampled_user_without_a_sample(fed_data, make_model,
-                                                                   run_config, strip_clicks):
+                                                                   run_config, strip_clicks,
+                                                                   monkeypatch):
     """Replaced by data without a training sample, a sampled user takes part with a zero
     update, which is unclipped: the release's count must include its +½ (else the count
     would move by ½ with that user's data, beyond what the accounting allows for)."""
@@ -150,6 +151,21 @@ def test_adaptive_clipping_counts_a_sampled_user_without_a_sample(fed_data, make
                               generator=central_noise_generator(0, 1))
     assert out.metrics["unclipped_fraction"] != absent.metrics["unclipped_fraction"]
     assert out.server_state != absent.server_state  # the count reaches the next clip
+    # Training: the loop hands the round every sampled user, the idle one included.
+    seen: list[tuple[int, int]] = []
+    real_round = CentralDP.round
+
+    def spy(self, task, params, inputs, generators, context):
+        seen.append((context.round_index, context.idle_clients))
+        return real_round(self, task, params, inputs, generators, context)
+
+    monkeypatch.setattr(CentralDP, "round", spy)
+    state = train_federated_run(config, make_model("nrms", seed=0), clients, progress=False)
+    population = method.population(clients)
+    sampled = [method.select(population, 0, seed=0, round_index=t) for t in range(3)]
+    assert any(index in s for s in sampled)  # the idle user is drawn in some round
+    assert seen == [(t, int(index in s)) for t, s in enumerate(sampled)]
+    assert [e["clients"] for e in state.log] == [len(s) for s in sampled]
 
 
 def test_training_accounts_every_user_of_the_population(fed_data, clients, make_model,

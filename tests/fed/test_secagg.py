@@ -324,17 +324,12 @@ def test_a_sampled_user_without_a_sample_takes_part_with_a_zero_vector(
     assert s.selected(0) == selected  # who is sampled does not depend on the data
     plan = s.method.secure_round(len(selected))
     assert plan is not None
-    sizes: list[int] = []
-    real_plan = CentralDP.secure_round
-    monkeypatch.setattr(CentralDP, "secure_round",
-                        lambda self, n: sizes.append(n) or real_plan(self, n))
     params = s.task.parameters()
     if placement == "distributed":  # compare the sums without the shares' noise
         monkeypatch.setattr(SecAggRound, "share_sigma", property(lambda self: 0.0))
         monkeypatch.setattr(SecAggRound, "check", lambda self: None)
     monkeypatch.setattr(CentralDP, "central_noise", lambda self, d, source: torch.zeros(d))
     flw = s.round_fn()(params, selected, 0)
-    assert sizes and set(sizes) == {len(selected)}  # server and devices: n counts the user
     assert len(_collect_replies(s.grid)) == len(selected)  # it went through SecAgg+ too
     sim = simulate_round(s.task, params, s.clients, selected, s.method, seed=SEED,
                          round_index=0)
@@ -345,6 +340,25 @@ def test_a_sampled_user_without_a_sample_takes_part_with_a_zero_vector(
     assert float(sim.direction.abs().max()) > 0
     tolerance = plan.tolerance() / (s.method.sampling_rate * s.population) + 1e-7
     assert float((flw.direction - sim.direction).abs().max()) <= tolerance
+
+
+def test_secure_training_with_a_user_without_a_sample_equals_the_simulator(
+        data_dir, tmp_path, strip_clicks):
+    """The whole run: the server discovers the idle user's node, puts them in the rounds
+    they are sampled in (the plan's n counts them), and ends where the simulator does."""
+    silent = Setup(data_dir, tmp_path).selected(0)[1]
+    s = Setup(data_dir, tmp_path, silent=(silent, strip_clicks))
+    sizes = [len(s.selected(t)) for t in range(s.config.fed.rounds)]
+    flw, sim = s.train_flower(), s.train_simulator()
+    assert float((flw.params - sim.params).abs().max()) <= 1e-6
+    assert flw.ledger == sim.ledger
+    assert [e["clients"] for e in flw.log] == [e["clients"] for e in sim.log] == sizes
+    collected = _collect_replies(s.grid)
+    assert len(collected) == sum(sizes)  # every sampled user's masked vector, idle included
+    # The server waits for the idle user's node too: without it the run cannot start.
+    del s.grid.contexts[1000 + silent]
+    with pytest.raises(PrivateRecError, match=f"1 of {s.population} training users are held"):
+        s.train_flower(discovery_timeout=0.3)
 
 
 def test_distributed_noise_equals_the_simulator_with_the_noise_switched_off(

@@ -160,6 +160,11 @@ def test_the_delta_check_uses_the_stated_population(tmp_path):
     assert any("not below 1/N = 0.1 for N = 10, the run's population" in c
                for c in summary["checks"])  # 0.2 < 1/4, yet not below 1/10
     assert recompose_privacy_summary(summary, delta=0.05)["checks"] == []
+    for wrong in (2, True, 10.0):  # fewer than the ledger holds, or not an integer
+        stated = write_privacy_json(tmp_path / "privacy.json", ledger,
+                                    release={**release, "population": wrong}, delta=0.25,
+                                    rounds=20, composition="pld")
+        assert any("for N = 4, the users of the ledger" in c for c in stated["checks"])
 
 
 def test_fednewsrec_reports_coordinate_and_update_epsilon(tmp_path):

@@ -493,7 +493,7 @@ def _client_secure_fit(load: DeviceLoader, message: Message, context: Context) -
               else client_generator(int(config["seed"]), int(config["round"]), user))
     with deterministic_algorithms(), flush_denormals():  # as the simulator computes
         data = device.clients.client(device.index[user_id])
-        if method.takes_part(data):
+        if method.has_update(data):
             payload = client_update(device.task, theta, data, method,
                                     generator=source).sent()["payload"]
         else:  # sampled without a training sample: a zero update, so that the round's plan
@@ -654,11 +654,17 @@ def _round_fn(grid: Grid, clients: ClientDataset, owner: Mapping[int, int],
               method: ClientMethod, fingerprint: str, *, seed: int, timeout: float,
               deployed: bool) -> Callable[[torch.Tensor, list[int], int], RoundResult]:
     expected_samples = clients.samples_per_user().clamp(max=method.max_samples)
+    with_update = set(eligible_clients(clients, by_impressions=method.by_impressions).tolist())
 
     def round_fn(params: torch.Tensor, selected: list[int], t: int) -> RoundResult:
         expected_events = method.events(int(params.numel()))
+        # Each update reaches the server on its own here, so a sampled user without a
+        # training sample (central DP's population, rehearsals only) is not asked: a zero
+        # update would add nothing. Its events are still the method's, in ``selected``'s
+        # order (central DP's: none).
+        asked = sorted(u for u in selected if u in with_update)
         by_node: dict[int, list[int]] = {}
-        for u in sorted(selected):
+        for u in asked:
             by_node.setdefault(owner[u], []).append(u)
         theta = ArrayRecord({"theta": Array(params.detach().float().contiguous().numpy())})
         messages = [
@@ -674,13 +680,13 @@ def _round_fn(grid: Grid, clients: ClientDataset, owner: Mapping[int, int],
         for reply in replies:
             updates.update(_parse_reply(reply, by_node.get(reply.metadata.src_node_id, []),
                                         clients, method))
-        missing = sorted(set(selected) - updates.keys())
+        missing = sorted(set(asked) - updates.keys())
         if missing:
-            raise PrivateRecError(f"round {t + 1}: {len(missing)} of {len(selected)} clients "
+            raise PrivateRecError(f"round {t + 1}: {len(missing)} of {len(asked)} clients "
                                   f"did not reply within {timeout:.0f} s "
                                   f"(e.g. user {clients.user_ids[missing[0]]!r})")
-        ordered = [updates[u] for u in sorted(selected)]
-        for u, update in zip(sorted(selected), ordered):
+        ordered = [updates[u] for u in asked]
+        for u, update in zip(asked, ordered):
             if (method.sends_metadata
                     and update.num_examples != int(expected_samples[u])):
                 raise PrivateRecError(
@@ -695,7 +701,8 @@ def _round_fn(grid: Grid, clients: ClientDataset, owner: Mapping[int, int],
         return RoundResult(aggregate(ordered),
                            [x.num_examples for x in ordered] if known else None,
                            [float(x.metrics["loss"]) for x in ordered] if known else None,
-                           [x.privacy_events for x in ordered])
+                           [updates[u].privacy_events if u in updates else expected_events
+                            for u in selected])
 
     return round_fn
 

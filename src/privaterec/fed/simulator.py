@@ -48,9 +48,12 @@ from privaterec.runtime.determinism import deterministic_algorithms, flush_denor
 class RoundResult:
     """A round's aggregate: direction ḡ ``[D]``, and per client its samples, loss, events.
 
-    ``num_examples`` and ``losses`` are what the server knows: a private method's clients do
-    not send them (:meth:`~privaterec.fed.update.ClientUpdate.sent`), so the Flower engine
-    leaves them ``None``; the simulator computes them as a simulation-only diagnostic.
+    ``events`` has one entry per selected client, in the order of ``selected``;
+    ``num_examples`` and ``losses`` one per client that computed an update (a central-DP
+    client without a training sample takes part with a zero update and has neither).
+    They are what the server knows: a private method's clients do not send them
+    (:meth:`~privaterec.fed.update.ClientUpdate.sent`), so the Flower engine leaves them
+    ``None``; the simulator computes them as a simulation-only diagnostic.
     """
 
     direction: torch.Tensor
@@ -98,7 +101,7 @@ def simulate_round(task: FederatedTask[Any], params: torch.Tensor, clients: Clie
         method = method.at_server_state(server_state)
     # A sampled user without a training sample (central DP samples every user) takes part
     # with a zero update: it has no inputs, and the round counts it (``idle_clients``).
-    active = [u for u in selected if method.takes_part(clients.client(u))]
+    active = [u for u in selected if method.has_update(clients.client(u))]
     generators = [client_generator(seed, round_index, u) for u in active]
     inputs = [method.inputs(task, clients.client(u), generator=g)
               for u, g in zip(active, generators)]
@@ -118,15 +121,18 @@ def sequential_round(task: FederatedTask[Any], params: torch.Tensor, clients: Cl
                      selected: Sequence[int], method: ClientMethod, *, seed: int,
                      round_index: int,
                      server_state: Mapping[str, float] | None = None) -> RoundResult:
-    """The reference: one :func:`client_update` per client, then :func:`aggregate`."""
+    """The reference: one :func:`client_update` per client, then :func:`aggregate`
+    (``events`` per selected client; samples and losses of the clients with an update)."""
     if server_state is not None:
         method = method.at_server_state(server_state)
-    updates = [client_update(task, params, clients.client(u), method,
-                             generator=client_generator(seed, round_index, u))
-               for u in selected if method.takes_part(clients.client(u))]
-    return RoundResult(aggregate(updates), [u.num_examples for u in updates],
-                       [float(u.metrics["loss"]) for u in updates],
-                       [u.privacy_events for u in updates])
+    updates = {u: client_update(task, params, clients.client(u), method,
+                                generator=client_generator(seed, round_index, u))
+               for u in selected if method.has_update(clients.client(u))}
+    done = list(updates.values())  # an idle client (central DP) adds a zero update
+    return RoundResult(aggregate(done), [u.num_examples for u in done],
+                       [float(u.metrics["loss"]) for u in done],
+                       [updates[u].privacy_events if u in updates
+                        else method.events(task.dimension) for u in selected])
 
 
 # ------------------------------------------------------------------------------ training

@@ -148,10 +148,13 @@ def build_privacy_summary(ledger: PrivacyLedger, *, release: Mapping[str, Any], 
     report = _decode(to_json_safe(ledger.report(delta=float(delta), composition=composition)))
     checks = release_checks(release, report)
     # N: the run's population when the release states it (a local-DP ledger holds only the
-    # users sampled so far), else the ledger's users.
+    # users sampled so far), else the ledger's users; never fewer than the ledger holds.
     stated = release.get("population")
-    users, whose = ((int(stated), "the run's population") if is_real(stated) and stated > 0
-                    else (len(ledger.users), "the users of the ledger"))
+    seen = len(ledger.users)
+    users, whose = ((int(stated), "the run's population")
+                    if is_integer(stated) and not isinstance(stated, bool)
+                    and int(stated) >= seen
+                    else (seen, "the users of the ledger"))
     if users and not float(delta) < 1 / users:
         checks.append(f"target delta = {float(delta):g} is not below 1/N = {1 / users:.3g} "
                       f"for N = {users}, {whose}: a delta that large allows releasing one "

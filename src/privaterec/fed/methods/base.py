@@ -48,7 +48,7 @@ class RoundContext:
     seed, round_index: select the round's generators (:mod:`privaterec.fed.rng`).
     chunk_clients: clients per ``vmap`` chunk. population: N, the number of eligible users
     (central DP divides its noised sum by qN). idle_clients: sampled users without a
-    training sample (:meth:`ClientMethod.takes_part` is false), who take part with a zero
+    training sample (:meth:`ClientMethod.has_update` is false), who take part with a zero
     update: they are not in the round's inputs, and a method whose release counts the
     participants (adaptive clipping's unclipped count) counts them.
     """
@@ -120,15 +120,27 @@ class ClientMethod(ABC, Generic[TaskT]):
         if data.num_samples == 0:
             raise ValueError(f"client {data.user_id!r} has no training sample")
 
-    def takes_part(self, data: ClientData) -> bool:
-        """Whether the client has what an update needs (:meth:`check_client` passes).
+    enrols_every_user: ClassVar[bool] = False
+    """Whether :meth:`population` holds users whatever their data (central DP): a sampled
+    user without a training sample then takes part with a zero update."""
 
-        A sampled client that does not (central DP samples every user, whatever their data)
-        takes part with a zero update (:attr:`RoundContext.idle_clients`)."""
+    def has_update(self, data: ClientData) -> bool:
+        """Whether the client computes an update (:meth:`check_client` passes); ``False``: a
+        client without a training sample, of a method that :attr:`enrols_every_user`, which
+        takes part with a zero update (:attr:`RoundContext.idle_clients`).
+
+        Raises
+        ------
+        ValueError
+            From :meth:`check_client`, if the client cannot take part and the method samples
+            only the users who can.
+        """
         try:
             self.check_client(data)
         except ValueError:
-            return False
+            if self.enrols_every_user:
+                return False
+            raise
         return True
 
     def check_population(self, population: int) -> None:

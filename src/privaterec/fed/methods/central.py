@@ -83,6 +83,7 @@ class CentralDP(ClientMethod[FederatedTask[Any]]):
     settings_type: ClassVar[type[DPFedAvgSettings]] = DPFedAvgSettings
     server_defaults: ClassVar[ServerDefaults] = ServerDefaults(strategy="fedadam")
     trusted_aggregator: ClassVar[bool] = True
+    enrols_every_user: ClassVar[bool] = True  # :meth:`population`
 
     inner: ClientMethod[Any]
     clip: float
