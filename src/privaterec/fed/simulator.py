@@ -101,10 +101,10 @@ def simulate_round(task: FederatedTask[Any], params: torch.Tensor, clients: Clie
         method = method.at_server_state(server_state)
     # A sampled user without a training sample (central DP samples every user) takes part
     # with a zero update: it has no inputs, and the round counts it (``idle_clients``).
-    active = [u for u in selected if method.has_update(clients.client(u))]
+    data = {u: clients.client(u) for u in selected}
+    active = [u for u in selected if method.has_update(data[u])]
     generators = [client_generator(seed, round_index, u) for u in active]
-    inputs = [method.inputs(task, clients.client(u), generator=g)
-              for u, g in zip(active, generators)]
+    inputs = [method.inputs(task, data[u], generator=g) for u, g in zip(active, generators)]
     population = len(method.population(clients))
     context = RoundContext(seed=seed, round_index=round_index, chunk_clients=chunk_clients,
                            population=population,  # public N
@@ -125,9 +125,10 @@ def sequential_round(task: FederatedTask[Any], params: torch.Tensor, clients: Cl
     (``events`` per selected client; samples and losses of the clients with an update)."""
     if server_state is not None:
         method = method.at_server_state(server_state)
-    updates = {u: client_update(task, params, clients.client(u), method,
+    data = {u: clients.client(u) for u in selected}
+    updates = {u: client_update(task, params, data[u], method,
                                 generator=client_generator(seed, round_index, u))
-               for u in selected if method.has_update(clients.client(u))}
+               for u in selected if method.has_update(data[u])}
     done = list(updates.values())  # an idle client (central DP) adds a zero update
     return RoundResult(aggregate(done), [u.num_examples for u in done],
                        [float(u.metrics["loss"]) for u in done],
