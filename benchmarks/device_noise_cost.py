@@ -14,7 +14,7 @@ with Laplace and Gaussian noise, through :class:`privaterec.privacy.samplers.Sec
 count and with one thread) and :class:`~privaterec.privacy.samplers.SimulationNoise` (torch's
 seeded float samplers). Each cell is the median over ``--repeats-*`` runs (the machine may be
 shared: medians, plus min and max). It also times the device's whole fresh PrivateRec release
-(:func:`privaterec.serving.release.dpa_release`: padding, user encoder, attention, noise,
+(:func:`privaterec.ondevice.release.dpa_release`: padding, user encoder, attention, noise,
 normalisation; a small random NRMS model, H = 50, B = 5, d = 64) with both sources, and a
 cache hit (the cached α̃ is re-sent without any of that), to size the timing difference
 docs/serving.md discusses.
@@ -81,7 +81,7 @@ def device_release_cells(repeats: int) -> list[dict]:
     from privaterec.config import ModelConfig
     from privaterec.data.features import build_news_features, build_vocabularies
     from privaterec.data.synth import SynthConfig, generate
-    from privaterec.serving.release import ServingConfig, dpa_release
+    from privaterec.ondevice.release import ServingConfig, dpa_release
     from privaterec.models.factory import build_recommender
     from privaterec.serving.budget import DeviceBudget, release_key
 

@@ -7,12 +7,12 @@ Usage::
 
 Audits fedrec, fednewsrec, dp-fedrec, privaterec (paper and strict modes) and unifedrec at
 each ε under click and user adjacency (every neighbouring pair of
-:mod:`privaterec.privacy.e2e_audit.world`), prints a markdown table and saves
+:mod:`privaterec.audit.world`), prints a markdown table and saves
 ``benchmarks/results/e2e_audit.md`` and ``.json``. The same as
 ``privaterec privacy audit --method ... --mode paper strict --adjacency click user
 --epsilon E --runs N``. Exits 1 if a lower bound exceeds a valid claim.
 
-``--broken`` audits the known-broken variants of :mod:`privaterec.privacy.e2e_audit.broken`
+``--broken`` audits the known-broken variants of :mod:`privaterec.audit.broken`
 at ε = 1 instead (each must exceed its claim) and saves ``e2e_audit_broken.md``/``.json``.
 """
 
@@ -28,8 +28,8 @@ from pathlib import Path
 
 import torch
 
-from privaterec.privacy.e2e_audit import broken, format_table, run_audit
-from privaterec.privacy.e2e_audit.runner import PairAudit
+from privaterec.audit import broken, format_table, run_audit
+from privaterec.audit.runner import PairAudit
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TARGETS = [("fedrec", "strict"), ("fednewsrec", "strict"), ("dp-fedrec", "strict"),

@@ -119,7 +119,7 @@ def percentile(values: list[float], q: float) -> float:
 
 # ----------------------------------------------------------------------------- phases
 def download_sizes(http: Any) -> dict[str, Any]:
-    from privaterec.serving.pool_format import decode_full
+    from privaterec.ondevice.pool_format import decode_full
 
     out: dict[str, Any] = {}
     for space, dtype, titles in (("scores", "float32", False), ("scores", "float16", False),
@@ -150,7 +150,7 @@ def ingest(http: Any, vocabs: Any, n: int, *, seed: int, taken: set[str]) -> lis
 
 
 def sync_phase(http: Any, vocabs: Any, cycles: int, taken: set[str]) -> dict[str, Any]:
-    from privaterec.serving.pool_format import apply_delta, decode_delta, decode_full
+    from privaterec.ondevice.pool_format import apply_delta, decode_delta, decode_full
 
     states = {d: decode_full(http.get("/v1/pool/scores", params={"dtype": d}).content)
               for d in ("float32", "float16", "int8")}
@@ -217,7 +217,7 @@ async def load_phase(url: str, http: Any, vocabs: Any, devices: int, cycles: int
                      taken: set[str]) -> dict[str, Any]:
     import httpx
 
-    from privaterec.serving.pool_format import (apply_delta, content_hash, decode_delta,
+    from privaterec.ondevice.pool_format import (apply_delta, content_hash, decode_delta,
                                                 decode_full, etag_of)
 
     limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)

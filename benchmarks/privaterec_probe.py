@@ -22,7 +22,7 @@ from pathlib import Path
 from privaterec.config import ModelConfig, RunConfig, TrainConfig, fed_config
 from privaterec.data.synth import SynthConfig, write_synthetic
 from privaterec.runs.ranking import evaluate_run, train_run
-from privaterec.serving.release import ServingConfig
+from privaterec.ondevice.release import ServingConfig
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -25,10 +25,10 @@ import pytest
 SRC = Path(__file__).resolve().parents[1] / "src"
 ROOT = "privaterec"
 
-# Lowest first. A name covers that module, or that package and everything below it; the
-# longest matching name decides (``privaterec.serving.release`` is a device module, the rest
-# of ``privaterec.serving`` is the server and SDK). The root name covers ``privaterec/__init__``
-# only. A module may import from its own layer and the layers below it.
+# Lowest first. Every layer is whole folders (or top-level modules): no module is declared
+# apart from the folder that holds it. A name covers that module, or that package and
+# everything below it. The root name covers ``privaterec/__init__`` only. A module may import
+# from its own layer and the layers below it.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("base", (ROOT, "privaterec.errors")),
     ("config", ("privaterec.validators", "privaterec.method_settings", "privaterec.config")),
@@ -38,18 +38,18 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("models", ("privaterec.models",)),
     # what a device computes and downloads: its release of one query, the pool's wire
     # format; the offline evaluation simulates the devices with them
-    ("device", ("privaterec.serving.release", "privaterec.serving.pool_format")),
+    ("device", ("privaterec.ondevice",)),
     ("eval", ("privaterec.eval",)),
     # checkpoints, determinism; centralized training, popularity
     ("training", ("privaterec.runtime", "privaterec.training")),
     ("fed", ("privaterec.fed",)),
     ("recall", ("privaterec.recall",)),
     # train / evaluate a run directory; the end-to-end audit runs the real client updates
-    ("orchestration", ("privaterec.runs", "privaterec.privacy.e2e_audit")),
+    ("orchestration", ("privaterec.runs", "privaterec.audit")),
     ("serving", ("privaterec.serving",)),
     ("experiments", ("privaterec.experiments",)),
     # the only modules that read argv and the environment, and print; the `flwr run` app
-    ("apps", ("privaterec.cli", "privaterec.privacy.e2e_audit_cli", "privaterec.apps")),
+    ("apps", ("privaterec.cli", "privaterec.apps")),
 )
 
 # (importer, imported, why): modules under the first name never import modules under the
@@ -281,10 +281,10 @@ def test_checker_finds_local_relative_and_dynamic_imports_cycles_and_upward_ones
 def test_layer_of_a_module_is_its_longest_declared_name() -> None:
     names = [name for name, _ in LAYERS]
     assert names[layer_index("privaterec.runs.ranking")] == "orchestration"
-    assert names[layer_index("privaterec.privacy.e2e_audit.runner")] == "orchestration"
+    assert names[layer_index("privaterec.audit.runner")] == "orchestration"
     assert names[layer_index("privaterec.privacy.ledger")] == "privacy"
     assert names[layer_index("privaterec.runtime.checkpoint")] == "training"
-    assert names[layer_index("privaterec.serving.release")] == "device"
+    assert names[layer_index("privaterec.ondevice.release")] == "device"
     assert names[layer_index("privaterec.serving.store")] == "serving"
     assert names[layer_index(ROOT)] == "base"
     assert layer_index("privaterec.somewhere_new") is None  # the root covers itself only
@@ -322,7 +322,7 @@ def test_docs_layer_table_is_the_tests() -> None:
 def test_documented_layers_reads_paths_as_module_names() -> None:
     text = ("| # | layer | modules | what |\n|---|---|---|---|\n"
             "| 0 | base | `__init__.py`, `errors.py` | x |\n"
-            "| 1 | mixed | `serving/release.py` and `privacy/e2e_audit/` (text) | `y.py` |\n")
+            "| 1 | mixed | `ondevice/release.py` and `audit/` (text) | `y.py` |\n")
     assert documented_layers(text) == [
         ("base", {ROOT, "privaterec.errors"}),
-        ("mixed", {"privaterec.serving.release", "privaterec.privacy.e2e_audit"})]
+        ("mixed", {"privaterec.ondevice.release", "privaterec.audit"})]

@@ -263,7 +263,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from privaterec.runs.ranking import evaluate_run
 
-    from privaterec.serving.release import ServingConfig
+    from privaterec.ondevice.release import ServingConfig
 
     serving = None
     if args.serving is not None:
@@ -306,7 +306,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 def cmd_evaluate_recall(args: argparse.Namespace, serving: Any) -> int:
     from privaterec.runs.recall import evaluate_recall_run
-    from privaterec.serving.release import ServingConfig
+    from privaterec.ondevice.release import ServingConfig
 
     if args.recall in ("privaterec", "vdp"):
         if serving is not None and serving.kind != args.recall:
@@ -506,7 +506,7 @@ def _add_privacy_parser(sub: Any) -> None:
     calibrate.add_argument("--json", action="store_true", help="print the result as JSON")
     calibrate.set_defaults(func=cmd_privacy_calibrate)
 
-    from privaterec.privacy.e2e_audit_cli import add_audit_parser
+    from privaterec.apps.audit_cli import add_audit_parser
 
     add_audit_parser(privacy_sub)
 

@@ -18,8 +18,8 @@ from privaterec.data.synth import SynthConfig, write_synthetic
 from privaterec.errors import ConfigError
 from privaterec.eval.serving import local_download_bytes, local_ranking_seams
 from privaterec.privacy.report import read_privacy_json
-from privaterec.serving.pool_format import PoolState, encode_full
-from privaterec.serving.release import ServingConfig, serving_event
+from privaterec.ondevice.pool_format import PoolState, encode_full
+from privaterec.ondevice.release import ServingConfig, serving_event
 from privaterec.serving.store import NewsPool, _space_scores
 from privaterec.runs.ranking import evaluate_run, train_run
 

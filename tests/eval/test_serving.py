@@ -14,7 +14,7 @@ from privaterec.data.features import build_news_features, build_vocabularies
 from privaterec.data.synth import SynthConfig, generate, write_synthetic
 from privaterec.errors import ConfigError
 from privaterec.eval.serving import private_user_encoder
-from privaterec.serving.release import ServingConfig, serving_event
+from privaterec.ondevice.release import ServingConfig, serving_event
 from privaterec.models.factory import build_recommender
 from privaterec.privacy.calibration import amplified_budget
 from privaterec.privacy.report import read_privacy_json

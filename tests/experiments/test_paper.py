@@ -20,7 +20,7 @@ from privaterec.experiments.common import (RunSpec, Summary, check_models, check
                                            serve_run, summarize, write_csv)
 from privaterec.experiments.paper import TABLE1_ROWS, TABLE2_ROWS, run_table1, run_table2
 from privaterec.fed.methods import resolve_run_config
-from privaterec.serving.release import ServingConfig
+from privaterec.ondevice.release import ServingConfig
 
 
 def read_csv(path: Path) -> list[dict[str, str]]:

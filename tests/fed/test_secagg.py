@@ -719,7 +719,7 @@ def test_secure_aggregation_is_for_dp_fedavg_on_flower_only(data_dir, tmp_path):
 @pytest.mark.parametrize("clip_space", ["parameters", "news_vectors"])
 def test_audit_what_a_client_sends_under_secagg(data_dir, tmp_path, clip_space):
     """The end-to-end audit of the upload under SecAgg+: the same distinguisher as
-    ``privaterec privacy audit`` (:func:`~privaterec.privacy.e2e_audit.distinguish`), on
+    ``privaterec privacy audit`` (:func:`~privaterec.audit.distinguish`), on
     everything the server receives from one client in its collect stage, for two
     neighbouring users' data (one user's data replaced). Masked, the vector gives no lower
     bound above 0 (at α = 1e-6); the same client's plaintext vector is told apart at once
@@ -731,7 +731,7 @@ def test_audit_what_a_client_sends_under_secagg(data_dir, tmp_path, clip_space):
     from flwr.client.mod import secaggplus_mod
     from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
     from flwr.compat.common import recorddict_compat as compat
-    from privaterec.privacy.e2e_audit import distinguish
+    from privaterec.audit import distinguish
 
     s = Setup(data_dir, tmp_path, clip_space=clip_space)
     params = s.task.parameters()

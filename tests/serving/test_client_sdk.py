@@ -27,7 +27,7 @@ from privaterec.data.records import NewsRecord
 from privaterec.data.synth import SynthConfig, generate
 from privaterec.errors import ConfigError, PrivacyBudgetExceeded
 from privaterec.eval.serving import private_user_encoder
-from privaterec.serving.release import ServingConfig
+from privaterec.ondevice.release import ServingConfig
 from privaterec.models.factory import build_recommender
 from privaterec.privacy.calibration import amplified_budget
 from privaterec.privacy.mechanisms import clip_l1

@@ -18,7 +18,7 @@ from privaterec.data.records import NewsRecord
 from privaterec.serving.app import create_app
 from privaterec.serving.bundle import ServingModels
 from privaterec.serving.client import LocalRankingDevice
-from privaterec.serving.pool_format import (PoolFormatError, apply_delta, content_hash,
+from privaterec.ondevice.pool_format import (PoolFormatError, apply_delta, content_hash,
                                             decode, decode_delta, decode_full, encode_full,
                                             etag_of, quantize)
 from privaterec.serving.store import article_json, top_k_positions
@@ -161,7 +161,7 @@ def test_quantize_int8_of_a_zero_vector_and_float16_overflow():
 
 
 def test_corrupted_bodies_are_refused():
-    from privaterec.serving.pool_format import PoolState
+    from privaterec.ondevice.pool_format import PoolState
     state = PoolState("scores", "float32", 2, "m", "ab", 3, ("a", "b"),
                       np.arange(4, dtype=np.float32).reshape(2, 2))
     body = encode_full(state)

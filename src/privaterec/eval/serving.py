@@ -9,17 +9,17 @@ candidates with it. :func:`private_user_encoder` returns the device side as the
 * ``privaterec`` — Alg. 2: pad each clicked news to r₀ with probability p, u = Θ_U(history),
   α = attention(u), α̃ = softplus-normalised α + DPA noise at the amplified budget
   (true simplex sensitivity), server ũ = Σ α̃ᵢ bᵢ (Alg. 1 line 3). The device computation is
-  :func:`privaterec.serving.release.dpa_release`, the one the device SDK runs
+  :func:`privaterec.ondevice.release.dpa_release`, the one the device SDK runs
   (:mod:`privaterec.serving.device`);
 * ``vdp`` — §3.2.1: clip the d-dim user vector to θ and add noise calibrated to ε_s
-  (:func:`privaterec.serving.release.vdp_user_release`, the device SDK's computation too);
+  (:func:`privaterec.ondevice.release.vdp_user_release`, the device SDK's computation too);
 * ``local`` — local ranking (issue 16): the device holds the pool's score matrix P = b·Rᵀ
   (or, without basic vectors, the news vectors R) and ranks with its exact α (or u); nothing
   is sent, ε_s = 0. :func:`local_ranking_seams` scores candidates as the device does, α·P with
   P computed like the server's store.
 
 ε_s = ∞ means no noise (and no padding for ``privaterec``: padding only buys amplification).
-Every query is one release; :func:`privaterec.serving.release.serving_event` is its privacy
+Every query is one release; :func:`privaterec.ondevice.release.serving_event` is its privacy
 event.
 """
 
@@ -33,7 +33,7 @@ import torch
 from privaterec.data.features import ANONYMOUS_NEWS, NewsFeatures
 from privaterec.errors import ConfigError
 from privaterec.models.recommender import Recommender
-from privaterec.serving.release import ServingConfig, dpa_release, vdp_user_release
+from privaterec.ondevice.release import ServingConfig, dpa_release, vdp_user_release
 
 UserEncoder = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 CandidateTransform = Callable[[torch.Tensor], torch.Tensor]
@@ -97,7 +97,7 @@ def local_ranking_seams(model: Recommender) -> tuple[UserEncoder, CandidateTrans
     noise) against the candidates' columns of P = b·Rᵀ ``[C, B]`` (float64 → float32, like the
     downloaded matrix), so a score is α·P_c. Without: u ``[b, d]`` against the float32 news
     vectors. Nothing is sent: each query's event is
-    :func:`~privaterec.serving.release.serving_event` of ``local``.
+    :func:`~privaterec.ondevice.release.serving_event` of ``local``.
     """
     basis = model.basis
     if basis is None:
@@ -111,10 +111,10 @@ def local_ranking_seams(model: Recommender) -> tuple[UserEncoder, CandidateTrans
 
 
 def local_download_bytes(news_ids: list[str], rows: int, dtype: str = "float32") -> int:
-    """Bytes of the full pool download (:mod:`privaterec.serving.pool_format`) of a pool
+    """Bytes of the full pool download (:mod:`privaterec.ondevice.pool_format`) of a pool
     of ``news_ids`` with ``rows`` floats per news (B, or d without a basis): the records are
     raw, so only the ids' compression and a few header bytes vary."""
-    from privaterec.serving.pool_format import PoolState, encode_full, quantize
+    from privaterec.ondevice.pool_format import PoolState, encode_full, quantize
 
     data, scales = quantize(np.zeros((len(news_ids), rows), np.float32), dtype)
     state = PoolState(space="scores", dtype=dtype, rows=rows, model_version="0" * 12,

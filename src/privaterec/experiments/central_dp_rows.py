@@ -27,7 +27,7 @@ from privaterec.experiments.common import (METRICS, ExperimentMethod, RunSpec, S
                                            format_epsilon, metric_columns, summarize_metrics)
 from privaterec.experiments.populations import Population
 from privaterec.experiments.run_privacy import LedgerEpsilon, combine_ledgers
-from privaterec.serving.release import ServingConfig
+from privaterec.ondevice.release import ServingConfig
 
 INF = math.inf
 LDP_EPSILON = 10.0  # ε_t per round of the local-DP rows

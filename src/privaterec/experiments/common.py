@@ -38,7 +38,7 @@ from privaterec.experiments.settings import DEMO_ROUNDS, demo_synth_config
 from privaterec.fed.methods import PRIVATEREC_BASIS, resolve_run_config
 from privaterec.method_settings import CLIP_SPACES, ClipSpace
 from privaterec.runs.directory import RunDirectory
-from privaterec.serving.release import ServingConfig
+from privaterec.ondevice.release import ServingConfig
 from privaterec.validators import check_choice
 
 # Training budget of every experiment run: the ONE place to change it.

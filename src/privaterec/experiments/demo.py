@@ -28,7 +28,7 @@ from privaterec.experiments.demo_summary import (DemoFacts, DemoRow, chance_auc_
                                                  format_main_table, format_recall_footnote)
 from privaterec.experiments.settings import DEMO_ROUNDS, demo_synth_config
 from privaterec.runs.ranking import evaluate_run, train_run
-from privaterec.serving.release import ServingConfig
+from privaterec.ondevice.release import ServingConfig
 
 
 @dataclass(frozen=True)

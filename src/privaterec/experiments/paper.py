@@ -27,7 +27,7 @@ from privaterec.experiments.common import (DIGITS, METRIC_LABELS, METRICS, SCALE
                                            markdown_table, metric_columns, model_label, over_seeds,
                                            resolve_data, training_budget, write_csv,
                                            write_text)
-from privaterec.serving.release import ServingConfig
+from privaterec.ondevice.release import ServingConfig
 
 TRAIN_EPSILON = 10.0  # ε_t of the private rows (Tables 1-2)
 SERVE_EPSILON = 10.0  # ε_s of Table 2

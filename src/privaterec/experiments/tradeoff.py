@@ -28,7 +28,7 @@ from privaterec.experiments.common import (SCALE, ExperimentMethod, RunSpec,
                                            write_csv, write_text)
 from privaterec.experiments.plots import Curve, new_figure, plot_curves, save_png, set_log_x
 from privaterec.privacy.dpa import dpa_calibration
-from privaterec.serving.release import ServingConfig
+from privaterec.ondevice.release import ServingConfig
 
 INF = math.inf
 TRAIN_EPSILON = 10.0  # ε_t of the PrivateRec run served in Figs. 4-5 and of Fig. 7

@@ -48,7 +48,7 @@ from privaterec.recall.evaluate import RECALL_KS
 from privaterec.runs.recall import (RecallModelConfig, RecallRunConfig, evaluate_recall_run,
                                    is_recall_run, train_recall_run)
 from privaterec.recall.task import RecallTrainConfig, recall_fed_config
-from privaterec.serving.release import ServingConfig
+from privaterec.ondevice.release import ServingConfig
 
 RECALL_SYNTH = SynthConfig(news=6000, seed=0)
 """Data of the experiment: the demo's synthetic generator with a 6,000-news pool."""

@@ -273,7 +273,7 @@ def dpl_choose(impression_size: Tensor, *, negatives: int, epsilon: float,
     (Alg. 3 line 16), so the release (set, label) identifies the click: ε = ∞ whenever
     C − 1 > k. The engine does not use this function (it uses
     :func:`privaterec.privacy.labels.release_labels`); it is kept to reproduce the paper's
-    mechanism (the end-to-end audit's broken variant, ``e2e_audit.broken.published_dpl``,
+    mechanism (the end-to-end audit's broken variant, ``e2e_privaterec.audit.broken.published_dpl``,
     puts the same always-clicked candidate set into the real client update).
 
     Parameters

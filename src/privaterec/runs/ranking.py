@@ -37,7 +37,7 @@ from privaterec.runs.ranking_setup import (PreparedData, build_run_model, load_r
                                           prepare_data)
 from privaterec.runs.report import release_description
 from privaterec.runtime.determinism import flush_denormals
-from privaterec.serving.release import ServingConfig, serving_event
+from privaterec.ondevice.release import ServingConfig, serving_event
 from privaterec.training.centralized import train_centralized
 from privaterec.training.popularity import PopularityModel, evaluate_popularity
 

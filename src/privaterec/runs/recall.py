@@ -38,7 +38,7 @@ from privaterec.runs.recall_setup import (HEAD_DIM, METHOD, RECALL_CONFIG_FILE, 
                                           RecallSetup, load_ranker_news, recall_setup)
 
 if TYPE_CHECKING:
-    from privaterec.serving.release import ServingConfig
+    from privaterec.ondevice.release import ServingConfig
 
 @dataclass
 class RecallRun:
@@ -220,7 +220,7 @@ def evaluate_recall_run(run_dir: str | Path, *, method: str, data: str | Path | 
 
     from privaterec.data.mind import load_dataset
     from privaterec.eval.serving import private_user_encoder
-    from privaterec.serving.release import ServingConfig, serving_event
+    from privaterec.ondevice.release import ServingConfig, serving_event
     from privaterec.recall.evaluate import (AUC_RECALL_SIZE, RECALL_KS, RECALL_METHODS,
                                             evaluate_recall)
     from privaterec.runs.ranking import record_serving

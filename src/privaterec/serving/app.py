@@ -39,7 +39,7 @@ from privaterec.data.records import NewsRecord
 from privaterec.serving import schemas
 from privaterec.serving.bundle import ServingModels
 from privaterec.serving.pool_download import VersionError, delta_pool, full_pool
-from privaterec.serving.pool_format import PoolFormatError
+from privaterec.ondevice.pool_format import PoolFormatError
 from privaterec.serving.store import NewsPool, NewsStore, article_json, top_k_positions
 
 DEFAULT_MAX_BODY_BYTES = 1_000_000
@@ -339,7 +339,7 @@ def create_app(store: NewsStore, models: ServingModels, *,
     PoolSpace = Literal["scores", "vectors"]
     PoolDtype = Literal["float32", "float16", "int8"]
     binary: Responses = {200: {"content": {"application/octet-stream": {}},
-                    "description": "A privaterec pool body (privaterec.serving.pool_format): "
+                    "description": "A privaterec pool body (privaterec.ondevice.pool_format): "
                                    "magic, JSON header, zlib ids (and titles), int8 scales, "
                                    "[n, rows] records. Headers: ETag (content hash of the "
                                    "full pool), X-Pool-Version, X-Pool-Id."},

@@ -36,12 +36,12 @@ take no seed; :class:`SimulationNoise` is accepted only as ``insecure_simulation
 simulations and tests (:mod:`privaterec.privacy.samplers`).
 
 Public API, by module (imports flow one way: client → process → device → budget, download →
-transport; the DPA computation is :mod:`privaterec.serving.release`'s, shared with the offline
+transport; the DPA computation is :mod:`privaterec.ondevice.release`'s, shared with the offline
 evaluation):
 
 * devices (:mod:`~privaterec.serving.device`): :class:`PrivateRecDevice`, :class:`VDPDevice`,
   :class:`UniFedRecDevice`, :data:`MAX_K`;
-* PrivateRec Alg. 2 (:mod:`privaterec.serving.release`): :func:`dpa_release`,
+* PrivateRec Alg. 2 (:mod:`privaterec.ondevice.release`): :func:`dpa_release`,
   :class:`DpaRelease`;
 * privacy account (:mod:`~privaterec.serving.budget`): :class:`DeviceBudget`,
   :data:`DEVICE_USER`, :data:`DEFAULT_DEVICE_BUDGET`, :class:`ReleaseLimitExceeded`,
@@ -61,7 +61,7 @@ evaluation):
 
 from __future__ import annotations
 
-from privaterec.serving.release import DpaRelease, dpa_release
+from privaterec.ondevice.release import DpaRelease, dpa_release
 from privaterec.privacy.samplers import SecureNoise, SimulationNoise
 from privaterec.serving.budget import (DEFAULT_DEVICE_BUDGET, DEVICE_USER, DeviceBudget,
                                        ReleaseLimitExceeded, default_state_dir)

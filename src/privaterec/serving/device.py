@@ -4,7 +4,7 @@ A device holds the news its user read (:class:`~privaterec.data.records.NewsReco
 sends them. It downloads the public model once (:mod:`privaterec.serving.download`) and per
 query releases only a privatised summary of the (truncated) history:
 
-* :class:`PrivateRecDevice` — Alg. 2 (:func:`privaterec.serving.release.dpa_release`): α̃ [B]
+* :class:`PrivateRecDevice` — Alg. 2 (:func:`privaterec.ondevice.release.dpa_release`): α̃ [B]
   to ``/v1/recommend/privaterec``; the server scores ũ = Σ α̃ᵢ bᵢ over its pool (Alg. 1).
 * :class:`VDPDevice` — the VDP baseline (§3.2.1): the clipped, noised user vector [d] to
   ``/v1/recommend/vdp``.
@@ -67,7 +67,7 @@ from privaterec.serving.budget import (DEFAULT_DEVICE_BUDGET, DEFAULT_GAUSSIAN_D
                                        history_digest, release_key)
 from privaterec.serving.device_common import MAX_K, DeviceBase, check_count, check_history
 from privaterec.serving.download import RecallBuilder, build_recall_model, download_recall_model
-from privaterec.serving.release import (Normalization, ServingConfig, dpa_release,
+from privaterec.ondevice.release import (Normalization, ServingConfig, dpa_release,
                                         serving_event, vdp_user_release)
 from privaterec.serving.transport import (ModelChangedError, ServerError, Transport, json_body,
                                           json_floats)
@@ -270,7 +270,7 @@ class _RankingDevice(_Device):
 class PrivateRecDevice(_RankingDevice):
     """A PrivateRec device: releases α̃ (B floats) per query (Alg. 1-2 with errata 1-3).
 
-    Alg. 2 on the device (:func:`privaterec.serving.release.dpa_release`): each clicked news is
+    Alg. 2 on the device (:func:`privaterec.ondevice.release.dpa_release`): each clicked news is
     replaced by the anonymous news r₀ with probability p, u = Θ_U(history) [d],
     α = attention(u) [B], Laplace or analytic-Gaussian noise calibrated with the TRUE
     simplex sensitivity (L1 = 2, L2 = √2) at the padding-amplified budget, α̃ =
@@ -403,7 +403,7 @@ class VDPDevice(_RankingDevice):
     @torch.no_grad()
     def _draw(self, history: Sequence[NewsRecord]) -> Tensor:
         """The clipped, noised user vector ``Tensor[d]`` (§3.2.1,
-        :func:`~privaterec.serving.release.vdp_user_release` with the device's noise source):
+        :func:`~privaterec.ondevice.release.vdp_user_release` with the device's noise source):
         L1 clip to θ + Laplace(2θ/ε), or L2 clip to θ + the analytic Gaussian of Δ₂ = 2θ.
         """
         vectors, mask, _ = self._model.history_tensors(history)

@@ -41,7 +41,7 @@ from privaterec.errors import CheckpointError, ConfigError
 from privaterec.privacy.events import PrivacyEvent
 from privaterec.privacy.ledger import PrivacyLedger
 from privaterec.serving.device_common import MAX_K, DeviceBase, check_count, check_history
-from privaterec.serving.pool_format import (DTYPES, PoolFormatError, PoolState, apply_delta,
+from privaterec.ondevice.pool_format import (DTYPES, PoolFormatError, PoolState, apply_delta,
                                             decode_delta, decode_full, encode_full, etag_of,
                                             content_hash)
 from privaterec.serving.store import top_k_positions

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from privaterec.serving.pool_format import (PoolState, content_hash, encode_delta, encode_full,
+from privaterec.ondevice.pool_format import (PoolState, content_hash, encode_delta, encode_full,
                                             etag_of, quantize)
 from privaterec.serving.store import NewsPool
 
@@ -60,7 +60,7 @@ def full_pool(pool: NewsPool, *, space: str, dtype: str, titles: bool,
 
     Raises
     ------
-    privaterec.serving.pool_format.PoolFormatError
+    privaterec.ondevice.pool_format.PoolFormatError
         The records do not fit ``dtype`` (float16 overflow).
     """
     key = ("full", space, dtype, titles, model_version)

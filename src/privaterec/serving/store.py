@@ -24,7 +24,7 @@ In memory the pool is an immutable :class:`NewsPool` snapshot; ingestion builds 
 and swaps the reference, so concurrent readers see the old or the new pool, never a mix.
 A store directory is used by one process at a time (``store.lock``).
 
-Versions (local ranking, :mod:`privaterec.serving.pool_format`): every committed change of the
+Versions (local ranking, :mod:`privaterec.ondevice.pool_format`): every committed change of the
 pool's content advances ``pool_version`` (meta) by one, in the same SQLite transaction; each
 article stores the version its current record was written at and removed ids are kept as
 tombstones (table ``removed``), so a device at version v can be sent only what changed since

@@ -23,7 +23,7 @@ import torch
 from privaterec.config import FederatedMethod, ModelConfig, RunConfig, TrainConfig, fed_config
 from privaterec.data.clients import ClientData
 from privaterec.errors import ConfigError
-from privaterec.privacy.e2e_audit.world import AuditWorld
+from privaterec.audit.world import AuditWorld
 from privaterec.validators import check_choice
 
 if TYPE_CHECKING:

@@ -3,7 +3,7 @@
 For a neighbouring pair (D, D′) the client's upload is run ``runs`` times on each, every
 run with a fresh generator (seeded from (seed, pair, side, run)); everything the server
 receives is flattened into one row of numbers (:func:`flatten_sent`); the distinguisher of
-:mod:`~privaterec.privacy.e2e_audit.distinguisher` gives a 95% lower bound ε_lb, and the
+:mod:`~privaterec.audit.distinguisher` gives a 95% lower bound ε_lb, and the
 claim is what the client's privacy events state for the pair's adjacency
 (:func:`claimed_budget`). ε_lb > claimed ε means the client's privacy claim is false.
 """
@@ -21,9 +21,9 @@ import numpy as np
 import torch
 
 from privaterec.errors import ConfigError
-from privaterec.privacy.e2e_audit.distinguisher import DistinguisherResult, distinguish
-from privaterec.privacy.e2e_audit.targets import Release, Target, Upload, make_target
-from privaterec.privacy.e2e_audit.world import (AuditWorld, NeighbourPair, make_world,
+from privaterec.audit.distinguisher import DistinguisherResult, distinguish
+from privaterec.audit.targets import Release, Target, Upload, make_target
+from privaterec.audit.world import (AuditWorld, NeighbourPair, make_world,
                                                 neighbour_pairs)
 
 DEFAULT_RUNS = 1000
@@ -247,7 +247,7 @@ def audit_pair(upload: Upload, pair: NeighbourPair, *, method: str = "", mode: s
     (the same generator seed on both: the distinguisher's statistics are fitted on them), a
     quarter *select* runs and the rest *test* runs, each with its own fresh generator; only
     the test runs enter the bound
-    (:func:`~privaterec.privacy.e2e_audit.distinguisher.distinguish`).
+    (:func:`~privaterec.audit.distinguisher.distinguish`).
 
     Parameters
     ----------
@@ -313,7 +313,7 @@ def run_audit(method: str, *, adjacency: str, epsilon: float, mode: str = "stric
         aggregator releases from the user's upload in one round at q = 1; ``news``: clipped
         in news-vector space).
     adjacency:
-        ``click`` or ``user`` (:mod:`~privaterec.privacy.e2e_audit.world`).
+        ``click`` or ``user`` (:mod:`~privaterec.audit.world`).
     epsilon:
         The per-round budget the method is configured with (FedNewsRec: λ = 2δD/ε;
         Uni-FedRec: λ_g = 2θ/ε; FedRec has no noise and claims ε = ∞; DP-FedAvg: the

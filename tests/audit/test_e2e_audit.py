@@ -20,11 +20,11 @@ import privaterec.recall.task as recall_training
 from privaterec.cli import main
 from privaterec.fed.update import ClientUpdate
 from privaterec.privacy.audit import epsilon_from_rates
-from privaterec.privacy.e2e_audit import broken
-from privaterec.privacy.e2e_audit import (AuditWorld, PairAudit, audit_pair, bound_ceiling,
+from privaterec.audit import broken
+from privaterec.audit import (AuditWorld, PairAudit, audit_pair, bound_ceiling,
                                           claimed_budget, distinguish, make_target,
                                           make_world, neighbour_pairs)
-from privaterec.privacy.e2e_audit.targets import CENTERED_MODEL
+from privaterec.audit.targets import CENTERED_MODEL
 from privaterec.privacy.events import PrivacyEvent
 
 RUNS = 160  # per neighbour: 80 test runs, bound ceiling ln(80/3.7) = 3.05

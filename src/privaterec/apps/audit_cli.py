@@ -1,6 +1,6 @@
 """``privaterec privacy audit``: the end-to-end audit of a method's real client update.
 
-Kept apart from :mod:`privaterec.privacy.e2e_audit` so that building the CLI parser imports
+Kept apart from :mod:`privaterec.audit` so that building the CLI parser imports
 no torch; the command itself imports it.
 """
 
@@ -20,7 +20,7 @@ EXIT_OK, EXIT_VIOLATED = 0, 1
 
 def cmd_privacy_audit(args: argparse.Namespace) -> int:
     """Run the audit, print the table (or JSON); exit 1 if a lower bound exceeds its claim."""
-    from privaterec.privacy.e2e_audit import format_table, run_audit
+    from privaterec.audit import format_table, run_audit
 
     audits = []
     for method in args.method:

@@ -7,14 +7,14 @@ datasets under a stated adjacency, and compares a 95% Clopper–Pearson lower bo
 the ε the client's privacy events claim. ``privaterec privacy audit`` is its CLI.
 """
 
-from privaterec.privacy.e2e_audit.distinguisher import (DistinguisherResult, bound_ceiling,
+from privaterec.audit.distinguisher import (DistinguisherResult, bound_ceiling,
                                                         distinguish)
-from privaterec.privacy.e2e_audit.runner import (Claim, PairAudit, audit_pair, audit_target,
+from privaterec.audit.runner import (Claim, PairAudit, audit_pair, audit_target,
                                                  claimed_budget, flatten_sent, format_table,
                                                  run_audit)
-from privaterec.privacy.e2e_audit.targets import (METHODS, MODES, Release, Target,
+from privaterec.audit.targets import (METHODS, MODES, Release, Target,
                                                   make_target, sent_fields)
-from privaterec.privacy.e2e_audit.world import (ADJACENCIES, AuditWorld, NeighbourPair,
+from privaterec.audit.world import (ADJACENCIES, AuditWorld, NeighbourPair,
                                                 make_world, neighbour_pairs)
 
 __all__ = ["ADJACENCIES", "AuditWorld", "Claim", "DistinguisherResult", "METHODS", "MODES",
