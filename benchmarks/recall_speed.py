@@ -14,12 +14,13 @@ softmax of clipped decomposition scores + Laplace(λ_I) noise, Uni-FedRec Eq. 2-
 quotas qᵢ (Dirichlet(1)). The query is served, end to end (quotas -> counts, scores, per-channel
 top-k, dedupe-and-refill merge), by
 
-(a) ``score_space``: :meth:`ScoreSpaceIndex.recall` — αᵢᵀP with P = eᵛRᵀ ``[B, N]`` (DESIGN §6);
-(b) ``faiss_flat``: the server rebuilds r̂ᵢ = αᵢ eᵛ (``BasicInterestEmbeddings.aggregate``) and
-    searches the d-dim pool exactly (:class:`DenseIndex`, ``faiss.IndexFlatIP``), one batched
-    call for the C channels with k = max Rᵢ (each channel's quota), merged by
-    :func:`merge_rankings` exactly like (a); if duplicates across channels leave a channel
-    short, the query is searched again with k = R (counted in ``refills``);
+(a) ``score_space``: :meth:`ScoreSpaceIndex.recall` — αᵢᵀP with P = eᵛRᵀ ``[B, N]``
+(docs/architecture.md#performance-design); (b) ``faiss_flat``: the server rebuilds r̂ᵢ = αᵢ eᵛ
+    (``BasicInterestEmbeddings.aggregate``) and searches the d-dim pool exactly
+    (:class:`DenseIndex`, ``faiss.IndexFlatIP``), one batched call for the C channels with k = max
+    Rᵢ (each channel's quota), merged by :func:`merge_rankings` exactly like (a); if duplicates
+    across channels leave a channel short, the query is searched again with k = R (counted in
+    ``refills``);
 (c) ``faiss_hnsw`` (optional): the same with ``faiss.IndexHNSWFlat`` (approximate).
 
 The methods run interleaved (query by query, rotating order) so that machine noise hits them

@@ -9,9 +9,9 @@ For the same ũ = Σ α̃ᵢ bᵢ (PrivateRec Alg. 1), three ways to get the top
 ``[N, d]``, timed side by side (each query runs all of them, interleaved) and compared by
 median over ``--queries`` queries:
 
-* **score space** (what ``privaterec serve`` does, DESIGN §6): scores α̃ᵀP with the precomputed
-  P = b·Rᵀ ``[B, N]`` (:meth:`NewsPool.space_scores`), then the exact top-k
-  (:func:`top_k_positions`: ``np.argpartition`` + sort of the k, ties by position);
+* **score space** (what ``privaterec serve`` does, docs/architecture.md#performance-design): scores
+  α̃ᵀP with the precomputed P = b·Rᵀ ``[B, N]`` (:meth:`NewsPool.space_scores`), then the exact
+  top-k (:func:`top_k_positions`: ``np.argpartition`` + sort of the k, ties by position);
 * **exact d-dim, numpy**: ũ = α̃·b, scores R·ũ (float32 matmul), the same top-k code;
 * **exact d-dim, faiss** ``IndexFlatIP`` search of ũ (scoring and top-k fused), if installed.
 

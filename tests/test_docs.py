@@ -34,7 +34,7 @@ def _message_strings(path: Path) -> list[str]:
 
 
 def test_messages_do_not_cite_the_design_notes():
-    # "DESIGN section 4 erratum 2" meant nothing to a pip user
+    # the design notes are not in the package: a pip user cannot follow a citation of them
     offenders = [(str(p.relative_to(ROOT)), s[:80]) for p in sorted(SRC.rglob("*.py"))
                  for s in _message_strings(p) if "DESIGN" in s]
     assert not offenders, offenders
@@ -57,3 +57,33 @@ def test_readme_links_stay_inside_the_repository():
         if not target.startswith("http"):
             assert (ROOT / target).exists(), target
     assert "docs/architecture.md" in readme and "docs/privacy.md" in readme
+
+
+def _repository_texts() -> list[tuple[Path, str]]:
+    """Every source, test, benchmark script and document of the repository."""
+    paths = [*SRC.rglob("*.py"), *(ROOT / "tests").rglob("*.py"),
+             *(ROOT / "benchmarks").glob("*.py"), *(ROOT / "docs").glob("*.md"),
+             *(ROOT / "benchmarks" / "results").rglob("*.md"),
+             ROOT / "README.md", ROOT / "BENCHMARKS.md"]
+    return [(p, p.read_text()) for p in sorted(paths)]
+
+
+def test_nothing_cites_the_design_notes():
+    # docstrings and comments too: the design notes are not in the repository
+    pattern = re.compile(r"DESIGN\s*(§|section|erratum|errata)")
+    offenders = [(str(p.relative_to(ROOT)), i + 1) for p, text in _repository_texts()
+                 for i, line in enumerate(text.splitlines()) if pattern.search(line)]
+    assert not offenders, offenders
+
+
+def test_citations_of_the_docs_resolve():
+    # "docs/privacy.md#padding-amplification" in a docstring must name a real section
+    cited: set[tuple[str, str]] = set()
+    for _, text in _repository_texts():
+        cited |= set(re.findall(r"docs/(\w+)\.md(?:#([\w\-]+))?", text))
+    assert ("privacy", "padding-amplification") in cited
+    for doc, anchor in sorted(cited):
+        path = ROOT / "docs" / f"{doc}.md"
+        assert path.exists(), f"docs/{doc}.md"
+        if anchor:
+            assert anchor in _anchors(path), f"docs/{doc}.md#{anchor}"

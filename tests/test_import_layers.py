@@ -56,7 +56,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
 # second, whatever their layers.
 FORBIDDEN: tuple[tuple[str, str, str], ...] = (
     ("privaterec.models", "privaterec.privacy",
-     "models never draw privacy noise: the engines apply the mechanisms (DESIGN §2)"),
+     "models never draw privacy noise: the engines apply the mechanisms "
+     "(docs/architecture.md#seams)"),
     ("privaterec.serving", "privaterec.eval",
      "the production server and device SDK do not depend on the offline evaluation"),
 )

@@ -71,7 +71,7 @@ BASIS_RULE = ("B, the number of PrivateRec's basic vectors, is an integer >= 2 (
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Architecture of the news recommender (DESIGN §3).
+    """Architecture of the news recommender (FedNewsRec §3.1; NRMS, NAML, LSTUR, PLM-NR).
 
     ``news_dim`` = ``num_heads * head_dim`` is the size d of news and user vectors for the
     attention-based encoders; CNN-based encoders project to the same d. ``word_dim`` is only
@@ -195,8 +195,8 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class FedConfig:
-    """Federated training: the engine's settings and the method's own (DESIGN §3; FedNewsRec
-    §3.2, PrivateRec Alg. 3).
+    """Federated training: the engine's settings and the method's own (FedNewsRec §3.2,
+    PrivateRec Alg. 3).
 
     The engine's settings are the same for every method. What only one method has (its clip,
     its noise, its ε, ...) is in ``settings``, one of the classes of

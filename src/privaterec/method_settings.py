@@ -55,9 +55,10 @@ DEFAULT_CLIP_LR = 0.2
 (Andrew et al., NeurIPS 2021)."""
 
 PRIVATEREC_STRICT_CLIP = 1e-4
-"""PrivateRec strict mode's clip bound C of the history-path gradient (DESIGN §4 erratum 4).
-Its signal-to-noise ratio, C against Laplace noise of L1 norm 2CD/ε, does not depend on C, but
-the noise it adds to the raw candidate-path gradient grows with C: a small C is better
+"""PrivateRec strict mode's clip bound C of the history-path gradient
+(docs/privacy.md#paper-and-strict-mode). Its signal-to-noise ratio, C against Laplace noise of L1
+norm 2CD/ε, does not depend on C, but the noise it adds to the raw candidate-path gradient grows
+with C: a small C is better
 (measured: 0.5349 test AUC at C = 1e-4 vs 0.5172 at DP-FedRec's 0.005; BENCHMARKS.md)."""
 
 
@@ -176,8 +177,8 @@ class PrivateRecSettings(MethodSettings):
     Attributes
     ----------
     privacy_mode: ``paper`` (Alg. 3 as published: the history-path gradient is uploaded raw
-        and is not covered) or ``strict`` (it is clipped to ``clip`` and noised, DESIGN §4
-        erratum 4).
+        and is not covered) or ``strict`` (it is clipped to ``clip`` and noised;
+        docs/privacy.md#paper-and-strict-mode).
     noise: DPA's mechanism, ``laplace`` or ``gaussian``.
     epsilon_train, delta_train: (ε_t, δ_t) per round (δ_t: Gaussian only; ε_t = inf: no noise).
     padding_p: behaviour padding probability p (Alg. 2; it only buys amplification, so a run

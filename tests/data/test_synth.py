@@ -1,4 +1,4 @@
-"""Tests of the synthetic MIND generator (DESIGN §8): format, determinism, temporal split,
+"""Tests of the synthetic MIND generator (docs/data.md): format, determinism, temporal split,
 statistics, planted structure and the proxy AUCs (oracle > content > popularity); the
 streaming writer (byte-identical to the in-memory path and to the recorded default output)
 and the calibration at a larger population."""

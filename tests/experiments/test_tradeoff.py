@@ -28,7 +28,7 @@ def test_padding_noise_scales_match_the_amplification_formula() -> None:
     assert len(rows) == 3 * 10
     for row in rows:
         eps, p = row["epsilon_serve"], row["padding_p"]
-        eps_base = math.log((math.exp(eps) - p) / (1 - p))  # DESIGN §4 erratum 2
+        eps_base = math.log((math.exp(eps) - p) / (1 - p))  # docs/privacy.md#padding-amplification
         assert row["epsilon_base"] == pytest.approx(eps_base, rel=1e-12)
         assert row["noise_scale"] == pytest.approx(2.0 / eps_base, rel=1e-12)  # Δ₁ = 2
     # Hand-computed points: p = 0 is plain Laplace 2/ε; ε = 1, p = 0.5: 2 / ln(2e - 1).

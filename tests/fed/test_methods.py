@@ -372,7 +372,8 @@ def test_one_generator_per_client_is_required():
 
 def test_gaussian_noise_is_calibrated_once_per_round_not_once_per_client(monkeypatch):
     """σ is the same for every client of a round: privatize must not re-run the (~1 ms)
-    analytic calibration for each of the m clients (DESIGN §6: no per-client Python work
+    analytic calibration for each of the m clients (docs/architecture.md#performance-design: no
+    per-client Python work
     beyond drawing each client's noise)."""
     import dp_accounting
 

@@ -1,4 +1,5 @@
-"""PrivateRec training on the federated engine (Alg. 3; DESIGN §4 errata 4, 5, 8).
+"""PrivateRec training on the federated engine (Alg. 3; docs/privacy.md#paper-and-strict-mode,
+#relu-normalisation, #label-privacy).
 
 The client's random inputs (padding, DPA noise, DPL labels), the paper-mode one-backward
 round, the strict-mode split of the gradient into candidate and history paths, the events

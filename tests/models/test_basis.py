@@ -32,7 +32,8 @@ def test_reconstruct_and_score_matrix_agree():
     news = torch.randn(9, D)
     u = basis.reconstruct(alpha)
     torch.testing.assert_close(u, alpha @ basis.weight)
-    # Scores in the B-dim score space equal the d-dim scores (DESIGN §6).
+    # Scores in the B-dim score space equal the d-dim scores
+    # (docs/architecture.md#performance-design).
     torch.testing.assert_close(alpha @ basis.score_matrix(news), u @ news.T)
 
 

@@ -95,7 +95,8 @@ def test_classical_sigma_rejected_for_large_epsilon_and_really_invalid():
     with pytest.raises(ConfigError, match="'epsilon'"):
         classical_gaussian_sigma(epsilon=1.0, delta=1e-5, sensitivity_l2=1.0)
     # With allow_invalid the formula is returned, and at ε = 10 it is too small: the exact
-    # δ of that σ at ε = 10 exceeds the target 1e-5 (why DESIGN §4 erratum 3 forbids it).
+    # δ of that σ at ε = 10 exceeds the target 1e-5 (why docs/privacy.md#gaussian-calibration
+    # forbids it).
     sigma = classical_gaussian_sigma(epsilon=10.0, delta=1e-5, sensitivity_l2=1.0,
                                      allow_invalid=True)
     assert bw_delta(sigma, 10.0) > 1e-5
@@ -116,7 +117,7 @@ def test_gaussian_sigma_edge_cases_and_validation():
     [0.01, 0.5, 1.0, 3.0, 8.0], [0.0, 1e-6, 1e-3], [0.0, 0.1, 0.5, 0.9])))
 def test_amplification_formulas_and_round_trip(epsilon, delta, p):
     eps_base, delta_base = amplified_budget(epsilon=epsilon, delta=delta, padding_p=p)
-    # The direct formulas of DESIGN §4 erratum 2 / PrivateRec Alg. 2 line 9.
+    # The direct formulas of docs/privacy.md#padding-amplification / PrivateRec Alg. 2 line 9.
     assert eps_base == pytest.approx(math.log((math.exp(epsilon) - p) / (1 - p)), rel=1e-12)
     assert delta_base == pytest.approx(delta / (1 - p), rel=1e-15, abs=0)
     assert eps_base >= epsilon

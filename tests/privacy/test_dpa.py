@@ -1,7 +1,8 @@
 """Tests of privaterec.privacy.dpa: behaviour padding, DPA noise, normalisation, VDP, DPL.
 
-Expected values are computed independently in the tests (PrivateRec Alg. 2-3; DESIGN §4
-errata 1, 2, 3, 5, 8), and every privacy claim is also checked by an empirical audit
+Expected values are computed independently in the tests (PrivateRec Alg. 2-3;
+docs/privacy.md: DPA sensitivity, padding amplification, Gaussian calibration, ReLU
+normalisation, label privacy), and every privacy claim is also checked by an empirical audit
 (Clopper–Pearson lower bound on ε below the claim; a deliberately broken variant above it).
 
 Two tests are regression tests of bugs these audits found (the paper's clamp β = max{0, ·}
@@ -55,7 +56,8 @@ def gen(seed: int) -> torch.Generator:
 
 
 def eps_prime(eps: float, p: float) -> float:
-    """ε′ = ln((e^ε − p)/(1 − p)) (PrivateRec Alg. 2 line 9; DESIGN §4 erratum 2)."""
+    """ε′ = ln((e^ε − p)/(1 − p)) (PrivateRec Alg. 2 line 9;
+    docs/privacy.md#padding-amplification)."""
     return math.log((math.exp(eps) - p) / (1.0 - p))
 
 
@@ -115,11 +117,11 @@ def test_pad_history_puts_the_anonymous_row_exactly_where_padded():
     assert torch.equal(out7, torch.where(pad, 7, rows))
 
 
-# --- DPA noise (Alg. 2 line 9, errata 1-3) -----------------------------------------------------
+# --- DPA noise (Alg. 2 line 9; docs/privacy.md) ---------------------------------------------
 
 def test_dpa_laplace_noise_scale_is_two_over_amplified_epsilon():
     eps, p = 1.0, 0.3
-    b = 2.0 / eps_prime(eps, p)  # L1 sensitivity of the simplex = 2 (erratum 1)
+    b = 2.0 / eps_prime(eps, p)  # L1 sensitivity of the simplex = 2 (docs/privacy.md#dpa-sensitivity)
     noise, event = _dpa_noise((50_000, 4), epsilon=eps, padding_p=p, generator=gen(20),
                              dtype=F64)
     x = noise.numpy().ravel()
@@ -220,7 +222,7 @@ def test_dpa_noise_validation_and_per_row_generators():
     assert not torch.equal(rows[0], rows[1])
 
 
-# --- normalisation (Alg. 2 line 10; §3.3; erratum 5) -------------------------------------------
+# --- normalisation (Alg. 2 line 10; §3.3; docs/privacy.md#relu-normalisation) ------------------
 
 def test_softplus_normalize_rows_are_on_the_simplex():
     x = torch.randn(64, 7, generator=gen(40), dtype=F64) * 5
@@ -431,7 +433,7 @@ R0 = 0.0  # public value of the anonymous news r₀
 # Toy user model: α = softmax(bias + slope·mean(history)) with B = 3. History D = [0, 0, 0, 0]
 # gives logits [20, 0, -20] (α ≈ e₁); D′ = [1, 0, 0, 0] gives [-20, 40, -20] (α′ ≈ e₂), so
 # ‖α − α′‖₁ ≈ 2 = the true L1 sensitivity, and padding D′'s first item yields α(D): the
-# worst case for amplification by padding (erratum 2 is then tight).
+# worst case for amplification by padding (docs/privacy.md#padding-amplification is then tight).
 BIAS = torch.tensor([20.0, 0.0, -20.0], dtype=F64)
 SLOPE = torch.tensor([-160.0, 160.0, 0.0], dtype=F64)
 HIST_D = torch.tensor([0.0, 0.0, 0.0, 0.0], dtype=F64)
@@ -491,7 +493,7 @@ def test_audit_dpa_broken_variants_exceed_the_claimed_epsilon(variant):
     eps, p = 1.0, 0.5
     if variant == "no_padding":  # noise at ε′ but the history is never padded: true ε = ε′
         mech = dpa_release(epsilon=eps, padding_p=p, pad=False)
-    elif variant == "paper_sensitivity":  # S = θ = 1 (erratum 1): true ε ≈ 2.34
+    elif variant == "paper_sensitivity":  # S = θ = 1 (docs/privacy.md#dpa-sensitivity): true ε ≈ 2.34
         mech = dpa_release(epsilon=eps, padding_p=p, sensitivity="paper")
     else:  # noise 10x too small, claiming ε = 1
         def mech(histories, g):

@@ -88,7 +88,8 @@ def test_aggregator_weights_softmax():
 
 def test_channel_event_epsilon_formula():
     e = channel_event(num_basis=30, clip=0.2, noise_scale=1.2)
-    # ε = 2δB/λ_I = 2·0.2·30/1.2 = 10 (DESIGN erratum 7); per coordinate 2δ/λ_I = 1/3
+    # ε = 2δB/λ_I = 2·0.2·30/1.2 = 10 (docs/privacy.md#uni-fedrec-channels-and-quotas); per
+    # coordinate 2δ/λ_I = 1/3
     assert e.mechanism == "laplace" and e.phase == "serve"
     assert e.epsilon == pytest.approx(10.0)
     assert e.sensitivity == pytest.approx(12.0) and e.noise_scale == pytest.approx(1.2)

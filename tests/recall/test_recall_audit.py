@@ -33,7 +33,7 @@ def laplace_llr(centre: float):
 
 def test_channel_release_audit_below_two_delta_b_over_lambda():
     delta, num_basis, eps = 0.5, 2, 1.0
-    lam = 2 * delta * num_basis / eps  # ε = 2δB/λ_I (DESIGN §4 erratum 7)
+    lam = 2 * delta * num_basis / eps  # ε = 2δB/λ_I (docs/privacy.md#uni-fedrec-channels-and-quotas)
     assert channel_event(num_basis=num_basis, clip=delta, noise_scale=lam).epsilon == eps
     x = torch.full((num_basis,), -5.0, dtype=F64)  # clipped to −δ·1
     xp = torch.full((num_basis,), 5.0, dtype=F64)  # clipped to +δ·1: L1 distance 2δB

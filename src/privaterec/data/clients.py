@@ -3,7 +3,7 @@
 A *client* is one user (FedNewsRec §3.2). Its data are the last H clicks of its history and
 its training samples: each clicked candidate of each impression, paired with k non-clicked
 candidates of the same impression (k = 4; drawn with replacement when the impression has
-fewer than k, DESIGN §3). Samples are stored sorted by user so a client's samples are one
+fewer than k; FedNewsRec §3.1). Samples are stored sorted by user so a client's samples are one
 contiguous slice, which the federated simulator relies on.
 """
 
@@ -169,7 +169,7 @@ def draw_candidates(positives: torch.Tensor, pool: torch.Tensor, counts: torch.T
     positives: ``LongTensor[s]`` clicked rows. pool: ``LongTensor[s, M]`` the impressions'
         non-clicked rows (padded). counts: ``LongTensor[s]`` valid entries of ``pool`` (≥ 1).
     negatives: k, drawn without replacement when an impression has at least k, with
-        replacement otherwise (DESIGN §3).
+        replacement otherwise (FedNewsRec §3.1).
     generator: the only source of randomness (a seeded generator, or a device's secure
         source: :mod:`privaterec.privacy.randomness`).
     """

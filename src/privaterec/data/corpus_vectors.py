@@ -1,4 +1,5 @@
-"""Word vectors fitted on the public news catalogue: PPMI + truncated SVD (DESIGN §3, §6).
+"""Word vectors fitted on the public news catalogue: PPMI + truncated SVD
+(docs/privacy.md#what-each-ε-protects).
 
 NRMS and the other text encoders start from pre-trained word vectors (GloVe in the papers).
 Data whose words no public model knows (the synthetic pseudo-words of

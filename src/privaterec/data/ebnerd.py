@@ -7,7 +7,7 @@ impression: ``impression_id``, ``impression_time``, ``user_id``, ``article_ids_i
 article text lives in a separate ``articles.parquet`` (in the official layout one level above
 ``train/``), which the shared demo data does not include.
 
-Mapping (DESIGN §8), every deviation counted in the returned report, never silent:
+Mapping (docs/data.md), every deviation counted in the returned report, never silent:
 
 - **history**: the user's ``history.parquet`` clicks in chronological order (stable sort by
   ``impression_time_fixed``; repeated reads are kept, as MIND keeps them), optionally only the

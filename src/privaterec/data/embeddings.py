@@ -1,4 +1,4 @@
-"""Pre-trained word embeddings for a :class:`~privaterec.data.text.Vocabulary` (DESIGN §3, §7).
+"""Pre-trained word embeddings for a :class:`~privaterec.data.text.Vocabulary`.
 
 Two sources, both local files shipped by PyPI packages (never a download):
 

@@ -1,4 +1,4 @@
-"""Reading, validating and writing MIND-format data (DESIGN §8).
+"""Reading, validating and writing MIND-format data (docs/data.md).
 
 A *split* is a directory with ``news.tsv`` and ``behaviors.tsv``; a *data set* directory is
 either one split (``news.tsv`` and ``behaviors.tsv`` directly inside: train only) or holds

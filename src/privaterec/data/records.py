@@ -1,4 +1,4 @@
-"""Plain records of the MIND format (DESIGN §8), shared by readers, writers and generators.
+"""Plain records of the MIND format (docs/data.md), shared by readers, writers and generators.
 
 ``news.tsv`` columns: news id, category, subcategory, title, abstract, url, title entities,
 abstract entities. ``behaviors.tsv`` columns: impression id, user id, time

@@ -1,4 +1,4 @@
-"""Statistics and validation of MIND-format data (DESIGN §8; ``privaterec data check``).
+"""Statistics and validation of MIND-format data (docs/data.md; ``privaterec data check``).
 
 :func:`dataset_statistics` describes a loaded split or data set, :func:`format_statistics`
 renders it as a text table and :func:`check_dataset` validates a directory, computing the

@@ -1,4 +1,5 @@
-"""Synthetic MIND-format data with a planted structure that content models can learn (DESIGN §8).
+"""Synthetic MIND-format data with a planted structure that content models can learn
+(docs/data.md).
 
 Generative model
 ----------------

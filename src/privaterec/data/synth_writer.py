@@ -1,4 +1,4 @@
-"""Streaming MIND writer for simulated data: behaviors written chunk by chunk (DESIGN §8).
+"""Streaming MIND writer for simulated data: behaviors written chunk by chunk (docs/data.md).
 
 :func:`privaterec.data.synth.write_synthetic` used to build every
 :class:`~privaterec.data.records.Impression` of the population in memory and then write them

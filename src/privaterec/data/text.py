@@ -1,4 +1,5 @@
-"""Tokenizer and vocabularies, built from training news only (DESIGN §4 erratum 9).
+"""Tokenizer and vocabularies, built from training news only
+(docs/privacy.md#data-used-for-tuning-and-vocabularies).
 
 Index conventions used by every model:
 

@@ -1,8 +1,8 @@
 """Offline evaluation of a :class:`~privaterec.models.recommender.Recommender` on a MIND split.
 
-Every distinct news the split uses is encoded once (DESIGN §6: "cache news vectors during
-evaluation"), users are encoded in batches from the cached vectors, and each candidate's score
-is the dot product ŷ = uᵀr (FedNewsRec §3.1, PrivateRec §3.1). Metrics are MIND's
+Every distinct news the split uses is encoded once (docs/architecture.md#performance-design: "cache
+news vectors during evaluation"), users are encoded in batches from the cached vectors, and each
+candidate's score is the dot product ŷ = uᵀr (FedNewsRec §3.1, PrivateRec §3.1). Metrics are MIND's
 per-impression AUC, MRR, nDCG@5 and nDCG@10 (:func:`privaterec.eval.metrics.evaluate_impressions`).
 
 Two seams let private serving plug in without re-implementing the loop:

@@ -1,4 +1,4 @@
-"""Private serving evaluated offline (PrivateRec Alg. 1-2, §3.2.1; DESIGN §3).
+"""Private serving evaluated offline (PrivateRec Alg. 1-2, §3.2.1).
 
 Each labelled test impression is one recommendation query: the device computes its user
 representation from its history and releases it under ε_s, the server scores the impression's

@@ -97,7 +97,8 @@ class RunSpec:
     method: ``centralized``, ``fedrec``, ``fednewsrec``, ``dp-fedrec``, ``privaterec`` or
         ``dp-fedavg`` (central, user-level DP).
     epsilon_train: ε_t per round (``inf``: no noise); ``dp-fedrec`` and ``privaterec`` only.
-    privacy_mode: PrivateRec's ``paper`` or ``strict`` mode (DESIGN §4 erratum 4).
+    privacy_mode: PrivateRec's ``paper`` or ``strict`` mode
+        (docs/privacy.md#paper-and-strict-mode).
     basis_size: number of basic vectors B: PrivateRec's (0: the default, 5), or the PrivateRec
         model trained by ``dp-fedavg`` (0: no basic vectors).
     target_epsilon: ``dp-fedavg`` only (required): the user-level ε of the whole run, from

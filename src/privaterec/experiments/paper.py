@@ -2,8 +2,8 @@
 
 * **Table 1** (training, ε_s = ∞): Centralized; DP-FedRec ε_t = ∞ (= FedRec); DP-FedRec
   ε_t = 10; PrivateRec ε_t = 10 in ``paper`` mode (Alg. 3 as published) and, as an extra
-  row, in ``strict`` mode (DESIGN §4 erratum 4: the history-path gradient is clipped and
-  noised too).
+  row, in ``strict`` mode (docs/privacy.md#paper-and-strict-mode: the history-path gradient is
+  clipped and noised too).
 * **Table 2** (serving at ε_s = 10 per query): DP-FedRec ε_t = ∞ and ε_t = 10 served with
   VDP (§3.2.1), PrivateRec ε_t = 10 served with PrivateRec (Alg. 1-2, padding p = 0.5), plus
   the bytes each query sends.

@@ -4,7 +4,8 @@
   of the PrivateRec ε_t = 10 run vs VDP serving of the DP-FedRec ε_t = ∞ (FedRec) run.
 * **Fig. 5** ``fig5_padding`` — left: the Laplace scale DPA needs, b = Δ₁/ε′ with the simplex
   sensitivity Δ₁ = 2 and the padding-amplified budget ε′ = ln((e^{ε_s} − p)/(1 − p))
-  (DESIGN §4 errata 1-2; pure calibration), vs the padding probability p for several ε_s;
+  (docs/privacy.md#dpa-sensitivity, #padding-amplification; pure calibration), vs the padding
+  probability p for several ε_s;
   right: serving AUC vs p at ε_s = 10 for the PrivateRec ε_t = 10 run.
 * **Fig. 6** ``fig6_train_epsilon`` — test AUC (ε_s = ∞) vs the training budget ε_t,
   PrivateRec vs DP-FedRec.
@@ -56,8 +57,9 @@ def padding_noise_scales(epsilons: Sequence[float] = NOISE_EPSILONS,
                          paddings: Sequence[float] = PADDINGS) -> list[dict[str, float]]:
     """Laplace scale DPA needs for ε_s per query, for each padding probability p (Fig. 5 left).
 
-    b = Δ₁ / ε′ with Δ₁ = 2 (L1 sensitivity of the simplex, DESIGN §4 erratum 1) and
-    ε′ = ln((e^{ε_s} − p)/(1 − p)) (the budget amplified by padding, erratum 2).
+    b = Δ₁ / ε′ with Δ₁ = 2 (L1 sensitivity of the simplex, docs/privacy.md#dpa-sensitivity) and
+    ε′ = ln((e^{ε_s} − p)/(1 − p)) (the budget amplified by padding,
+    docs/privacy.md#padding-amplification).
 
     Returns
     -------

@@ -1,4 +1,5 @@
-"""The client update: the one function that computes what a device uploads (DESIGN §2).
+"""The client update: the one function that computes what a device uploads
+(docs/architecture.md#seams).
 
 ``client_update(task, θ, client data, method, generator)`` → :class:`ClientUpdate`. The
 vectorized simulator computes exactly this for many clients at once (same generator use,

@@ -1,4 +1,4 @@
-"""One entry point for federated training, whatever the engine (DESIGN §2).
+"""One entry point for federated training, whatever the engine (docs/architecture.md#seams).
 
 :func:`train_federated_run` builds what every engine shares for a ranking run — the model
 as a function of θ (:class:`~privaterec.fed.objective.LocalObjective`), the client method

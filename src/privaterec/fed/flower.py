@@ -1,4 +1,4 @@
-"""The Flower engine (DESIGN §2, §7): federated training over Flower's Message API.
+"""The Flower engine (docs/flower.md): federated training over Flower's Message API.
 
 This is the only module that imports ``flwr``, and it is only a transport: it runs the same
 rounds as the in-process simulator for any task and method

@@ -8,7 +8,7 @@ public and never uploaded). This module views those parameters as one flat vecto
 * :meth:`LocalObjective.client_gradient`: one client's gradient ∇θ of its mean InfoNCE loss
   (FedNewsRec Eq. 3) — the reference every engine must reproduce;
 * :meth:`LocalObjective.client_gradients`: the same for many clients at once,
-  ``vmap(grad)`` over memory-bounded chunks of clients (DESIGN §6);
+  ``vmap(grad)`` over memory-bounded chunks of clients (docs/architecture.md#performance-design);
 * :meth:`LocalObjective.round_gradient`: Σ_u (n_u/N) g_u, the weighted sum of the round's
   client gradients, with ONE backward pass (the gradient of the weighted sum of losses);
 * :meth:`LocalObjective.local_deltas`: FedAvg's E local SGD steps per client, batched.
@@ -41,7 +41,7 @@ class _RoundLoss(nn.Module):
     With PrivateRec's basic vectors and ``attention_noise`` ``[m, B]`` the users' scoring
     vectors are ũ = Σ α̃ᵢ bᵢ with α̃ = relu_normalize(α + n) (Alg. 3 lines 14-15, 20; ReLU
     normalisation in training, §3.3); ``detach_attention`` treats α̃ as a constant input, so
-    the gradient only follows the candidate path (DESIGN §4 erratum 4).
+    the gradient only follows the candidate path (docs/privacy.md#paper-and-strict-mode).
     """
 
     def __init__(self, recommender: Recommender) -> None:
@@ -303,7 +303,7 @@ class LocalObjective(ModuleTask):
         candidates: ``LongTensor[n, 1 + k]``, clicked news in column 0.
         attention_noise: PrivateRec's DPA noise ``[B]`` (the model needs basic vectors).
         split_history: return ``[2, D]``: the candidate-path gradient (α̃ held constant) and
-            the history-path rest (PrivateRec strict mode, DESIGN §4 erratum 4).
+            the history-path rest (PrivateRec strict mode, docs/privacy.md#paper-and-strict-mode).
         released_attention: ``attention_noise`` holds the released α̃ ``[B]`` instead of the
             noise (a device's float-safe release, :meth:`attention`); same gradient.
 
@@ -361,7 +361,8 @@ class LocalObjective(ModuleTask):
 
     def round_gradient(self, flat: torch.Tensor, batch: ClientBatch, *,
                        uniform_clients: bool = False) -> tuple[torch.Tensor, float]:
-        """Σ_u (n_u/N) g_u and the mean loss, with one backward pass (DESIGN §6).
+        """Σ_u (n_u/N) g_u and the mean loss, with one backward pass
+        (docs/architecture.md#performance-design).
 
         The weighted sum of client gradients, weights n_u/N (FedNewsRec Eq. 6), is the
         gradient of the mean loss over all the round's samples, so the round costs one

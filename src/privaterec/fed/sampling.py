@@ -1,4 +1,5 @@
-"""Who takes part in a round: the eligible users and the round's sample (DESIGN §2).
+"""Who takes part in a round: the eligible users and the round's sample
+(docs/architecture.md#seams).
 
 In a simulation, client sampling of round t is a function of (seed, t) only
 (:func:`~privaterec.fed.rng.round_generator`), so a resumed run and every engine sample the

@@ -1,4 +1,4 @@
-"""The seam between the federated engine and what it trains: a *task* (DESIGN §2, §6).
+"""The seam between the federated engine and what it trains: a *task* (docs/architecture.md#seams).
 
 A federated task is a public model viewed as a function of one flat parameter vector
 θ ∈ R^D: the ranking model (:class:`privaterec.fed.objective.LocalObjective`) and
@@ -201,8 +201,8 @@ def per_client_gradients(fn: Callable[..., tuple[torch.Tensor, torch.Tensor]],
                          vectorize: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-client ``fn(θ, *client args)`` over chunks of clients: ``vmap`` or a loop.
 
-    The one chunked functional ``vmap(grad)`` of every task (DESIGN §6): memory is bounded
-    by one chunk's activations.
+    The one chunked functional ``vmap(grad)`` of every task
+    (docs/architecture.md#performance-design): memory is bounded by one chunk's activations.
 
     Parameters
     ----------

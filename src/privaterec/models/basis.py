@@ -155,7 +155,8 @@ class BasicVectors(nn.Module):
         return alpha @ self.weight
 
     def score_matrix(self, news: torch.Tensor) -> torch.Tensor:
-        """P = b·Rᵀ ``[B, C]`` for news vectors R ``[C, d]``: scores of α̃ are α̃ᵀP (DESIGN §6)."""
+        """P = b·Rᵀ ``[B, C]`` for news vectors R ``[C, d]``: scores of α̃ are α̃ᵀP
+        (docs/architecture.md#performance-design)."""
         return self.weight @ news.T
 
 

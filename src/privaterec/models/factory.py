@@ -140,7 +140,7 @@ def build_user_encoder(model_config: ModelConfig) -> nn.Module:
 def build_recommender(model_config: ModelConfig, vocabs: TextVocabularies,
                       features: NewsFeatures | None = None, *,
                       for_checkpoint: bool = False) -> Recommender:
-    """Θ_N + Θ_U as a :class:`Recommender` (DESIGN §3).
+    """Θ_N + Θ_U as a :class:`Recommender` (FedNewsRec §3.1).
 
     Parameters
     ----------

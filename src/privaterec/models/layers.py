@@ -1,4 +1,4 @@
-"""Building blocks shared by the news and user encoders (DESIGN §3).
+"""Building blocks shared by the news and user encoders (NRMS, NAML, FedNewsRec §3.1).
 
 Every layer here is written so that
 
@@ -144,7 +144,8 @@ class WordEmbedding(nn.Module):
     (the anonymous news r₀ = Θ_N(all-padding title) is a function of it). Every other token
     maps to its row of ``weight``, which is frozen (``requires_grad=False``) when ``freeze``
     is true — pre-trained vectors are public data, and freezing keeps the dimension of DP
-    noise down (DESIGN §6). Row 0 of ``weight`` is unused (kept at 0).
+    noise down (docs/architecture.md#performance-design). Row 0 of ``weight`` is unused (kept at
+    0).
 
     Trainable parameters are those with ``requires_grad``; a frozen table is still a
     parameter (so it is saved in the ``state_dict`` and moved by ``.to``).

@@ -1,4 +1,4 @@
-"""News encoders Θ_N: news features → ``Tensor[n, d]`` (DESIGN §3).
+"""News encoders Θ_N: news features → ``Tensor[n, d]`` (FedNewsRec §3.1; NRMS, NAML, PLM-NR).
 
 Every encoder is an ``nn.Module`` with attribute ``dim`` (= d) and
 ``forward(features) -> Tensor[n, d]``, where ``features`` is the dict returned by

@@ -1,8 +1,8 @@
 """Cache of the frozen lower part of a pre-trained language model, per distinct token sequence.
 
-When only the top transformer layers of a PLM news encoder are fine-tuned (PLM-NR; DESIGN §3,
-``plm``), the output of the frozen embedding layer and frozen lower layers depends on the token
-ids of a title only — not on any trainable parameter — as long as those frozen modules run
+When only the top transformer layers of a PLM news encoder are fine-tuned (PLM-NR, Wu et al.
+2021; ``plm``), the output of the frozen embedding layer and frozen lower layers depends on the
+token ids of a title only — not on any trainable parameter — as long as those frozen modules run
 deterministically (eval mode, no dropout). :class:`FrozenPrefixCache` stores that output per
 token sequence, so each training step re-runs only the trainable top layers.
 

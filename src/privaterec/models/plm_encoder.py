@@ -1,4 +1,4 @@
-"""PLM-NR news encoder Θ_N on MiniLM-L6 (DESIGN §3, ``plm``; Wu et al. 2021, PLM-NR).
+"""PLM-NR news encoder Θ_N on MiniLM-L6 (``plm``; Wu et al. 2021, PLM-NR).
 
 The encoder maps ``features["title"] [n, L]`` (our compact word-piece ids, 0 = padding) to
 ``Tensor[n, d]``. Only the top ``trainable_layers`` transformer layers, the padding embedding

@@ -1,4 +1,4 @@
-"""User encoders Θ_U: clicked-news vectors → user vector (DESIGN §3).
+"""User encoders Θ_U: clicked-news vectors → user vector (FedNewsRec §3.1; NRMS, NAML, LSTUR).
 
 Every encoder is an ``nn.Module`` with ``forward(news_vectors: Tensor[b, H, d],
 mask: BoolTensor[b, H]) -> Tensor[b, d]``. Histories are right-aligned (most recent click

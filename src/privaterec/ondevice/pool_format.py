@@ -1,10 +1,11 @@
 """The downloadable news pool: a versioned binary of P = b·Rᵀ (or of R), full or incremental.
 
 Local ranking (docs/serving.md, "Three ways to serve") moves PrivateRec Alg. 1 onto the device:
-the server publishes the pool's score matrix P = b·Rᵀ ``[B, N]`` (DESIGN §6) — the same bytes
-for every user — and a device that holds it computes α̃ᵀP itself, sending nothing about its
-user. For a ranker without basic vectors the same is done with the d-dim news vectors R
-``[N, d]`` (int8 with one scale per vector keeps them small).
+the server publishes the pool's score matrix P = b·Rᵀ ``[B, N]``
+(docs/architecture.md#performance-design) — the same bytes for every user — and a device that holds
+it computes α̃ᵀP itself, sending nothing about its user. For a ranker without basic vectors the
+same is done with the d-dim news vectors R ``[N, d]`` (int8 with one scale per vector keeps them
+small).
 
 Wire format (little-endian)::
 

@@ -1,4 +1,4 @@
-"""The device-side release of one query (PrivateRec Alg. 1-2, §3.2.1; DESIGN §3).
+"""The device-side release of one query (PrivateRec Alg. 1-2, §3.2.1).
 
 What a device computes and sends for one recommendation query, shared by the device SDK
 (:mod:`privaterec.serving.device`, :mod:`privaterec.serving.client`) and the offline

@@ -13,7 +13,8 @@ of :mod:`privaterec.privacy.calibration`) or in :func:`calibrate_scale` (given L
 * :func:`clipped_release` — a clipped vector plus noise, under replacement of the data it
   reads: Δ = 2·clip for an L1 or L2 clip (DP-FedRec, PrivateRec strict's history-path
   gradient, VDP, Uni-FedRec's L1-clipped upload), Δ₁ = 2·clip·D for an element-wise clip
-  (FedNewsRec Eq. 4-5, Uni-FedRec's channels and element-wise upload; DESIGN §4 errata 6-7);
+  (FedNewsRec Eq. 4-5, Uni-FedRec's channels and element-wise upload;
+  docs/privacy.md#fednewsrecs-epsilon-is-per-coordinate, #uni-fedrec-channels-and-quotas);
 * :func:`simplex_release` — a vector on the probability simplex plus Laplace noise
   (Δ₁ = 2: Uni-FedRec's quotas);
 * :func:`no_noise` — a release without noise (ε = ∞, or ε = 0 when nothing is sent).
@@ -133,7 +134,8 @@ def calibrate(*, mechanism: NoiseMechanism, epsilon: float, delta: float = 0.0,
     Laplace: b = Δ₁/ε′ (Dwork & Roth Thm 3.6); Gaussian: the analytic σ (Balle & Wang 2018),
     both at the base budget (ε′, δ′) of
     :func:`~privaterec.privacy.calibration.amplified_budget` when the caller pads the
-    history with probability ``padding_p`` (PrivateRec Alg. 2; DESIGN §4 errata 2-3).
+    history with probability ``padding_p`` (PrivateRec Alg. 2;
+    docs/privacy.md#padding-amplification, #gaussian-calibration).
 
     Parameters
     ----------
@@ -182,7 +184,8 @@ def calibrate_scale(*, noise_scale: float, sensitivity_l1: float, dimension: int
 
     For the methods whose papers fix the noise scale rather than ε (FedNewsRec's λ,
     Uni-FedRec's λ_I, λ_g, λ_q). Parameters as in :func:`calibrate`; ``coordinate_epsilon``
-    is the paper's per-coordinate ε, reported next to the release's ε (DESIGN §4 erratum 6).
+    is the paper's per-coordinate ε, reported next to the release's ε
+    (docs/privacy.md#fednewsrecs-epsilon-is-per-coordinate).
     """
     if not (isinstance(noise_scale, numbers.Real) and 0 <= noise_scale < math.inf):
         _fail("noise_scale", noise_scale, "a finite number >= 0")
@@ -200,11 +203,11 @@ def clipped_release(*, clipping: Literal["l1", "l2", "elementwise"], clip: float
     """A clipped D-dim vector plus noise, under replacement of the data it reads.
 
     Two clipped vectors differ by at most Δ = 2·clip (L1 or L2 ball of radius clip) or, with
-    an element-wise clip to [−clip, clip], Δ₁ = 2·clip·D (FedNewsRec Eq. 4; DESIGN §4
-    erratum 6). L1 and element-wise clips take Laplace noise, an L2 clip the analytic
-    Gaussian. Give the target ``epsilon`` (and ``delta`` for Gaussian), or the Laplace
-    ``noise_scale`` (then ε = Δ₁/λ and, for an element-wise clip, the per-coordinate
-    2·clip/λ is recorded too).
+    an element-wise clip to [−clip, clip], Δ₁ = 2·clip·D (FedNewsRec Eq. 4;
+    docs/privacy.md#fednewsrecs-epsilon-is-per-coordinate). L1 and element-wise clips take Laplace
+    noise, an L2 clip the analytic Gaussian. Give the target ``epsilon`` (and ``delta`` for
+    Gaussian), or the Laplace ``noise_scale`` (then ε = Δ₁/λ and, for an element-wise clip, the
+    per-coordinate 2·clip/λ is recorded too).
 
     Parameters
     ----------

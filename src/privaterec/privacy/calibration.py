@@ -1,7 +1,7 @@
 """Noise calibration and privacy-budget arithmetic (pure math on floats).
 
 Everything here maps privacy parameters to noise parameters or budgets to budgets; nothing
-draws randomness or touches tensors. Conventions (DESIGN §4):
+draws randomness or touches tensors. Conventions (docs/privacy.md):
 
 * ``epsilon=math.inf`` means "no privacy": the calibrated noise scale is 0.
 * Sensitivities are those of one release with respect to the adjacency the caller
@@ -151,10 +151,10 @@ def classical_gaussian_sigma(*, epsilon: float, delta: float, sensitivity_l2: fl
 def amplified_budget(*, epsilon: float, delta: float, padding_p: float) -> tuple[float, float]:
     """Base budget (ε′, δ′) to run the mechanism at so that padding yields (ε, δ).
 
-    ε′ = ln((e^ε − p)/(1 − p)), δ′ = δ/(1 − p)  (PrivateRec Alg. 2 line 9; DESIGN §4
-    erratum 2). Inverse of :func:`padding_amplification`. Adjacency: substitution of one
-    item of the fixed-length (truncated) history; each item is independently replaced by
-    the public anonymous news r₀ with probability p.
+    ε′ = ln((e^ε − p)/(1 − p)), δ′ = δ/(1 − p)  (PrivateRec Alg. 2 line 9;
+    docs/privacy.md#padding-amplification). Inverse of :func:`padding_amplification`. Adjacency:
+    substitution of one item of the fixed-length (truncated) history; each item is independently
+    replaced by the public anonymous news r₀ with probability p.
 
     Parameters
     ----------
@@ -189,8 +189,9 @@ def padding_amplification(*, epsilon_base: float, delta_base: float,
                           padding_p: float) -> tuple[float, float]:
     """Guarantee (ε, δ) of an (ε′, δ′)-DP mechanism run on a randomly padded history.
 
-    ε = ln(1 + (1 − p)(e^{ε′} − 1)), δ = (1 − p) δ′ (DESIGN §4 erratum 2: the padded item is
-    a neighbour of both histories, as in amplification by subsampling under substitution).
+    ε = ln(1 + (1 − p)(e^{ε′} − 1)), δ = (1 − p) δ′ (docs/privacy.md#padding-amplification: the
+    padded item is a neighbour of both histories, as in amplification by subsampling under
+    substitution).
 
     Parameters
     ----------
@@ -227,7 +228,7 @@ def dpa_sensitivity(norm: Literal["l1", "l2"] = "l2",
         ``"l1"`` (Laplace calibration) or ``"l2"`` (Gaussian calibration).
     mode:
         ``"true"``: α, α′ are softmax outputs on the probability simplex, so the L1
-        sensitivity is 2 and the L2 sensitivity is √2 (DESIGN §4 erratum 1).
+        sensitivity is 2 and the L2 sensitivity is √2 (docs/privacy.md#dpa-sensitivity).
         ``"paper"``: the paper's S = θ. NOT a valid DP guarantee; any report made with it
         must include :data:`PAPER_SENSITIVITY_WARNING` (mark the events ``valid=False``).
     theta:
@@ -294,7 +295,8 @@ def fednewsrec_coordinate_epsilon(*, clip_bound: float, noise_scale: float) -> f
 
     With element-wise clipping to [−δ, δ] (Eq. 4) one coordinate changes by at most 2δ, so
     Laplace noise of scale λ (Eq. 5) gives 2δ/λ for ONE coordinate. Never report it alone:
-    the whole update costs :func:`fednewsrec_update_epsilon` (DESIGN §4 erratum 6).
+    the whole update costs :func:`fednewsrec_update_epsilon`
+    (docs/privacy.md#fednewsrecs-epsilon-is-per-coordinate).
 
     Parameters
     ----------
@@ -315,7 +317,8 @@ def fednewsrec_coordinate_epsilon(*, clip_bound: float, noise_scale: float) -> f
 def fednewsrec_update_epsilon(*, clip_bound: float, noise_scale: float, dimension: int) -> float:
     """Laplace guarantee of a whole FedNewsRec update of D coordinates: ε = 2δD/λ.
 
-    The L1 sensitivity of an element-wise clipped D-dim update is 2δD (DESIGN §4 erratum 6).
+    The L1 sensitivity of an element-wise clipped D-dim update is 2δD
+    (docs/privacy.md#fednewsrecs-epsilon-is-per-coordinate).
 
     Parameters
     ----------

@@ -1,18 +1,18 @@
 """PrivateRec's private user representation: behaviour padding, DPA, VDP and DPL.
 
-Pure functions of tensors plus an explicit ``torch.Generator`` (DESIGN §2); the model parts
-(basic vectors b, the attention α on the simplex, ``Recommender.attention``) live in
+Pure functions of tensors plus an explicit ``torch.Generator`` (docs/architecture.md#seams); the
+model parts (basic vectors b, the attention α on the simplex, ``Recommender.attention``) live in
 :mod:`privaterec.models`, and the engines compose the two.
 
 * :func:`padding_mask` — Alg. 2 lines 2-5: each real history item is replaced by the
   anonymous news r₀ with probability p.
-* :func:`dpa_calibration` / :func:`dpa_noise` — Alg. 2 line 9 with DESIGN §4 errata 1-3: noise
-  on α calibrated (once) with the TRUE sensitivity of the simplex (L1 = 2, L2 = √2) at the
-  padding-amplified budget ε′ = ln((e^ε − p)/(1 − p)), δ′ = δ/(1 − p); Laplace (δ = 0) or
-  analytic Gaussian.
+* :func:`dpa_calibration` / :func:`dpa_noise` — Alg. 2 line 9 with docs/privacy.md#dpa-sensitivity
+  to #gaussian-calibration: noise on α calibrated (once) with the TRUE sensitivity of the simplex
+  (L1 = 2, L2 = √2) at the padding-amplified budget ε′ = ln((e^ε − p)/(1 − p)), δ′ = δ/(1 − p);
+  Laplace (δ = 0) or analytic Gaussian.
   ``sensitivity="paper"`` (S = θ = 1) reproduces the paper and marks the event invalid.
 * :func:`softplus_normalize` (serving, Alg. 2 line 10) and :func:`relu_normalize` (training,
-  §3.3, guarded against an all-zero sum: DESIGN §4 erratum 5).
+  §3.3, guarded against an all-zero sum: docs/privacy.md#relu-normalisation).
 * :func:`vdp_calibration` / :func:`vdp_release` — §3.2.1's baseline: clip the d-dim user
   vector to θ, add noise calibrated to ε_s with Δ = 2θ.
 * :func:`dpl_choose` — Alg. 3 lines 16-18 as published: the exponential mechanism that picks
@@ -112,9 +112,9 @@ def dpa_calibration(*, epsilon: float, delta: float = 0.0, padding_p: float = 0.
     """The calibration of DPA's noise on α (PrivateRec Alg. 2 line 9), once per run or query
     configuration.
 
-    Corrected as DESIGN §4 errata 1-3: calibrated with the simplex sensitivity (L1 = 2 for
-    Laplace, L2 = √2 for the analytic Gaussian) at the amplified budget (ε′, δ′) of
-    :func:`~privaterec.privacy.calibration.amplified_budget`.
+    Corrected as docs/privacy.md#dpa-sensitivity to #gaussian-calibration: calibrated with the
+    simplex sensitivity (L1 = 2 for Laplace, L2 = √2 for the analytic Gaussian) at the amplified
+    budget (ε′, δ′) of :func:`~privaterec.privacy.calibration.amplified_budget`.
 
     Parameters
     ----------
@@ -186,8 +186,9 @@ def softplus_normalize(x: Tensor) -> Tensor:
 def relu_normalize(x: Tensor) -> Tensor:
     """α̃ᵢ = relu(xᵢ)/Σⱼ relu(xⱼ) (PrivateRec §3.3, training), uniform where the sum is 0.
 
-    DESIGN §4 erratum 5: when every coordinate of a row is ≤ 0 the paper's formula divides
-    by zero; such a row falls back to the uniform vector 1/B (no gradient flows through it).
+    docs/privacy.md#relu-normalisation: when every coordinate of a row is ≤ 0 the paper's formula
+    divides by zero; such a row falls back to the uniform vector 1/B (no gradient flows through
+    it).
     """
     r = torch.relu(x)
     total = r.sum(dim=-1, keepdim=True)
@@ -220,7 +221,8 @@ def vdp_calibration(*, clip: float, epsilon: float, delta: float = 0.0,
                     phase: Phase = "serve") -> Calibration:
     """VDP's calibration (PrivateRec §3.2.1): clip the user vector to norm θ, add noise.
 
-    Laplace: L1 clip, Δ₁ = 2θ; Gaussian: L2 clip, Δ₂ = 2θ, analytic calibration (erratum 3).
+    Laplace: L1 clip, Δ₁ = 2θ; Gaussian: L2 clip, Δ₂ = 2θ, analytic calibration
+    (docs/privacy.md#gaussian-calibration).
 
     Parameters
     ----------

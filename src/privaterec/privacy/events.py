@@ -1,4 +1,4 @@
-"""What one release spends: :class:`PrivacyEvent` (DESIGN §5).
+"""What one release spends: :class:`PrivacyEvent` (docs/privacy.md#the-ledger).
 
 Every mechanism and every calibration (:mod:`privaterec.privacy.calibrated`) describes one
 release of one user's data by a :class:`PrivacyEvent`: its mechanism, its (ε, δ) under
@@ -15,8 +15,8 @@ What an event means to the accountants (:meth:`PrivacyEvent.to_dp_event`):
 * any other pure ε event (exponential mechanism, DPL, randomized response, padded Laplace):
   binary randomized response with the same ε, which dominates every ε-DP mechanism
   (Kairouz, Oh & Viswanath 2015) — ``RandomizedResponseDpEvent`` under ``REPLACE_ONE``.
-* any other (ε, δ) event (e.g. a padded Gaussian, DESIGN §4 erratum 2): the generic
-  (ε, δ) dominating pair (:class:`EpsilonDeltaDpEvent`; PLD ``from_privacy_parameters``),
+* any other (ε, δ) event (e.g. a padded Gaussian, docs/privacy.md#padding-amplification): the
+  generic (ε, δ) dominating pair (:class:`EpsilonDeltaDpEvent`; PLD ``from_privacy_parameters``),
   which RDP cannot represent.
 """
 
@@ -98,8 +98,9 @@ class PrivacyEvent:
         Random behaviour-padding probability p (PrivateRec Alg. 2); when > 0 the noise ran at
         the base budget and ``epsilon``/``delta`` are the amplified guarantee.
     coordinate_epsilon:
-        Optional per-coordinate ε (FedNewsRec's 2δ/λ, DESIGN §4 erratum 6), reported next to
-        the vector ε, never instead of it.
+        Optional per-coordinate ε (FedNewsRec's 2δ/λ,
+        docs/privacy.md#fednewsrecs-epsilon-is-per-coordinate), reported next to the vector ε,
+        never instead of it.
     valid:
         False when the stated guarantee does not hold (e.g. ``dpa_sensitivity(mode="paper")``);
         every report then carries a warning.

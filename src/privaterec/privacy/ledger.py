@@ -1,4 +1,4 @@
-"""The per-user privacy ledger and the composition of privacy events (DESIGN §5).
+"""The per-user privacy ledger and the composition of privacy events (docs/privacy.md#the-ledger).
 
 Every release of one user is described by a :class:`~privaterec.privacy.events.PrivacyEvent`
 (its own module, :mod:`privaterec.privacy.events`, re-exported here; a release's calibration,
@@ -252,7 +252,8 @@ Signature = tuple[tuple[int, int], ...]
 
 
 class PrivacyLedger:
-    """Per-user, per-phase record of privacy events, composed on demand (DESIGN §5).
+    """Per-user, per-phase record of privacy events, composed on demand
+    (docs/privacy.md#the-ledger).
 
     Storage: a table of distinct events plus, per user, ``{event id: count}``.
 

@@ -1,4 +1,4 @@
-"""Noise, clipping and the basic DP mechanisms on tensors (DESIGN §2, §4).
+"""Noise, clipping and the basic DP mechanisms on tensors (docs/privacy.md).
 
 Every random draw goes through an explicit ``torch.Generator``; the global torch RNG is
 never used. Noise is drawn in float64 and then cast to the requested dtype (a float32

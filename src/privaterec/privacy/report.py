@@ -5,9 +5,9 @@ A federated run writes ``privacy.json`` at each checkpoint and at the end of tra
 the completed rounds, the ledger's report at that δ and the ledger itself, so that the report
 can be recomposed later at another δ or with another composition
 (:func:`recompose_privacy_summary`). :func:`format_privacy_report` renders it for people,
-stating which ε is the guarantee (DESIGN §4 erratum 6: FedNewsRec's per-coordinate
-ε = 2δ/λ is reported next to the whole-update ε = 2δD/λ, never alone; erratum 4: parameters
-left uncovered by PrivateRec's paper mode are listed in a warning).
+stating which ε is the guarantee (docs/privacy.md#fednewsrecs-epsilon-is-per-coordinate:
+FedNewsRec's per-coordinate ε = 2δ/λ is reported next to the whole-update ε = 2δD/λ, never alone;
+docs/privacy.md#paper-and-strict-mode: parameters left uncovered by PrivateRec's paper mode are listed in a warning).
 
 Non-finite floats are stored as strings (``"inf"``), as :meth:`PrivacyLedger.to_dict` does,
 so the file is strict JSON; :func:`read_privacy_json` turns them back into floats.
@@ -307,8 +307,9 @@ def fednewsrec_epsilons(release: Mapping[str, Any]) -> dict[str, float] | None:
     """Per-coordinate ε = 2δ/λ and whole-update ε = 2δD/λ of an element-wise clipped release.
 
     Computed from ``clip_bound`` (δ), ``noise_scale`` (λ) and ``dimension`` (D) with
-    :func:`fednewsrec_coordinate_epsilon` / :func:`fednewsrec_update_epsilon` (DESIGN §4
-    erratum 6). None unless the release is element-wise clipped Laplace with those fields.
+    :func:`fednewsrec_coordinate_epsilon` / :func:`fednewsrec_update_epsilon`
+    (docs/privacy.md#fednewsrecs-epsilon-is-per-coordinate). None unless the release is
+    element-wise clipped Laplace with those fields.
     """
     if release.get("clipping") != "elementwise" or release.get("mechanism") != "laplace":
         return None

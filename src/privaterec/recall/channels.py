@@ -46,7 +46,7 @@ from privaterec.errors import ConfigError
 from privaterec.validators import check_choice
 
 MAX_CHANNELS = 5
-"""Default maximum number of interest channels (official Uni-FedRec code, DESIGN §3)."""
+"""Default maximum number of interest channels (the official Uni-FedRec code)."""
 
 DEFAULT_DISTANCE_THRESHOLD = 1.0
 """d_c = 1 (Uni-FedRec §4.1)."""

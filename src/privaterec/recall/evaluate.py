@@ -3,8 +3,8 @@
 Users and queries. The test users are the users of the split's impressions. A user's query is
 built once, from the history of the user's earliest impression in the split (its last
 ``history_len`` clicks), and serves all its impressions: re-sending the same protected upload
-for an unchanged history is post-processing (DESIGN §5), so each user spends one query's
-events. Uni-FedRec queries draw their Laplace noise from a per-user generator seeded by
+for an unchanged history is post-processing (docs/privacy.md#the-ledger), so each user spends one
+query's events. Uni-FedRec queries draw their Laplace noise from a per-user generator seeded by
 (``seed``, user index) (:func:`query_generator`).
 
 Methods (one function, :func:`evaluate_recall`):

@@ -1,7 +1,9 @@
-"""Server-side recall over a news pool (Uni-FedRec §3.2 "News Recall", §3.4; DESIGN §6).
+"""Server-side recall over a news pool (Uni-FedRec §3.2 "News Recall", §3.4;
+docs/architecture.md#performance-design).
 
-Score space (DESIGN §6). A protected interest r̂ᵢ = Σⱼ αᵢⱼ eᵛⱼ lies in the span of the B value
-embeddings, so its scores over a pool R ``[N, d]`` are r̂ᵢ·Rᵀ = αᵢᵀP with P = eᵛ Rᵀ ``[B, N]``
+Score space (docs/architecture.md#performance-design). A protected interest r̂ᵢ = Σⱼ αᵢⱼ eᵛⱼ lies
+in the span of the B value embeddings, so its scores over a pool R ``[N, d]`` are r̂ᵢ·Rᵀ = αᵢᵀP
+with P = eᵛ Rᵀ ``[B, N]``
 precomputed once per pool: B·N multiply-adds per channel instead of d·N, and the server never
 needs r̂ᵢ at all (:class:`ScoreSpaceIndex`).
 
@@ -192,7 +194,8 @@ def recall_from_scores(channel_scores: ArrayLike, quotas: ArrayLike, total: int)
 
 
 class ScoreSpaceIndex:
-    """A news pool in the B-dim score space of the value embeddings (DESIGN §6).
+    """A news pool in the B-dim score space of the value embeddings
+    (docs/architecture.md#performance-design).
 
     Parameters
     ----------

@@ -6,8 +6,9 @@
 * Aggregator (Eq. 3): αᵢ = softmax(âᵢ), r̂ᵢ = Σⱼ αᵢⱼ eᵛⱼ. The client uploads αᵢ (§3.4,
   footnote 4), the server rebuilds r̂ᵢ.
 
-Privacy (DESIGN §4 erratum 7). One channel releases the B clipped scores plus Laplace noise.
-Each clipped coordinate lies in [−δ, δ], so for ANY two histories (whatever the adjacency)
+Privacy (docs/privacy.md#uni-fedrec-channels-and-quotas). One channel releases the B clipped scores
+plus Laplace noise. Each clipped coordinate lies in [−δ, δ], so for ANY two histories (whatever the
+adjacency)
 the L1 distance of the clipped score vectors is at most 2δB: the release is ε = 2δB/λ_I-DP
 (the paper's 2δ/λ_I is per coordinate). αᵢ is post-processing of âᵢ. The C channels of a
 query are C such releases and compose; C itself and the quotas qᵢ depend on the history and
@@ -96,7 +97,8 @@ class BasicInterestEmbeddings(nn.Module):
         return alpha @ self.values
 
     def score_matrix(self, news: Tensor) -> Tensor:
-        """P = eᵛ Rᵀ ``[B, N]`` for news vectors R ``[N, d]``: r̂ᵢ·R = αᵢᵀP (DESIGN §6)."""
+        """P = eᵛ Rᵀ ``[B, N]`` for news vectors R ``[N, d]``: r̂ᵢ·R = αᵢᵀP
+        (docs/architecture.md#performance-design)."""
         return self.values @ news.T
 
 
@@ -143,8 +145,8 @@ def channel_event(*, num_basis: int = DEFAULT_NUM_BASIS, clip: float = DEFAULT_C
     """The privacy event of ONE channel's release (B clipped scores + Laplace(λ_I)).
 
     Laplace mechanism with L1 sensitivity Δ₁ = 2δB, noise scale λ_I, so ε = 2δB/λ_I
-    (DESIGN §4 erratum 7); ``coordinate_epsilon`` records the paper's per-coordinate 2δ/λ_I.
-    ``noise_scale = 0`` gives a non-private event (ε = ∞).
+    (docs/privacy.md#uni-fedrec-channels-and-quotas); ``coordinate_epsilon`` records the paper's
+    per-coordinate 2δ/λ_I. ``noise_scale = 0`` gives a non-private event (ε = ∞).
     """
     return channel_calibration(num_basis=num_basis, clip=clip, noise_scale=noise_scale,
                                phase=phase).event

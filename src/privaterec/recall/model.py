@@ -1,4 +1,4 @@
-"""The Uni-FedRec privacy-preserving recall model (Uni-FedRec §3.2, §3.4; DESIGN §3).
+"""The Uni-FedRec privacy-preserving recall model (Uni-FedRec §3.2, §3.4).
 
 Client side, for one user with clicked-news vectors h₁ … h_H (from the ranking model's news
 encoder, §3.3 footnote 3):
@@ -12,11 +12,11 @@ encoder, §3.3 footnote 3):
 4. decomposer / perturbation / aggregator (:mod:`.interest`, Eq. 2-3): αᵢ = softmax(f_δ(rᵢ·eᵏ)
    + Laplace(λ_I)), r̂ᵢ = Σⱼ αᵢⱼ eᵛⱼ.
 
-Training (Eq. 5-6, DESIGN §4 erratum 7): unified score z = Σᵢ qᵢ (d · r̂ᵢ) of a candidate news
-vector d, loss InfoNCE over 1 clicked + K_r = 4 non-clicked news (Eq. 6 as printed lacks the
-−log; :func:`info_nce` is the standard loss). Noise in training is optional (pass the score
-noise as an input); it is a regulariser there — what a client uploads during training is its
-gradient, whose privacy is the federated engine's business.
+Training (Eq. 5-6, docs/privacy.md#uni-fedrec-channels-and-quotas): unified score z = Σᵢ qᵢ (d ·
+r̂ᵢ) of a candidate news vector d, loss InfoNCE over 1 clicked + K_r = 4 non-clicked news (Eq. 6 as
+printed lacks the −log; :func:`info_nce` is the standard loss). Noise in training is optional (pass
+the score noise as an input); it is a regulariser there — what a client uploads during training is
+its gradient, whose privacy is the federated engine's business.
 
 The model draws no privacy noise and emits no privacy event: noise enters as an input
 (``score_noise``), and a query's protected upload, its noise and its events are released
@@ -73,7 +73,8 @@ def unified_score(protected: Tensor, quotas: Tensor, candidates: Tensor) -> Tens
 
 def info_nce(logits: Tensor, target: Tensor | None = None, *,
              reduction: Literal["mean", "sum", "none"] = "mean") -> Tensor:
-    """InfoNCE loss −log softmax(z)[positive] (Oord et al. 2018; DESIGN §4 erratum 7).
+    """InfoNCE loss −log softmax(z)[positive] (Oord et al. 2018;
+    docs/privacy.md#uni-fedrec-channels-and-quotas).
 
     Parameters
     ----------

@@ -22,7 +22,8 @@ by (seed, t)). Each sampled client u, with its own generator (seeded by (seed, t
 3. optionally (``score_noise``) draws the Laplace(λ_I) noise of the decomposition scores
    (Eq. 2), so that training sees what serving sends;
 4. computes g_u = ∇θ of its mean InfoNCE loss on the unified score z = Σᵢ qᵢ d·r̂ᵢ (Eq. 5-6
-   with −log, DESIGN §4 erratum 7), channels clustered from θ's own self-attention outputs;
+   with −log, docs/privacy.md#uni-fedrec-channels-and-quotas), channels clustered from θ's own
+   self-attention outputs;
 5. clips g_u and adds Laplace(λ_g) noise per coordinate (Eq. 8) and uploads it.
 
 The server averages the uploads (Eq. 9: weighted by their numbers of samples when the
@@ -34,9 +35,10 @@ to ‖g_u‖₁ ≤ θ. Any two clipped gradients differ by at most 2θ in L1, s
 Laplace mechanism with Δ₁ = 2θ: ε = 2θ/λ_g = 20 per round, for the whole vector — the
 paper's stated bound (§3.6) holds for this reading. ``clipping="elementwise"``: clamp every
 coordinate to [−θ, θ] as FedNewsRec (Qi et al. 2020, which the paper follows); then
-Δ₁ = 2θD and ε = 2θD/λ_g (the paper's 2θ/λ_g is per coordinate, DESIGN §4 erratum 6; both
-are recorded). ``clipping="none"`` uploads the raw gradient (no guarantee; needs λ_g = 0).
-Each upload's :class:`~privaterec.privacy.events.PrivacyEvent` goes into the run's
+Δ₁ = 2θD and ε = 2θD/λ_g (the paper's 2θ/λ_g is per coordinate,
+docs/privacy.md#fednewsrecs-epsilon-is-per-coordinate; both are recorded). ``clipping="none"``
+uploads the raw gradient (no guarantee; needs λ_g = 0). Each upload's
+:class:`~privaterec.privacy.events.PrivacyEvent` goes into the run's
 :class:`~privaterec.privacy.ledger.PrivacyLedger` under the user's id (phase ``train``).
 
 News vectors are fixed inputs ``[N, d]``: row i is the ranking model's news encoding of row i
@@ -44,10 +46,10 @@ of the :class:`~privaterec.data.features.NewsFeatures` table (Uni-FedRec §3.3, 
 :func:`privaterec.recall.news.encode_news_table`). Histories and samples are rows of that
 table (:class:`~privaterec.data.clients.ClientDataset`).
 
-Vectorization (DESIGN §6): the random draws (1-3) and the clustering (scipy, not traceable)
-run per client outside ``torch.func``; the gradients of a round come from the shared
-chunked ``vmap(grad)`` (:func:`~privaterec.fed.task.per_client_gradients`); clipping is one
-batched call and each client's noise comes from its own generator.
+Vectorization (docs/architecture.md#performance-design): the random draws (1-3) and the clustering
+(scipy, not traceable) run per client outside ``torch.func``; the gradients of a round come from
+the shared chunked ``vmap(grad)`` (:func:`~privaterec.fed.task.per_client_gradients`); clipping is
+one batched call and each client's noise comes from its own generator.
 """
 
 from __future__ import annotations

@@ -39,8 +39,9 @@ def prepare_data(config: RunConfig, *, drop_missing: bool = False,
                  vocabs: TextVocabularies | None = None) -> PreparedData:
     """Load ``config.data`` and build everything a trainer needs.
 
-    Vocabularies come from the training split's news only (DESIGN §4 erratum 9) unless
-    ``vocabs`` (e.g. those of a trained run) are given.
+    Vocabularies come from the training split's news only
+    (docs/privacy.md#data-used-for-tuning-and-vocabularies) unless ``vocabs`` (e.g. those of a
+    trained run) are given.
     """
     dataset = load_dataset(config.data, drop_missing=drop_missing)
     model = config.model

@@ -95,7 +95,7 @@ class RecallModelConfig:
     -------------------------------
     clip: δ, decomposition scores are clipped to [−δ, δ] (paper 0.2).
     noise_scale: λ_I, Laplace scale of the released scores (paper 1.2): each channel
-        costs ε = 2δB/λ_I (DESIGN §4 erratum 7).
+        costs ε = 2δB/λ_I (docs/privacy.md#uni-fedrec-channels-and-quotas).
     """
 
     num_basis: int = DEFAULT_NUM_BASIS

@@ -3,10 +3,11 @@
 Endpoints (JSON; OpenAPI at ``/openapi.json``): ``GET /v1/health``, ``GET /v1/model``,
 ``GET /v1/model/parameters`` and ``/v1/model/recall-parameters`` (``torch.save`` bytes),
 ``POST /v1/recommend/privaterec`` (α̃ → top-k, PrivateRec Alg. 1 in the B-dim score space:
-scores α̃ᵀP with P = b·Rᵀ precomputed, DESIGN §6), ``POST /v1/recommend/vdp`` (a noised d-dim
-user vector → exact inner products over R, PrivateRec §3.2.1), ``POST /v1/recall/unifedrec``
-(per-channel weights and quotas → R candidates, Uni-FedRec §3.4 Eq. 4, scores αᵢᵀP_r in the
-value embeddings' score space), ``POST /v1/news`` (ingest) and ``GET /v1/news/{news_id}``.
+scores α̃ᵀP with P = b·Rᵀ precomputed, docs/architecture.md#performance-design), ``POST
+/v1/recommend/vdp`` (a noised d-dim user vector → exact inner products over R, PrivateRec §3.2.1),
+``POST /v1/recall/unifedrec`` (per-channel weights and quotas → R candidates, Uni-FedRec §3.4 Eq.
+4, scores αᵢᵀP_r in the value embeddings' score space), ``POST /v1/news`` (ingest) and ``GET
+/v1/news/{news_id}``.
 
 Local ranking (:mod:`.pool_format`): ``GET /v1/pool/{space}`` downloads the whole pool — P =
 b·Rᵀ (``scores``) or R (``vectors``) in float32, float16 or int8 — with its content hash as

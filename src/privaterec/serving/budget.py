@@ -1,4 +1,5 @@
-"""The device's privacy account: ledger, budget cap, re-release limit, release cache (DESIGN §5).
+"""The device's privacy account: ledger, budget cap, re-release limit, release cache
+(docs/privacy.md#the-ledger).
 
 A device accounts for one user (:data:`DEVICE_USER`) in a
 :class:`~privaterec.privacy.ledger.PrivacyLedger`. :meth:`DeviceBudget.spend` records a

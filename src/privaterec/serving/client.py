@@ -9,8 +9,9 @@ a privatised summary of the (truncated) history:
   is replaced by the anonymous news r₀ with probability p, u = Θ_U(history),
   α = attention(u), Laplace or analytic-Gaussian noise calibrated with the TRUE simplex
   sensitivity (L1 = 2, L2 = √2) at the padding-amplified budget, α̃ = softplus-normalised
-  α + n (DESIGN §4 errata 1-3). It POSTs ``{"alpha": [B floats], "k"}`` to
-  ``/v1/recommend/privaterec``; the server scores ũ = Σ α̃ᵢ bᵢ over its pool (Alg. 1).
+  α + n (docs/privacy.md#dpa-sensitivity to #gaussian-calibration). It POSTs ``{"alpha": [B
+  floats], "k"}`` to ``/v1/recommend/privaterec``; the server scores ũ = Σ α̃ᵢ bᵢ over its pool
+  (Alg. 1).
 * :class:`VDPDevice` — the VDP baseline (§3.2.1): the d-dim user vector clipped to θ plus
   noise, POSTed to ``/v1/recommend/vdp`` (for the bytes-per-query comparison).
 * :class:`UniFedRecDevice` — Uni-FedRec §3.4: the recall model's protected channel weights
@@ -18,13 +19,13 @@ a privatised summary of the (truncated) history:
   unless ``quota_noise_scale``) are POSTed to ``/v1/recall/unifedrec``; the returned
   candidates are ranked ON THE DEVICE with the ranking model and the full local history.
 
-Privacy accounting (DESIGN §5): every device keeps a ledger (:class:`DeviceBudget`, one user,
-:data:`DEVICE_USER`) and a budget cap; a release that would take the total ε above the cap
-raises :class:`~privaterec.errors.PrivacyBudgetExceeded` before anything is sent. Re-sending
-the release cached for an unchanged (truncated) history is post-processing: it costs nothing
-and records no event. A release is recorded before it is sent, so a failed request can be
-retried with the cached release at no cost. With ``cache_dir`` the downloaded parameters, the
-ledger and the release cache survive restarts (one ledger per ``cache_dir``: use one
+Privacy accounting (docs/privacy.md#the-ledger): every device keeps a ledger
+(:class:`DeviceBudget`, one user, :data:`DEVICE_USER`) and a budget cap; a release that would take
+the total ε above the cap raises :class:`~privaterec.errors.PrivacyBudgetExceeded` before anything
+is sent. Re-sending the release cached for an unchanged (truncated) history is post-processing: it
+costs nothing and records no event. A release is recorded before it is sent, so a failed request
+can be retried with the cached release at no cost. With ``cache_dir`` the downloaded parameters,
+the ledger and the release cache survive restarts (one ledger per ``cache_dir``: use one
 directory per user); without it the ledger persists in :func:`default_state_dir`. The default
 cap is ε = 10 per device; the state file is locked for every spend; one history is freshly
 released at most twice a day whatever the server's model version

@@ -268,13 +268,14 @@ class _RankingDevice(_Device):
 
 
 class PrivateRecDevice(_RankingDevice):
-    """A PrivateRec device: releases α̃ (B floats) per query (Alg. 1-2 with errata 1-3).
+    """A PrivateRec device: releases α̃ (B floats) per query (Alg. 1-2; docs/privacy.md).
 
     Alg. 2 on the device (:func:`privaterec.ondevice.release.dpa_release`): each clicked news is
     replaced by the anonymous news r₀ with probability p, u = Θ_U(history) [d],
     α = attention(u) [B], Laplace or analytic-Gaussian noise calibrated with the TRUE
     simplex sensitivity (L1 = 2, L2 = √2) at the padding-amplified budget, α̃ =
-    softplus-normalised α + n (DESIGN §4 errata 1-3). It POSTs ``{"alpha": [B floats], "k"}``.
+    softplus-normalised α + n (docs/privacy.md#dpa-sensitivity to #gaussian-calibration). It POSTs
+    ``{"alpha": [B floats], "k"}``.
 
     Parameters
     ----------

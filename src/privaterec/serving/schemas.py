@@ -1,4 +1,4 @@
-"""Request and response bodies of the serving API (pydantic v2; DESIGN §1, issue 6).
+"""Request and response bodies of the serving API (pydantic v2; docs/serving.md).
 
 Every request model forbids unknown fields and accepts only finite JSON numbers (Python's
 ``json`` parses the non-standard literals ``NaN`` and ``Infinity``; they are rejected here).

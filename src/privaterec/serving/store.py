@@ -10,7 +10,7 @@ A store directory holds
   ``recall``: Uni-FedRec's value embeddings eᵛ) the rows of Pᵀ = R·bᵀ, B floats per slot.
 
 The score matrices P = b·Rᵀ ``[B, N]`` are the server side of PrivateRec Alg. 1 in the B-dim
-score space (DESIGN §6): the scores of ũ = Σ α̃ᵢ bᵢ are ũ·Rᵀ = α̃ᵀP.
+score space (docs/architecture.md#performance-design): the scores of ũ = Σ α̃ᵢ bᵢ are ũ·Rᵀ = α̃ᵀP.
 
 Atomic ingestion (log-structured): new vectors are *appended* to the files at slots beyond the
 committed count and fsynced, then one SQLite transaction inserts/updates the articles (an

@@ -1,4 +1,5 @@
-"""What every federated method is: a small class with the same few hooks (DESIGN §2).
+"""What every federated method is: a small class with the same few hooks
+(docs/architecture.md#seams).
 
 A method says what a client does in a round with a task's gradients
 (:class:`~privaterec.fed.task.FederatedTask`):

@@ -8,8 +8,8 @@ uploads the gradient of the loss on ũ = Σ α̃ᵢ bᵢ:
 
 * :class:`PrivateRec` (``privacy_mode = "paper"``, Alg. 3 as published): the gradient is
   uploaded raw; its history path is NOT covered (docs/privacy.md#paper-and-strict-mode).
-* :class:`PrivateRecStrict` (``"strict"``, DESIGN §4 erratum 4): the history-path part of
-  the gradient is clipped to ``clip`` and noised at the share ``history_budget`` of
+* :class:`PrivateRecStrict` (``"strict"``, docs/privacy.md#paper-and-strict-mode): the history-path
+  part of the gradient is clipped to ``clip`` and noised at the share ``history_budget`` of
   (ε_t, δ_t); DPA gets the rest, so a round is (ε_t, δ_t)-DP for the history.
 """
 
@@ -282,7 +282,7 @@ class PrivateRecStrict(PrivateRec):
         """Its privatize acts on the history-path gradient ``[D]``: L1 clip + Laplace or L2
         clip + analytic Gaussian at the strict share of (ε_t, δ_t), sensitivity 2·clip
         (replacement of one history item changes the clipped gradient by at most twice the
-        bound; DESIGN §4 erratum 4)."""
+        bound; docs/privacy.md#paper-and-strict-mode)."""
         _, history = self.budget_split()
         assert history is not None
         eps, delta = history

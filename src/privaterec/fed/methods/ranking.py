@@ -4,10 +4,12 @@
 * :class:`FedNewsRec` — FedNewsRec Eq. 4-5: clip every coordinate of the client's gradient
   to [−δ, δ] and add Laplace(λ) to every coordinate; server: weighted SGD (Eq. 6-7). Paper
   defaults r = 2%, η = 0.5, δ = 0.005, λ = 0.015. The paper's ε = 2δ/λ is per coordinate;
-  the whole D-dim update is 2δD/λ-DP (DESIGN §4 erratum 6) and the ledger records that.
+  the whole D-dim update is 2δD/λ-DP (docs/privacy.md#fednewsrecs-epsilon-is-per-coordinate) and
+  the ledger records that.
 * :class:`DPFedRec` — PrivateRec §4's baseline: clip the whole update to norm θ (L1 for
   Laplace, L2 for Gaussian) and add noise calibrated to ε_t per round (Δ = 2θ for
-  replacement of a client's data; Gaussian with the analytic calibration, erratum 3).
+  replacement of a client's data; Gaussian with the analytic calibration,
+  docs/privacy.md#gaussian-calibration).
 
 They train :class:`~privaterec.fed.objective.LocalObjective` (the ranking task), whose
 clients may also run E > 1 local SGD steps (FedAvg) and whose unprivatized rounds take one
@@ -184,7 +186,8 @@ class FedNewsRec(RankingMethod):
         return "laplace"
 
     def _calibrate(self, dimension: int) -> Calibration:
-        """ε = 2δD/λ for the whole update, 2δ/λ per coordinate (DESIGN §4 erratum 6)."""
+        """ε = 2δD/λ for the whole update, 2δ/λ per coordinate
+        (docs/privacy.md#fednewsrecs-epsilon-is-per-coordinate)."""
         return clipped_release(
             clipping="elementwise", clip=self.clip, dimension=dimension,
             noise_scale=self.noise_scale,
