@@ -18,6 +18,7 @@ from privaterec.fed.objective import ClientBatch, LocalObjective
 from privaterec.fed.rng import central_noise_generator
 from privaterec.fed.simulator import eligible_clients, simulate_round
 from privaterec.privacy.mechanisms import gaussian_noise
+from privaterec.runs.report import central_dp_release
 
 # Users with 9, 2, 8, 4 and 2 samples and histories of 3, 0 (empty), 2, 3 and 1 clicks.
 USERS = [0, 6, 12, 3, 13]
@@ -236,8 +237,9 @@ def test_configuration_rules(run_config, tiny_model_config):
     assert "news-vector space" in secure.event_note() and "SecAgg+" in secure.event_note()
     with pytest.raises(ConfigError, match="ranking task"):
         method.release_dimension(object())  # type: ignore[arg-type]
-    described = method.describe(dimension=10, parameters=["user_encoder.w", "news_encoder.v"],
-                                clients_per_round=4, client_fraction=0.25)
+    described = central_dp_release(method, dimension=10,
+                                   parameters=["user_encoder.w", "news_encoder.v"],
+                                   clients_per_round=4, client_fraction=0.25)
     assert described["clip_space"] == "news_vectors" and "cotangents" in described["clipping"]
     assert described["dimension"] is None  # not D: the user side plus d per news
     assert described["noised_parameters"][0] == "user_encoder.w"

@@ -47,6 +47,7 @@ from privaterec.fed.strategies import build_strategy  # noqa: E402
 from privaterec.models.factory import build_recommender  # noqa: E402
 from privaterec.privacy.samplers import SecureNoise  # noqa: E402
 from privaterec.runs.ranking import prepare_data, train_run  # noqa: E402
+from privaterec.runs.report import central_dp_release  # noqa: E402
 
 TINY = ModelConfig(word_dim=8, num_heads=2, head_dim=4, attention_dim=8, title_len=6,
                    abstract_len=4, history_len=5)
@@ -706,10 +707,10 @@ def test_secure_aggregation_is_for_dp_fedavg_on_flower_only(data_dir, tmp_path):
     # privacy.json's release block states the trust model and the dropout assumption.
     kwargs = dict(dimension=600, parameters=["theta"], clients_per_round=6,
                   client_fraction=0.5)
-    assert isinstance(plain.describe(**kwargs)["central"]["trust"], str)
-    trust = method.describe(**kwargs)["central"]["trust"]
+    assert isinstance(central_dp_release(plain, **kwargs)["central"]["trust"], str)
+    trust = central_dp_release(method, **kwargs)["central"]["trust"]
     assert trust["noise_placement"] == "central" and "honest-but-curious" in trust["threat_model"]
-    trust = distributed.describe(**kwargs)["central"]["trust"]
+    trust = central_dp_release(distributed, **kwargs)["central"]["trust"]
     assert "at most 0 clients drop out" in trust["noise"]
     assert "per participation" in trust["against_the_server"]
     assert trust["total_variation_per_coordinate_and_client"] < 1e-37
