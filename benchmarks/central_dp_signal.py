@@ -1,4 +1,4 @@
-"""Signal against noise in a DP-FedAvg round (issue 15): why central DP needs a population.
+"""Signal against noise in a DP-FedAvg round: why central DP needs a population.
 
 Usage::
 

@@ -7,7 +7,7 @@ Usage::
 Times one release ``x + noise`` of
 
 * B = 5 coordinates (a PrivateRec serving query: α̃ of 5 basic vectors), and
-* D = 91,000 coordinates (a federated upload of that size, issue 13),
+* D = 91,000 coordinates (a federated upload of that size),
 
 with Laplace and Gaussian noise, through :class:`privaterec.privacy.samplers.SecureNoise`
 (OpenDP's float-safe discrete noise on a public grid, CSPRNG bits; with its default thread

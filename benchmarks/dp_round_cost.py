@@ -1,4 +1,4 @@
-"""Cost of a central-DP round against the non-private round on the same clients (issue 15).
+"""Cost of a central-DP round against the non-private round on the same clients.
 
 Usage::
 
@@ -38,10 +38,6 @@ Also reported, to show where a DP round's time goes: the per-client gradients al
 (``LocalObjective.client_gradients``, once), the number of (client, news) pairs a
 per-client gradient must backpropagate through the news encoder, and the number of distinct
 news the non-private round encodes.
-
-``--shared-news`` (with the code of commit 61f6536 first on ``PYTHONPATH``, which had
-``privaterec.fed.shared_news``, reverted since) also times the per-client gradients with
-the round's news encoded once against the ``vmap`` path on the same batch.
 
 Prints JSON and saves ``benchmarks/results/dp_round_cost.json`` (``--save``).
 """
@@ -95,7 +91,7 @@ def _timed(fn: Any) -> tuple[Any, float]:
 
 
 def measure(data: Path, clients_per_round: int, *, model_name: str, repeats: int,
-            noise_multiplier: float, shared_news: bool = False) -> dict[str, Any]:
+            noise_multiplier: float) -> dict[str, Any]:
     """Median seconds of a fedrec and a dp-fedavg round on the same clients."""
     model_config = ModelConfig(news_encoder=model_name)
     started = time.perf_counter()
@@ -155,19 +151,6 @@ def measure(data: Path, clients_per_round: int, *, model_name: str, repeats: int
         print(f"  repeat {r}: " + ", ".join(f"{name} {times[name][-1]:.2f} s"
                                             for name, _ in rounds), flush=True)
     _, gradient_seconds = _timed(lambda: objective.client_gradients(params, batch))
-    variants: dict[str, Any] = {}
-    if shared_news:  # the reverted shared-news path (commit 61f6536), same batch
-        reference, _ = objective.client_gradients(params, batch)
-        shared, _ = objective.client_gradients(params, batch, shared_news=True)
-        variants = {"max_abs_difference": float((shared - reference).abs().max()),
-                    "vmap_seconds": [], "shared_news_seconds": []}
-        for _ in range(repeats):
-            variants["vmap_seconds"].append(
-                _timed(lambda: objective.client_gradients(params, batch))[1])
-            variants["shared_news_seconds"].append(
-                _timed(lambda: objective.client_gradients(params, batch, shared_news=True))[1])
-            print(f"  per-client gradients: vmap {variants['vmap_seconds'][-1]:.2f} s, "
-                  f"shared news {variants['shared_news_seconds'][-1]:.2f} s", flush=True)
     fed_median = statistics.median(times["fedrec"])
     per_client_median = statistics.median(times["fedrec-per-client"])
     dp_median = statistics.median(times["dp-fedavg"])
@@ -189,7 +172,6 @@ def measure(data: Path, clients_per_round: int, *, model_name: str, repeats: int
         "ratio_dp_news_over_fedrec": news_median / fed_median,
         "fedrec_per_client_max_abs_difference_from_fedrec": shared_vs_per_client,
         "per_client_gradients_seconds_once": gradient_seconds,
-        **({"per_client_gradient_variants": variants} if variants else {}),
         "prepare_data_seconds": prepare_seconds,
     }
 
@@ -204,9 +186,6 @@ def main() -> None:
     parser.add_argument("--small-clients", type=int, default=40)
     parser.add_argument("--noise-multiplier", type=float, default=1.0)
     parser.add_argument("--only", choices=("large", "small"), default=None)
-    parser.add_argument("--shared-news", action="store_true",
-                        help="also time the shared-news per-client gradients against the "
-                             "vmap path (needs the code of commit 61f6536 on PYTHONPATH)")
     parser.add_argument("--save", type=Path, default=RESULTS / "dp_round_cost.json")
     args = parser.parse_args()
 
@@ -219,8 +198,7 @@ def main() -> None:
         print(f"{name}: {m} clients per round on {data}", flush=True)
         result["settings"][name] = measure(data, m, model_name=args.model,
                                            repeats=args.repeats,
-                                           noise_multiplier=args.noise_multiplier,
-                                           shared_news=args.shared_news)
+                                           noise_multiplier=args.noise_multiplier)
         print(json.dumps(result["settings"][name], indent=2), flush=True)
     args.save.parent.mkdir(parents=True, exist_ok=True)
     args.save.write_text(json.dumps(result, indent=2))

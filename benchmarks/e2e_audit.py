@@ -1,4 +1,4 @@
-"""End-to-end privacy audit of every method's real client update (issue 13).
+"""End-to-end privacy audit of every method's real client update.
 
 Usage::
 

@@ -1,4 +1,4 @@
-"""Local ranking (issue 16): pool download size, incremental sync, on-device ranking, load.
+"""Local ranking: pool download size, incremental sync, on-device ranking, load.
 
 Usage::
 

@@ -5,7 +5,7 @@ Usage::
     python benchmarks/recall_speed.py [--pool 100000] [--dim 256 128] [--channels 3 1 5]
         [--queries 300] [--total 400] [--threads 1] [--no-hnsw]
 
-Issue 5 figure: "Recall over a 100k-news pool: >= 200 queries/s on this machine in the B-dim
+Figure: "Recall over a 100k-news pool: >= 200 queries/s on this machine in the B-dim
 score space, reported against faiss exact search in d dims, measured side by side".
 
 For every (d, C) configuration one query is C channels: protected weights αᵢ ``[C, B]`` from

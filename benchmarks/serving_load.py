@@ -1,4 +1,4 @@
-"""Bounded load test of private serving over HTTP on loopback (issue 6), plus bytes per query.
+"""Bounded load test of private serving over HTTP on loopback, plus bytes per query.
 
 Usage::
 

@@ -1,4 +1,4 @@
-"""Time and peak memory of ``privaterec data synth`` at population scale (issue 15, item 3).
+"""Time and peak memory of ``privaterec data synth`` at population scale.
 
 Usage::
 

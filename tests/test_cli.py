@@ -124,7 +124,7 @@ def test_demo_quick_prints_a_results_table(tmp_path, capsys):
     assert main(["demo", "--quick", "--out", str(tmp_path), "--no-progress"]) == 0
     out = capsys.readouterr().out
     assert "| popularity |" in out and "| centralized / nrms |" in out
-    # issue 17: the demo ends with closing lines computed from its printed tables
+    # the demo ends with closing lines computed from its printed tables
     rows, recall, facts, conclusion = parse_demo_output(out)
     assert out.rstrip().splitlines()[-len(conclusion):] == conclusion
     assert conclusion == demo_conclusion(rows, recall, facts)
@@ -134,7 +134,7 @@ def test_demo_quick_prints_a_results_table(tmp_path, capsys):
     by_name = {r.name: r for r in rows}
     assert by_name["privaterec eps_t=10 / nrms → privaterec serving"].bytes_per_query == 20
     assert by_name["fedrec / nrms → vdp serving"].bytes_per_query == 512
-    # issue 15: a central-DP row, with its whole-run ε and its noise explained in a footnote
+    # a central-DP row, with its whole-run ε and its noise explained in a footnote
     central = [r for r in rows if r.name.startswith("dp-fedavg (central)")]
     assert len(central) == 1 and central[0].epsilon_user <= 8.0
     assert central[0].name in facts.central_noise_ratio and "- Central DP (" in out
@@ -197,7 +197,7 @@ def test_train_flags_set_the_plm_depth_and_learning_rate():
     assert defaults.model.plm_trainable_layers == 1 and defaults.train.plm_lr == 3e-5
 
 
-# --- issue 17: what a new user meets --------------------------------------------------------
+# --- what a new user meets ------------------------------------------------------------------
 @pytest.mark.parametrize("argv", [
     ["train", "--data", "d", "--method", "privaterec", "--basis", "0", "--out", "o"],
     ["train", "--data", "d", "--method", "privaterec", "--basis", "1", "--out", "o"],
@@ -205,7 +205,7 @@ def test_train_flags_set_the_plm_depth_and_learning_rate():
     ["privacy", "calibrate", "--mechanism", "dpa", "--epsilon", "1", "--basis", "1"],
 ])
 def test_basis_below_two_is_refused_everywhere_with_one_rule(argv, capsys):
-    # bug 1: --basis 0 silently trained with B = 5, --basis 1 was accepted
+    # --basis 0 must not silently train with B = 5, nor --basis 1 be accepted
     with pytest.raises(SystemExit) as exit_info:
         main(argv)
     assert exit_info.value.code == 2
@@ -224,7 +224,7 @@ def test_basis_rule_in_the_configuration():
 
 
 def test_failed_train_creates_nothing_and_refusals_name_the_keys(synth_dir, tmp_path, capsys):
-    # bug 2: a train that failed on a missing --data left config.yaml behind
+    # a train that fails on a missing --data leaves no config.yaml behind
     run = tmp_path / "r"
     assert main(["train", "--data", str(tmp_path / "missing"), "--method", "popularity",
                  "--out", str(run), "--no-progress"]) == 2
@@ -260,7 +260,7 @@ def _write_behaviors(directory, bad_lines: int) -> None:
 
 
 def test_data_check_reports_every_bad_line(tmp_path, capsys):
-    # bug 3: only the first bad line (2) was reported
+    # every bad line is reported, not only the first (2)
     _write_behaviors(tmp_path / "a", 3)
     assert main(["data", "check", str(tmp_path / "a"), "--json"]) == 1
     errors = json.loads(capsys.readouterr().out)["errors"]
@@ -272,13 +272,13 @@ def test_data_check_reports_every_bad_line(tmp_path, capsys):
 
 
 def test_data_check_of_a_missing_path_is_a_user_error(tmp_path, capsys):
-    # bug 3: exited 1 ("INVALID") where the README promises 2 for a user error
+    # a user error exits 2, as the README promises (not 1, "INVALID")
     assert main(["data", "check", str(tmp_path / "nope")]) == 2
     assert "nope: does not exist" in capsys.readouterr().err
 
 
 def test_privacy_report_of_an_unfinished_federated_run(tmp_path, capsys):
-    # bug 4: said "this run is centralized" for a privaterec run before its first checkpoint
+    # a privaterec run before its first checkpoint is not "centralized"
     from privaterec.config import FedConfig, RunConfig, TrainConfig
     from privaterec.runs.directory import RunDirectory
 
@@ -306,8 +306,7 @@ def _subparsers(parser):
 
 
 def test_train_evaluate_demo_flags_all_have_help_and_defaults(capsys):
-    # issue 17: train --help showed no defaults and --drop-missing/--no-progress/--json had
-    # no help text
+    # every flag of train, evaluate and demo has help text and shows its default
     from privaterec.cli import build_parser
 
     parsers = dict(_subparsers(build_parser()))

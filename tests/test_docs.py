@@ -1,4 +1,4 @@
-"""User-facing text points only to documentation inside the repository (issue 17)."""
+"""User-facing text points only to documentation inside the repository."""
 
 import ast
 import re
@@ -87,3 +87,12 @@ def test_citations_of_the_docs_resolve():
         assert path.exists(), f"docs/{doc}.md"
         if anchor:
             assert anchor in _anchors(path), f"docs/{doc}.md#{anchor}"
+
+
+def test_code_and_docs_carry_no_development_history():
+    # an issue number or a commit hash means nothing to a reader of the package
+    pattern = re.compile(r"\b(issue|session|hole|bug) ?#?\d+|\bcommit [0-9a-f]{7,40}\b", re.I)
+    offenders = [(str(p.relative_to(ROOT)), i + 1) for p, text in _repository_texts()
+                 if p.name not in ("README.md", "BENCHMARKS.md") and "results" not in p.parts
+                 for i, line in enumerate(text.splitlines()) if pattern.search(line)]
+    assert not offenders, offenders

@@ -1,4 +1,4 @@
-"""The package's import layers (issue 14; docs/architecture.md, "Layers").
+"""The package's import layers (docs/architecture.md, "Layers").
 
 Every module of ``src/privaterec`` is parsed with :mod:`ast` and its imports collected:
 module-level and function-local ones alike (a local import hides a dependency from import

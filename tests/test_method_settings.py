@@ -1,11 +1,9 @@
 """Each method's settings (privaterec.method_settings) and the legacy reader of flat configs.
 
 ``tests/fixtures/legacy_configs/`` holds ``config.yaml`` and ``recall.yaml`` files written by
-the code before the settings moved to ``fed.settings`` (a flat FedConfig; generated with
-commit 6e456f9's ``RunConfig.to_yaml`` after ``resolve_run_config``, and
-``dp-fedavg-adaptive.yaml`` with commit 58ea357's, which added adaptive clipping's flat
-keys, and ``dp-fedavg-secagg.yaml`` with commit 9fc7711's, which added secure
-aggregation's). They must load, give the configuration the current code resolves from the
+the code before the settings moved to ``fed.settings`` (a flat FedConfig, written by
+that code's ``RunConfig.to_yaml`` after ``resolve_run_config``; ``dp-fedavg-adaptive.yaml`` and
+``dp-fedavg-secagg.yaml`` also hold adaptive clipping's and secure aggregation's flat keys). They must load, give the configuration the current code resolves from the
 same options, and build the very method the old code built (its repr, recorded when the
 files were written; DP-FedAvg's fields added after a file was written appear at their
 defaults: off).
@@ -194,7 +192,7 @@ def test_a_recall_checkpoint_of_the_flat_format_resumes_under_the_same_settings(
 
 def test_a_run_saved_before_the_basis_attention_option_loads_as_the_published_attention(
         tmp_path):
-    """issue 15: configurations saved before 'model.basis_attention' existed were trained with
+    """Configurations saved before 'model.basis_attention' existed were trained with
     the dot-product attention; they load as such (the default is now 'centered'), while a
     hand-written partial 'model' section gets the default."""
     import yaml

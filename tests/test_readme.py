@@ -22,7 +22,7 @@ def test_readme_starts_with_exactly_two_commands():
 
 
 def test_install_commands_show_progress():
-    # issue 17: `pip install -q` left the first command silent for minutes
+    # `pip install -q` would leave the first command silent for minutes
     for command in _readme_commands():
         install = command.split("&&")[1]
         assert "pip install" in install and " -q" not in install, command

@@ -1,4 +1,4 @@
-"""The pytest warning filters silence dependencies' deprecations only (issue 17)."""
+"""The pytest warning filters silence dependencies' deprecations only."""
 
 import subprocess
 import sys

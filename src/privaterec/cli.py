@@ -432,7 +432,7 @@ def _explain_missing_privacy_json(run: Path) -> None:
     """A run directory without ``privacy.json``: say why, from its ``config.yaml``.
 
     A federated run writes ``privacy.json`` at its first checkpoint, so before that there is
-    no report yet (issue 17: an unfinished privaterec run was called centralized).
+    no report yet (an unfinished privaterec run is not a centralized one).
     """
     from privaterec.config import FEDERATED_METHODS
     from privaterec.errors import CheckpointError

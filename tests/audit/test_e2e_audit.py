@@ -1,4 +1,4 @@
-"""End-to-end privacy audit of the real client updates (issue 13).
+"""End-to-end privacy audit of the real client updates.
 
 Every method's real upload is audited on a tiny model and must stay at or below its claim;
 broken variants of the real code — a label mechanism whose candidate set always holds the

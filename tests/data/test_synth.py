@@ -325,7 +325,7 @@ def test_news_pool_needs_two_news():
 
 # ------------------------------------------------------------------------------- scale
 # sha256 of `privaterec data synth --out X` with the default config (2,000 users, seed 0), as
-# written before the streaming writer existed (commit 350eb02). Many pinned results in
+# written before the streaming writer existed. Many pinned results in
 # BENCHMARKS.md and docs/ were measured on exactly these files: they must never change.
 DEFAULT_SHA256 = {
     "train/behaviors.tsv": "7c89aaabb4e96c3699b77d5441ebb4de3093516eb7bfa1e86d5c94e6fdb08e51",

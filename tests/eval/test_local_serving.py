@@ -1,4 +1,4 @@
-"""``evaluate --serving local`` (issue 16): the device ranks the downloaded score matrix itself.
+"""``evaluate --serving local`` : the device ranks the downloaded score matrix itself.
 
 Same model, same candidates: local ranking must give exactly the metrics of serving without
 noise, send nothing (ε_s = 0 in the ledger) and report the bytes of the pool download.

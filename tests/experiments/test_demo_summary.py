@@ -1,4 +1,4 @@
-"""The demo's closing lines (issue 17): computed from its tables, consistent with the README."""
+"""The demo's closing lines: computed from its tables, consistent with the README."""
 
 from __future__ import annotations
 
@@ -95,7 +95,7 @@ def test_below_chance_rows_are_not_called_noise():
 
 
 def test_noised_rows_below_chance_are_explained_as_noise():
-    """Issue 17: dp-fedrec below 0.5 deserves a word (noise, not anti-learning)."""
+    """dp-fedrec below 0.5 deserves a word (noise, not anti-learning)."""
     rows = [DemoRow("dp-fedrec eps_t=10 / nrms", 0.48, 0.1, 0.1, 0.1, 10.0, None, None, 150.0)]
     text = "\n".join(demo_conclusion(rows, [], FACTS))
     assert "Below the chance band: dp-fedrec eps_t=10 / nrms 0.4800. Its uploads" in text

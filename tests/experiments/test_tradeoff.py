@@ -99,8 +99,8 @@ def test_tradeoff_end_to_end(tmp_path: Path, tiny_data: Path, monkeypatch: pytes
 
 
 def test_every_basis_size_of_fig7_is_a_valid_configuration():
-    """Fig. 7's B grid must pass ModelConfig's rule (B >= 2): B = 1 made the full
-    ``experiment tradeoff`` fail after Fig. 6 (issue 13's re-run)."""
+    """Fig. 7's B grid must pass ModelConfig's rule (B >= 2): with B = 1 the full
+    ``experiment tradeoff`` would fail after Fig. 6."""
     from privaterec.config import ModelConfig
 
     for size in tradeoff.BASIS_SIZES + tradeoff.QUICK_BASIS_SIZES:

@@ -1,6 +1,6 @@
 """DP-FedAvg with adaptive clipping (Andrew, Thakkar, McMahan & Ramaswamy, NeurIPS 2021):
 the clip tracks a quantile of the update norms, both noises have their calibrated scales,
-the round's release is audited, the clip is checkpointed (issue 15)."""
+the round's release is audited, the clip is checkpointed."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """DP-FedAvg on the engine: Poisson sampling, clipped updates, one Gaussian draw on the sum,
-every user of the population accounted (issue 15)."""
+every user of the population accounted."""
 
 from __future__ import annotations
 
@@ -190,7 +190,7 @@ def test_training_accounts_every_user_of_the_population(fed_data, clients, make_
 
 
 def test_a_refused_central_run_creates_no_run_directory(tmp_path, fed_data):
-    """Issue 17's rule for dp-fedavg: a delta >= 1/N is refused before the run exists."""
+    """dp-fedavg's rule: a delta >= 1/N is refused before the run exists."""
     from privaterec.data.mind import write_dataset
     from privaterec.runs.ranking import train_run
     data = tmp_path / "data"

@@ -105,7 +105,7 @@ def test_flower_engine_equals_simulator(data_dir, tmp_path, monkeypatch, method)
         if method == "fedrec":  # the only method whose clients send counts and losses
             assert a["samples"] == b["samples"]
             assert a["loss"] == pytest.approx(b["loss"], abs=1e-6)
-        else:  # a private method's server learns neither (issue 13, hole 5)
+        else:  # a private method's server learns neither
             assert "samples" not in a and "loss" not in a
 
     ledger = PrivacyLedger.from_dict(flw["ledger"])

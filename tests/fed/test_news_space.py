@@ -1,5 +1,5 @@
 """Clipping in news-vector space (``--clip-space news_vectors``): exact per-client vectors,
-their clipping, the noise of the release and the configuration rules (issue 15, item 3)."""
+their clipping, the noise of the release and the configuration rules."""
 
 from __future__ import annotations
 

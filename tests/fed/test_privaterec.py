@@ -278,7 +278,7 @@ def test_release_description_names_uncovered_parameters(client_method, make_obje
 
 
 def test_paper_mode_keeps_the_paper_sensitivity_warning(client_method):
-    """Issue 13 hole 7: with sensitivity_mode='paper' in paper mode, the paper-mode note
+    """With sensitivity_mode='paper' in paper mode, the paper-mode note
     overwrote the note that the sensitivity itself is invalid."""
     from privaterec.privacy.dpa import PAPER_MODE_NOTE as SENSITIVITY_NOTE
     method = client_method("privaterec", epsilon_train=4.0, sensitivity_mode="paper")
@@ -288,7 +288,7 @@ def test_paper_mode_keeps_the_paper_sensitivity_warning(client_method):
 
 
 def test_report_states_adjacency_and_warns_about_user_level(client_method):
-    """Issue 13 hole 4: the report opens with the adjacency of every total and prints both
+    """The report opens with the adjacency of every total and prints both
     the click-level and the user-level totals; PrivateRec's candidate sets get a WARNING."""
     from privaterec.privacy.ledger import PrivacyLedger
     from privaterec.privacy.report import build_privacy_summary, format_privacy_report

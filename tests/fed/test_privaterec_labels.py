@@ -1,4 +1,4 @@
-"""PrivateRec's label release on the real client update (issue 13 holes 2, 3, 5).
+"""PrivateRec's label release on the real client update.
 
 The published DPL always put the clicked news in the candidate set, so the upload named the
 click (ε = ∞); the strict history-path gradient then depended on the clicks through that set.
@@ -29,7 +29,7 @@ def _client(history_clicked: int) -> ClientData:
 
 
 def test_candidate_set_does_not_reveal_the_click(client_method):
-    """Hole 2 regression: with the published DPL the clicked news was in the candidate set in
+    """Regression: with the published DPL the clicked news was in the candidate set in
     every round (here: news 20 clicked → 20 always drawn). Now the set is blind to the click."""
     method = client_method("privaterec", epsilon_train=1.0)
     shown = {0: 0, 1: 0}
@@ -62,7 +62,7 @@ def test_upload_depends_on_the_clicks_only_through_the_released_label(make_objec
         ua = client_update(objective, theta, a, method, generator=client_generator(5, s, 0))
         ub = client_update(objective, theta, b, method, generator=client_generator(5, s, 0))
         same += bool(torch.equal(ua.sent()["payload"], ub.sent()["payload"]))
-        assert set(ua.sent()) == {"payload"}  # hole 5: no count, no loss
+        assert set(ua.sent()) == {"payload"}  # no count, no loss
     # When neither news 20 nor 21 is drawn (P = C(8,5)/C(10,5) = 0.22) both neighbours
     # release "none" from the same draws; expected 22 of 100 identical uploads (sd 4.1).
     assert same >= 10

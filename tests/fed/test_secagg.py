@@ -1,4 +1,4 @@
-"""Central DP through Flower's SecAgg+ (issue 15 item 2): quantisation, noise shares, rounds.
+"""Central DP through Flower's SecAgg+: quantisation, noise shares, rounds.
 
 The rounds run the real Flower code — ``secaggplus_mod`` on every client,
 ``SecAggPlusWorkflow`` on the server, the engine's own round function and ClientApp handlers

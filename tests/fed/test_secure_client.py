@@ -1,4 +1,4 @@
-"""A real device's client round draws from the OS CSPRNG with float-safe noise (issue 13, hole 1).
+"""A real device's client round draws from the OS CSPRNG with float-safe noise.
 
 The seeded path (simulation) and the secure path (a Flower node holding a real user) run the
 same ``client_update``; these tests pin that the secure path's releases are float-safe

@@ -92,7 +92,7 @@ def assert_float32_close(actual: torch.Tensor, expected: torch.Tensor, **tol: fl
 
 
 def test_float32_tolerance_accepts_rounding_and_rejects_masking_errors() -> None:
-    # Regression (issue 17, bug 5): a 6e-8 difference near zero -- AVX-512 reordering --
+    # Regression: a 6e-8 difference near zero -- AVX-512 reordering --
     # must pass; a difference of the size a masking error makes must not.
     expected = torch.tensor([1e-3, -2.0, 0.5])
     assert_float32_close(expected + 6e-8, expected)

@@ -1,5 +1,5 @@
 """Adaptive clipping's accounting: the noise split and its equivalence to one Gaussian
-(Andrew, Thakkar, McMahan & Ramaswamy, NeurIPS 2021; issue 15)."""
+(Andrew, Thakkar, McMahan & Ramaswamy, NeurIPS 2021)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Central (user-level) DP accounting: DP-FedAvg's Poisson-sampled Gaussian (issue 15)."""
+"""Central (user-level) DP accounting: DP-FedAvg's Poisson-sampled Gaussian."""
 
 from __future__ import annotations
 

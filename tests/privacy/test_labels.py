@@ -1,4 +1,4 @@
-"""PrivateRec's label release (privacy/labels.py; issue 13 holes 2-3).
+"""PrivateRec's label release (privacy/labels.py; docs/privacy.md#label-privacy).
 
 The published DPL always put the clicked news in the candidate set, so the set named the
 click (ε = ∞). These tests pin the replacement: candidates drawn blind to the clicks, (k+2)-ary

@@ -420,7 +420,7 @@ def test_device_over_the_real_app_as_transport(served_app, serving_news):
     assert d.bytes_sent == len(json_body(d.last_query["sent"]))
 
 
-# ------------------------------------------- issue 13, hole 1: randomness on devices
+# ------------------------------------------------------------- randomness on devices
 def test_two_devices_set_up_as_documented_draw_different_noise(world, server, tmp_path):
     # Regression: the docs built every device with torch.Generator().manual_seed(0), so two
     # devices drew identical padding and noise, replayable by the server.
@@ -525,7 +525,7 @@ def test_recall_release_is_the_recall_models_query(world, quota_noise):
     assert not torch.allclose(alpha, q.alpha[0])
 
 
-# ---------------------------------------------------- issue 13, hole 6: device budget
+# ------------------------------------------------------------------------ device budget
 def test_default_budget_is_finite_and_persists_without_cache_dir(world, server,
                                                                  _device_state_dir):
     # Regression: the default budget was infinite and, without cache_dir, the ledger lived

@@ -1,4 +1,4 @@
-"""Local ranking (issue 16): pool download, ETag/304, incremental sync, the on-device ranker.
+"""Local ranking: pool download, ETag/304, incremental sync, the on-device ranker.
 
 The server is the real app over a store of the 110 synthetic articles (``served_app``); the
 device talks to it through the ``TestClient`` transport.

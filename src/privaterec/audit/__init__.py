@@ -1,4 +1,4 @@
-"""End-to-end privacy audit of the real client updates (issue 13).
+"""End-to-end privacy audit of the real client updates (docs/privacy.md#checking-the-guarantees).
 
 Mechanism-level audits (:mod:`privaterec.privacy.audit`) test a mechanism; this package
 tests what a client actually sends: it plays the distinguishing game on the same upload

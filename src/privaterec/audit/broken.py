@@ -5,10 +5,10 @@ Each is a context manager that patches the library for its duration (simulation 
 * :func:`published_dpl` — PrivateRec's label release replaced by the published DP label
   permutation's candidate set (Alg. 3 line 16): a clicked news always in the set (slot 0),
   the other slots drawn from the non-clicked news, randomized response on the label. The set
-  itself then names the click (issue 13, hole 2).
+  itself then names the click (docs/privacy.md#label-privacy).
 * :func:`scaled_noise` — every Laplace draw ``factor`` times its calibrated scale while the
   events still claim the calibrated ε (e.g. 0.1: noise 10x too small).
-* :func:`reply_with_loss` — the client's reply also carries its raw training loss (hole 5).
+* :func:`reply_with_loss` — the client's reply also carries its raw training loss.
 * :func:`scaled_gaussian_noise` — every Gaussian draw (central DP's noise on the sum and on
   the clip count included) ``factor`` times its calibrated scale.
 * :func:`unnoised_clip_count` — central DP's aggregator releases the count of unclipped

@@ -84,7 +84,7 @@ def sent_fields(update: Any) -> dict[str, Any]:
 
     ``update.sent()`` when the update defines it (the client's own statement of what it
     transmits: payload and every metadata field); otherwise the payload, ``num_examples``
-    and ``metrics["loss"]`` (what the engines transmit, issue 13 hole 5).
+    and ``metrics["loss"]`` (what the engines transmit).
     """
     sent = getattr(update, "sent", None)
     if callable(sent):

@@ -1,4 +1,4 @@
-"""The audit's tiny world: a news table, one client's data and its neighbours (issue 13).
+"""The audit's tiny world: a news table, one client's data and its neighbours.
 
 Neighbouring client datasets are built the way real ones are, from MIND-format records
 through :func:`~privaterec.data.clients.build_client_dataset`, so a neighbour is exactly

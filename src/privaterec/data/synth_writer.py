@@ -1,10 +1,9 @@
 """Streaming MIND writer for simulated data: behaviors written chunk by chunk (docs/data.md).
 
-:func:`privaterec.data.synth.write_synthetic` used to build every
-:class:`~privaterec.data.records.Impression` of the population in memory and then write them
-with :func:`privaterec.data.mind.write_dataset`. At MIND-small scale (50,000 users, 250,000
-impressions) those Python objects, not the simulation, dominated time and memory. This module
-writes the same bytes from the simulator's arrays as they are produced: memory holds one chunk
+Building every :class:`~privaterec.data.records.Impression` of the population in memory and
+writing them with :func:`privaterec.data.mind.write_dataset` lets those Python objects, not the
+simulation, dominate time and memory at MIND-small scale (50,000 users, 250,000 impressions).
+This module writes the same bytes from the simulator's arrays as they are produced: memory holds one chunk
 of impressions plus O(users + news) arrays (histories, per-news flags), never the data set.
 
 The output is byte-identical to ``write_dataset(out, generate(config))`` (tests pin it):

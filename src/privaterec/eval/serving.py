@@ -13,7 +13,7 @@ candidates with it. :func:`private_user_encoder` returns the device side as the
   (:mod:`privaterec.serving.device`);
 * ``vdp`` — §3.2.1: clip the d-dim user vector to θ and add noise calibrated to ε_s
   (:func:`privaterec.ondevice.release.vdp_user_release`, the device SDK's computation too);
-* ``local`` — local ranking (issue 16): the device holds the pool's score matrix P = b·Rᵀ
+* ``local`` — local ranking: the device holds the pool's score matrix P = b·Rᵀ
   (or, without basic vectors, the news vectors R) and ranks with its exact α (or u); nothing
   is sent, ε_s = 0. :func:`local_ranking_seams` scores candidates as the device does, α·P with
   P computed like the server's store.

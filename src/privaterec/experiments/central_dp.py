@@ -1,4 +1,4 @@
-"""Central against local DP at population scale (issue 15, item 4): ``experiment central-dp``.
+"""Central against local DP at population scale (docs/experiments.md): ``experiment central-dp``.
 
 Test AUC against the **user-level ε of the whole training run** (one user's data replaced;
 δ stated), per model and population size:

@@ -1,7 +1,7 @@
 """``experiment central-dp``: what is run (:class:`Row`, :func:`plan_rows`) and what a row
 holds once run (:class:`SeedResult`, :class:`RowResult`, the CSV records).
 
-The rows of one population (issue 15, item 4):
+The rows of one population (docs/experiments.md):
 
 * **untrained** — the seeded initial model θ₀ of each seed, evaluated without training: it
   uses no user data (ε = 0), so it is the floor a private row's AUC is measured against;

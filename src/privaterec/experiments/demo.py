@@ -51,7 +51,7 @@ def demo_entries(quick: bool) -> list[DemoEntry]:
 
     The private rows: FedNewsRec and DP-FedRec (local DP on every upload), DP-FedAvg
     (central, user-level DP on the sum of the sampled clients' clipped updates, ε for the
-    whole run; issue 15) and PrivateRec. Private serving: VDP on the FedRec model, and
+    whole run) and PrivateRec. Private serving: VDP on the FedRec model, and
     PrivateRec's B-float release and zero-ε local ranking on the PrivateRec model.
     """
     epochs = 1 if quick else 3

@@ -203,7 +203,7 @@ def simplex_project(x: Tensor) -> Tensor:
     The Euclidean projection (Held, Wolfe & Crowder 1974; Duchi et al. 2008, Fig. 1): with u
     the coordinates sorted in decreasing order and ρ the largest j such that
     uⱼ − (Σ_{i≤j} uᵢ − 1)/j > 0, θ = (Σ_{i≤ρ} uᵢ − 1)/ρ and α̃ = max(x − θ, 0). A serving-side
-    alternative to :func:`softplus_normalize` (issue 15's normalisation study): it keeps no
+    alternative to :func:`softplus_normalize` (docs/privaterec.md): it keeps no
     floor on the small coordinates, and it is post-processing of the noised release, so it
     costs no ε. ``[..., B]`` → ``[..., B]``.
     """

@@ -4,7 +4,7 @@ A client's round draws samples, candidates, padding, labels and noise. In simula
 come from its seeded ``torch.Generator`` (:func:`~privaterec.fed.rng.client_generator`), so
 both engines draw the same numbers; on a real device (a Flower SuperNode holding a user's
 data) they must come from the operating system's CSPRNG and the noise must be float-safe
-(issue 13, hole 1). The functions below take either:
+(docs/serving.md#randomness-on-devices). The functions below take either:
 
 * a ``torch.Generator`` (or a :class:`~privaterec.privacy.samplers.SimulationNoise`
   wrapping one): exactly the torch calls the simulation always made, bit for bit;
@@ -94,7 +94,7 @@ def release_rows(x: Tensor, calibration: Calibration, sources: Sequence[Randomne
 
     Seeded generators: one batched :func:`~privaterec.privacy.mechanisms.clip_and_noise`
     (row i's noise drawn from generator i, exactly the simulation's draws). Any secure source
-    (a device): the clipped row is released by its source, float-safe (issue 13, hole 1).
+    (a device): the clipped row is released by its source, float-safe.
 
     Raises
     ------

@@ -5,8 +5,8 @@ A release is only as private as its randomness. Two sources share one small inte
 
 * :class:`SecureNoise` — for anything that leaves a real device (the serving SDK, a Flower
   ClientApp on a user's machine). Every bit comes from the operating system's CSPRNG, so no
-  seed exists that a server could replay (issue 13, hole 1: a device seeded with
-  ``torch.Generator().manual_seed(0)`` drew noise the server could regenerate and subtract).
+  seed exists that a server could replay (a device seeded with
+  ``torch.Generator().manual_seed(0)`` would draw noise the server could regenerate and subtract).
   Laplace and Gaussian releases are **float-safe**: they go through OpenDP's ``make_laplace``
   / ``make_gaussian`` on ``vector_domain(atom_domain(T=float))``, which round the input to a
   public grid of spacing 2^k and add discrete Laplace / discrete Gaussian noise on that grid

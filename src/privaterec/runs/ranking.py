@@ -249,7 +249,7 @@ def _evaluate_model_run(run: RunDirectory, config: RunConfig, vocabs: TextVocabu
         if diagnostics is not None:
             plain["basis"] = diagnostics
         return plain
-    if serving.kind == "local":  # issue 16: the device ranks P = b·Rᵀ itself, sends nothing
+    if serving.kind == "local":  # the device ranks P = b·Rᵀ itself, sends nothing
         from privaterec.eval.serving import local_ranking_seams
         encoder, candidates = local_ranking_seams(model)
     else:

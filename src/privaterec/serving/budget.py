@@ -9,7 +9,7 @@ released too often lately, else raises :class:`~privaterec.errors.PrivacyBudgetE
 Re-sending the release cached for an unchanged (truncated) history is post-processing: it
 costs nothing and records no event; :func:`release_key` is that cache's key.
 
-Defaults (issue 13, hole 6):
+Defaults (docs/serving.md#the-device-sdk):
 
 * **Finite budget.** ``cap`` = :data:`DEFAULT_DEVICE_BUDGET` = 10: total ε of everything the
   device ever releases, all models and queries (10 one-ε queries, or 20 at ε = 0.5). Pure-DP

@@ -17,14 +17,14 @@ would exceed the cap or the re-release limit); an unchanged history re-sends its
 release at no cost. A release is recorded before it is sent, so a failed request can be
 retried with it at no cost.
 
-Randomness (issue 13, hole 1): a device draws every random bit — padding, noise — from
+Randomness (docs/serving.md#randomness-on-devices): a device draws every random bit — padding, noise — from
 :class:`~privaterec.privacy.samplers.SecureNoise` (the OS CSPRNG; float-safe OpenDP Laplace /
 Gaussian releases). There is no seed to pass, so no server can replay the stream. A seeded
 source is accepted only through the keyword ``insecure_simulation_noise=SimulationNoise(g)``,
 for simulations and tests; such a device logs a warning and every event it records carries
 :data:`~privaterec.privacy.samplers.SIMULATED_NOTE`.
 
-Budget (hole 6): by default a device may release ε = 10 in total
+Budget: by default a device may release ε = 10 in total
 (:data:`~privaterec.serving.budget.DEFAULT_DEVICE_BUDGET`), keeps its ledger in ``cache_dir``
 or, without one, in :func:`~privaterec.serving.budget.default_state_dir` (per OS user,
 persistent), locks it for every spend, and releases one history at most twice a day however

@@ -1,4 +1,4 @@
-"""Central DP as a wrapper around any method: DP-FedAvg (McMahan et al. 2018, issue 15).
+"""Central DP as a wrapper around any method: DP-FedAvg (McMahan et al. 2018).
 
 :class:`CentralDP` wraps a client method (``dp-fedavg`` wraps :class:`~.ranking.FedRec`):
 every user joins a round independently with probability q (Poisson sampling); each sampled
@@ -90,7 +90,7 @@ class CentralDP(ClientMethod[FederatedTask[Any]]):
     rounds: int = 1
     delta: float = 0.0
     adaptive: AdaptiveClipping | None = None
-    # --- Secure aggregation (Flower engine only; issue 15 item 2, fed/secagg.py). --------
+    # --- Secure aggregation (Flower engine only; fed/secagg.py). ---------------------
     # secure_aggregation: "none" (the server sees each clipped update: simulator) or
     #   "secaggplus" (Flower's SecAgg+: the server sees only the sum).
     # noise_placement: "central" (the server adds N(0, z²C²) to the sum) or "distributed"
