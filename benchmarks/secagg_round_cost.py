@@ -28,6 +28,7 @@ import torch
 from privaterec.config import RunConfig, TrainConfig, fed_config
 from privaterec.data.synth import SynthConfig, write_synthetic
 from privaterec.fed import flower
+from privaterec.fed.flower import server_app
 from privaterec.fed.methods import method_from_config, resolve_run_config
 from privaterec.fed.objective import LocalObjective
 from privaterec.fed.strategies import build_strategy
@@ -41,7 +42,7 @@ RESULTS = Path(__file__).parent / "results" / "secagg_round_cost.json"
 def _timed_round_functions(per_round: list[tuple[int, float]]) -> None:
     """Wrap the engine's two round-function builders to time every round."""
     for name in ("_round_fn", "_secure_round_fn"):
-        build = getattr(flower, name)
+        build = getattr(server_app, name)
 
         def wrapped(*args: Any, _build: Any = build, **kwargs: Any) -> Any:
             round_fn = _build(*args, **kwargs)
@@ -52,7 +53,7 @@ def _timed_round_functions(per_round: list[tuple[int, float]]) -> None:
                 per_round.append((len(selected), round(time.perf_counter() - start, 3)))
                 return result
             return timed
-        setattr(flower, name, wrapped)
+        setattr(server_app, name, wrapped)
 
 
 def main() -> None:

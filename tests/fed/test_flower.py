@@ -20,6 +20,7 @@ from privaterec.data.synth import SynthConfig, write_synthetic  # noqa: E402
 from privaterec.errors import ConfigError  # noqa: E402
 from privaterec.apps.flower_app import run_config_from_flower  # noqa: E402
 from privaterec.fed import flower  # noqa: E402
+from privaterec.fed.flower import server_app  # noqa: E402
 from privaterec.fed.methods import (ClientMethod, method_from_config,  # noqa: E402
                                     resolve_run_config)
 from privaterec.fed.objective import LocalObjective  # noqa: E402
@@ -61,7 +62,7 @@ def test_flower_engine_equals_simulator(data_dir, tmp_path, monkeypatch, method)
     discovered: list[dict[int, int]] = []
     timeouts: list[float] = []
     replies: list[int] = []
-    discover, parse = flower.discover_nodes, flower._parse_reply
+    discover, parse = server_app.discover_nodes, server_app._parse_reply
 
     def spy_discover(*args, **kwargs):
         timeouts.append(kwargs["timeout"])
@@ -72,8 +73,8 @@ def test_flower_engine_equals_simulator(data_dir, tmp_path, monkeypatch, method)
         replies.append(reply.metadata.src_node_id)
         return parse(reply, *args)
 
-    monkeypatch.setattr(flower, "discover_nodes", spy_discover)
-    monkeypatch.setattr(flower, "_parse_reply", spy_parse)
+    monkeypatch.setattr(server_app, "discover_nodes", spy_discover)
+    monkeypatch.setattr(server_app, "_parse_reply", spy_parse)
 
     runs = {}
     for engine in ("simulator", "flower"):
@@ -88,7 +89,7 @@ def test_flower_engine_equals_simulator(data_dir, tmp_path, monkeypatch, method)
     assert len(discovered) == 1
     # The simulation started its SuperNodes: it waits for them like for a round (a loaded
     # machine may take minutes to answer), not the deployment's wait for missing devices.
-    assert timeouts == [flower.ROUND_TIMEOUT] and flower.ROUND_TIMEOUT > flower.DISCOVERY_TIMEOUT
+    assert timeouts == [server_app.ROUND_TIMEOUT] and server_app.ROUND_TIMEOUT > server_app.DISCOVERY_TIMEOUT
     assert sorted(discovered[0]) == eligible.tolist()
     assert len(set(discovered[0].values())) == len(eligible)
     assert len(replies) == ROUNDS * PER_ROUND
@@ -172,13 +173,13 @@ def test_flower_engine_equals_simulator_for_unifedrec(data_dir, tmp_path, monkey
                                         train_recall_run)
 
     replies: list[int] = []
-    parse = flower._parse_reply
+    parse = server_app._parse_reply
 
     def spy_parse(reply, *args):
         replies.append(reply.metadata.src_node_id)
         return parse(reply, *args)
 
-    monkeypatch.setattr(flower, "_parse_reply", spy_parse)
+    monkeypatch.setattr(server_app, "_parse_reply", spy_parse)
     ranker = tmp_path / "ranker"
     train_run(RunConfig(data=str(data_dir), model=RANKER_MODEL,
                         train=TrainConfig(method="fedrec", seed=SEED),
@@ -220,14 +221,14 @@ def test_flower_secaggplus_equals_the_simulators_dp_fedavg(data_dir, tmp_path, m
     in parameter space and in news-vector space (each device then uploads its user-side
     gradient and the cotangents of every news of the table)."""
     sessions: list[int] = []
-    secure_sum = flower.secure_sum
+    secure_sum = server_app.secure_sum
 
     def spy(grid, plan, nodes, fitins, **kwargs):
         out = secure_sum(grid, plan, nodes, fitins, **kwargs)
         sessions.append(out[1])
         return out
 
-    monkeypatch.setattr(flower, "secure_sum", spy)
+    monkeypatch.setattr(server_app, "secure_sum", spy)
     fed = dict(rounds=ROUNDS, client_fraction=0.5, noise_multiplier=1.0, target_delta=1e-3,
                adam_tau=1e-3, clip_space=clip_space)
     runs = {}

@@ -22,7 +22,7 @@ from scipy import stats
 pytest.importorskip("flwr", reason="secure aggregation needs flwr")
 
 from flwr.app import Context, Error, Message, MessageType, RecordDict  # noqa: E402
-from flwr.common import bytes_to_ndarray  # noqa: E402
+from flwr.common import FitIns, bytes_to_ndarray, ndarrays_to_parameters  # noqa: E402
 from flwr.common.secure_aggregation.quantization import quantize  # noqa: E402
 from flwr.common.serde import message_from_proto, message_to_proto  # noqa: E402
 from flwr.common.secure_aggregation.secaggplus_constants import (  # noqa: E402
@@ -34,6 +34,7 @@ from privaterec.method_settings import DPFedAvgSettings  # noqa: E402
 from privaterec.data.synth import SynthConfig, write_synthetic  # noqa: E402
 from privaterec.errors import CheckpointError, ConfigError, PrivateRecError  # noqa: E402
 from privaterec.fed import flower  # noqa: E402
+from privaterec.fed.flower import client_app, messages, secure, server_app  # noqa: E402
 from privaterec.fed.engine import check_engine  # noqa: E402
 from privaterec.fed.methods import method_from_config, resolve_run_config  # noqa: E402
 from privaterec.fed.methods.central import CentralDP  # noqa: E402
@@ -229,8 +230,8 @@ class Setup:
 
         def handler(message: Message, context: Context) -> Message:
             if message.metadata.message_type == MessageType.QUERY:
-                return flower._client_query(self.loader, message, context)
-            return flower._client_train_message(self.loader, message, context)
+                return client_app.client_query(self.loader, message, context)
+            return client_app.handle_train(self.loader, message, context)
 
         self.grid = LocalGrid(handler, nodes)
 
@@ -256,7 +257,7 @@ class Setup:
 
     def round_fn(self):
         owner = flower.discover_nodes(self.grid, self.clients, flower.run_record({}))
-        return flower._secure_round_fn(self.grid, self.task, self.clients, owner, self.method,
+        return server_app._secure_round_fn(self.grid, self.task, self.clients, owner, self.method,
                                        flower.public_fingerprint(self.task, self.method),
                                        seed=SEED, timeout=60.0, deployed=False)
 
@@ -534,13 +535,13 @@ def test_a_deployed_round_draws_sample_noise_and_shares_from_the_os(data_dir, tm
     for context in s.grid.contexts.values():
         context.node_config["os-entropy"] = True  # as a real device (user-id) would
     seen: list[dict[str, Any]] = []
-    secure_source = flower._secure_source
+    secure_source = client_app.secure_source
 
     def spy(context: Context, config: Any) -> SecureNoise | None:
         seen.append(dict(config))
         return secure_source(context, config)
 
-    monkeypatch.setattr(flower, "_secure_source", spy)
+    monkeypatch.setattr(client_app, "secure_source", spy)
     sampled: list[list[int]] = []
     select = CentralDP.select
 
@@ -601,16 +602,16 @@ def test_the_nodes_source_follows_the_round_and_the_node():
                      run_config={})
     device = Context(run_id=1, node_id=2, node_config={"user-id": "U1"}, state=RecordDict(),
                      run_config={})
-    assert flower._secure_source(seeded, flower._seed_entry(7, False)) is None
-    assert isinstance(flower._secure_source(device, flower._seed_entry(7, False)), SecureNoise)
-    assert isinstance(flower._secure_source(device, flower._seed_entry(7, True)), SecureNoise)
-    assert flower._seed_entry(7, True) == {"deployed": True}
+    assert client_app.secure_source(seeded, messages.seed_entry(7, False)) is None
+    assert isinstance(client_app.secure_source(device, messages.seed_entry(7, False)), SecureNoise)
+    assert isinstance(client_app.secure_source(device, messages.seed_entry(7, True)), SecureNoise)
+    assert messages.seed_entry(7, True) == {"deployed": True}
     with pytest.raises(ConfigError, match="user-id"):
-        flower._secure_source(seeded, flower._seed_entry(7, True))
+        client_app.secure_source(seeded, messages.seed_entry(7, True))
     opted_out = Context(run_id=1, node_id=3, node_config={"user-id": "U2", "os-entropy": False},
                         state=RecordDict(), run_config={})
     with pytest.raises(ConfigError, match="deployed server"):
-        flower._secure_source(opted_out, flower._seed_entry(7, True))
+        client_app.secure_source(opted_out, messages.seed_entry(7, True))
 
 
 def test_the_server_sees_masked_vectors_only(data_dir, tmp_path):
@@ -672,9 +673,26 @@ def test_secaggplus_masks_use_the_whole_seed():
     counts = np.bincount(ours[1] >> 23, minlength=16)  # top 4 bits of 27: uniform
     assert ours[1].min() >= 0 and ours[1].max() < modulus
     assert stats.chisquare(counts).pvalue > FIT_ALPHA
-    modules = [importlib.import_module(name) for name in flower.SECAGGPLUS_MODULES]
+    modules = [importlib.import_module(name) for name in secure.SECAGGPLUS_MODULES]
     assert [type(m).__name__ for m in modules] == ["module", "module"]
     assert modules[0] is sys.modules[secaggplus_mod_module()]
+    # Importing privaterec patches nothing; the explicit call installs it in both modules,
+    # and every entry point that runs SecAgg+ makes that call.
+    saved = [m.pseudo_rand_gen for m in modules]
+    try:
+        for m in modules:
+            m.pseudo_rand_gen = pseudo_rand_gen
+        assert not secure.mask_prg_installed()
+        client_app.make_client_app(lambda spec: None)  # type: ignore[arg-type,return-value]
+        assert secure.mask_prg_installed()
+        for m in modules:
+            m.pseudo_rand_gen = pseudo_rand_gen
+        flower.install_mask_prg()
+        assert secure.mask_prg_installed()
+    finally:
+        for m, f in zip(modules, saved):
+            m.pseudo_rand_gen = f
+    flower.install_mask_prg()
     assert all(m.pseudo_rand_gen is flower.mask_prg for m in modules)
     assert "pseudo_rand_gen" in modules[0]._collect_masked_vectors.__code__.co_names
 
@@ -760,7 +778,7 @@ def test_audit_what_a_client_sends_under_secagg(data_dir, tmp_path, clip_space):
             return secaggplus_mod(message, context, fit)
 
         grid = LocalGrid(handler, {n: {} for n in (audited, *others)})
-        fitins = {n: flower.FitIns(flower.ndarrays_to_parameters([]), {})
+        fitins = {n: FitIns(ndarrays_to_parameters([]), {})
                   for n in (audited, *others)}
         total, summed = flower.secure_sum(grid, plan, list(fitins), fitins, round_index=0,
                                           timeout=None)

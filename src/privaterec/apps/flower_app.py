@@ -20,7 +20,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from privaterec.config import FEDERATED_METHODS, RunConfig, fed_with_changes, replace
 from privaterec.errors import ConfigError
-from privaterec.fed.flower import make_client_app
+from privaterec.fed.flower.client_app import make_client_app
 from privaterec.fed.methods import resolve_run_config
 from privaterec.runs.engines import load_device
 from privaterec.runs.ranking import train_run

@@ -17,7 +17,7 @@ from privaterec.fed.engine import Engine, SimulatorEngine
 from privaterec.runs.directory import RunDirectory
 
 if TYPE_CHECKING:
-    from privaterec.fed.flower import ClientSpec, Device
+    from privaterec.fed.flower.client_app import ClientSpec, Device
 
 
 def build_engine(name: str, *, run_files: Mapping[str, str] | None = None,
@@ -28,7 +28,7 @@ def build_engine(name: str, *, run_files: Mapping[str, str] | None = None,
     ``False`` for a seeded rehearsal of a deployment (:func:`privaterec.fed.flower.serve`)."""
     if name == "simulator" and grid is None:
         return SimulatorEngine()
-    from privaterec.fed.flower import FlowerEngine
+    from privaterec.fed.flower.engine import FlowerEngine
 
     return FlowerEngine(load_device, run_files or {}, grid=grid, deployed=deployed)
 
@@ -53,7 +53,7 @@ def load_device(spec: "ClientSpec") -> "Device":
 def _ranking_device(run: RunDirectory, data_dir: str) -> "Device":
     from privaterec.config import RunConfig, replace
     from privaterec.data.text import TextVocabularies
-    from privaterec.fed.flower import Device
+    from privaterec.fed.flower.client_app import Device
     from privaterec.fed.methods import method_from_config, resolve_run_config
     from privaterec.fed.objective import LocalObjective
     from privaterec.runs.ranking_setup import build_run_model, prepare_data
@@ -72,7 +72,7 @@ def _ranking_device(run: RunDirectory, data_dir: str) -> "Device":
 
 def _recall_device(run: RunDirectory, data_dir: str) -> "Device":
     from privaterec.data.mind import load_dataset
-    from privaterec.fed.flower import Device
+    from privaterec.fed.flower.client_app import Device
     from privaterec.recall.task import RecallTask
     from privaterec.runs.recall_setup import RecallRunConfig, recall_setup
 
