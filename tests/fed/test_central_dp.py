@@ -12,7 +12,7 @@ import torch
 
 from privaterec.config import RunConfig, TrainConfig, fed_config, replace
 from privaterec.data.clients import ClientDataset
-from privaterec.errors import ConfigError
+from privaterec.errors import ConfigError, PrivateRecError
 from privaterec.fed.client import client_update
 from privaterec.fed.engine import train_federated_run
 from privaterec.fed.methods.central import CentralDP
@@ -248,3 +248,31 @@ def test_audit_of_the_real_round_at_q_below_one(run_config, monkeypatch):
     monkeypatch.setattr(CentralDP, "central_noise",
                         lambda self, d, source: central_noise(self, d, source) / 10)
     assert bound() > claimed
+
+
+def test_deployed_central_noise_is_float_safe(run_config):
+    """Mironov's low-bit test on the deployed aggregator's release of a sum (σ = z·C = 0.05):
+    among outputs with |y| < 2^-5, the share that is not a multiple of 2^-27 must not tell
+    a sum of 0 from a sum of 0.1. Noise drawn at zero and added to the sum in float32 gives
+    about 0.77 at 0 and exactly 0 at 0.1 (0.1's float32 spacing is 2^-27); the float-safe
+    release (OpenDP's discrete Gaussian on the float64 sum) gives about the same share at
+    both."""
+    from privaterec.privacy.samplers import SecureNoise
+
+    method = _central(run_config)
+    assert method.central_calibration().scale == pytest.approx(0.05)
+    source = SecureNoise()
+
+    def fine_share(value: float) -> float:
+        y = method.release_sum(torch.full((20_000,), value), source)
+        assert y.dtype == torch.float32
+        window = y.abs() < 2.0 ** -5
+        fine = window & (y * 2.0 ** 27 != torch.round(y * 2.0 ** 27))
+        assert int(window.sum()) > 500  # ~9,400 at 0 and ~1,600 at 0.1
+        return float(fine.sum() / window.sum())
+
+    at_zero, at_tenth = fine_share(0.0), fine_share(0.1)
+    assert 0.6 < at_zero < 0.95 and 0.6 < at_tenth < 0.95, (at_zero, at_tenth)
+    assert abs(at_zero - at_tenth) < 0.1
+    with pytest.raises(PrivateRecError, match="release_sum"):
+        method.central_noise(4, source)  # the zero-draw is a simulation's only

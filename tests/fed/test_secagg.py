@@ -552,13 +552,14 @@ def test_a_deployed_round_draws_sample_noise_and_shares_from_the_os(data_dir, tm
 
     monkeypatch.setattr(CentralDP, "select", spy_select)
     noise_sources: list[Any] = []
-    central_noise = CentralDP.central_noise
+    release_sum = CentralDP.release_sum
 
-    def spy_noise(self: CentralDP, dimension: int, source: Any) -> torch.Tensor:
+    def spy_noise(self: CentralDP, total: torch.Tensor, source: Any) -> torch.Tensor:
         noise_sources.append(source)
-        return central_noise(self, dimension, source)
+        assert total.dtype == torch.float64  # the decoded sum itself, not a float32 copy
+        return release_sum(self, total, source)
 
-    monkeypatch.setattr(CentralDP, "central_noise", spy_noise)
+    monkeypatch.setattr(CentralDP, "release_sum", spy_noise)
     checkpoint = tmp_path / "deployed.pt"
     state = s.train_flower(deployed=True, checkpoint_path=checkpoint)
     assert state.round_index == 2 and len(sampled) == 2

@@ -225,7 +225,7 @@ def _secure_round_fn(grid: Grid, task: FederatedTask[Any], clients: ClientDatase
         dimension = int(params.numel())
         users = sorted(selected)
         plan = method.secure_round(len(users))
-        total = torch.zeros(release_dimension)
+        total = torch.zeros(release_dimension, dtype=torch.float64)
         if plan is not None:  # else too few clients to hide each one: none is asked
             nodes = [owner[u] for u in users]
             if len(set(nodes)) != len(nodes):
@@ -238,13 +238,15 @@ def _secure_round_fn(grid: Grid, task: FederatedTask[Any], clients: ClientDatase
                                            "user": clients.user_ids[u], "user-index": u,
                                            "clients": plan.clients, "secagg-prg": MASK_PRG})
                       for node, u in zip(nodes, users)}
-            summed, _ = secure_sum(grid, plan, nodes, fitins, round_index=t,
-                                   timeout=timeout)
-            total = summed.to(torch.float32)
-        if not method.distributed:
-            total = total + method.central_noise(
-                release_dimension, server_noise if server_noise is not None
-                else central_noise_generator(seed, t))
+            total, _ = secure_sum(grid, plan, nodes, fitins, round_index=t,
+                                  timeout=timeout)
+        if method.distributed:
+            total = total.to(torch.float32)  # the clients' noise shares are in the sum
+        elif server_noise is not None:  # deployed: the float64 sum itself, float-safe
+            total = method.release_sum(total, server_noise)
+        else:  # a simulation or seeded rehearsal: the simulator's draw, bit for bit
+            total = total.to(torch.float32) + method.central_noise(
+                release_dimension, central_noise_generator(seed, t))
         direction = (method.direction_from_release(task, params, total)
                      / (method.sampling_rate * population))
         return RoundResult(direction, None, None, [method.events(dimension)] * len(users),

@@ -32,7 +32,7 @@ import torch
 
 from privaterec.config import RunConfig, replace
 from privaterec.data.clients import ClientData, ClientDataset
-from privaterec.errors import ConfigError
+from privaterec.errors import ConfigError, PrivateRecError
 from privaterec.fed.methods.base import ClientMethod, RoundContext, RoundOutput
 from privaterec.fed.methods.ranking import FedRec
 from privaterec.fed.news_space import USER_SIDE_CHUNK, NewsSpaceClipping
@@ -136,16 +136,38 @@ class CentralDP(ClientMethod[FederatedTask[Any]]):
                           distributed=self.distributed)
 
     def central_noise(self, dimension: int, source: Randomness) -> torch.Tensor:
-        """The aggregator's noise N(0, (z·C)² I) ``[dimension]`` (float32): with a seeded
-        generator (a simulation's :func:`~privaterec.fed.rng.central_noise_generator`)
-        ``calibrated_noise``'s draw, or float-safe from a deployed server's
-        :class:`~privaterec.privacy.samplers.SecureNoise`."""
-        calibration = self.central_calibration()
+        """The aggregator's seeded noise N(0, (z·C)² I) ``[dimension]`` (float32) of a
+        simulation: ``calibrated_noise``'s draw from ``source``, a seeded generator
+        (:func:`~privaterec.fed.rng.central_noise_generator`), added to the sum by the
+        caller. Not float-safe, and so never a deployed release: a deployed server noises the
+        sum itself with :meth:`release_sum` (:func:`float_safe_sum_release`).
+
+        Raises
+        ------
+        PrivateRecError
+            If ``source`` is not a ``torch.Generator``.
+        """
+        if not isinstance(source, torch.Generator):
+            raise PrivateRecError(
+                "CentralDP.central_noise draws a simulation's seeded noise; a deployed "
+                "server's noise goes through CentralDP.release_sum (float-safe)")
+        return calibrated_noise((dimension,), self.central_calibration(), generator=source)
+
+    def release_sum(self, total: torch.Tensor, source: Randomness) -> torch.Tensor:
+        """The aggregator's release of the round's clipped sum ``total`` ``[R]``: the sum plus
+        N(0, (z·C)² I), float32.
+
+        With a seeded generator (a simulation): ``total + central_noise(R, source)``, bit for
+        bit the simulator's draw. With a deployed server's
+        :class:`~privaterec.privacy.samplers.SecureNoise`: :func:`float_safe_sum_release` of
+        the float64 sum (the mechanism sees the sum and rounds it to its public grid itself,
+        so the low bits of the release carry nothing of it;
+        docs/privacy.md#deployed-central-noise), then cast to float32 (post-processing).
+        """
         if isinstance(source, torch.Generator):
-            return calibrated_noise((dimension,), calibration, generator=source)
-        zeros = torch.zeros(dimension, dtype=torch.float64)
-        return as_source(source).release_gaussian(
-            zeros, sigma=calibration.scale).to(torch.float32)
+            return total + self.central_noise(int(total.shape[0]), source)
+        return float_safe_sum_release(total, sigma=self.central_calibration().scale,
+                                      source=as_source(source)).to(torch.float32)
 
     # ---------------------------------------------------------------- configuration
     @classmethod
@@ -427,7 +449,7 @@ class CentralDP(ClientMethod[FederatedTask[Any]]):
 
         Each client's w_u = [g_U ; (v_{u,n})_{n ∈ table}] is clipped to L2 norm C and summed
         (:meth:`~privaterec.fed.news_space.NewsSpaceClipping.clipped_sum`); N(0, (z·C)²) is
-        added to every coordinate (:meth:`central_noise`: seeded in a simulation, float-safe
+        added to every coordinate (:meth:`release_sum`: seeded in a simulation, float-safe
         from a :class:`~privaterec.privacy.samplers.SecureNoise`).
 
         Returns
@@ -451,8 +473,7 @@ class CentralDP(ClientMethod[FederatedTask[Any]]):
             losses = [float(x) for x in sums.losses]
         else:
             total, losses = torch.zeros(space.release_dimension), []
-        user, news = space.unpack(total + self.central_noise(space.release_dimension,
-                                                             generator))
+        user, news = space.unpack(self.release_sum(total, generator))
         return user, news, losses
 
     def release_dimension(self, task: FederatedTask[Any]) -> int:
@@ -563,6 +584,36 @@ class CentralDP(ClientMethod[FederatedTask[Any]]):
                                   "privaterec.runs.report.central_dp_release")
 
 
+def float_safe_sum_release(total: torch.Tensor, *, sigma: float,
+                           source: NoiseSource) -> torch.Tensor:
+    """A deployed aggregator's Gaussian release of a sum: ``total`` ``[R]`` + N(0, σ² I),
+    float-safe, as float64 ``[R]``.
+
+    The sum itself (as float64) goes through ``source.release_gaussian``: OpenDP's discrete
+    Gaussian on the public grid 2^k (:class:`~privaterec.privacy.samplers.SecureNoise`,
+    Canonne, Kamath & Steinke 2020), which rounds its input to the grid and adds integer
+    multiples of 2^k, so every output is a multiple of 2^k whatever the sum. Drawing the
+    noise at zero and adding it to the sum in floating point instead lets the output's low
+    bits tell sums apart (Mironov, CCS 2012; docs/privacy.md#deployed-central-noise).
+
+    Parameters
+    ----------
+    total: ``Tensor[R]``, the decoded sum of the clipped updates.
+    sigma: σ = z·C (the calibration's scale).
+    source: a secure source (the OS CSPRNG).
+
+    Raises
+    ------
+    PrivateRecError
+        If ``source`` is not secure (a seeded source is a simulation: use
+        :meth:`CentralDP.central_noise`).
+    """
+    if not getattr(source, "secure", False):
+        raise PrivateRecError("float_safe_sum_release is a deployed release: it needs a secure "
+                              "source (SecureNoise), got a seeded one")
+    return source.release_gaussian(total.detach().to(torch.float64), sigma=sigma)
+
+
 @functools.lru_cache(maxsize=64)
 def _central_calibration(method: CentralDP) -> Calibration:
     if method.adaptive is not None:
@@ -574,4 +625,4 @@ def _central_calibration(method: CentralDP) -> Calibration:
                                delta=method.delta, note=method.event_note())
 
 
-__all__ = ["CLIP_INDICATOR", "CentralDP", "expected_clients"]
+__all__ = ["CLIP_INDICATOR", "CentralDP", "expected_clients", "float_safe_sum_release"]
