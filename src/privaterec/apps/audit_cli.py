@@ -22,7 +22,7 @@ def cmd_privacy_audit(args: argparse.Namespace) -> int:
     """Run the audit, print the table (or JSON); exit 1 if a lower bound exceeds its claim."""
     from privaterec.audit import format_table, run_audit
 
-    audits = []
+    audits: list[Any] = []
     for method in args.method:
         modes = args.mode if method == "privaterec" else ["strict"]
         for mode in modes:
@@ -30,6 +30,8 @@ def cmd_privacy_audit(args: argparse.Namespace) -> int:
                 audits += run_audit(method, adjacency=adjacency, epsilon=args.epsilon,
                                     mode=mode, runs=args.runs, seed=args.seed,
                                     alpha=args.alpha, noise=args.noise)
+    canaries = _canary_audits(args)
+    audits += [c.audit for c in canaries]
     violated = [a for a in audits if a.violated]
     if args.json:
         def safe(x: Any) -> Any:
@@ -40,12 +42,33 @@ def cmd_privacy_audit(args: argparse.Namespace) -> int:
             return x
         print(json.dumps([safe(a.to_dict()) for a in audits], indent=2, sort_keys=True))
     else:
-        print(format_table(audits))
+        print(format_table([a for a in audits if not a.pair.startswith("canary")]))
+        if canaries:
+            from privaterec.audit.canary import format_power
+
+            print("\nWorst-case canaries (a client clipped to exactly C along a known "
+                  "direction; likelihood-ratio test):\n")
+            print(format_power(canaries))
         print(f"\n{len(violated)} of {len(audits)} audits found a lower bound above the "
               f"claimed epsilon" if violated else
               f"\nno lower bound above its claim ({len(audits)} audits; a bound below the "
               f"claim only says this test found no more leakage)")
     return EXIT_VIOLATED if violated else EXIT_OK
+
+
+def _canary_audits(args: argparse.Namespace) -> list[Any]:
+    """The worst-case canary audits (user-level) of the central-DP methods asked for (with
+    ``--power``, each with its smallest noise cut caught)."""
+    if args.canary_runs == 0 or "user" not in args.adjacency:
+        return []
+    from privaterec.audit.canary import CANARY_METHODS, run_canary_audit
+
+    out: list[Any] = []
+    for method in args.method:
+        if method in CANARY_METHODS:
+            out += run_canary_audit(method, epsilon=args.epsilon, runs=args.canary_runs,
+                                    seed=args.seed, alpha=args.alpha, power=args.power)
+    return out
 
 
 def add_audit_parser(privacy_sub: Any) -> None:
@@ -77,6 +100,14 @@ def add_audit_parser(privacy_sub: Any) -> None:
                        help="the bound holds with probability 1 - alpha (default 0.05)")
     audit.add_argument("--noise", choices=["laplace", "gaussian"], default="laplace",
                        help="dp-fedrec, privaterec: noise mechanism (default laplace)")
+    audit.add_argument("--canary-runs", type=int, default=None,
+                       help="dp-fedavg, dp-fedavg-adaptive, dp-fedavg-news: rounds per side "
+                            "of the worst-case canary audit (a client clipped to exactly C "
+                            "along a known direction; default 200000, adaptive 60000; 0: "
+                            "no canary audit)")
+    audit.add_argument("--power", action="store_true",
+                       help="also run each canary audit with the central noise cut 2x, "
+                            "4x, 8x, 16x and report the smallest cut it catches")
     audit.add_argument("--json", action="store_true", help="print the audits as JSON")
     audit.set_defaults(func=cmd_privacy_audit)
 

@@ -293,5 +293,68 @@ def distinguish(learn: tuple[np.ndarray, np.ndarray], select: tuple[np.ndarray, 
         selection_bound=float(selection_bound), alpha=alpha, delta=delta)
 
 
+FIXED_THRESHOLDS = 1024
+
+
+def _strict_threshold(s0: np.ndarray, s1: np.ndarray, *, alpha: float,
+                      delta: float) -> tuple[float, float, str]:
+    """(strict bound, threshold, direction) of the best quantile threshold
+    (:func:`fixed_statistic_bound`)."""
+    pooled = np.concatenate([s0, s1])
+    cand = np.unique(np.quantile(pooled, np.linspace(0.0, 1.0, FIXED_THRESHOLDS)))
+    level = alpha / (2 * cand.size)
+    best = (-1.0, float(cand[0]), "greater")
+    a0, a1 = np.sort(s0), np.sort(s1)
+    above0 = a0.size - np.searchsorted(a0, cand, side="right")
+    above1 = a1.size - np.searchsorted(a1, cand, side="right")
+    below0 = np.searchsorted(a0, cand, side="left")
+    below1 = np.searchsorted(a1, cand, side="left")
+    # "greater": says D' when s > t: FP = #(s0 > t), FN = #(s1 <= t); "less": s < t
+    for direction, fp, fn in (("greater", above0, a1.size - above1),
+                              ("less", below0, a1.size - below1)):
+        _, fpr_u = clopper_pearson_interval(fp.astype(float), np.full(cand.size, a0.size),
+                                            level)
+        _, fnr_u = clopper_pearson_interval(fn.astype(float), np.full(cand.size, a1.size),
+                                            level)
+        eps = np.asarray(epsilon_from_rates(fpr_u, fnr_u, delta), dtype=float).reshape(-1)
+        i = int(np.argmax(eps))
+        if eps[i] > best[0]:
+            best = (float(eps[i]), float(cand[i]), direction)
+    return best
+
+
+def fixed_statistic_bound(select: tuple[np.ndarray, np.ndarray],
+                          test: tuple[np.ndarray, np.ndarray], *, name: str,
+                          alpha: float = 0.05, delta: float = 0.0) -> DistinguisherResult:
+    """The bound of one statistic fixed in advance (e.g. a canary's likelihood ratio):
+    the select runs ``(s0, s1)`` ``[r]`` choose its threshold and direction among
+    :data:`FIXED_THRESHOLDS` quantiles of the pooled select runs, each scored at the
+    Bonferroni-strict level α/(2 × candidates) (a plain maximum picks a far-tail threshold
+    whose handful of counts looked lucky on the select runs and bounds far less on the test
+    runs: the winner's curse), the independent test runs ``(t0, t1)`` give the rates and the
+    Clopper–Pearson bound (module docstring)."""
+    if not (0 < alpha < 1):
+        raise ConfigError(f"invalid audit parameter 'alpha': got {alpha!r}, expected (0, 1)")
+    s0, s1 = (np.asarray(x, dtype=np.float64).reshape(-1) for x in select)
+    t0, t1 = (np.asarray(x, dtype=np.float64).reshape(-1) for x in test)
+    if min(s0.size, s1.size, t0.size, t1.size) < 2:
+        raise ConfigError("fixed_statistic_bound needs at least 2 runs per side and part")
+    selection_bound, threshold, direction = _strict_threshold(s0, s1, alpha=alpha, delta=delta)
+    says0 = t0 > threshold if direction == "greater" else t0 < threshold
+    says1 = t1 > threshold if direction == "greater" else t1 < threshold
+    n0, n1 = t0.size, t1.size
+    fp, fn_count = int(says0.sum()), int(n1 - says1.sum())
+    _, fpr_u = clopper_pearson_interval(fp, n0, alpha)
+    _, fnr_u = clopper_pearson_interval(fn_count, n1, alpha)
+    return DistinguisherResult(
+        epsilon_lower_bound=float(epsilon_from_rates(fpr_u, fnr_u, delta)), statistic=name,
+        threshold=threshold, direction=direction, false_positive_rate=fp / n0,
+        false_negative_rate=fn_count / n1, fpr_upper=float(fpr_u), fnr_upper=float(fnr_u),
+        n_test=min(n0, n1), ceiling=bound_ceiling(min(n0, n1), alpha=alpha, delta=delta),
+        selection_bound=float(selection_bound), alpha=alpha, delta=delta)
+
+
+
 __all__ = ["DistinguisherResult", "best_threshold", "bound_ceiling", "candidate_statistics",
+           "fixed_statistic_bound",
            "distinguish"]
