@@ -142,14 +142,31 @@ def build_store(models: Any, articles: list, path: Path, *, vectors: str,
 
 
 # ---------------------------------------------------------------------------- the server
-def start_server(run: Path, store: Path, port: int, log: Path) -> subprocess.Popen:
+def start_server(run: Path, store: Path, port: int, log: Path,
+                 token_file: Path | None = None) -> subprocess.Popen:
+    """``serve`` in a subprocess; writes need the token in ``token_file`` (none: disabled)."""
     code = ("import sys; from privaterec.serving.server import serve; "
             "serve(sys.argv[1], None, host='127.0.0.1', port=int(sys.argv[2]), "
-            "store_path=sys.argv[3])")
+            "store_path=sys.argv[3], write_token_file=sys.argv[4] or None, "
+            "no_ingest=not sys.argv[4])")
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     with open(log, "wb") as out:
-        return subprocess.Popen([sys.executable, "-c", code, str(run), str(port), str(store)],
+        return subprocess.Popen([sys.executable, "-c", code, str(run), str(port), str(store),
+                                 "" if token_file is None else str(token_file)],
                                 stdout=out, stderr=subprocess.STDOUT, env=env)
+
+
+def write_token_file(work: Path) -> tuple[Path, str]:
+    """A fresh random write token in ``work/write-token`` (mode 600): (path, token)."""
+    import secrets
+
+    token = secrets.token_urlsafe(32)
+    path = work / "write-token"
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token + "\n")
+    return path, token
 
 
 def wait_ready(url: str, process: subprocess.Popen, log: Path, timeout: float) -> dict:

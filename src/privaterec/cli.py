@@ -516,7 +516,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from privaterec.serving.server import serve
 
     serve(args.run, args.news, host=args.host, port=args.port, store_path=args.store,
-          max_body_bytes=args.max_body_bytes, log_level=args.log_level)
+          max_body_bytes=args.max_body_bytes, log_level=args.log_level,
+          write_token_file=args.write_token_file, no_ingest=args.no_ingest)
     return EXIT_OK
 
 
@@ -537,6 +538,13 @@ def _add_serve_parser(sub: Any) -> None:
                             "RUN/serving-store)")
     serve.add_argument("--max-body-bytes", type=int, default=1_000_000,
                        help="larger request bodies get 413 (default 1000000)")
+    serve.add_argument("--write-token-file", default=None, metavar="PATH",
+                       help="file (chmod 600) holding the bearer token that POST /v1/news "
+                            "needs (else $PRIVATEREC_WRITE_TOKEN); one of this or --no-ingest "
+                            "is required")
+    serve.add_argument("--no-ingest", action="store_true",
+                       help="disable the write API: serve the pool as it is (POST /v1/news "
+                            "gets 403)")
     serve.add_argument("--log-level", default="warning",
                        choices=("critical", "error", "warning", "info", "debug"),
                        help="uvicorn log level (no access log is ever written)")

@@ -9,7 +9,9 @@
 * ``serving_model_config`` / ``ranking_run_writer`` — its ModelConfig and the function that
   writes such a run (for variants, e.g. without a basis);
 * ``served_store`` — a fresh :class:`NewsStore` (per test) holding the 110 articles;
-* ``served_app`` — a FastAPI ``TestClient`` over that store;
+* ``served_app`` — a FastAPI ``TestClient`` over that store, whose write API takes
+  ``write_token`` (send the ``write_headers`` fixture) with a rate limit high enough for
+  tests;
 * ``recall_model`` — a random Uni-FedRec recall model over the run's 16-dim news vectors.
 """
 
@@ -35,6 +37,8 @@ SERVING_MODEL = ModelConfig(news_encoder="nrms", word_dim=16, num_heads=2, head_
                             attention_dim=8, title_len=8, abstract_len=8, history_len=10,
                             dropout=0.0, basis_size=5)
 NUM_SERVING_NEWS = 120  # news generated (the synthetic data set keeps 110 of them)
+WRITE_TOKEN = "test-write-token-0123456789abcdefghijklmnop"
+WRITE_HEADERS = {"Authorization": f"Bearer {WRITE_TOKEN}"}
 
 
 @pytest.fixture(autouse=True)
@@ -56,6 +60,18 @@ def _one_torch_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def write_token() -> str:
+    """The write token of ``served_app`` (and of the tests' other write-enabled apps)."""
+    return WRITE_TOKEN
+
+
+@pytest.fixture(scope="session")
+def write_headers() -> dict[str, str]:
+    """``Authorization: Bearer`` with :data:`WRITE_TOKEN`."""
+    return dict(WRITE_HEADERS)
 
 
 @pytest.fixture(scope="session")
@@ -148,8 +164,11 @@ def recall_service(serving_models, recall_model, serving_news: list[NewsRecord],
 def served_app(served_store, serving_models) -> Iterator[TestClient]:
     """A ``TestClient`` of the app serving ``privaterec_run`` over the 110 articles."""
     from privaterec.serving.app import create_app
+    from privaterec.serving.write_api import WriteLimits
 
-    with TestClient(create_app(served_store, serving_models)) as client:
+    app = create_app(served_store, serving_models, write_token=WRITE_TOKEN,
+                     write_limits=WriteLimits(rate=1e6, burst=10_000))
+    with TestClient(app) as client:
         yield client
 
 

@@ -200,11 +200,12 @@ def test_vdp_rejects_wrong_length_and_overflow(served_app: TestClient):
     assert big.status_code == 422
 
 
-def test_oversized_bodies_get_413(served_store, serving_models):
-    app = create_app(served_store, serving_models, max_body_bytes=2_000)
+def test_oversized_bodies_get_413(served_store, serving_models, write_token, write_headers):
+    app = create_app(served_store, serving_models, max_body_bytes=2_000,
+                     write_token=write_token)
     with TestClient(app) as client:
         news = {"news": [{"news_id": f"B{i}", "title": "x" * 100} for i in range(30)]}
-        response = client.post("/v1/news", json=news)
+        response = client.post("/v1/news", json=news, headers=write_headers)
         assert response.status_code == 413 and "2000 bytes" in response.json()["detail"]
 
         def chunks():  # no Content-Length: streamed, counted by the server
@@ -263,9 +264,11 @@ NEW = [{"news_id": "X-1", "category": "sports", "subcategory": "tennis",
 
 
 def test_ingested_news_are_servable_at_once_and_persist(served_store, serving_models,
-                                                        serving_news, tmp_path: Path):
-    with TestClient(create_app(served_store, serving_models)) as client:
-        response = client.post("/v1/news", json={"news": NEW})
+                                                        serving_news, tmp_path: Path,
+                                                        write_token, write_headers):
+    with TestClient(create_app(served_store, serving_models,
+                               write_token=write_token)) as client:
+        response = client.post("/v1/news", json={"news": NEW}, headers=write_headers)
         assert response.json() == {"added": 2, "updated": 0, "num_news": len(serving_news) + 2}
         assert client.get("/v1/news/X-2").json() == {
             "news_id": "X-2", "category": "", "subcategory": "",
@@ -280,7 +283,8 @@ def test_ingested_news_are_servable_at_once_and_persist(served_store, serving_mo
         assert len(score) == n
         np.testing.assert_allclose(score["X-1"], vector @ (alpha @ serving_models.basis),
                                    rtol=1e-5, atol=1e-6)
-        update = client.post("/v1/news", json={"news": [{**NEW[1], "title": "changed"}]})
+        update = client.post("/v1/news", json={"news": [{**NEW[1], "title": "changed"}]},
+                             headers=write_headers)
         assert update.json() == {"added": 0, "updated": 1, "num_news": n}
     served_store.close()
     with open_store(serving_models, served_store.path) as store:  # a restarted server
@@ -302,16 +306,18 @@ def test_ingested_news_are_servable_at_once_and_persist(served_store, serving_mo
     ([{"news_id": "x", "title": "t" * 2001}], "at most 2000"),
     ([{"news_id": f"x{i}", "title": "t"} for i in range(1001)], "at most 1000"),
 ])
-def test_bad_ingestion_is_422_and_changes_nothing(served_app: TestClient, news, message):
+def test_bad_ingestion_is_422_and_changes_nothing(served_app: TestClient, news, message,
+                                                  write_headers):
     raw = json.dumps({"news": news})  # ASCII: a lone surrogate is sent as the escape \ud800
     response = served_app.post("/v1/news", content=raw,
-                               headers={"content-type": "application/json"})
+                               headers={"content-type": "application/json", **write_headers})
     assert response.status_code == 422
     assert any(message in e["msg"] for e in errors_of(response)), errors_of(response)
     assert served_app.get("/v1/health").json()["num_news"] == 110
 
 
-def test_concurrent_http_queries_and_ingestion(served_app: TestClient, serving_models):
+def test_concurrent_http_queries_and_ingestion(served_app: TestClient, serving_models,
+                                               write_headers):
     failures: list = []
 
     def query(seed: int) -> None:
@@ -327,7 +333,7 @@ def test_concurrent_http_queries_and_ingestion(served_app: TestClient, serving_m
         for j in range(4):
             news = [{"news_id": f"T{w}-{j}-{i}", "title": f"thread {w} news {i}"}
                     for i in range(5)]
-            r = served_app.post("/v1/news", json={"news": news})
+            r = served_app.post("/v1/news", json={"news": news}, headers=write_headers)
             if r.status_code != 200:
                 failures.append(r.text)
 
@@ -412,11 +418,13 @@ def test_recall_parameters_rebuild_the_recall_model(recall_app, recall_model):
 # ------------------------------------------------------------------------------ service
 def test_build_service_ingests_news_once_and_reuses_the_store(privaterec_run: Path,
                                                               serving_news_path: Path,
-                                                              tmp_path: Path):
-    service = build_service(privaterec_run, serving_news_path, store_path=tmp_path / "s")
+                                                              tmp_path: Path, write_token,
+                                                              write_headers):
+    service = build_service(privaterec_run, serving_news_path, store_path=tmp_path / "s",
+                            write_token=write_token)
     assert service.added == 110
     with TestClient(service.app) as client:
-        client.post("/v1/news", json={"news": NEW})
+        client.post("/v1/news", json={"news": NEW}, headers=write_headers)
     service.close()
     again = build_service(privaterec_run, serving_news_path, store_path=tmp_path / "s")
     assert again.added == 0 and len(again.store) == 112
@@ -431,8 +439,8 @@ def test_cli_serve_refuses_an_empty_store_and_a_bad_run(privaterec_run: Path, tm
     from privaterec.cli import main
 
     assert main(["serve", "--run", str(privaterec_run), "--store", str(tmp_path / "s"),
-                 "--port", "0"]) == 2
+                 "--port", "0", "--no-ingest"]) == 2
     assert "news pool is empty; pass --news" in capsys.readouterr().err
     assert main(["serve", "--run", str(tmp_path / "nope"), "--news",
-                 str(tmp_path / "x.tsv")]) == 2
+                 str(tmp_path / "x.tsv"), "--no-ingest"]) == 2
     assert "not a run directory" in capsys.readouterr().err

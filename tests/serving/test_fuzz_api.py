@@ -24,15 +24,20 @@ from schemathesis.specs.openapi.checks import negative_data_rejection, positive_
 from privaterec.serving.app import create_app
 from privaterec.serving.bundle import ServingModels
 from privaterec.serving.server import open_store
+from privaterec.serving.write_api import WriteLimits
 
 MAX_EXAMPLES = 20
 
 
+UNLIMITED = WriteLimits(rate=1e9, burst=10**9)  # fuzzing, not the rate limit
+
+
 @pytest.fixture
-def fuzz_app(recall_service):
+def fuzz_app(recall_service, write_token):
     """The full API (PrivateRec, VDP, Uni-FedRec recall, ingestion) over the test pool."""
     models, store = recall_service
-    return create_app(store, models, max_body_bytes=200_000)
+    return create_app(store, models, max_body_bytes=200_000, write_token=write_token,
+                      write_limits=UNLIMITED)
 
 
 OPERATIONS = [("GET", "/v1/health"), ("GET", "/v1/model"), ("GET", "/v1/model/parameters"),
@@ -65,7 +70,8 @@ CASES = [(m, p, mode) for m, p in OPERATIONS
 # rejection codes omits 413, the right answer to an oversized schema-violating body.
 @pytest.mark.parametrize("method, path, mode", CASES,
                          ids=[f"{m} {p} {mode.value}" for m, p, mode in CASES])
-def test_openapi_fuzzing_never_gives_a_server_error(fuzz_app, method, path, mode):
+def test_openapi_fuzzing_never_gives_a_server_error(fuzz_app, method, path, mode,
+                                                    write_headers):
     schema = schemathesis.openapi.from_asgi("/openapi.json", fuzz_app)
     operation = schema[path][method]
 
@@ -73,7 +79,9 @@ def test_openapi_fuzzing_never_gives_a_server_error(fuzz_app, method, path, mode
               suppress_health_check=list(HealthCheck))
     @given(case=operation.as_strategy(generation_mode=mode))
     def check(case) -> None:
-        response = case.call()
+        # the write API is fuzzed past its authentication (tested in test_write_api.py)
+        response = case.call(headers=write_headers if (method, path) == ("POST", "/v1/news")
+                             else None)
         assert response.status_code < 500, (method, path, response.status_code)
         if mode == GenerationMode.NEGATIVE:  # refused: 4xx, 413 for an oversized body too
             assert 400 <= response.status_code < 500, (method, path, response.status_code)
@@ -120,23 +128,26 @@ POSTS = ["/v1/recommend/privaterec", "/v1/recommend/vdp", "/v1/recall/unifedrec"
        alpha=st.lists(st.one_of(st.floats(), st.sampled_from([_Raw("NaN"), _Raw("Infinity")])),
                       min_size=0, max_size=7),
        k=JSON_ATOMS)
-def test_arbitrary_json_never_gives_a_server_error(fuzz_client, path, body, alpha, k):
+def test_arbitrary_json_never_gives_a_server_error(fuzz_client, write_headers, path, body,
+                                                   alpha, k):
     for raw in (_dump(body), _dump({"alpha": alpha, "k": k}),
                 _dump({"embedding": alpha * 3, "k": k}),
                 _dump({"channels": [{"weights": alpha, "quota": k}], "total": k})):
         response = fuzz_client.post(path, content=raw.encode("utf-8", "surrogatepass"),
-                                    headers={"content-type": "application/json"})
+                                    headers={"content-type": "application/json",
+                                             **write_headers})
         assert response.status_code < 500, (path, raw, response.text)
         assert "detail" in response.json() or response.status_code == 200
 
 
 @pytest.fixture(scope="module")
-def fuzz_client(serving_models, recall_model, serving_news, tmp_path_factory):
+def fuzz_client(serving_models, recall_model, serving_news, tmp_path_factory, write_token):
     models = ServingModels(serving_models.config, serving_models.vocabs,
                            serving_models.ranker, recall=recall_model)
     store = open_store(models, tmp_path_factory.mktemp("fuzz-store"))
     store.upsert(serving_news)
-    with TestClient(create_app(store, models)) as client:
+    with TestClient(create_app(store, models, write_token=write_token,
+                               write_limits=UNLIMITED)) as client:
         yield client
     store.close()
 

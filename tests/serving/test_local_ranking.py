@@ -59,18 +59,25 @@ def test_conditional_request_is_304_without_a_body(served_app):
     assert other.status_code == 200 and other.content == first.content
 
 
-def test_ingestion_changes_the_etag_and_advances_the_version(served_app):
+def ingest(client, token: str, articles) -> None:
+    """POST ``articles`` through the write API of ``served_app`` (its test token)."""
+    from privaterec.serving.writer import NewsWriter
+
+    NewsWriter(token=token, transport=client).add(articles)
+
+
+def test_ingestion_changes_the_etag_and_advances_the_version(served_app, write_token):
     before = full(served_app)
-    served_app.post("/v1/news", json={"news": [article_json(a) for a in new_articles("x", 2)]})
+    ingest(served_app, write_token, new_articles("x", 2))
     after = served_app.get("/v1/pool/scores", headers={"If-None-Match": before.headers["etag"]})
     assert after.status_code == 200 and after.headers["etag"] != before.headers["etag"]
     assert int(after.headers["x-pool-version"]) == int(before.headers["x-pool-version"]) + 1
 
 
-def test_delta_holds_only_new_columns_and_removed_ids(served_app, served_store):
+def test_delta_holds_only_new_columns_and_removed_ids(served_app, served_store, write_token):
     start = full(served_app)
     state = decode_full(start.content)
-    served_app.post("/v1/news", json={"news": [article_json(a) for a in new_articles("n", 3)]})
+    ingest(served_app, write_token, new_articles("n", 3))
     served_store.remove([state.ids[4]])
     response = served_app.get("/v1/pool/scores/delta",
                               params={"since": state.version, "pool_id": state.pool_id})
@@ -84,16 +91,17 @@ def test_delta_holds_only_new_columns_and_removed_ids(served_app, served_store):
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "int8"])
 @pytest.mark.parametrize("titles", ["false", "true"])
-def test_state_after_sync_equals_a_fresh_download(served_app, served_store, dtype, titles):
+def test_state_after_sync_equals_a_fresh_download(served_app, served_store, dtype, titles,
+                                                  write_token):
     params = {"dtype": dtype, "titles": titles}
     state = decode_full(full(served_app, **params).content)
     # new, updated (in place), removed, removed-then-re-added
-    served_app.post("/v1/news", json={"news": [article_json(a) for a in new_articles("a", 4)]})
+    ingest(served_app, write_token, new_articles("a", 4))
     changed = NewsRecord(state.ids[0], "news", "world", "a completely new title", "")
     served_store.upsert([changed])
     served_store.remove([state.ids[1], "a2"])
     served_store.upsert([NewsRecord(state.ids[1], "news", "us", "back again", "")])
-    served_app.post("/v1/news", json={"news": [article_json(a) for a in new_articles("b", 2)]})
+    ingest(served_app, write_token, new_articles("b", 2))
     response = served_app.get("/v1/pool/scores/delta",
                               params={"since": state.version, "pool_id": state.pool_id,
                                       **params})
@@ -241,11 +249,11 @@ def test_title_lookup_modes_reveal_what_they_send(served_app, history):
 
 
 def test_device_syncs_incrementally_and_matches_a_fresh_device(served_app, served_store,
-                                                              history):
+                                                              history, write_token):
     device = LocalRankingDevice(transport=served_app, dtype="float16")
     device.sync()
     assert device.last_sync["kind"] == "full"
-    served_app.post("/v1/news", json={"news": [article_json(a) for a in new_articles("s", 5)]})
+    ingest(served_app, write_token, new_articles("s", 5))
     served_store.remove([device.pool.ids[2]])
     device.recommend(history, k=4)
     assert device.last_sync["kind"] == "delta" and device.last_sync["records"] == 5

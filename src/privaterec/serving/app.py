@@ -6,8 +6,8 @@ Endpoints (JSON; OpenAPI at ``/openapi.json``): ``GET /v1/health``, ``GET /v1/mo
 scores α̃ᵀP with P = b·Rᵀ precomputed, docs/architecture.md#performance-design), ``POST
 /v1/recommend/vdp`` (a noised d-dim user vector → exact inner products over R, PrivateRec §3.2.1),
 ``POST /v1/recall/unifedrec`` (per-channel weights and quotas → R candidates, Uni-FedRec §3.4 Eq.
-4, scores αᵢᵀP_r in the value embeddings' score space), ``POST /v1/news`` (ingest) and ``GET
-/v1/news/{news_id}``.
+4, scores αᵢᵀP_r in the value embeddings' score space), ``POST /v1/news`` (ingest, the
+operator's write API) and ``GET /v1/news/{news_id}``.
 
 Local ranking (:mod:`.pool_format`): ``GET /v1/pool/{space}`` downloads the whole pool — P =
 b·Rᵀ (``scores``) or R (``vectors``) in float32, float16 or int8 — with its content hash as
@@ -19,6 +19,12 @@ Bad input never produces a 5xx: bodies are validated by :mod:`.schemas` (422 wit
 ``{"detail": [{"loc", "msg", "type"}]}``, without echoing the input), bodies larger than
 ``max_body_bytes`` get 413 before they are parsed, unknown model parts answer 404 with a
 message. Nothing here logs or stores a query payload.
+
+Security (docs/serving.md#security): every endpoint but :data:`~.write_api.WRITE_ROUTES` is a
+public read — it changes nothing on the server and answers from public data (the public model,
+the news pool). :data:`PUBLIC_QUERY_ROUTES` lists the POSTs among them (queries with a
+body). A write needs the server's bearer token (:class:`~.write_api.WriteGuard`, outside every
+other layer: 401/403/429 before the body is read).
 
 Concurrency: query handlers are ``async`` (short numpy work on the event loop, no thread
 hop); ingestion runs in the thread pool and swaps the store's immutable pool snapshot, which
@@ -42,6 +48,7 @@ from privaterec.serving.bundle import ServingModels
 from privaterec.serving.pool_download import VersionError, delta_pool, full_pool
 from privaterec.ondevice.pool_format import PoolFormatError
 from privaterec.serving.store import NewsPool, NewsStore, article_json, top_k_positions
+from privaterec.serving.write_api import WRITE_ROUTES, WriteGuard, WriteLimits
 
 DEFAULT_MAX_BODY_BYTES = 1_000_000
 NO_BASIS = ("this model has no basic vectors; train with --method privaterec to serve "
@@ -189,13 +196,29 @@ def _validation_errors(exc: RequestValidationError) -> list[dict[str, Any]]:
     return errors
 
 
+PUBLIC_QUERY_ROUTES: frozenset[tuple[str, str]] = frozenset({
+    ("POST", "/v1/recommend/privaterec"), ("POST", "/v1/recommend/vdp"),
+    ("POST", "/v1/recall/unifedrec"), ("POST", "/v1/news/lookup")})
+"""POSTs that only read: a private query or an article lookup (nothing is stored)."""
+
 ERRORS: Responses = {400: {"model": schemas.ErrorResponse, "description": "Unreadable request"},
           404: {"model": schemas.ErrorResponse, "description": "Not found"},
           413: {"model": schemas.ErrorResponse, "description": "Request body too large"}}
 
 
+WRITE_ERRORS: Responses = {
+    401: {"model": schemas.ErrorResponse,
+          "description": "No 'Authorization: Bearer TOKEN' header (the write API needs the "
+                         "server's write token)"},
+    403: {"model": schemas.ErrorResponse,
+          "description": "Wrong write token, or writes are disabled on this server"},
+    429: {"model": schemas.ErrorResponse,
+          "description": "Too many writes (rate limit); see Retry-After"}}
+
+
 def create_app(store: NewsStore, models: ServingModels, *,
-               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, write_token: str | None = None,
+               write_limits: WriteLimits = WriteLimits()) -> FastAPI:
     """The FastAPI application serving ``models`` over the pool of ``store``.
 
     Parameters
@@ -207,6 +230,11 @@ def create_app(store: NewsStore, models: ServingModels, *,
         The served models.
     max_body_bytes:
         Larger request bodies are refused with 413.
+    write_token:
+        The bearer token of the write API (``POST /v1/news``); ``None`` disables writes
+        (403). Compared in constant time, never logged.
+    write_limits:
+        The write API's rate limit.
     """
     if models.basis is not None and "privaterec" not in store.bases:
         raise ValueError("the store has no 'privaterec' score space for the model's basis")
@@ -230,6 +258,8 @@ def create_app(store: NewsStore, models: ServingModels, *,
     app = FastAPI(title="privaterec", version=__version__,
                   description="Private news recommendation (PrivateRec, Uni-FedRec, VDP).")
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
+    # added last, so outermost: a write is authenticated before its body is read
+    app.add_middleware(WriteGuard, token=write_token, limits=write_limits)
 
     @app.exception_handler(RequestValidationError)
     async def _on_invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -329,7 +359,10 @@ def create_app(store: NewsStore, models: ServingModels, *,
                       for p, c, v in zip(positions.tolist(), channel_of.tolist(), vectors)]
         return json_response({"model_version": version, "candidates": candidates})
 
-    @app.post("/v1/news", response_model=schemas.IngestResponse, responses=ERRORS)
+    @app.post("/v1/news", response_model=schemas.IngestResponse,
+              responses={**ERRORS, **WRITE_ERRORS},
+              openapi_extra={"security": [{"writeToken": []}]},
+              summary="Add or update articles (the operator's write API: bearer token)")
     def ingest(request: schemas.IngestRequest) -> Response:
         articles = [NewsRecord(item.news_id, item.category, item.subcategory, item.title,
                                item.abstract) for item in request.news]
@@ -432,8 +465,27 @@ def create_app(store: NewsStore, models: ServingModels, *,
             raise HTTPException(404, "unknown news id; it is not in the news pool")
         return json_response(article_json(article))
 
+    _document_write_security(app)
     return app
 
 
-__all__ = ["BodyLimit", "DEFAULT_MAX_BODY_BYTES", "NO_BASIS", "NO_RECALL", "create_app",
-           "etag_matches", "json_response"]
+def _document_write_security(app: FastAPI) -> None:
+    """Declare the write token in the OpenAPI schema (``components.securitySchemes``)."""
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = build()
+            schema.setdefault("components", {}).setdefault("securitySchemes", {})[
+                "writeToken"] = {"type": "http", "scheme": "bearer",
+                                 "description": "the operator's write token (privaterec "
+                                                "serve --write-token-file)"}
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+__all__ = ["BodyLimit", "DEFAULT_MAX_BODY_BYTES", "NO_BASIS", "NO_RECALL",
+           "PUBLIC_QUERY_ROUTES", "WRITE_ROUTES", "create_app", "etag_matches",
+           "json_response"]

@@ -46,6 +46,9 @@ class ServerProcess:
         Where to listen (default: a free loopback port).
     store:
         ``--store`` (default: the server's choice).
+    write_token_file:
+        ``--write-token-file`` (the write API's token); ``None``: ``--no-ingest`` (a
+        read-only server).
     extra_args:
         More command-line arguments for ``privaterec serve``.
     env:
@@ -56,14 +59,16 @@ class ServerProcess:
 
     def __init__(self, run: str | Path, news: str | Path, *, host: str = "127.0.0.1",
                  port: int | None = None, store: str | Path | None = None,
-                 extra_args: Sequence[str] = (), env: Mapping[str, str] | None = None,
+                 write_token_file: str | Path | None = None, extra_args: Sequence[str] = (), env: Mapping[str, str] | None = None,
                  startup_timeout: float = 120.0, log_path: str | Path | None = None) -> None:
         self.host = host
         self.port = port or free_port(host)
         self.url = f"http://{host}:{self.port}"
         self.command = [sys.executable, "-m", "privaterec.cli", "serve", "--run", str(run),
                         "--news", str(news), "--host", host, "--port", str(self.port),
-                        *(["--store", str(store)] if store is not None else []), *extra_args]
+                        *(["--store", str(store)] if store is not None else []),
+                        *(["--write-token-file", str(write_token_file)]
+                          if write_token_file is not None else ["--no-ingest"]), *extra_args]
         self.env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
                     **(env or {})}
         self.startup_timeout = startup_timeout

@@ -5,6 +5,15 @@ stay, and ``--news`` only adds the articles whose id the store does not hold yet
 of 1000 atomically). A store built with another news encoder is re-encoded on open.
 
 uvicorn runs without an access log: the server keeps no record of queries.
+
+The write API (``POST /v1/news``) needs a bearer token (:mod:`.write_api`): ``serve`` refuses
+to start without one unless writes are disabled on purpose (``no_ingest``).
+
+Keep-alive: uvicorn closes a connection idle for :data:`KEEP_ALIVE_TIMEOUT_S`; the SDK's
+clients drop theirs after ``privaterec.serving.transport.CLIENT_KEEPALIVE_EXPIRY_S``, well
+before. A client never reuses a connection the server may be closing at that moment, which
+would fail the request with "server disconnected" (a race that busy devices and servers make
+likely when both timeouts are equal, as uvicorn's and httpx's defaults of 5 s are).
 """
 
 from __future__ import annotations
@@ -12,17 +21,21 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from fastapi import FastAPI
 
 from privaterec.serving.app import DEFAULT_MAX_BODY_BYTES, create_app
 from privaterec.serving.bundle import ServingModels
 from privaterec.serving.store import NewsStore, StoreError, read_articles
+from privaterec.serving.write_api import WriteLimits, resolve_write_token
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
 STORE_DIR = "serving-store"
+KEEP_ALIVE_TIMEOUT_S = 30
+"""Seconds uvicorn keeps an idle connection open: 25 s more than the SDK's clients reuse one
+(uvicorn's default of 5 s equals httpx's default pool expiry, so both raced)."""
 
 
 @dataclass
@@ -52,8 +65,12 @@ def open_store(models: ServingModels, path: str | Path) -> NewsStore:
 def build_service(run: str | Path, news: str | Path | None = None, *,
                   store_path: str | Path | None = None,
                   max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+                  write_token: str | None = None, write_limits: WriteLimits = WriteLimits(),
                   progress: Callable[[str], None] | None = None) -> Service:
     """Load ``run``, open the store, add the articles of ``news`` that it lacks.
+
+    ``write_token`` and ``write_limits`` are those of :func:`~.app.create_app` (``None``:
+    writes disabled).
 
     Raises
     ------
@@ -72,7 +89,8 @@ def build_service(run: str | Path, news: str | Path | None = None, *,
         if len(store) == 0:
             raise StoreError(f"{store.path}: the news pool is empty; pass --news with a "
                              f"news.tsv file or a MIND data directory")
-        app = create_app(store, models, max_body_bytes=max_body_bytes)
+        app = create_app(store, models, max_body_bytes=max_body_bytes,
+                         write_token=write_token, write_limits=write_limits)
     except BaseException:
         store.close()
         raise
@@ -81,7 +99,9 @@ def build_service(run: str | Path, news: str | Path | None = None, *,
 
 def serve(run: str | Path, news: str | Path | None = None, *, host: str = DEFAULT_HOST,
           port: int = DEFAULT_PORT, store_path: str | Path | None = None,
-          max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, log_level: str = "warning") -> None:
+          max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, log_level: str = "warning",
+          write_token_file: str | Path | None = None, no_ingest: bool = False,
+          write_limits: WriteLimits = WriteLimits()) -> None:
     """Serve ``run`` over HTTP until interrupted (see the module docstring).
 
     Parameters
@@ -98,21 +118,34 @@ def serve(run: str | Path, news: str | Path | None = None, *, host: str = DEFAUL
         Larger request bodies get 413.
     log_level:
         uvicorn's log level (the access log is always off).
+    write_token_file, no_ingest:
+        The write API's token (a file readable by its owner only; else
+        ``$PRIVATEREC_WRITE_TOKEN``), or writes disabled: one of them is required
+        (:func:`~.write_api.resolve_write_token`).
+    write_limits:
+        The write API's rate limit.
+
+    Raises
+    ------
+    ConfigError
+        No write token and no ``no_ingest`` (checked before anything is loaded).
     """
     import uvicorn
+
+    write_token = resolve_write_token(write_token_file, no_ingest=no_ingest)
 
     def say(message: str) -> None:
         print(message, file=sys.stderr, flush=True)
 
     service = build_service(run, news, store_path=store_path, max_body_bytes=max_body_bytes,
-                            progress=say)
+                            write_token=write_token, write_limits=write_limits, progress=say)
     try:
         say(f"serving {len(service.store)} news ({service.added} added now) with model "
             f"{service.models.model_version} ({service.models.method}, B = "
             f"{service.models.basis_size}, d = {service.models.dim}) on http://{host}:{port}"
-            f" — store {service.store.path}")
-        config = uvicorn.Config(service.app, host=host, port=port, access_log=False,
-                                log_level=log_level, server_header=False)
+            f" — store {service.store.path}; writes (POST /v1/news) "
+            + ("need the write token" if write_token is not None else "disabled"))
+        config = uvicorn_config(service.app, host=host, port=port, log_level=log_level)
         server = uvicorn.Server(config)
         server.run()
         if not server.started:
@@ -122,5 +155,15 @@ def serve(run: str | Path, news: str | Path | None = None, *, host: str = DEFAUL
         service.close()
 
 
-__all__ = ["DEFAULT_HOST", "DEFAULT_PORT", "STORE_DIR", "Service", "build_service",
-           "default_store_path", "open_store", "serve"]
+def uvicorn_config(app: FastAPI, *, host: str, port: int, log_level: str = "warning") -> Any:
+    """The ``uvicorn.Config`` :func:`serve` runs: no access log, no ``Server`` header, no
+    WebSocket protocol (the API has none), idle connections kept :data:`KEEP_ALIVE_TIMEOUT_S`."""
+    import uvicorn
+
+    return uvicorn.Config(app, host=host, port=port, access_log=False, log_level=log_level,
+                          server_header=False, ws="none",
+                          timeout_keep_alive=KEEP_ALIVE_TIMEOUT_S)
+
+
+__all__ = ["DEFAULT_HOST", "DEFAULT_PORT", "KEEP_ALIVE_TIMEOUT_S", "STORE_DIR", "Service",
+           "build_service", "default_store_path", "open_store", "serve", "uvicorn_config"]

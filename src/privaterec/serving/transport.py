@@ -17,6 +17,17 @@ import httpx
 
 from privaterec.errors import ConfigError, PrivateRecError
 
+CLIENT_KEEPALIVE_EXPIRY_S = 5.0
+"""Seconds the SDK's HTTP client keeps an idle connection for reuse: well below the server's
+keep-alive timeout (``privaterec.serving.server.KEEP_ALIVE_TIMEOUT_S``), so the device never
+reuses a connection the server is closing."""
+
+
+def client_limits() -> httpx.Limits:
+    """The SDK's connection pool: httpx's defaults with :data:`CLIENT_KEEPALIVE_EXPIRY_S`."""
+    return httpx.Limits(max_connections=100, max_keepalive_connections=20,
+                        keepalive_expiry=CLIENT_KEEPALIVE_EXPIRY_S)
+
 
 class ServerError(PrivateRecError):
     """The server answered a request with an error status (or unreadable content).
@@ -68,7 +79,8 @@ class HttpSession:
             if not base_url:
                 raise ConfigError("pass the server's base_url (e.g. 'http://127.0.0.1:8000') "
                                   "or a transport")
-            self._owned = httpx.Client(base_url=base_url.rstrip("/"), timeout=timeout)
+            self._owned = httpx.Client(base_url=base_url.rstrip("/"), timeout=timeout,
+                                       limits=client_limits())
             transport = self._owned
         self.transport: Transport = transport
         self.bytes_sent = 0
@@ -77,12 +89,20 @@ class HttpSession:
         if self._owned is not None:
             self._owned.close()
 
-    def _send(self, method: str, path: str, content: bytes | None) -> Any:
-        headers = {"content-type": "application/json"} if content is not None else None
+    def send_raw(self, method: str, path: str, content: bytes | None,
+                 headers: Mapping[str, str] | None) -> Any:
+        """The response to one request, whatever its status (:class:`ServerError` with
+        status 0 when the server could not be reached)."""
+        if content is not None:
+            self.bytes_sent = len(content)
         try:
-            response = self.transport.request(method, path, content=content, headers=headers)
+            return self.transport.request(method, path, content=content, headers=headers)
         except httpx.TransportError as exc:
             raise ServerError(method, path, 0, f"{type(exc).__name__}: {exc}") from None
+
+    def _send(self, method: str, path: str, content: bytes | None) -> Any:
+        headers = {"content-type": "application/json"} if content is not None else None
+        response = self.send_raw(method, path, content, headers)
         if response.status_code >= 400:
             try:
                 detail = response.json().get("detail", response.text)
@@ -92,17 +112,18 @@ class HttpSession:
         return response
 
     def get_json(self, path: str) -> dict[str, Any]:
-        return _json_of(self._send("GET", path, None), "GET", path)
+        return json_of(self._send("GET", path, None), "GET", path)
 
     def get_bytes(self, path: str) -> bytes:
         return bytes(self._send("GET", path, None).content)
 
     def post_json(self, path: str, body: bytes) -> dict[str, Any]:
         self.bytes_sent = len(body)
-        return _json_of(self._send("POST", path, body), "POST", path)
+        return json_of(self._send("POST", path, body), "POST", path)
 
 
-def _json_of(response: Any, method: str, path: str) -> dict[str, Any]:
+def json_of(response: Any, method: str, path: str) -> dict[str, Any]:
+    """The JSON object of ``response`` (:class:`ServerError` if it is not one)."""
     try:
         data = response.json()
     except ValueError:
@@ -136,5 +157,5 @@ def json_body(payload: Mapping[str, Any]) -> bytes:
     return json.dumps(payload, separators=(",", ":"), allow_nan=False).encode()
 
 
-__all__ = ["HttpSession", "ModelChangedError", "ServerError", "Transport", "json_body",
-           "json_floats"]
+__all__ = ["CLIENT_KEEPALIVE_EXPIRY_S", "HttpSession", "ModelChangedError", "ServerError",
+           "Transport", "client_limits", "json_body", "json_floats", "json_of"]
