@@ -83,7 +83,7 @@ def device_release_cells(repeats: int) -> list[dict]:
     from privaterec.data.synth import SynthConfig, generate
     from privaterec.ondevice.release import ServingConfig, dpa_release
     from privaterec.models.factory import build_recommender
-    from privaterec.serving.budget import DeviceBudget, release_key
+    from privaterec.ondevice.budget import DeviceBudget, release_key
 
     model_config = ModelConfig(news_encoder="nrms", word_dim=64, num_heads=4, head_dim=16,
                                attention_dim=32, title_len=20, abstract_len=8, history_len=50,

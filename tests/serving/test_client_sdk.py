@@ -542,7 +542,7 @@ def test_default_budget_is_finite_and_persists_without_cache_dir(world, server,
 
 
 def test_default_state_dir(monkeypatch, tmp_path):
-    from privaterec.serving.budget import default_state_dir
+    from privaterec.ondevice.budget import default_state_dir
 
     monkeypatch.setenv("PRIVATEREC_DEVICE_DIR", str(tmp_path / "mine"))
     assert default_state_dir() == tmp_path / "mine"
@@ -561,7 +561,7 @@ def test_two_racing_spenders_cannot_both_pass_the_cap(tmp_path, monkeypatch):
     import threading
 
     from privaterec.privacy.events import PrivacyEvent
-    from privaterec.serving import budget as budget_module
+    from privaterec.ondevice import budget as budget_module
 
     real_compose = budget_module.compose_events
 
@@ -601,7 +601,7 @@ import sys, time
 from pathlib import Path
 from privaterec.errors import PrivacyBudgetExceeded
 from privaterec.privacy.events import PrivacyEvent
-from privaterec.serving import budget as b
+from privaterec.ondevice import budget as b
 real = b.compose_events
 def slow(*args, **kwargs):  # widen the read-check-write window
     time.sleep(0.5)
@@ -625,7 +625,7 @@ def test_two_processes_racing_cannot_both_pass_the_cap(tmp_path):
     import subprocess
     import sys
 
-    from privaterec.serving.budget import DeviceBudget
+    from privaterec.ondevice.budget import DeviceBudget
 
     # Regression (two real processes): both load the empty ledger before either spends.
     state, go = tmp_path / "device_state.json", tmp_path / "go"
@@ -644,7 +644,7 @@ def test_two_processes_racing_cannot_both_pass_the_cap(tmp_path):
 def test_model_changes_cannot_force_unbounded_fresh_releases(world, server):
     # Regression: the server controls model_version; each new version forced a fresh,
     # charged release of an unchanged history, without limit.
-    from privaterec.serving.budget import ReleaseLimitExceeded
+    from privaterec.ondevice.budget import ReleaseLimitExceeded
 
     now = [1_000_000.0]
     d = device(server, epsilon=0.5)

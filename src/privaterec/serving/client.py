@@ -44,7 +44,7 @@ evaluation):
   :class:`UniFedRecDevice`, :data:`MAX_K`;
 * PrivateRec Alg. 2 (:mod:`privaterec.ondevice.release`): :func:`dpa_release`,
   :class:`DpaRelease`;
-* privacy account (:mod:`~privaterec.serving.budget`): :class:`DeviceBudget`,
+* privacy account (:mod:`~privaterec.ondevice.budget`): :class:`DeviceBudget`,
   :data:`DEVICE_USER`, :data:`DEFAULT_DEVICE_BUDGET`, :class:`ReleaseLimitExceeded`,
   :func:`default_state_dir`;
 * randomness (:mod:`privaterec.privacy.samplers`): :class:`SecureNoise`,
@@ -64,7 +64,7 @@ from __future__ import annotations
 
 from privaterec.ondevice.release import DpaRelease, dpa_release
 from privaterec.privacy.samplers import SecureNoise, SimulationNoise
-from privaterec.serving.budget import (DEFAULT_DEVICE_BUDGET, DEVICE_USER, DeviceBudget,
+from privaterec.ondevice.budget import (DEFAULT_DEVICE_BUDGET, DEVICE_USER, DeviceBudget,
                                        ReleaseLimitExceeded, default_state_dir)
 from privaterec.serving.device import MAX_K, PrivateRecDevice, UniFedRecDevice, VDPDevice
 from privaterec.serving.download import (DeviceModel, build_recall_model, download_model,

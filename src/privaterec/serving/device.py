@@ -11,7 +11,7 @@ query releases only a privatised summary of the (truncated) history:
 * :class:`UniFedRecDevice` — Uni-FedRec §3.4-3.5: protected channel weights [C, B_r] (and
   quotas) to ``/v1/recall/unifedrec``, then local ranking of the returned candidates.
 
-Every release is charged to the device's :class:`~privaterec.serving.budget.DeviceBudget`
+Every release is charged to the device's :class:`~privaterec.ondevice.budget.DeviceBudget`
 before it is sent (raising :class:`~privaterec.errors.PrivacyBudgetExceeded` instead when it
 would exceed the cap or the re-release limit); an unchanged history re-sends its cached
 release at no cost. A release is recorded before it is sent, so a failed request can be
@@ -25,8 +25,8 @@ for simulations and tests; such a device logs a warning and every event it recor
 :data:`~privaterec.privacy.samplers.SIMULATED_NOTE`.
 
 Budget: by default a device may release ε = 10 in total
-(:data:`~privaterec.serving.budget.DEFAULT_DEVICE_BUDGET`), keeps its ledger in ``cache_dir``
-or, without one, in :func:`~privaterec.serving.budget.default_state_dir` (per OS user,
+(:data:`~privaterec.ondevice.budget.DEFAULT_DEVICE_BUDGET`), keeps its ledger in ``cache_dir``
+or, without one, in :func:`~privaterec.ondevice.budget.default_state_dir` (per OS user,
 persistent), locks it for every spend, and releases one history at most twice a day however
 often the server changes its model (``max_fresh_releases``, ``release_window``).
 
@@ -61,7 +61,7 @@ from privaterec.privacy.mechanisms import clip_elementwise
 from privaterec.privacy.samplers import (SIMULATED_NOTE, NoiseSource, SecureNoise,
                                          SimulationNoise)
 from privaterec.recall.interest import query_events
-from privaterec.serving.budget import (DEFAULT_DEVICE_BUDGET, DEFAULT_GAUSSIAN_DELTA,
+from privaterec.ondevice.budget import (DEFAULT_DEVICE_BUDGET, DEFAULT_GAUSSIAN_DELTA,
                                        DEFAULT_MAX_FRESH_RELEASES, DEFAULT_RELEASE_WINDOW,
                                        STATE_FILE, DeviceBudget, Events, default_state_dir,
                                        history_digest, release_key)
@@ -177,7 +177,7 @@ class _Device(DeviceBase):
         raises :class:`PrivacyBudgetExceeded` before anything is sent) unless the same
         truncated history was released before under the same model and parameters. A fresh
         release of a history already released ``max_fresh_releases`` times within
-        ``release_window`` raises :class:`~privaterec.serving.budget.ReleaseLimitExceeded`.
+        ``release_window`` raises :class:`~privaterec.ondevice.budget.ReleaseLimitExceeded`.
         """
         items = check_history(history)
         kept = items[-self._model.config.model.history_len:]
@@ -298,7 +298,7 @@ class PrivateRecDevice(_RankingDevice):
     cache_dir:
         Keeps the downloaded parameters, the ledger and the release cache across restarts
         (one ledger per ``cache_dir``: use one directory per user). Default: the ledger in
-        :func:`~privaterec.serving.budget.default_state_dir` (``$PRIVATEREC_DEVICE_DIR``,
+        :func:`~privaterec.ondevice.budget.default_state_dir` (``$PRIVATEREC_DEVICE_DIR``,
         else ``~/.local/state/privaterec/device``), parameters not cached.
     transport:
         An httpx-compatible client (default: ``httpx.Client(base_url)``).

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +49,8 @@ from flwr.compat.common import recorddict_compat as compat
 from privaterec.data.clients import ClientDataset
 from privaterec.errors import ConfigError, PrivateRecError
 from privaterec.fed.client import client_update
+from privaterec.fed.device_guard import (DeviceGuard, RoundRefused, device_events,
+                                         privacy_policy, secure_aggregation_required)
 from privaterec.fed.flower.messages import (RUN_RECORD, field_record, field_value,
                                             field_values, public_fingerprint)
 from privaterec.fed.flower.secure import MASK_PRG, install_mask_prg
@@ -56,6 +59,7 @@ from privaterec.fed.methods.central import CentralDP
 from privaterec.fed.rng import client_generator
 from privaterec.fed.secagg import SecAggRound
 from privaterec.fed.task import FederatedTask
+from privaterec.ondevice.budget import DEFAULT_DEVICE_BUDGET, default_state_dir
 from privaterec.privacy.samplers import SecureNoise
 from privaterec.runtime.determinism import deterministic_algorithms, flush_denormals
 
@@ -185,7 +189,48 @@ def client_query(load: DeviceLoader, message: Message, context: Context) -> Mess
                                                "texts": field_values(run, "texts", str)})
     device = _load_device(load, ClientSpec.resolve(context))
     users = _held_users(device, context.node_config)
+    guard = device_guard(context)
+    if guard is not None:  # a real device pins the run's privacy policy at enrolment
+        guard.enrol(privacy_policy(device.method))
     return Message(RecordDict({"users": ConfigRecord({"ids": users})}), reply_to=message)
+
+
+def device_guard(context: Context) -> DeviceGuard | None:
+    """The guard of a real device (node option ``user-id``), ``None`` for a simulated
+    partition: its state directory is the node option ``state-dir`` (default: the serving
+    SDK's, :func:`~privaterec.ondevice.budget.default_state_dir`, so that training and
+    serving releases compose in one ledger), its budget the node options ``budget`` (ε,
+    default :data:`~privaterec.ondevice.budget.DEFAULT_DEVICE_BUDGET`) and ``budget-delta``.
+    """
+    node = context.node_config
+    if not node.get("user-id", ""):
+        return None
+    state_dir = str(node.get("state-dir", "")) or str(default_state_dir())
+    delta = node.get("budget-delta", None)
+    return DeviceGuard(state_dir, budget=float(node.get("budget", DEFAULT_DEVICE_BUDGET)),
+                       budget_delta=None if delta is None else float(delta))
+
+
+def _admit(context: Context, device: Device, run: int, round_index: int, *,
+           users: int, secure_message: bool) -> None:
+    """Refuse a plain message under a SecAgg+ policy (every node), and let a real device's
+    guard admit the round (:meth:`DeviceGuard.admit`) before any release is computed."""
+    required = secure_aggregation_required(device.method)
+    if required and not secure_message:
+        logging.getLogger("privaterec").warning(
+            "privaterec node %s: refused round %d of run %d: a plain (unmasked) update was "
+            "asked for under a SecAgg+ policy; nothing was released", context.node_id,
+            round_index + 1, run)
+        raise RoundRefused(f"this device refused round {round_index + 1} of run {run}: the "
+                           f"policy sends updates through SecAgg+ only, and the server asked "
+                           f"for a plain (unmasked) update; nothing was released")
+    guard = device_guard(context)
+    if guard is None:
+        return
+    events = device_events(device.method, device.task.dimension)
+    guard.admit(run=run, round_index=round_index, policy=privacy_policy(device.method),
+                secure_message=secure_message, secure_required=required,
+                events=[(e, users) for e in events])
 
 
 def client_train(load: DeviceLoader, message: Message, context: Context) -> Message:
@@ -207,6 +252,12 @@ def client_train(load: DeviceLoader, message: Message, context: Context) -> Mess
     round_index = field_value(config, "round", int)
     user_ids = field_values(config, "users", str)
     held = set(_held_users(device, context.node_config))
+    for user_id in user_ids:
+        if user_id not in held:
+            raise PrivateRecError(f"the server asked this SuperNode for user {user_id!r}, "
+                                  f"which it does not hold")
+    _admit(context, device, context.run_id, round_index, users=len(user_ids),
+           secure_message=False)
     # A real device (node option user-id) draws everything from the OS CSPRNG with
     # float-safe noise (SecureNoise): with (seed, round, user) seeding the server could
     # subtract the noise. Simulated partitions are seeded so that engines can be compared;
@@ -220,9 +271,6 @@ def client_train(load: DeviceLoader, message: Message, context: Context) -> Mess
     events: list[str] = []
     with deterministic_algorithms(), flush_denormals():  # as the simulator computes
         for user_id, user in zip(user_ids, field_values(config, "user-indices", int)):
-            if user_id not in held:
-                raise PrivateRecError(f"the server asked this SuperNode for user "
-                                      f"{user_id!r}, which it does not hold")
             data = device.clients.client(device.index[user_id])
             generator = (secure if secure is not None
                          else client_generator(seed, round_index, int(user)))
@@ -329,6 +377,8 @@ def client_secure_fit(load: DeviceLoader, message: Message, context: Context) ->
     plan = _secure_plan(method, int(config["clients"]))
     assert isinstance(method, CentralDP)  # _secure_plan refuses any other method
     _check_session(plan, context)
+    _admit(context, device, context.run_id, int(config["round"]), users=1,
+           secure_message=True)
     secure = secure_source(context, config)
     source = (secure if secure is not None
               else client_generator(int(config["seed"]), int(config["round"]), user))
