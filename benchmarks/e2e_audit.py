@@ -14,6 +14,12 @@ each ε under click and user adjacency (every neighbouring pair of
 
 ``--broken`` audits the known-broken variants of :mod:`privaterec.audit.broken`
 at ε = 1 instead (each must exceed its claim) and saves ``e2e_audit_broken.md``/``.json``.
+
+``--canary`` runs the worst-case canary audits of the central-DP methods at claimed ε = 1
+(:mod:`privaterec.audit.canary`) with their power (the smallest noise cut caught) and, with
+``--repeats R``, the false-alarm count of R audits of each correct method (seeds 0 … R−1);
+``--methods`` picks the methods, ``--canary-runs`` the rounds per side (default per method),
+``--smoke`` a quick check (20,000 rounds, 2 repeats). Saves ``e2e_audit_canary*.md``/``.json``.
 """
 
 from __future__ import annotations
@@ -29,6 +35,8 @@ from pathlib import Path
 import torch
 
 from privaterec.audit import broken, format_table, run_audit
+from privaterec.audit.canary import (CANARY_METHODS, DEFAULT_CANARY_RUNS, canary_games,
+                                     format_power, play, run_canary_audit)
 from privaterec.audit.runner import PairAudit
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -51,9 +59,21 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--broken", action="store_true",
                         help="audit the known-broken variants instead")
+    parser.add_argument("--canary", action="store_true",
+                        help="worst-case canary audits of central DP, with their power")
+    parser.add_argument("--methods", nargs="+", default=list(CANARY_METHODS))
+    parser.add_argument("--canary-runs", type=int, default=None)
+    parser.add_argument("--repeats", type=int, default=0,
+                        help="--canary: also count false alarms over this many seeds")
+    parser.add_argument("--no-power", action="store_true",
+                        help="--canary: skip the broken variants")
+    parser.add_argument("--smoke", action="store_true",
+                        help="--canary: 20,000 rounds per side and 2 repeats")
     args = parser.parse_args()
     if args.broken:
         return run_broken(args)
+    if args.canary:
+        return run_canary(args)
     audits, seconds = [], {}
     start = time.perf_counter()
     for epsilon in args.epsilons:
@@ -129,6 +149,58 @@ def run_broken(args: argparse.Namespace) -> int:
         "command": command, "audits": [dict(_safe(a.to_dict()), variant=v) for v, a in rows]},
         indent=2))
     return 0 if all(a.violated for _, a in rows) else 1
+
+
+def run_canary(args: argparse.Namespace) -> int:
+    """Canary audits with power, and false alarms over ``--repeats`` seeds (module doc)."""
+    runs_of = {m: (20_000 if args.smoke else args.canary_runs or DEFAULT_CANARY_RUNS[m])
+               for m in args.methods}
+    repeats = min(args.repeats, 2) if args.smoke else args.repeats
+    suffix = "_smoke" if args.smoke else ("" if len(args.methods) == len(CANARY_METHODS)
+                                          else "_" + "_".join(args.methods))
+    command = ("python benchmarks/e2e_audit.py --canary"
+               + (" --smoke" if args.smoke else "")
+               + f" --methods {' '.join(args.methods)}"
+               + (f" --canary-runs {args.canary_runs}" if args.canary_runs else "")
+               + (f" --repeats {args.repeats}" if args.repeats else "")
+               + (" --no-power" if args.no_power else "") + f" --seed {args.seed}")
+    audits, alarms, seconds = [], [], {}
+    for method in args.methods:
+        t0 = time.perf_counter()
+        if not args.no_power:
+            audits += run_canary_audit(method, epsilon=1.0, runs=runs_of[method],
+                                       seed=args.seed, power=True)
+        for game in canary_games(method, epsilon=1.0) if repeats else []:
+            bounds = [play(game, runs=runs_of[method], seed=s).epsilon_lower_bound
+                      for s in range(repeats)]
+            alarms.append({"method": method, "neighbours": f"{game.adjacency}: {game.pair}",
+                           "claimed_epsilon": game.claimed_epsilon, "runs": runs_of[method],
+                           "repeats": repeats,
+                           "false_alarms": sum(b > game.claimed_epsilon for b in bounds),
+                           "max_bound": max(bounds), "bounds": bounds})
+        seconds[method] = round(time.perf_counter() - t0, 1)
+        print(f"{method}: {seconds[method]} s", file=sys.stderr, flush=True)
+    lines = [f"# Worst-case canary audits of central DP ({command})", "",
+             f"torch {torch.__version__}, claimed epsilon = 1 (replace-one), delta = 1e-5", ""]
+    if audits:
+        lines += [format_power(audits), ""]
+    if alarms:
+        lines += ["| method | neighbours | claimed ε | runs | correct audits | false alarms | "
+                  "largest bound |", "|---|---|---|---|---|---|---|"]
+        lines += [f"| {a['method']} | {a['neighbours']} | {a['claimed_epsilon']:.3g} | "
+                  f"{a['runs']} | {a['repeats']} | {a['false_alarms']} | "
+                  f"{a['max_bound']:.3f} |" for a in alarms]
+    text = "\n".join(lines) + "\n"
+    print(text)
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / f"e2e_audit_canary{suffix}.md").write_text(text)
+    (RESULTS / f"e2e_audit_canary{suffix}.json").write_text(json.dumps({
+        "command": command, "seconds": seconds,
+        "audits": [dict(_safe(c.audit.to_dict()), detected_cut=c.detected_cut,
+                        cuts=list(c.cuts)) for c in audits],
+        "false_alarms": alarms}, indent=2))
+    return 1 if any(c.audit.violated for c in audits) or any(a["false_alarms"]
+                                                             for a in alarms) else 0
 
 
 def _epsilons(audits, args) -> list[float]:

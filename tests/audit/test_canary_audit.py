@@ -132,3 +132,50 @@ def test_cli_exits_one_when_the_canary_catches_a_noise_cut(capsys):
                      "--epsilon", "1", "--runs", "32", "--canary-runs", "20000"])
     assert code == 1
     assert "FAIL" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------ deployed paths
+@pytest.mark.slow
+def test_the_deployed_central_noise_passes_and_an_8x_cut_is_caught(world):
+    """The same game on a deployed server's float-safe central noise
+    (``CentralDP.release_sum`` from SecureNoise, the OS CSPRNG: not reproducible, about 10⁴
+    coordinates a second here). 500 test runs per side: expected bounds 0.05 correct and
+    3.3 with the noise cut 8x (a 4x cut expects 1.37, too close to the claim for a test
+    that cannot be seeded)."""
+    g = game(world, "dp-fedavg", "replace")
+    assert not play(g, runs=1000, view="deployed").violated
+    with broken.scaled_secure_noise(0.125):
+        result = play(g, runs=1000, view="deployed")
+    assert result.violated, result.to_dict()
+
+
+def test_the_secagg_view_with_central_noise_is_the_simulators_and_catches_a_2x_cut(world):
+    g = next(iter(canary_games("dp-fedavg", world, epsilon=1.0, adjacencies=["replace"],
+                               secure_aggregation="central")))
+    correct = play(g, runs=100_000, seed=3, view="secagg")
+    assert not correct.violated
+    with broken.scaled_gaussian_noise(0.5):
+        cut = play(g, runs=100_000, seed=3, view="secagg")
+    assert cut.violated, cut.to_dict()
+
+
+@pytest.mark.slow
+def test_distributed_noise_shares_cut_by_two_are_caught_on_the_secagg_view(world):
+    """Distributed noise: the server's view is the sum of the clients' SecAgg+ vectors
+    (quantised updates plus noise shares); shares 2x too small are caught."""
+    g = next(iter(canary_games("dp-fedavg", world, epsilon=1.0, adjacencies=["replace"],
+                               secure_aggregation="distributed")))
+    assert g.aggregator.distributed
+    assert not play(g, runs=100_000, seed=3, view="secagg").violated
+    with broken.scaled_noise_shares(0.5):
+        cut = play(g, runs=100_000, seed=3, view="secagg")
+    assert cut.violated, cut.to_dict()
+
+
+def test_the_secagg_view_is_refused_without_secure_aggregation(world):
+    from privaterec.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="secure_aggregation"):
+        play(game(world, "dp-fedavg", "replace"), runs=100, view="secagg")
+    with pytest.raises(ConfigError, match="simulator only"):
+        play(game(world, "dp-fedavg-adaptive", "replace"), runs=100, view="deployed")

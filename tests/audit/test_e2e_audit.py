@@ -191,18 +191,25 @@ def test_a_reply_carrying_the_raw_loss_is_caught(world):
 
 def test_the_broken_variants_are_undone_on_exit():
     import privaterec.fed.methods.central as central
-    before = (fed_client.release_labels, mechanisms.laplace_noise,
-              recall_training.laplace_noise, ClientUpdate.sent, mechanisms.gaussian_noise,
-              central.gaussian_noise, central.CentralDP.noised_sums,
-              central.CentralDP.news_space_release)
+    from privaterec.fed.secagg import SecAggRound
+    from privaterec.privacy.samplers import SecureNoise
+
+    def patched():
+        return (fed_client.release_labels, mechanisms.laplace_noise,
+                recall_training.laplace_noise, ClientUpdate.sent, mechanisms.gaussian_noise,
+                central.gaussian_noise, central.CentralDP.noised_sums,
+                central.CentralDP.news_space_release, SecureNoise.release_gaussian,
+                SecAggRound.__dict__["share_sigma"])
+
+    before = patched()
     with broken.published_dpl(), broken.scaled_noise(0.1), broken.reply_with_loss(), \
             broken.scaled_gaussian_noise(0.1), broken.unnoised_clip_count(), \
-            broken.noise_on_touched_news_only():
+            broken.noise_on_touched_news_only(), broken.scaled_secure_noise(0.5), \
+            broken.scaled_noise_shares(0.5):
         assert fed_client.release_labels is broken.published_dpl_labels
-    assert (fed_client.release_labels, mechanisms.laplace_noise,
-            recall_training.laplace_noise, ClientUpdate.sent, mechanisms.gaussian_noise,
-            central.gaussian_noise, central.CentralDP.noised_sums,
-            central.CentralDP.news_space_release) == before
+        assert SecureNoise.release_gaussian is not before[8]
+        assert SecAggRound.__dict__["share_sigma"] is not before[9]
+    assert patched() == before
 
 
 # ------------------------------------------------------------------------------------ CLI

@@ -11,6 +11,11 @@ Each is a context manager that patches the library for its duration (simulation 
 * :func:`reply_with_loss` — the client's reply also carries its raw training loss.
 * :func:`scaled_gaussian_noise` — every Gaussian draw (central DP's noise on the sum and on
   the clip count included) ``factor`` times its calibrated scale.
+* :func:`scaled_secure_noise` — every float-safe Gaussian release of
+  :class:`~privaterec.privacy.samplers.SecureNoise` (a deployed server's central noise) at
+  ``factor`` × σ.
+* :func:`scaled_noise_shares` — distributed noise: every client's SecAgg+ noise share at
+  ``factor`` × its σ.
 * :func:`unnoised_clip_count` — central DP's aggregator releases the count of unclipped
   clients (adaptive clipping) without its noise.
 * :func:`noise_on_touched_news_only` — central DP clipped in news-vector space noises only
@@ -110,6 +115,34 @@ def scaled_gaussian_noise(factor: float) -> Iterator[None]:
 
 
 @contextmanager
+def scaled_secure_noise(factor: float) -> Iterator[None]:
+    """:meth:`SecureNoise.release_gaussian` at ``factor`` × σ (the deployed noise)."""
+    from privaterec.privacy.samplers import SecureNoise
+
+    original = SecureNoise.release_gaussian
+
+    def release(self: SecureNoise, x: Tensor, *, sigma: Any) -> Tensor:
+        return original(self, x, sigma=sigma * factor)
+
+    with _patched(SecureNoise, "release_gaussian", release):
+        yield
+
+
+@contextmanager
+def scaled_noise_shares(factor: float) -> Iterator[None]:
+    """:attr:`SecAggRound.share_sigma` at ``factor`` × its value (distributed noise)."""
+    from privaterec.fed.secagg import SecAggRound
+
+    original = SecAggRound.share_sigma
+
+    def share_sigma(self: SecAggRound) -> float:
+        return float(original.fget(self)) * factor  # type: ignore[attr-defined]
+
+    with _patched(SecAggRound, "share_sigma", property(share_sigma)):
+        yield
+
+
+@contextmanager
 def unnoised_clip_count() -> Iterator[None]:
     """:meth:`CentralDP.noised_sums` returns the exact sum of the clip indicators."""
     from privaterec.fed.methods.central import CentralDP
@@ -148,4 +181,4 @@ def noise_on_touched_news_only() -> Iterator[None]:
 
 
 __all__ = ["noise_on_touched_news_only", "published_dpl", "published_dpl_labels", "reply_with_loss", "scaled_gaussian_noise",
-           "scaled_noise", "unnoised_clip_count"]
+           "scaled_noise", "scaled_noise_shares", "scaled_secure_noise", "unnoised_clip_count"]

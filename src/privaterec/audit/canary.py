@@ -148,7 +148,7 @@ def _unit(dimension: int, seed: int) -> torch.Tensor:
 
 
 def _central_method(*, adaptive: bool, news: bool, epsilon: float, delta: float,
-                    model: ModelConfig) -> Any:
+                    model: ModelConfig, placement: str | None = None) -> Any:
     from privaterec.config import replace
     from privaterec.fed.methods import method_from_config, resolve_run_config
     from privaterec.fed.methods.central import CentralDP
@@ -163,6 +163,9 @@ def _central_method(*, adaptive: bool, news: bool, epsilon: float, delta: float,
                            clip_count_stddev=CENTRAL_COUNT_SHARE * z)
     if news:
         settings = replace(settings, clip_space="news_vectors")
+    if placement is not None:
+        settings = replace(settings, secure_aggregation="secaggplus",
+                           noise_placement=placement, max_dropouts=0)
     config = resolve_run_config(replace(config, fed=replace(config.fed, settings=settings)))
     method = method_from_config(config)
     assert isinstance(method, CentralDP)
@@ -191,8 +194,13 @@ def _check_norm(name: str, payload: torch.Tensor, expected: float) -> float:
 
 def canary_games(method: str, world: AuditWorld | None = None, *, epsilon: float,
                  delta: float = 1e-5, model: ModelConfig = TINY_MODEL, seed: int = 0,
-                 adjacencies: Sequence[str] = CANARY_ADJACENCIES) -> list[CanaryGame]:
+                 adjacencies: Sequence[str] = CANARY_ADJACENCIES,
+                 secure_aggregation: str | None = None) -> list[CanaryGame]:
     """The canary pairs of a central-DP ``method`` (module docstring).
+
+    ``secure_aggregation``: ``"central"`` or ``"distributed"`` builds the method for
+    Flower's SecAgg+ with that noise placement (play it with ``view="secagg"``,
+    :func:`noised_statistics`).
 
     Raises
     ------
@@ -213,7 +221,7 @@ def canary_games(method: str, world: AuditWorld | None = None, *, epsilon: float
     world = make_world() if world is None else world
     adaptive, news = method == "dp-fedavg-adaptive", method == "dp-fedavg-news"
     aggregator = _central_method(adaptive=adaptive, news=news, epsilon=epsilon, delta=delta,
-                                 model=model)
+                                 model=model, placement=secure_aggregation)
     clip = aggregator.clip
     z_sum, sigma_b = aggregator.noise_split(expected_clients(1.0, 1))
     sigma = z_sum * clip
@@ -293,15 +301,72 @@ def _chunks(runs: int) -> Iterator[int]:
         left -= CHUNK
 
 
+VIEWS = ("simulator", "deployed", "secagg", "secagg-deployed")
+SECAGG_OTHERS = 2
+"""Clients with a zero update in every audited SecAgg+ round, besides the canary (two, so
+that a round without the canary still has SecAgg+'s minimum of two clients)."""
+
+
+def _secagg_view(agg: Any, side: CanarySide, n: int, source: Any) -> torch.Tensor:
+    """What the server decodes from ``n`` SecAgg+ rounds of the canary (clipped update
+    ``side.total`` ``[R]``; absent when ``side.norm`` is 0) and :data:`SECAGG_OTHERS` clients
+    with a zero update, then releases: ``[n, R]`` float64.
+
+    Each client hands SecAgg+ :meth:`~privaterec.fed.secagg.SecAggRound.client_vector`: its
+    quantised update plus (distributed noise) its rounded noise share, for the round's plan
+    (:meth:`~privaterec.fed.methods.central.CentralDP.secure_round`); the masks cancel in
+    the decoded sum (``tests/fed/test_secagg.py`` checks it on real SecAgg+ rounds to 1e-12),
+    which is Σ of the vectors. ``client_vector(x) = quantize(x) + client_vector(0)`` (the
+    share does not depend on x), so the n rounds' shares come from one ``client_vector`` call
+    on n·R zeros per client. With central noise the server then adds its noise
+    (:meth:`~privaterec.fed.methods.central.CentralDP.release_sum`)."""
+    present = side.norm > 0
+    plan = agg.secure_round(SECAGG_OTHERS + int(present))
+    assert plan is not None
+    dim = side.total.numel()
+    view = torch.zeros(n * dim, dtype=torch.float64)
+    if present:
+        view = view + plan.quantize(side.total).repeat(n)
+    if plan.distributed:
+        for _ in range(SECAGG_OTHERS + int(present)):
+            view = view + plan.client_vector(torch.zeros(n * dim), source)
+        return view.reshape(n, dim)
+    return agg.release_sum(view, source).to(torch.float64).reshape(n, dim)
+
+
 def noised_statistics(game: CanaryGame, side: CanarySide, runs: int,
-                      generator: torch.Generator) -> np.ndarray:
+                      generator: torch.Generator, *, view: str = "simulator") -> np.ndarray:
     """The likelihood-ratio statistic of ``runs`` rounds of ``side`` ``[runs]`` float64: the
-    aggregator's real :meth:`noised_sums` on ``runs`` copies of the pre-noise sum."""
+    aggregator's real :meth:`noised_sums` on ``runs`` copies of the pre-noise sum (a
+    simulation's seeded noise), or with ``secure`` a deployed server's
+    :meth:`~privaterec.fed.methods.central.CentralDP.release_sum` from
+    :class:`~privaterec.privacy.samplers.SecureNoise` (the OS CSPRNG, float-safe: not
+    reproducible, and about 10⁵ coordinates a second). ``view``: ``"simulator"``
+    (seeded :meth:`noised_sums`), ``"deployed"`` (``release_sum`` from SecureNoise),
+    ``"secagg"`` / ``"secagg-deployed"`` (the server's view of a SecAgg+ round,
+    :func:`_secagg_view`, with seeded or SecureNoise noise and shares)."""
+    if view not in VIEWS:
+        raise ConfigError(f"invalid canary view {view!r}, expected one of {', '.join(VIEWS)}")
     w, wc = game.statistic_weights()
     agg = game.aggregator
     out = []
+    source: Any = generator
+    if view in ("deployed", "secagg-deployed"):
+        from privaterec.privacy.samplers import SecureNoise
+
+        source = SecureNoise()
+    if view != "simulator" and agg.adaptive is not None:
+        raise ConfigError("adaptive clipping runs on the simulator only: its canary audit "
+                          "has no deployed or SecAgg+ view")
+    if view.startswith("secagg") and agg.secure_aggregation == "none":
+        raise ConfigError("the SecAgg+ view needs a game built with secure_aggregation")
     for n in _chunks(runs):
-        if agg.adaptive is None:
+        if view.startswith("secagg"):
+            out.append(_secagg_view(agg, side, n, source) @ w)
+        elif view == "deployed":
+            noisy = agg.release_sum(side.total.repeat(n), source)
+            out.append(noisy.reshape(n, -1).to(torch.float64) @ w)
+        elif agg.adaptive is None:
             noisy, _ = agg.noised_sums(side.total.repeat(n), side.indicator, population=1,
                                        generator=generator)
             out.append(noisy.reshape(n, -1).to(torch.float64) @ w)
@@ -317,9 +382,10 @@ def noised_statistics(game: CanaryGame, side: CanarySide, runs: int,
     return torch.cat(out).numpy()
 
 
-def play(game: CanaryGame, *, runs: int, seed: int = 0,
-         alpha: float = 0.05) -> PairAudit:
-    """The canary game: ``runs`` rounds per side (half select the threshold, half test)."""
+def play(game: CanaryGame, *, runs: int, seed: int = 0, alpha: float = 0.05,
+         view: str = "simulator") -> PairAudit:
+    """The canary game: ``runs`` rounds per side (half select the threshold, half test);
+    ``view``: which release (:func:`noised_statistics`)."""
     if not (isinstance(runs, int) and runs >= 16):
         raise ConfigError(f"invalid audit parameter 'runs': got {runs!r}, expected an int >= 16")
     from privaterec.audit.runner import _generator
@@ -330,11 +396,12 @@ def play(game: CanaryGame, *, runs: int, seed: int = 0,
         for index, side in enumerate((game.d0, game.d1)):
             generator = _generator(seed, 0x0CA7A27, part, index)
             parts.append(noised_statistics(game, side, half if part == 1 else runs - half,
-                                           generator))
+                                           generator, view=view))
     result = fixed_statistic_bound((parts[0], parts[1]), (parts[2], parts[3]),
                                    name="canary likelihood ratio", alpha=alpha,
                                    delta=game.claimed_delta)
-    return PairAudit(method=game.method_name, mode="-", adjacency=game.adjacency,
+    return PairAudit(method=game.method_name, mode=view,
+                     adjacency=game.adjacency,
                      pair=game.pair, description=f"{game.description} ({game.note})",
                      claimed_epsilon=game.claimed_epsilon, claimed_delta=game.claimed_delta,
                      claim_valid=True, claim_source=("ledger event (replace)" if
@@ -453,4 +520,4 @@ def runs_needed(*, mu: float, claimed_epsilon: float, delta: float = 0.0,
 __all__ = ["CANARY_ADJACENCIES", "CANARY_METHODS", "CanaryAudit", "CanaryGame",
            "CanaryObjective", "CanarySide", "DEFAULT_CANARY_RUNS", "POWER_FACTORS",
            "audit_power", "canary_games", "format_power", "gaussian_power",
-           "noised_statistics", "play", "run_canary_audit", "runs_needed"]
+           "noised_statistics", "play", "run_canary_audit", "runs_needed", "VIEWS"]
