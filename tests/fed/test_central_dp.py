@@ -276,3 +276,29 @@ def test_deployed_central_noise_is_float_safe(run_config):
     assert abs(at_zero - at_tenth) < 0.1
     with pytest.raises(PrivateRecError, match="release_sum"):
         method.central_noise(4, source)  # the zero-draw is a simulation's only
+
+
+@pytest.mark.parametrize("method_name, settings", [
+    ("dp-fedrec", {"epsilon_train": 2.0, "clip": 0.005}),
+    ("fednewsrec", {}),
+])
+def test_who_takes_part_does_not_depend_on_clicks_for_local_dp(fed_data, make_model,
+                                                              run_config, strip_clicks,
+                                                              method_name, settings):
+    """Removing a user's only clicks changes neither the population (privacy.json's N), nor
+    who is sampled, nor the ledger: local-DP methods sample from the roster too, and the
+    user, sampled, sends the noise alone (a release of the same shape)."""
+    clients, index = _silent_clients(fed_data, strip_clicks)
+    assert index not in eligible_clients(clients).tolist()  # no training sample left
+    config = run_config(method_name, clients_per_round=30, rounds=3, **settings)
+    method = method_from_config(config)
+    assert method.population(clients).tolist() == method.population(fed_data.clients).tolist()
+    assert method.population(clients).tolist() == list(range(clients.num_users))
+    states = [train_federated_run(config, make_model("nrms", seed=0), c, progress=False)
+              for c in (fed_data.clients, clients)]
+    full, silent = (s.ledger for s in states)
+    assert sorted(full.users) == sorted(silent.users)
+    assert clients.user_ids[index] in silent.users  # sampled: accounted like anyone
+    assert all(full.events(u) == silent.events(u) for u in full.users)
+    assert [e["clients"] for e in states[0].log] == [e["clients"] for e in states[1].log]
+    assert bool(torch.isfinite(states[1].params).all())

@@ -133,12 +133,24 @@ def test_fedavg_client_runs_local_sgd_steps(make_objective, clients, perturb):
     assert torch.equal(objective.parameters(), before_model)
 
 
-def test_client_without_samples_is_rejected(make_objective):
+def test_a_client_without_samples_sends_a_noised_zero(make_objective):
+    """Every method samples from the roster: a sampled client whose impressions have no
+    click sends a release of the same shape as any client's, the noise alone (FedNewsRec's
+    Laplace of scale λ on a zero update), with the same events and no sample."""
     objective = make_objective("nrms")
     data = dataclasses.replace(_hand_made_client(), positives=torch.zeros(0, dtype=torch.long),
                                negatives=torch.zeros(0, 6, dtype=torch.long),
                                negative_counts=torch.zeros(0, dtype=torch.long),
                                impression_size=torch.zeros(0, dtype=torch.long))
-    with pytest.raises(ValueError, match="U-hand.*no training sample"):
-        client_update(objective, objective.parameters(), data, _method(),
-                      generator=torch.Generator())
+    method = FedNewsRec(negatives=4, max_samples=3, clip=0.005, noise_scale=0.015)
+    update = client_update(objective, objective.parameters(), data, method,
+                           generator=client_generator(0, 0, 7))
+    noise, _ = method.privatize(torch.zeros(1, objective.dimension),
+                                [client_generator(0, 0, 7)])
+    assert torch.equal(update.payload, noise[0]) and update.payload.shape == (objective.dimension,)
+    assert float(update.payload.abs().mean()) == pytest.approx(0.015, rel=0.1)  # E|Laplace| = λ
+    assert update.num_examples == 0 and update.privacy_events == method.events(objective.dimension)
+    assert update.sent().keys() == {"payload"}
+    fedrec = client_update(objective, objective.parameters(), data, _method(),
+                           generator=torch.Generator())
+    assert fedrec.weight == 0.0 and not bool(fedrec.payload.any())  # fedrec weighs it 0

@@ -18,6 +18,7 @@ private anyway (``fedrec``) also sends them (FedNewsRec Eq. 6's weights).
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -60,12 +61,22 @@ def client_update(task: FederatedTask[Any], params: torch.Tensor, data: ClientDa
         real device a secure source (:class:`~privaterec.privacy.samplers.SecureNoise`: OS
         CSPRNG, float-safe releases; :mod:`privaterec.privacy.randomness`).
 
+    A sampled client without a training sample (every method samples from the roster)
+    sends :meth:`~privaterec.fed.methods.base.ClientMethod.idle_release`: a noised zero
+    update of the same shape, with the same privacy events and no sample.
+
     Raises
     ------
     ValueError
-        If the client has no training sample.
+        If the client has no training sample and the method samples only users who have
+        one.
     """
-    method.check_client(data)
+    if not method.has_update(data):
+        payload = method.idle_release(task.dimension, [generator])[0]
+        return ClientUpdate(payload=payload, num_examples=0,
+                            privacy_events=method.events(task.dimension),
+                            metrics={"loss": math.nan}, weight=method.aggregation_weight(0),
+                            sends_metadata=method.sends_metadata)
     inputs = method.inputs(task, data, generator=generator)
     n = method.num_examples(inputs)
     payload, loss, reports = method.release(task, params, inputs, generator=generator)

@@ -1,4 +1,4 @@
-"""Who takes part in a round: the eligible users and the round's sample
+"""Who takes part in a round: the roster, the eligible users and the round's sample
 (docs/architecture.md#seams).
 
 In a simulation, client sampling of round t is a function of (seed, t) only
@@ -17,6 +17,12 @@ from privaterec.config import FedConfig
 from privaterec.data.clients import ClientDataset
 from privaterec.fed.rng import round_generator
 from privaterec.privacy.samplers import NoiseSource
+
+
+def roster(clients: ClientDataset) -> torch.Tensor:
+    """Indices of every enrolled user ``LongTensor[U]``, whatever their data: the population
+    rounds sample from, so that who takes part does not depend on anyone's clicks."""
+    return torch.arange(clients.num_users)
 
 
 def eligible_clients(clients: ClientDataset, *, by_impressions: bool = False) -> torch.Tensor:
@@ -62,4 +68,4 @@ def sample_round(eligible: torch.Tensor, m: int, *, seed: int, round_index: int,
     return sorted(int(u) for u in eligible[order[:m]])
 
 
-__all__ = ["clients_per_round", "eligible_clients", "poisson_round", "sample_round"]
+__all__ = ["clients_per_round", "eligible_clients", "poisson_round", "roster", "sample_round"]

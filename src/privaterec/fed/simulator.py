@@ -31,7 +31,7 @@ from privaterec.config import FedConfig
 from privaterec.data.clients import ClientDataset
 from privaterec.errors import CheckpointError, TrainingDivergedError
 from privaterec.fed.client import client_update
-from privaterec.fed.methods.base import ClientMethod, RoundContext
+from privaterec.fed.methods.base import ClientMethod, RoundContext, RoundOutput
 from privaterec.fed.rng import client_generator
 from privaterec.fed.sampling import (clients_per_round, eligible_clients, poisson_round,
                                      sample_round)
@@ -99,20 +99,32 @@ def simulate_round(task: FederatedTask[Any], params: torch.Tensor, clients: Clie
     """
     if server_state is not None:
         method = method.at_server_state(server_state)
-    # A sampled user without a training sample (central DP samples every user) takes part
-    # with a zero update: it has no inputs, and the round counts it (``idle_clients``).
+    # A sampled user without a training sample (every method samples from the roster) takes
+    # part with a zero update: it has no inputs. Central DP's round counts it
+    # (``idle_clients``); a local method's client releases a noised zero (idle_release),
+    # which enters the uniform mean like any release.
     data = {u: clients.client(u) for u in selected}
     active = [u for u in selected if method.has_update(data[u])]
+    idle = [u for u in selected if u not in set(active)]
+    local_idle = bool(idle) and not method.trusted_aggregator
     generators = [client_generator(seed, round_index, u) for u in active]
     inputs = [method.inputs(task, data[u], generator=g) for u, g in zip(active, generators)]
     population = len(method.population(clients))
     context = RoundContext(seed=seed, round_index=round_index, chunk_clients=chunk_clients,
                            population=population,  # public N
                            idle_clients=len(selected) - len(active))
-    out = method.round(task, params, inputs, generators, context)
+    if active or not local_idle:
+        out = method.round(task, params, inputs, generators, context)
+    else:
+        out = RoundOutput(torch.zeros(task.dimension), [])
+    direction = out.direction
+    if local_idle and not method.sends_metadata:  # (fedrec weighs a client by its samples: 0)
+        released = method.idle_release(task.dimension, [client_generator(seed, round_index, u)
+                                                        for u in idle])
+        direction = (direction * len(active) + released.sum(0)) / len(selected)
     counts = [method.num_examples(x) for x in inputs]
     events = method.events(task.dimension)
-    return RoundResult(out.direction, counts, out.losses, [events] * len(selected),
+    return RoundResult(direction, counts, out.losses, [events] * len(selected),
                        population_events=out.population_events,
                        server_state=out.server_state, metrics=dict(out.metrics))
 
@@ -126,11 +138,16 @@ def sequential_round(task: FederatedTask[Any], params: torch.Tensor, clients: Cl
     if server_state is not None:
         method = method.at_server_state(server_state)
     data = {u: clients.client(u) for u in selected}
+    # A local method's client without a training sample sends a noised zero (client_update);
+    # central DP's adds a zero update to the sum, which its round counts.
     updates = {u: client_update(task, params, data[u], method,
                                 generator=client_generator(seed, round_index, u))
-               for u in selected if method.has_update(data[u])}
-    done = list(updates.values())  # an idle client (central DP) adds a zero update
-    return RoundResult(aggregate(done), [u.num_examples for u in done],
+               for u in selected
+               if method.has_update(data[u]) or not method.trusted_aggregator}
+    summed = [x for x in updates.values() if x.weight > 0]  # fedrec weighs an idle one 0
+    done = [updates[u] for u in selected if u in updates and method.has_update(data[u])]
+    return RoundResult(aggregate(summed) if summed else torch.zeros(task.dimension),
+                       [u.num_examples for u in done],
                        [float(u.metrics["loss"]) for u in done],
                        [updates[u].privacy_events if u in updates
                         else method.events(task.dimension) for u in selected])

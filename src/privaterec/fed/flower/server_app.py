@@ -161,11 +161,12 @@ def _round_fn(grid: Grid, clients: ClientDataset, owner: Mapping[int, int],
 
     def round_fn(params: torch.Tensor, selected: list[int], t: int) -> RoundResult:
         expected_events = method.events(int(params.numel()))
-        # Each update reaches the server on its own here, so a sampled user without a
-        # training sample (central DP's population, rehearsals only) is not asked: a zero
-        # update would add nothing. Its events are still the method's, in ``selected``'s
-        # order (central DP's: none).
-        asked = sorted(u for u in selected if u in with_update)
+        # Every sampled user is asked: one without a training sample sends a noised zero
+        # update (client_update). Only central DP's (a rehearsal without secure aggregation:
+        # each update reaches the server on its own) is not asked: a zero update would add
+        # nothing to the sum; its events are still the method's (none).
+        asked = sorted(u for u in selected
+                       if u in with_update or not method.trusted_aggregator)
         by_node: dict[int, list[int]] = {}
         for u in asked:
             by_node.setdefault(owner[u], []).append(u)
@@ -201,9 +202,11 @@ def _round_fn(grid: Grid, clients: ClientDataset, owner: Mapping[int, int],
                                       f"privacy events {update.privacy_events} but the run's "
                                       f"method releases {expected_events}")
         known = method.sends_metadata  # a private method's server learns neither
-        return RoundResult(aggregate(ordered),
-                           [x.num_examples for x in ordered] if known else None,
-                           [float(x.metrics["loss"]) for x in ordered] if known else None,
+        trained = [x for x in ordered if x.num_examples > 0]  # fedrec: its idle ones weigh 0
+        summed = [x for x in ordered if x.weight > 0]
+        return RoundResult(aggregate(summed) if summed else torch.zeros(int(params.numel())),
+                           [x.num_examples for x in trained] if known else None,
+                           [float(x.metrics["loss"]) for x in trained] if known else None,
                            [updates[u].privacy_events if u in updates else expected_events
                             for u in selected])
 

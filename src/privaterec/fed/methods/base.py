@@ -27,7 +27,7 @@ from typing import Any, ClassVar, Generic, Mapping, Sequence, TypeVar
 import torch
 
 from privaterec.data.clients import ClientData, ClientDataset
-from privaterec.fed.sampling import eligible_clients, sample_round
+from privaterec.fed.sampling import eligible_clients, roster, sample_round
 from privaterec.fed.strategies import ServerDefaults, weighted_mean
 from privaterec.fed.task import FederatedTask
 from privaterec.method_settings import MethodSettings
@@ -113,17 +113,25 @@ class ClientMethod(ABC, Generic[TaskT]):
 
     def population(self, clients: ClientDataset) -> torch.Tensor:
         """``LongTensor``: the users a round samples from, and N of the method's accounting:
-        the eligible users (:func:`~privaterec.fed.sampling.eligible_clients`)."""
-        return eligible_clients(clients, by_impressions=self.by_impressions)
+        the roster, every enrolled user whatever their clicks (who takes part must not
+        depend on the data a release protects; a sampled user without a training sample
+        sends a release of the same shape, :meth:`idle_release`). With
+        :attr:`by_impressions` (PrivateRec), the users with a labelled impression
+        (:func:`~privaterec.fed.sampling.eligible_clients`), which does not depend on
+        their clicks either."""
+        if self.by_impressions:
+            return eligible_clients(clients, by_impressions=True)
+        return roster(clients)
 
     def check_client(self, data: ClientData) -> None:
         """Raise ``ValueError`` if the client cannot take part (no training sample)."""
         if data.num_samples == 0:
             raise ValueError(f"client {data.user_id!r} has no training sample")
 
-    enrols_every_user: ClassVar[bool] = False
-    """Whether :meth:`population` holds users whatever their data (central DP): a sampled
-    user without a training sample then takes part with a zero update."""
+    enrols_every_user: ClassVar[bool] = True
+    """Whether :meth:`population` holds users whatever their data: a sampled user without a
+    training sample then takes part with a zero update (noised like any client's release,
+    :meth:`idle_release`; central DP: a zero vector in the sum)."""
 
     def has_update(self, data: ClientData) -> bool:
         """Whether the client computes an update (:meth:`check_client` passes); ``False``: a
@@ -235,6 +243,14 @@ class ClientMethod(ABC, Generic[TaskT]):
                              f"{updates.shape[0]} updates")
         calibration = self.calibration(int(updates.shape[1]))
         return release_rows(updates, calibration, generators), calibration.event
+
+    def idle_release(self, dimension: int,
+                     generators: Sequence[Randomness]) -> torch.Tensor:
+        """The releases ``Tensor[k, D]`` of k sampled users without a training sample: a
+        zero update released as any client's (:meth:`privatize`: clipped, then noised from
+        each user's own source), so that what the server receives, and the ledger, have the
+        same shape whether or not the user has data."""
+        return self.privatize(torch.zeros(len(generators), dimension), generators)[0]
 
     def event(self, dimension: int) -> PrivacyEvent:
         """The privacy event of one client's upload in one round."""
