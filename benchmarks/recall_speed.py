@@ -80,7 +80,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from privaterec.errors import ConfigError  # noqa: E402
-from privaterec.privacy.mechanisms import laplace_noise  # noqa: E402
+from privaterec.privacy.noise.laplace import laplace_noise  # noqa: E402
 from privaterec.recall.index import (DenseIndex, ScoreSpaceIndex, allocate_quotas,  # noqa: E402
                                      merge_rankings, recall_from_scores)
 from privaterec.recall.model import UniFedRecRecall  # noqa: E402

@@ -30,10 +30,11 @@ ROOT = "privaterec"
 # everything below it. The root name covers ``privaterec/__init__`` only. A module may import
 # from its own layer and the layers below it.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("base", (ROOT, "privaterec.errors")),
-    ("config", ("privaterec.validators", "privaterec.method_settings", "privaterec.config")),
-    # pure calibration math, mechanisms on tensors, randomness sources, ledger, reports
+    ("base", (ROOT, "privaterec.errors", "privaterec.validators")),
+    # pure calibration math, the noise mechanisms, randomness sources, ledger, reports
     ("privacy", ("privaterec.privacy",)),
+    # the configuration names the mechanisms of privacy/noise/ and checks against them
+    ("config", ("privaterec.method_settings", "privaterec.config")),
     ("data", ("privaterec.data",)),
     ("models", ("privaterec.models",)),
     # what a device computes and downloads: its release of one query, the pool's wire

@@ -472,7 +472,7 @@ def cmd_privacy_calibrate(args: argparse.Namespace) -> int:
 
 def _add_privacy_parser(sub: Any) -> None:
     """``privaterec privacy report|calibrate``."""
-    from privaterec.privacy.report import CALIBRATORS, COMPOSITIONS
+    from privaterec.privacy.report import CALIBRATED, COMPOSITIONS
 
     privacy = sub.add_parser("privacy", help="privacy reports of runs, noise calibration")
     privacy_sub = privacy.add_subparsers(dest="privacy_command", required=True)
@@ -489,7 +489,8 @@ def _add_privacy_parser(sub: Any) -> None:
 
     calibrate = privacy_sub.add_parser(
         "calibrate", help="noise scale of a mechanism for a target epsilon (and delta)")
-    calibrate.add_argument("--mechanism", required=True, choices=sorted(CALIBRATORS))
+    calibrate.add_argument("--mechanism", required=True,
+                           choices=sorted((*NOISE_KINDS, *CALIBRATED)))
     calibrate.add_argument("--epsilon", type=float, required=True, help="target epsilon > 0")
     calibrate.add_argument("--delta", type=float, default=None,
                            help="target delta (required by gaussian)")

@@ -31,28 +31,25 @@ from dataclasses import dataclass, fields
 from typing import ClassVar, Literal, get_args
 
 from privaterec.errors import ConfigError
+from privaterec.privacy.adaptive_clip import DEFAULT_CLIP_LR
+from privaterec.privacy.calibration import SENSITIVITY_MODES, SensitivityMode
+from privaterec.privacy.noise import NOISE_KINDS
 from privaterec.validators import (check, check_adaptive_clip, check_choice,
                                    check_noise_multiplier, check_positive)
 
-NoiseKind = Literal["laplace", "gaussian"]
+NoiseKind = str
+"""A noise mechanism's name: one of :data:`NOISE_KINDS` (:mod:`privaterec.privacy.noise`)."""
 PrivacyMode = Literal["paper", "strict"]
-SensitivityMode = Literal["true", "paper"]
 GradientClipping = Literal["l1", "elementwise", "none"]
 SecureAggregation = Literal["none", "secaggplus"]
 NoisePlacement = Literal["central", "distributed"]
 ClipSpace = Literal["parameters", "news_vectors"]
 
-NOISE_KINDS: tuple[NoiseKind, ...] = get_args(NoiseKind)
 PRIVACY_MODES: tuple[PrivacyMode, ...] = get_args(PrivacyMode)
-SENSITIVITY_MODES: tuple[SensitivityMode, ...] = get_args(SensitivityMode)
 GRADIENT_CLIPPINGS: tuple[GradientClipping, ...] = get_args(GradientClipping)
 SECURE_AGGREGATIONS: tuple[SecureAggregation, ...] = get_args(SecureAggregation)
 NOISE_PLACEMENTS: tuple[NoisePlacement, ...] = get_args(NoisePlacement)
 CLIP_SPACES: tuple[ClipSpace, ...] = get_args(ClipSpace)
-
-DEFAULT_CLIP_LR = 0.2
-"""η_C of DP-FedAvg's adaptive clipping: the paper's learning rate of the geometric update
-(Andrew et al., NeurIPS 2021)."""
 
 PRIVATEREC_STRICT_CLIP = 1e-4
 """PrivateRec strict mode's clip bound C of the history-path gradient

@@ -15,7 +15,8 @@ import pytest
 import torch
 
 import privaterec.fed.methods.privaterec as fed_client
-import privaterec.privacy.mechanisms as mechanisms
+import privaterec.privacy.noise.gaussian as gaussian
+import privaterec.privacy.noise.laplace as laplace
 import privaterec.recall.task as recall_training
 from privaterec.cli import main
 from privaterec.fed.update import ClientUpdate
@@ -195,10 +196,10 @@ def test_the_broken_variants_are_undone_on_exit():
     from privaterec.privacy.samplers import SecureNoise
 
     def patched():
-        return (fed_client.release_labels, mechanisms.laplace_noise,
-                recall_training.laplace_noise, ClientUpdate.sent, mechanisms.gaussian_noise,
+        return (fed_client.release_labels, laplace.laplace_noise,
+                recall_training.laplace_noise, ClientUpdate.sent, gaussian.gaussian_noise,
                 central.gaussian_noise, central.CentralDP.noised_sums,
-                central.CentralDP.news_space_release, SecureNoise.release_gaussian,
+                central.CentralDP.news_space_release, SecureNoise.release,
                 SecAggRound.__dict__["share_sigma"])
 
     before = patched()
@@ -207,7 +208,7 @@ def test_the_broken_variants_are_undone_on_exit():
             broken.noise_on_touched_news_only(), broken.scaled_secure_noise(0.5), \
             broken.scaled_noise_shares(0.5):
         assert fed_client.release_labels is broken.published_dpl_labels
-        assert SecureNoise.release_gaussian is not before[8]
+        assert SecureNoise.release is not before[8]
         assert SecAggRound.__dict__["share_sigma"] is not before[9]
     assert patched() == before
 

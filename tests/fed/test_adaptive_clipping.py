@@ -24,7 +24,7 @@ from privaterec.method_settings import DPFedAvgSettings
 from privaterec.privacy.adaptive_clip import AdaptiveClipping, clip_indicators
 from privaterec.privacy.audit import audit_mechanism
 from privaterec.privacy.central import central_epsilon
-from privaterec.privacy.mechanisms import gaussian_noise
+from privaterec.privacy.noise.gaussian import gaussian_noise
 from privaterec.privacy.report import build_privacy_summary, format_privacy_report
 from privaterec.runs.report import release_description
 from privaterec.runtime.checkpoint import load_checkpoint

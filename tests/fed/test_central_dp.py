@@ -22,7 +22,7 @@ from privaterec.fed.rng import central_noise_generator, client_generator
 from privaterec.fed.simulator import eligible_clients, poisson_round, simulate_round
 from privaterec.privacy.audit import empirical_epsilon_lower_bound
 from privaterec.privacy.central import central_epsilon
-from privaterec.privacy.mechanisms import gaussian_noise
+from privaterec.privacy.noise.gaussian import gaussian_noise
 
 
 def _central(run_config, **changes):

@@ -18,6 +18,7 @@ import torch
 from scipy import stats
 
 import privaterec.privacy.calibrated as calibrated
+import privaterec.privacy.noise.gaussian as gaussian_mechanism
 from privaterec.config import FedConfig, ModelConfig, RunConfig, TrainConfig, fed_config
 from privaterec.errors import ConfigError
 from privaterec.fed.methods import (METHODS, ClientMethod, DPFedRec, FedNewsRec, FedRec,
@@ -59,7 +60,7 @@ def cached_gaussian_calibration(monkeypatch):
     """Calibrate σ once per (ε, δ, Δ) (the analytic calibration takes ~1 ms; a method's
     calibration is cached, but the broken variants of the audits are new methods). Values
     are unchanged."""
-    monkeypatch.setattr(calibrated, "gaussian_sigma", functools.lru_cache(gaussian_sigma))
+    monkeypatch.setattr(gaussian_mechanism, "gaussian_sigma", functools.lru_cache(gaussian_sigma))
 
 
 # ------------------------------------------------------------------------ configuration

@@ -17,7 +17,7 @@ from privaterec.fed.news_space import NewsSpaceClipping
 from privaterec.fed.objective import ClientBatch, LocalObjective
 from privaterec.fed.rng import central_noise_generator
 from privaterec.fed.simulator import eligible_clients, simulate_round
-from privaterec.privacy.mechanisms import gaussian_noise
+from privaterec.privacy.noise.gaussian import gaussian_noise
 from privaterec.runs.report import central_dp_release
 
 # Users with 9, 2, 8, 4 and 2 samples and histories of 3, 0 (empty), 2, 3 and 1 clicks.

@@ -17,7 +17,9 @@ from privaterec.privacy.audit import (
 )
 from privaterec.privacy.calibrated import calibrate
 from privaterec.privacy.calibration import gaussian_sigma
-from privaterec.privacy.mechanisms import add_noise, gaussian_noise, laplace_noise
+from privaterec.privacy.mechanisms import add_noise
+from privaterec.privacy.noise.gaussian import gaussian_noise
+from privaterec.privacy.noise.laplace import laplace_noise
 
 TRIALS = 100_000
 

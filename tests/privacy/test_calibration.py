@@ -15,7 +15,6 @@ from privaterec.privacy.calibration import (
     amplified_budget,
     classical_gaussian_sigma,
     dpa_sensitivity,
-    dpl_beta,
     fednewsrec_coordinate_epsilon,
     fednewsrec_update_epsilon,
     gaussian_sigma,
@@ -178,22 +177,6 @@ def test_dpa_sensitivity_paper_mode_and_validation():
         dpa_sensitivity("linf")
     with pytest.raises(ConfigError, match="'mode'"):
         dpa_sensitivity("l2", "loose")
-
-
-def test_dpl_beta():
-    # β = ln(k/(C−1) e^ε)  (PrivateRec Alg. 3 line 17, without the paper's clamp at 0)
-    assert dpl_beta(epsilon=1.0, k=4, impression_size=5) == pytest.approx(1.0)
-    assert dpl_beta(epsilon=2.0, k=4, impression_size=9) == pytest.approx(2.0 + math.log(0.5))
-    # ln(0.2 e) < 0: negative, NOT clamped to 0 (the clamp breaks ε-DP; see dpl_beta)
-    assert dpl_beta(epsilon=1.0, k=4, impression_size=21) == pytest.approx(1.0 + math.log(0.2))
-    assert dpl_beta(epsilon=1.0, k=4, impression_size=3,
-                    allow_replacement=True) == pytest.approx(1.0 + math.log(2.0))
-    assert dpl_beta(epsilon=800.0, k=4, impression_size=9) == pytest.approx(800 + math.log(0.5))
-    assert dpl_beta(epsilon=math.inf, k=4, impression_size=9) == math.inf
-    with pytest.raises(ConfigError, match="'impression_size'"):
-        dpl_beta(epsilon=1.0, k=4, impression_size=4)
-    with pytest.raises(ConfigError, match="'k'"):
-        dpl_beta(epsilon=1.0, k=0, impression_size=4)
 
 
 def test_fednewsrec_epsilons_per_coordinate_and_per_update():

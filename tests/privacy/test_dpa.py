@@ -1,12 +1,12 @@
-"""Tests of privaterec.privacy.dpa: behaviour padding, DPA noise, normalisation, VDP, DPL.
+"""Tests of privaterec.privacy.dpa: behaviour padding, DPA noise, normalisation, VDP.
 
 Expected values are computed independently in the tests (PrivateRec Alg. 2-3;
 docs/privacy.md: DPA sensitivity, padding amplification, Gaussian calibration, ReLU
 normalisation, label privacy), and every privacy claim is also checked by an empirical audit
 (Clopper–Pearson lower bound on ε below the claim; a deliberately broken variant above it).
 
-Two tests are regression tests of bugs these audits found (the paper's clamp β = max{0, ·}
-in DPL, and NaN from softplus normalisation when every coordinate underflows).
+One test is the regression test of a bug these audits found (NaN from softplus normalisation
+when every coordinate underflows).
 """
 
 from __future__ import annotations
@@ -19,13 +19,12 @@ import torch
 from scipy import stats
 
 from privaterec.errors import ConfigError
-from privaterec.privacy.audit import audit_mechanism, empirical_epsilon_lower_bound
-from privaterec.privacy.calibration import dpl_beta, gaussian_sigma
+from privaterec.privacy.audit import audit_mechanism
+from privaterec.privacy.calibration import gaussian_sigma
 from privaterec.privacy.dpa import (
     PAPER_MODE_NOTE,
     dpa_calibration,
     dpa_noise,
-    dpl_choose,
     pad_history,
     padding_mask,
     permute_columns,
@@ -34,7 +33,8 @@ from privaterec.privacy.dpa import (
     vdp_calibration,
     vdp_release,
 )
-from privaterec.privacy.mechanisms import CLIP_MARGIN, gaussian_noise
+from privaterec.privacy.mechanisms import CLIP_MARGIN
+from privaterec.privacy.noise.gaussian import gaussian_noise
 
 F64 = torch.float64
 
@@ -59,11 +59,6 @@ def eps_prime(eps: float, p: float) -> float:
     """ε′ = ln((e^ε − p)/(1 − p)) (PrivateRec Alg. 2 line 9;
     docs/privacy.md#padding-amplification)."""
     return math.log((math.exp(eps) - p) / (1.0 - p))
-
-
-def beta_formula(eps: float, k: int, c: int) -> float:
-    """β = max{0, ln(k/(C − 1)·e^ε)} (PrivateRec Alg. 3 line 17)."""
-    return max(0.0, math.log(k / (c - 1) * math.exp(eps)))
 
 
 # --- behaviour padding (Alg. 2 lines 2-5) ------------------------------------------------------
@@ -352,64 +347,6 @@ def test_vdp_validation():
         _vdp_release(x, clip=1.0, epsilon=1.0, mechanism="uniform", generator=gen(0))
 
 
-# --- DPL (Alg. 3 lines 16-18) ------------------------------------------------------------------
-
-def test_dpl_infinite_epsilon_always_column_zero_and_same_stream():
-    sizes = torch.tensor([2, 5, 30, 7])
-    g_inf, g_fin = gen(60), gen(60)
-    cols, beta = dpl_choose(sizes, negatives=4, epsilon=math.inf, generator=g_inf)
-    assert torch.equal(cols, torch.zeros(4, dtype=torch.long))
-    assert torch.isinf(beta).all()
-    dpl_choose(sizes, negatives=4, epsilon=1.0, generator=g_fin)
-    # The documented property: the generator's stream does not depend on ε.
-    assert torch.equal(torch.rand(5, generator=g_inf), torch.rand(5, generator=g_fin))
-
-
-# (C, k, ε) with ε + ln k − ln(C − 1) ≥ 0, including C − 1 < k (with replacement).
-DPL_CASES = [(5, 4, 1.0), (3, 4, 0.5), (20, 4, 2.0), (8, 2, 3.0), (2, 1, 0.3)]
-
-
-@pytest.mark.parametrize("c,k,eps", DPL_CASES)
-def test_dpl_keep_probability_and_uniform_other_columns(c, k, eps):
-    n = 100_000
-    cols, beta = dpl_choose(torch.full((n,), c), negatives=k, epsilon=eps,
-                            generator=gen(61 + c + k))
-    b = beta_formula(eps, k, c)
-    assert b > 0
-    assert cols.dtype == torch.long and int(cols.min()) >= 0 and int(cols.max()) <= k
-    assert torch.allclose(beta.double(), torch.full((n,), b, dtype=F64), rtol=1e-6)
-    keep = math.exp(b) / (k + math.exp(b))
-    rate = (cols == 0).double().mean().item()
-    assert abs(rate - keep) < 5 * math.sqrt(keep * (1 - keep) / n)
-    if k > 1:
-        counts = torch.bincount(cols[cols > 0], minlength=k + 1)[1:].numpy()
-        assert stats.chisquare(counts).pvalue > 1e-3
-
-
-def test_dpl_beta_matches_calibration_for_mixed_sizes():
-    # Sizes with ε + ln k − ln(C − 1) ≥ 0 here; below that see
-    # test_dpl_is_epsilon_dp_where_the_papers_clamp_would_break_it.
-    sizes = torch.tensor([2, 3, 5, 6, 12, 4, 2])
-    k, eps = 4, 1.5
-    _, beta = dpl_choose(sizes, negatives=k, epsilon=eps, generator=gen(62))
-    assert beta.shape == (7,)
-    for c, b in zip(sizes.tolist(), beta.tolist()):
-        expected = beta_formula(eps, k, c)
-        assert expected > 0
-        assert b == pytest.approx(expected, rel=1e-6)
-        assert b == pytest.approx(dpl_beta(epsilon=eps, k=k, impression_size=c,
-                                           allow_replacement=True), rel=1e-6)
-
-
-def test_dpl_validation():
-    with pytest.raises(ConfigError, match="at least 2"):
-        dpl_choose(torch.tensor([5, 1, 3]), negatives=4, epsilon=1.0, generator=gen(0))
-    with pytest.raises(ConfigError, match="at least 2"):
-        dpl_choose(torch.tensor([0]), negatives=4, epsilon=1.0, generator=gen(0))
-    with pytest.raises(ConfigError, match="'negatives'"):
-        dpl_choose(torch.tensor([5]), negatives=0, epsilon=1.0, generator=gen(0))
-
-
 def test_permute_columns_swaps_the_chosen_column_into_column_zero():
     n, k1 = 200, 5
     cand = torch.arange(n * k1).reshape(n, k1)
@@ -504,64 +441,6 @@ def test_audit_dpa_broken_variants_exceed_the_claimed_epsilon(variant):
     result = audit_mechanism(mech, HIST_D, HIST_D_PRIME, trials=100_000, generator=gen(71),
                              alpha=ALPHA, statistic=laplace_log_ratio)
     assert result.epsilon_lower_bound > eps
-
-
-def dpl_released(clicked: int, *, c: int, k: int, eps: float, n: int,
-                 g: torch.Generator) -> torch.Tensor:
-    """Identity of the news DPL labels positive (Alg. 3 lines 16-18), n independent runs.
-
-    Candidates 0..C−1; column 0 = the clicked one, columns 1..k = k non-clicked drawn
-    uniformly (without replacement if C − 1 ≥ k, else with replacement).
-    """
-    others = torch.tensor([i for i in range(c) if i != clicked])
-    if c - 1 >= k:
-        idx = torch.rand(n, c - 1, generator=g).argsort(dim=1)[:, :k]
-    else:
-        idx = torch.randint(0, c - 1, (n, k), generator=g)
-    cand = torch.cat([torch.full((n, 1), clicked), others[idx]], dim=1)
-    cols, _ = dpl_choose(torch.full((n,), c), negatives=k, epsilon=eps, generator=g)
-    return permute_columns(cand, cols)[:, 0]
-
-
-def dpl_audit(*, c: int, k: int, eps: float, seed: int, n: int = 60_000) -> float:
-    # D: news 0 clicked; D′: news 1 clicked. Test fixed a priori: "says D′ iff news 1 labelled".
-    g = gen(seed)
-    out_d = dpl_released(0, c=c, k=k, eps=eps, n=n, g=g)
-    out_dp = dpl_released(1, c=c, k=k, eps=eps, n=n, g=g)
-    return empirical_epsilon_lower_bound(out_d, out_dp, lambda o: o == 1, alpha=ALPHA)
-
-
-@pytest.mark.parametrize("c,k,eps", [(5, 4, 1.0), (2, 4, 1.0), (20, 4, 2.0)])
-def test_audit_dpl_stays_below_the_claimed_epsilon(c, k, eps):
-    bound = dpl_audit(c=c, k=k, eps=eps, seed=72 + c)
-    assert bound <= eps
-    assert bound > 0.8 * eps  # tight: the exact privacy loss is ε
-
-
-def test_audit_dpl_with_too_large_beta_exceeds():
-    c, k, eps = 5, 4, 1.0
-    # dpl_choose at ε + 3 gives β = ε + 3 (C − 1 = k): the broken variant β = ε + 3.
-    assert dpl_beta(epsilon=eps + 3, k=k, impression_size=c) == pytest.approx(eps + 3)
-    assert dpl_audit(c=c, k=k, eps=eps + 3, seed=73) > eps
-
-
-@pytest.mark.parametrize("c,k,eps", [(50, 4, 1.0), (10, 4, 0.5)])
-def test_dpl_is_epsilon_dp_where_the_papers_clamp_would_break_it(c, k, eps):
-    """Regression (calibration.dpl_beta): the paper's β = max{0, ·} breaks ε-DP.
-
-    P(news j labelled | j clicked) = e^β/(k + e^β) and P(news j labelled | j′ clicked) =
-    (k/(C − 1))/(k + e^β), so the privacy loss is β + ln((C − 1)/k). It equals ε only when
-    β = ε + ln k − ln(C − 1) is used UNclamped. When ε < ln((C − 1)/k) the clamp gives β = 0
-    and the loss is ln((C − 1)/k) > ε: (C=50, k=4, ε=1) leaks ln(49/4) = 2.51; (C=10, k=4,
-    ε=0.5) leaks ln(9/4) = 0.81. MIND impressions often have C ≥ 30, so every ε_t below
-    ~2 is affected with k = 4. Fix: allow β < 0 (p ∝ e^{β y} is a valid exponential
-    mechanism for any real β), or refuse such (ε, C, k) with a ConfigError.
-    """
-    assert beta_formula(eps, k, c) == 0.0  # the clamped regime
-    true_loss = math.log((c - 1) / k)
-    bound = dpl_audit(c=c, k=k, eps=eps, seed=74 + c)
-    assert bound <= eps, (f"DPL at claimed eps={eps} (C={c}, k={k}) leaks at least "
-                          f"{bound:.3f} (exact loss ln((C-1)/k) = {true_loss:.3f})")
 
 
 def vdp_mechanism(*, eps: float, theta: float, clip: bool = True, delta: float = 0.0,

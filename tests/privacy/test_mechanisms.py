@@ -21,10 +21,10 @@ from privaterec.privacy.mechanisms import (
     clip_elementwise,
     clip_l1,
     clip_l2,
-    gaussian_noise,
-    laplace_noise,
     randomized_response,
 )
+from privaterec.privacy.noise.gaussian import gaussian_noise
+from privaterec.privacy.noise.laplace import laplace_noise
 
 N = 200_000
 
@@ -311,7 +311,8 @@ def test_randomized_response_keep_rate_and_uniform_flips():
 
 @pytest.mark.parametrize("noise", ["laplace", "gaussian"])
 def test_one_generator_per_row_draws_each_row_from_its_own_generator(noise):
-    from privaterec.privacy.mechanisms import gaussian_noise, laplace_noise
+    from privaterec.privacy.noise.gaussian import gaussian_noise
+    from privaterec.privacy.noise.laplace import laplace_noise
 
     def draw(shape, generator):
         if noise == "laplace":

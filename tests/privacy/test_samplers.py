@@ -18,7 +18,9 @@ from scipy import stats
 from privaterec.errors import ConfigError
 from privaterec.privacy.audit import audit_mechanism, empirical_epsilon_lower_bound
 from privaterec.privacy.calibrated import calibrate
-from privaterec.privacy.mechanisms import add_noise, gaussian_noise, laplace_noise
+from privaterec.privacy.mechanisms import add_noise
+from privaterec.privacy.noise.gaussian import gaussian_noise
+from privaterec.privacy.noise.laplace import laplace_noise
 from privaterec.privacy.samplers import (GRID_MARGIN_BITS, NoiseSource, SecureNoise,
                                          SimulationNoise, gaussian_release_rho, grid_exponent,
                                          laplace_release_epsilon)

@@ -11,7 +11,7 @@ from scipy import stats
 
 from privaterec.errors import ConfigError
 from privaterec.privacy.ledger import PrivacyLedger, compose_events
-from privaterec.privacy.mechanisms import laplace_noise
+from privaterec.privacy.noise.laplace import laplace_noise
 from privaterec.recall.interest import (BasicInterestEmbeddings, aggregator_weights,
                                         channel_event, perturb_quotas, perturb_scores,
                                         query_events, quota_event)

@@ -11,7 +11,7 @@ from torch.func import functional_call, grad, vmap
 
 from privaterec.errors import ConfigError
 from privaterec.recall.channels import cluster_history
-from privaterec.privacy.mechanisms import laplace_noise
+from privaterec.privacy.noise.laplace import laplace_noise
 from privaterec.recall.model import NUM_NEGATIVES, UniFedRecRecall, info_nce, unified_score
 from privaterec.recall.query import release_query
 

@@ -21,7 +21,7 @@ from privaterec.fed.rng import client_generator
 from privaterec.fed.sampling import clients_per_round
 from privaterec.fed.simulator import sequential_round, simulate_round
 from privaterec.fed.strategies import aggregate
-from privaterec.privacy.mechanisms import laplace_noise
+from privaterec.privacy.noise.laplace import laplace_noise
 from privaterec.recall.model import UniFedRecRecall, info_nce
 from privaterec.recall.news import encode_news_table
 from privaterec.recall.task import (RecallTask, RecallTrainConfig, UniFedRecLDP,

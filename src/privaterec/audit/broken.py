@@ -71,15 +71,15 @@ def published_dpl() -> Iterator[None]:
 @contextmanager
 def scaled_noise(factor: float) -> Iterator[None]:
     """Every Laplace draw (mechanisms and Uni-FedRec's recall upload) at ``factor`` × scale."""
-    import privaterec.privacy.mechanisms as mechanisms
+    import privaterec.privacy.noise.laplace as laplace
     import privaterec.recall.task as recall_task
 
-    original = mechanisms.laplace_noise
+    original = laplace.laplace_noise
 
     def noise(shape: Any, *, scale: Any, generator: Any, **kwargs: Any) -> Tensor:
         return original(shape, scale=scale * factor, generator=generator, **kwargs)
 
-    with _patched(mechanisms, "laplace_noise", noise), \
+    with _patched(laplace, "laplace_noise", noise), \
             _patched(recall_task, "laplace_noise", noise):
         yield
 
@@ -102,29 +102,31 @@ def reply_with_loss() -> Iterator[None]:
 def scaled_gaussian_noise(factor: float) -> Iterator[None]:
     """Every Gaussian draw (the mechanisms and central DP's aggregator) at ``factor`` × σ."""
     import privaterec.fed.methods.central as central
-    import privaterec.privacy.mechanisms as mechanisms
+    import privaterec.privacy.noise.gaussian as gaussian
 
-    original = mechanisms.gaussian_noise
+    original = gaussian.gaussian_noise
 
     def noise(shape: Any, *, sigma: Any, generator: Any, **kwargs: Any) -> Tensor:
         return original(shape, sigma=sigma * factor, generator=generator, **kwargs)
 
-    with _patched(mechanisms, "gaussian_noise", noise), \
+    with _patched(gaussian, "gaussian_noise", noise), \
             _patched(central, "gaussian_noise", noise):
         yield
 
 
 @contextmanager
 def scaled_secure_noise(factor: float) -> Iterator[None]:
-    """:meth:`SecureNoise.release_gaussian` at ``factor`` × σ (the deployed noise)."""
+    """:meth:`SecureNoise.release` of Gaussian noise at ``factor`` × σ (the deployed noise)."""
     from privaterec.privacy.samplers import SecureNoise
 
-    original = SecureNoise.release_gaussian
+    original = SecureNoise.release
 
-    def release(self: SecureNoise, x: Tensor, *, sigma: Any) -> Tensor:
-        return original(self, x, sigma=sigma * factor)
+    def release(self: SecureNoise, x: Tensor, *, mechanism: str, scale: Any,
+                **kwargs: Any) -> Tensor:
+        factor_here = factor if mechanism == "gaussian" else 1.0
+        return original(self, x, mechanism=mechanism, scale=scale * factor_here, **kwargs)
 
-    with _patched(SecureNoise, "release_gaussian", release):
+    with _patched(SecureNoise, "release", release):
         yield
 
 

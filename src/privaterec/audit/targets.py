@@ -14,7 +14,6 @@ news vectors.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, get_args
 
@@ -24,6 +23,7 @@ from privaterec.config import FederatedMethod, ModelConfig, RunConfig, TrainConf
 from privaterec.data.clients import ClientData
 from privaterec.errors import ConfigError
 from privaterec.audit.world import AuditWorld
+from privaterec.privacy.calibrated import clipped_release
 from privaterec.validators import check_choice
 
 if TYPE_CHECKING:
@@ -104,8 +104,8 @@ def fed_run_config(method: FederatedMethod, *, mode: str, epsilon: float, noise:
                    model: ModelConfig = TINY_MODEL) -> RunConfig:
     """The resolved run configuration of a federated method at per-round budget ε.
 
-    FedNewsRec has no ε parameter: its λ is set so that the whole D-dim update is ε-DP,
-    λ = 2δD/ε (needs ``dimension`` D).
+    FedNewsRec has no ε parameter: its λ is the one that makes the whole D-dim update ε-DP,
+    λ = 2δD/ε, as its calibration computes it (needs ``dimension`` D).
     """
     from privaterec.fed.methods import resolve_run_config
 
@@ -113,7 +113,9 @@ def fed_run_config(method: FederatedMethod, *, mode: str, epsilon: float, noise:
     if method == "fednewsrec":
         if dimension is None:
             raise ConfigError("fednewsrec's audit needs the model dimension D")
-        fed = {"clip": FEDNEWSREC_CLIP, "noise_scale": 2 * FEDNEWSREC_CLIP * dimension / epsilon}
+        fed = {"clip": FEDNEWSREC_CLIP, "noise_scale": clipped_release(
+            clipping="elementwise", clip=FEDNEWSREC_CLIP, dimension=dimension,
+            epsilon=epsilon).scale}
     elif method in ("dp-fedrec", "privaterec"):
         fed = {"epsilon_train": epsilon, "noise": noise, "delta_train": delta}
         if method == "privaterec":
@@ -235,12 +237,12 @@ def _federated_target(method: FederatedMethod, world: AuditWorld, *, mode: str, 
 
 
 def recall_config(*, epsilon: float) -> UniFedRecLDP:
-    """Uni-FedRec's LDP client method at per-round ε: L1 clip θ, λ_g = 2θ/ε."""
+    """Uni-FedRec's LDP client method at per-round ε: L1 clip θ, λ_g = 2θ/ε (its calibration)."""
     from privaterec.recall.task import UniFedRecLDP
 
     return UniFedRecLDP(negatives=4, max_samples=64, clipping="l1", clip=RECALL_CLIP,
-                        noise_scale=2 * RECALL_CLIP / epsilon if math.isfinite(epsilon)
-                        else 0.0)
+                        noise_scale=clipped_release(clipping="l1", clip=RECALL_CLIP,
+                                                    dimension=1, epsilon=epsilon).scale)
 
 
 def _recall_target(world: AuditWorld, *, epsilon: float) -> Target:

@@ -31,7 +31,7 @@ from typing import Literal, get_args
 
 import torch
 
-from privaterec.config import (NOISE_KINDS, SENSITIVITY_MODES, SERVING_KINDS, NoiseKind,
+from privaterec.config import (SENSITIVITY_MODES, SERVING_KINDS, NoiseKind,
                                SensitivityMode, ServingKind, _check, _check_choice)
 from privaterec.errors import ConfigError
 from privaterec.models.recommender import Recommender
@@ -39,6 +39,7 @@ from privaterec.privacy.calibrated import Calibration, no_noise
 from privaterec.privacy.dpa import (dpa_calibration, relu_normalize, simplex_project,
                                     softplus_normalize, vdp_calibration)
 from privaterec.privacy.events import PrivacyEvent
+from privaterec.privacy.noise import noise_mechanism
 from privaterec.privacy.randomness import source_release
 from privaterec.privacy.samplers import NoiseSource, SimulationNoise
 
@@ -85,7 +86,7 @@ class ServingConfig:
 
     def __post_init__(self) -> None:
         _check_choice(self.kind, "serving", SERVING_KINDS)
-        _check_choice(self.mechanism, "serving mechanism", NOISE_KINDS)
+        noise = noise_mechanism(self.mechanism, "serving mechanism")
         _check_choice(self.sensitivity_mode, "sensitivity_mode", SENSITIVITY_MODES)
         _check_choice(self.normalization, "serving normalization", NORMALIZATIONS)
         _check(self.epsilon > 0, "epsilon_serve", f"got {self.epsilon!r}, expected > 0")
@@ -96,12 +97,13 @@ class ServingConfig:
                f"got {self.padding_p!r}, expected a probability 0 <= p < 1")
         _check(0 < self.vdp_clip < math.inf, "vdp_clip",
                f"got {self.vdp_clip!r}, expected a finite number > 0")
-        if self.mechanism == "laplace":
+        if noise.pure:
             _check(self.delta == 0, "delta_serve",
-                   f"got {self.delta!r}; Laplace is pure DP: use 0 or --noise gaussian")
+                   f"got {self.delta!r}; {self.mechanism} is pure DP: use 0 or --noise gaussian")
         else:
             _check(0 < self.delta < 1, "delta_serve",
-                   f"got {self.delta!r}, expected 0 < delta < 1 for the Gaussian mechanism")
+                   f"got {self.delta!r}, expected 0 < delta < 1 for the {self.mechanism} "
+                   f"mechanism")
 
     @property
     def effective_padding(self) -> float:

@@ -39,13 +39,16 @@ from dataclasses import dataclass
 import torch
 
 from privaterec.errors import ConfigError
-from privaterec.method_settings import DEFAULT_CLIP_LR
 from privaterec.privacy.central import central_round_event
 from privaterec.privacy.events import PrivacyEvent
 from privaterec.validators import check_adaptive_clip
 
 COUNT_STDDEV_PER_CLIENT = 0.05
 """σ_b's default: the expected number of clients per round m / 20 (the paper's choice)."""
+
+DEFAULT_CLIP_LR = 0.2
+"""η_C of DP-FedAvg's adaptive clipping: the paper's learning rate of the geometric update
+(Andrew et al., NeurIPS 2021)."""
 
 
 def update_noise_multiplier(*, noise_multiplier: float, count_stddev: float) -> float:

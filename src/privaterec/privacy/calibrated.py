@@ -30,11 +30,11 @@ from dataclasses import dataclass
 from typing import Literal, NoReturn
 
 from privaterec.errors import ConfigError
-from privaterec.privacy.calibration import amplified_budget, gaussian_sigma, laplace_scale
-from privaterec.privacy.events import NOISE_MECHANISMS, DataPart, Phase, PrivacyEvent
+from privaterec.privacy.calibration import amplified_budget
+from privaterec.privacy.events import DataPart, Phase, PrivacyEvent
+from privaterec.privacy.noise import MECHANISMS, NOISE_KINDS, NoiseMechanism, noise_mechanism
 
 Clipping = Literal["none", "l1", "l2", "elementwise"]
-NoiseMechanism = Literal["laplace", "gaussian"]
 CLIPPINGS = ("none", "l1", "l2", "elementwise")
 
 SIMPLEX_SENSITIVITY_L1 = 2.0
@@ -90,13 +90,18 @@ class Calibration:
             _fail("noise_scale", self.event.noise_scale, "a finite number >= 0")
 
     @property
+    def noise(self) -> NoiseMechanism | None:
+        """The noise mechanism of the release (``None``: no noise is drawn)."""
+        return MECHANISMS.get(self.event.mechanism)
+
+    @property
     def noisy(self) -> bool:
         """Whether the release adds Laplace or Gaussian noise (possibly of scale 0: ε = ∞)."""
-        return self.event.mechanism in NOISE_MECHANISMS
+        return self.noise is not None
 
     @property
     def mechanism(self) -> str:
-        """``"laplace"``, ``"gaussian"`` or ``"none"`` (no noise is drawn)."""
+        """The noise mechanism's name (``"laplace"``, ...) or ``"none"`` (no noise)."""
         return self.event.mechanism if self.noisy else "none"
 
     @property
@@ -125,7 +130,7 @@ class Calibration:
         return self.event.at_adjacency("user").delta
 
 
-def calibrate(*, mechanism: NoiseMechanism, epsilon: float, delta: float = 0.0,
+def calibrate(*, mechanism: str, epsilon: float, delta: float = 0.0,
               sensitivity: float, dimension: int = 1, phase: Phase = "train",
               padding_p: float = 0.0, clipping: Clipping = "none", clip: float | None = None,
               valid: bool = True, note: str = "", data: DataPart = "all") -> Calibration:
@@ -140,7 +145,8 @@ def calibrate(*, mechanism: NoiseMechanism, epsilon: float, delta: float = 0.0,
     Parameters
     ----------
     mechanism:
-        ``"laplace"`` (pure DP: ``delta`` must be 0) or ``"gaussian"`` (δ in (0, 1)).
+        A noise mechanism (:mod:`privaterec.privacy.noise`): ``"laplace"`` (pure DP:
+        ``delta`` must be 0) or ``"gaussian"`` (δ in (0, 1)).
     epsilon, delta:
         Target (ε, δ) of ONE release after amplification; ε = ∞ gives scale 0 (the event is
         then not private).
@@ -158,29 +164,25 @@ def calibrate(*, mechanism: NoiseMechanism, epsilon: float, delta: float = 0.0,
     -------
     Calibration
     """
-    if mechanism == "laplace":
-        if delta != 0:
-            _fail("delta", delta, "0: the Laplace mechanism is pure DP (pass delta=0 or "
-                  "mechanism='gaussian')")
-        eps_base, _ = amplified_budget(epsilon=epsilon, delta=0.0, padding_p=padding_p)
-        scale = laplace_scale(epsilon=eps_base, sensitivity_l1=sensitivity)
-    elif mechanism == "gaussian":
-        eps_base, delta_base = amplified_budget(epsilon=epsilon, delta=delta,
-                                                padding_p=padding_p)
-        scale = gaussian_sigma(epsilon=eps_base, delta=delta_base, sensitivity_l2=sensitivity)
-    else:
-        _fail("mechanism", mechanism, "'laplace' or 'gaussian'")
+    noise = noise_mechanism(mechanism)
+    if noise.pure and delta != 0:
+        _fail("delta", delta, f"0: the {mechanism} mechanism is pure DP (pass delta=0 or "
+              "mechanism='gaussian')")
+    eps_base, delta_base = amplified_budget(epsilon=epsilon, delta=delta, padding_p=padding_p)
+    scale = noise.scale(epsilon=eps_base, delta=delta_base, sensitivity=sensitivity)
     event = PrivacyEvent(mechanism=mechanism, epsilon=epsilon, delta=delta, noise_scale=scale,
                          sensitivity=sensitivity, dimension=dimension, phase=phase,
                          padding_p=padding_p, valid=valid, note=note, data=data)
     return Calibration(event=event, clipping=clipping, clip=clip)
 
 
-def calibrate_scale(*, noise_scale: float, sensitivity_l1: float, dimension: int = 1,
-                    phase: Phase = "train", clipping: Clipping = "none",
-                    clip: float | None = None, coordinate_epsilon: float | None = None,
-                    note: str = "", data: DataPart = "all") -> Calibration:
-    """A Laplace release at a given scale λ: ε = Δ₁/λ (∞ for λ = 0).
+def calibrate_scale(*, noise_scale: float, sensitivity: float, mechanism: str = "laplace",
+                    delta: float = 0.0, dimension: int = 1, phase: Phase = "train",
+                    clipping: Clipping = "none", clip: float | None = None,
+                    coordinate_epsilon: float | None = None, note: str = "",
+                    data: DataPart = "all") -> Calibration:
+    """A release at a given noise scale: the mechanism's ε for it (at ``delta``; Laplace:
+    ε = Δ₁/λ, ∞ for λ = 0).
 
     For the methods whose papers fix the noise scale rather than ε (FedNewsRec's λ,
     Uni-FedRec's λ_I, λ_g, λ_q). Parameters as in :func:`calibrate`; ``coordinate_epsilon``
@@ -189,25 +191,29 @@ def calibrate_scale(*, noise_scale: float, sensitivity_l1: float, dimension: int
     """
     if not (isinstance(noise_scale, numbers.Real) and 0 <= noise_scale < math.inf):
         _fail("noise_scale", noise_scale, "a finite number >= 0")
-    epsilon = math.inf if noise_scale == 0 else sensitivity_l1 / noise_scale
-    event = PrivacyEvent(mechanism="laplace", epsilon=epsilon, noise_scale=float(noise_scale),
-                         sensitivity=sensitivity_l1, dimension=dimension, phase=phase,
+    epsilon = noise_mechanism(mechanism).epsilon(scale=noise_scale, sensitivity=sensitivity,
+                                                 delta=delta)
+    event = PrivacyEvent(mechanism=mechanism, epsilon=epsilon, delta=delta,
+                         noise_scale=float(noise_scale), sensitivity=sensitivity,
+                         dimension=dimension, phase=phase,
                          coordinate_epsilon=coordinate_epsilon, note=note, data=data)
     return Calibration(event=event, clipping=clipping, clip=clip)
 
 
 def clipped_release(*, clipping: Literal["l1", "l2", "elementwise"], clip: float,
                     dimension: int, epsilon: float | None = None, delta: float = 0.0,
-                    noise_scale: float | None = None, phase: Phase = "train",
-                    note: str = "", data: DataPart = "all") -> Calibration:
+                    noise_scale: float | None = None, mechanism: str | None = None,
+                    phase: Phase = "train", note: str = "",
+                    data: DataPart = "all") -> Calibration:
     """A clipped D-dim vector plus noise, under replacement of the data it reads.
 
     Two clipped vectors differ by at most Δ = 2·clip (L1 or L2 ball of radius clip) or, with
     an element-wise clip to [−clip, clip], Δ₁ = 2·clip·D (FedNewsRec Eq. 4;
-    docs/privacy.md#fednewsrecs-epsilon-is-per-coordinate). L1 and element-wise clips take Laplace
-    noise, an L2 clip the analytic Gaussian. Give the target ``epsilon`` (and ``delta`` for
-    Gaussian), or the Laplace ``noise_scale`` (then ε = Δ₁/λ and, for an element-wise clip, the
-    per-coordinate 2·clip/λ is recorded too).
+    docs/privacy.md#fednewsrecs-epsilon-is-per-coordinate). The noise is ``mechanism``'s, whose
+    norm must be the clip's (an element-wise clip's is L1); by default Laplace for an L1 or
+    element-wise clip, the analytic Gaussian for an L2 clip. Give the target ``epsilon`` (and
+    ``delta`` for Gaussian), or the Laplace ``noise_scale`` (then ε = Δ₁/λ and, for an
+    element-wise clip, the per-coordinate 2·clip/λ is recorded too).
 
     Parameters
     ----------
@@ -217,6 +223,8 @@ def clipped_release(*, clipping: Literal["l1", "l2", "elementwise"], clip: float
         D ≥ 1, the coordinates of one release.
     epsilon, delta, noise_scale:
         Exactly one of ``epsilon`` (target, per release) and ``noise_scale``.
+    mechanism:
+        The noise mechanism (:mod:`privaterec.privacy.noise`); ``None``: the default above.
     phase, note, data:
         Copied into the event.
     """
@@ -229,19 +237,25 @@ def clipped_release(*, clipping: Literal["l1", "l2", "elementwise"], clip: float
     if not (isinstance(dimension, numbers.Integral) and dimension >= 1):
         _fail("dimension", dimension, "an integer >= 1")
     sensitivity = 2.0 * clip * dimension if clipping == "elementwise" else 2.0 * clip
+    norm = "l2" if clipping == "l2" else "l1"
+    mechanism = mechanism or ("gaussian" if norm == "l2" else "laplace")
+    if noise_mechanism(mechanism).norm != norm:
+        _fail("mechanism", mechanism, f"a mechanism calibrated to the {norm.upper()} norm of "
+              f"a {clipping!r} clip")
     if noise_scale is not None:
         if clipping == "l2":
             _fail("clipping", clipping, "'l1' or 'elementwise' with a Laplace noise_scale")
         coordinate = None
         if clipping == "elementwise":
             coordinate = math.inf if noise_scale == 0 else 2.0 * clip / noise_scale
-        return calibrate_scale(noise_scale=noise_scale, sensitivity_l1=sensitivity,
-                               dimension=dimension, phase=phase, clipping=clipping, clip=clip,
-                               coordinate_epsilon=coordinate, note=note, data=data)
+        return calibrate_scale(noise_scale=noise_scale, sensitivity=sensitivity,
+                               mechanism=mechanism, dimension=dimension, phase=phase,
+                               clipping=clipping, clip=clip, coordinate_epsilon=coordinate,
+                               note=note, data=data)
     assert epsilon is not None
-    return calibrate(mechanism="gaussian" if clipping == "l2" else "laplace", epsilon=epsilon,
-                     delta=delta, sensitivity=sensitivity, dimension=dimension, phase=phase,
-                     clipping=clipping, clip=clip, note=note, data=data)
+    return calibrate(mechanism=mechanism, epsilon=epsilon, delta=delta, sensitivity=sensitivity,
+                     dimension=dimension, phase=phase, clipping=clipping, clip=clip, note=note,
+                     data=data)
 
 
 def simplex_release(*, noise_scale: float, dimension: int, phase: Phase = "serve",
@@ -250,7 +264,7 @@ def simplex_release(*, noise_scale: float, dimension: int, phase: Phase = "serve
 
     The sensitivity holds for any change of the data (:data:`SIMPLEX_SENSITIVITY_L1`).
     """
-    return calibrate_scale(noise_scale=noise_scale, sensitivity_l1=SIMPLEX_SENSITIVITY_L1,
+    return calibrate_scale(noise_scale=noise_scale, sensitivity=SIMPLEX_SENSITIVITY_L1,
                            dimension=dimension, phase=phase, note=note, data=data)
 
 
@@ -260,12 +274,12 @@ def no_noise(*, mechanism: str = "none", epsilon: float = math.inf, dimension: i
     """A release without noise: ε = ∞ (sent as is, e.g. ``fedrec``'s gradient), or ε = 0
     when nothing user-dependent is sent (local ranking). ``mechanism`` names it in reports
     (``"none"``, ``"clear_quotas"``, ...; not ``"laplace"``/``"gaussian"``)."""
-    if mechanism in NOISE_MECHANISMS:
-        _fail("mechanism", mechanism, "a mechanism without noise (not laplace/gaussian)")
+    if mechanism in MECHANISMS:
+        _fail("mechanism", mechanism, f"a mechanism without noise (not one of {NOISE_KINDS})")
     event = PrivacyEvent(mechanism=mechanism, epsilon=epsilon, dimension=dimension,
                          phase=phase, note=note, data=data)
     return Calibration(event=event, clipping=clipping, clip=clip)
 
 
-__all__ = ["CLIPPINGS", "Calibration", "Clipping", "NoiseMechanism", "SIMPLEX_SENSITIVITY_L1",
+__all__ = ["CLIPPINGS", "Calibration", "Clipping", "SIMPLEX_SENSITIVITY_L1",
            "calibrate", "calibrate_scale", "clipped_release", "no_noise", "simplex_release"]

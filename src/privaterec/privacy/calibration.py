@@ -22,9 +22,13 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Literal
+from typing import Literal, get_args
 
 from privaterec.errors import ConfigError
+
+SensitivityMode = Literal["true", "paper"]
+"""DPA's sensitivity: the simplex's (``true``) or the paper's S = θ (``paper``, NOT valid)."""
+SENSITIVITY_MODES: tuple[SensitivityMode, ...] = get_args(SensitivityMode)
 
 PAPER_SENSITIVITY_WARNING = (
     "DPA noise calibrated with the paper's sensitivity theta (PrivateRec Alg. 2 line 1); "
@@ -219,7 +223,7 @@ def padding_amplification(*, epsilon_base: float, delta_base: float,
 
 
 def dpa_sensitivity(norm: Literal["l1", "l2"] = "l2",
-                    mode: Literal["true", "paper"] = "true", *, theta: float = 1.0) -> float:
+                    mode: SensitivityMode = "true", *, theta: float = 1.0) -> float:
     """Sensitivity of PrivateRec's attention vector α (DPA, Alg. 2 lines 7-9).
 
     Parameters
@@ -248,46 +252,6 @@ def dpa_sensitivity(norm: Literal["l1", "l2"] = "l2",
         return float(theta)
     _fail("mode", mode, "'true' or 'paper'")
     raise AssertionError("unreachable")  # pragma: no cover
-
-
-def dpl_beta(*, epsilon: float, k: int, impression_size: int,
-             allow_replacement: bool = False) -> float:
-    """Inverse temperature β of DP label permutation (PrivateRec Alg. 3 line 17).
-
-    β = ln(k/(C − 1) · e^ε) = ε + ln k − ln(C − 1), computed in log space. The positive
-    label is then sampled among the k + 1 candidates with p ∝ e^{β yᵢ}.
-
-    Erratum (found by the empirical audit in ``tests/privacy/test_dpa.py``): the paper
-    clamps β at 0, but the news labelled positive is the clicked one with probability
-    e^β/(k + e^β) and any given other news with (k/(C − 1))/(k + e^β), so the privacy loss
-    is β + ln((C − 1)/k); it equals ε only WITHOUT the clamp. When ε < ln((C − 1)/k), β is
-    negative (the clicked news is labelled positive less often than each other candidate),
-    which is still a valid exponential mechanism.
-
-    Parameters
-    ----------
-    epsilon:
-        Training budget ε_t > 0 (``math.inf`` → β = ∞, i.e. no permutation).
-    k:
-        Number of sampled non-clicked candidates, k ≥ 1.
-    impression_size:
-        C ≥ 2, the number of candidates in the impression; needs C − 1 ≥ k unless
-        ``allow_replacement``.
-    allow_replacement:
-        The k non-clicked news are drawn uniformly WITH replacement when C − 1 < k. Each
-        non-clicked news then still appears k/(C − 1) times in expectation, which is all the
-        ε-DP argument for the positive label's identity uses, so the same β applies.
-    """
-    _check_epsilon(epsilon)
-    if not (isinstance(k, numbers.Integral) and k >= 1):
-        _fail("k", k, "an integer >= 1")
-    min_size = 2 if allow_replacement else k + 1
-    if not (isinstance(impression_size, numbers.Integral) and impression_size >= min_size):
-        _fail("impression_size", impression_size,
-              f"an integer C with C - 1 >= k = {k} (k non-clicked candidates are sampled)")
-    if math.isinf(epsilon):
-        return math.inf
-    return epsilon + math.log(k) - math.log(impression_size - 1)
 
 
 def fednewsrec_coordinate_epsilon(*, clip_bound: float, noise_scale: float) -> float:

@@ -1,4 +1,4 @@
-"""PrivateRec's private user representation: behaviour padding, DPA, VDP and DPL.
+"""PrivateRec's private user representation: behaviour padding, DPA and VDP.
 
 Pure functions of tensors plus an explicit ``torch.Generator`` (docs/architecture.md#seams); the
 model parts (basic vectors b, the attention α on the simplex, ``Recommender.attention``) live in
@@ -15,12 +15,9 @@ model parts (basic vectors b, the attention α on the simplex, ``Recommender.att
   §3.3, guarded against an all-zero sum: docs/privacy.md#relu-normalisation).
 * :func:`vdp_calibration` / :func:`vdp_release` — §3.2.1's baseline: clip the d-dim user
   vector to θ, add noise calibrated to ε_s with Δ = 2θ.
-* :func:`dpl_choose` — Alg. 3 lines 16-18 as published: the exponential mechanism that picks
-  the positive label among the k + 1 candidates with p ∝ e^{β yᵢ}, β = ln(k/(C − 1)·e^ε)
-  (no clamp at 0: :func:`~privaterec.privacy.calibration.dpl_beta`). Kept to reproduce and
-  audit the paper's mechanism only: its candidate set always holds the clicked news, so the
-  upload names the click (ε = ∞ for the click). Training uses
-  :mod:`privaterec.privacy.labels` instead.
+* :func:`permute_columns` — puts the candidate the label release labels positive
+  (:mod:`privaterec.privacy.labels`, which replaces Alg. 3 lines 16-18: their candidate set
+  always holds the clicked news, docs/privaterec.md) into the loss's label column.
 
 Alg. 2 line 8's clipping α/max(1, ‖α‖₂) is the identity on the simplex (‖α‖₂ ≤ ‖α‖₁ = 1),
 so it is omitted.
@@ -29,7 +26,7 @@ so it is omitted.
 from __future__ import annotations
 
 import math
-from typing import Literal, Sequence
+from typing import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -37,14 +34,14 @@ from torch import Tensor
 
 from privaterec.errors import ConfigError
 from privaterec.privacy.calibrated import Calibration, calibrate, clipped_release
-from privaterec.privacy.calibration import dpa_sensitivity, dpl_beta
+from privaterec.privacy.calibration import SensitivityMode, dpa_sensitivity
 from privaterec.privacy.events import DataPart, Phase
-from privaterec.privacy.mechanisms import Generators, add_noise, clip_and_noise
+from privaterec.privacy.mechanisms import add_noise, clip_and_noise
+from privaterec.privacy.noise import noise_mechanism
+from privaterec.privacy.noise.base import Generators
 from privaterec.privacy.randomness import rand
 from privaterec.privacy.samplers import NoiseSource
 
-Mechanism = Literal["laplace", "gaussian"]
-SensitivityMode = Literal["true", "paper"]
 
 PAPER_MODE_NOTE = ("sensitivity='paper' (S = theta): NOT a valid DP guarantee; alpha lies on "
                    "the simplex, whose true sensitivity is L1 = 2 / L2 = sqrt(2)")
@@ -54,12 +51,6 @@ def _check_probability(p: float, name: str) -> None:
     if not (isinstance(p, (int, float)) and 0.0 <= p < 1.0):
         raise ConfigError(f"invalid privacy parameter '{name}': got {p!r}, expected a "
                           f"probability in [0, 1)")
-
-
-def _check_mechanism(mechanism: str) -> None:
-    if mechanism not in ("laplace", "gaussian"):
-        raise ConfigError(f"invalid 'mechanism': got {mechanism!r}, expected 'laplace' or "
-                          f"'gaussian'")
 
 
 def padding_mask(mask: Tensor, *, padding_p: float,
@@ -106,7 +97,7 @@ def pad_history(rows: Tensor, pad: Tensor, *, anonymous_row: int = 0) -> Tensor:
 
 
 def dpa_calibration(*, epsilon: float, delta: float = 0.0, padding_p: float = 0.0,
-                    mechanism: Mechanism = "laplace", sensitivity: SensitivityMode = "true",
+                    mechanism: str = "laplace", sensitivity: SensitivityMode = "true",
                     phase: Phase = "train", dimension: int = 1,
                     data: DataPart = "all") -> Calibration:
     """The calibration of DPA's noise on α (PrivateRec Alg. 2 line 9), once per run or query
@@ -140,9 +131,8 @@ def dpa_calibration(*, epsilon: float, delta: float = 0.0, padding_p: float = 0.
     :class:`~privaterec.privacy.calibrated.Calibration` of ONE row's release (the noise is
     added to α itself: no clipping).
     """
-    _check_mechanism(mechanism)
     _check_probability(padding_p, "padding_p")
-    norm: Literal["l1", "l2"] = "l1" if mechanism == "laplace" else "l2"
+    norm = noise_mechanism(mechanism).norm
     valid = sensitivity == "true"
     note = ("PrivateRec DPA: noise on the B attention weights, simplex sensitivity, "
             "padding-amplified budget" if valid else PAPER_MODE_NOTE)
@@ -217,7 +207,7 @@ def simplex_project(x: Tensor) -> Tensor:
 
 
 def vdp_calibration(*, clip: float, epsilon: float, delta: float = 0.0,
-                    mechanism: Mechanism = "laplace", dimension: int,
+                    mechanism: str = "laplace", dimension: int,
                     phase: Phase = "serve") -> Calibration:
     """VDP's calibration (PrivateRec §3.2.1): clip the user vector to norm θ, add noise.
 
@@ -233,12 +223,12 @@ def vdp_calibration(*, clip: float, epsilon: float, delta: float = 0.0,
     dimension:
         d, the size of the user vector.
     """
-    _check_mechanism(mechanism)
+    norm = noise_mechanism(mechanism).norm
     if not (isinstance(clip, (int, float)) and 0 < clip < math.inf):
         raise ConfigError(f"invalid privacy parameter 'clip': got {clip!r}, expected a finite "
                           f"number > 0")
-    note = f"VDP: {'L1' if mechanism == 'laplace' else 'L2'} clip of the user vector to {clip}"
-    return clipped_release(clipping="l1" if mechanism == "laplace" else "l2", clip=clip,
+    note = f"VDP: {norm.upper()} clip of the user vector to {clip}"
+    return clipped_release(clipping=norm, clip=clip, mechanism=mechanism,
                            dimension=dimension, epsilon=epsilon, delta=delta, phase=phase,
                            note=note)
 
@@ -262,63 +252,11 @@ def vdp_release(user: Tensor, calibration: Calibration, *, generator: Generators
     return clip_and_noise(user, calibration, generator=generator)
 
 
-def dpl_choose(impression_size: Tensor, *, negatives: int, epsilon: float,
-               generator: torch.Generator) -> tuple[Tensor, Tensor]:
-    """The published DP label permutation (PrivateRec Alg. 3 lines 16-18) — NOT DP for the click.
-
-    Each sample holds its clicked news in column 0 followed by k sampled non-clicked news.
-    The positive is drawn with p ∝ e^{β yᵢ}: column 0 with e^β/(k + e^β), each other column
-    with 1/(k + e^β), where β = ln(k/(C − 1)·e^ε) (not clamped at 0, see
-    :func:`~privaterec.privacy.calibration.dpl_beta`) and C is the sample's impression size.
-    The identity of the news labelled positive alone would be ε-DP for which news of the
-    impression was clicked, but the set of k + 1 candidates always contains the clicked news
-    (Alg. 3 line 16), so the release (set, label) identifies the click: ε = ∞ whenever
-    C − 1 > k. The engine does not use this function (it uses
-    :func:`privaterec.privacy.labels.release_labels`); it is kept to reproduce the paper's
-    mechanism (the end-to-end audit's broken variant, ``e2e_privaterec.audit.broken.published_dpl``,
-    puts the same always-clicked candidate set into the real client update).
-
-    Parameters
-    ----------
-    impression_size:
-        ``LongTensor[n]``, C of each sample's impression (≥ 2).
-    negatives:
-        k ≥ 1.
-    epsilon:
-        ε_t > 0 (∞: column 0 always, no permutation).
-    generator:
-        The client's generator.
-
-    Returns
-    -------
-    (``LongTensor[n]`` chosen columns in [0, k], ``Tensor[n]`` β of each sample)
-    """
-    if not (isinstance(negatives, int) and negatives >= 1):
-        raise ConfigError(f"invalid 'negatives': got {negatives!r}, expected an int >= 1")
-    if bool((impression_size < 2).any()):
-        raise ConfigError("every impression needs at least 2 candidates for DP label "
-                          "permutation")
-    n = impression_size.shape[0]
-    if math.isinf(epsilon):
-        # Still consume the draws so the generator's stream does not depend on ε.
-        torch.rand(n, generator=generator, dtype=torch.float64)
-        return torch.zeros(n, dtype=torch.long), torch.full((n,), math.inf)
-    beta = torch.tensor([dpl_beta(epsilon=epsilon, k=negatives, impression_size=int(c),
-                                  allow_replacement=True) for c in impression_size.tolist()],
-                        dtype=torch.float64)
-    # P(column 0) = e^β/(k + e^β) = 1/(1 + k e^{−β}); otherwise uniform over columns 1..k.
-    keep = 1.0 / (1.0 + negatives * torch.exp(-beta))
-    u = torch.rand(n, generator=generator, dtype=torch.float64)
-    other = 1 + torch.minimum((((u - keep) / (1 - keep).clamp_min(1e-300)) * negatives).long(),
-                              torch.tensor(negatives - 1))
-    return torch.where(u < keep, torch.zeros(n, dtype=torch.long), other), beta.float()
-
-
 def permute_columns(candidates: Tensor, chosen: Tensor) -> Tensor:
     """Swap column ``chosen[i]`` of row i into column 0 (the label column of the loss).
 
     ``candidates``: ``LongTensor[n, 1 + k]``; ``chosen``: ``LongTensor[n]``. Returns a new
-    tensor where column 0 holds the news DPL labelled positive.
+    tensor where column 0 holds the news the label release labelled positive.
     """
     out = candidates.clone()
     rows = torch.arange(candidates.shape[0])
@@ -327,7 +265,6 @@ def permute_columns(candidates: Tensor, chosen: Tensor) -> Tensor:
     return out
 
 
-__all__ = ["Mechanism", "PAPER_MODE_NOTE", "SensitivityMode", "dpa_calibration", "dpa_noise",
-           "dpl_choose", "vdp_calibration",
-           "pad_history", "padding_mask", "permute_columns", "relu_normalize",
+__all__ = ["PAPER_MODE_NOTE", "SensitivityMode", "dpa_calibration", "dpa_noise",
+           "vdp_calibration", "pad_history", "padding_mask", "permute_columns", "relu_normalize",
            "simplex_project", "softplus_normalize", "vdp_release"]

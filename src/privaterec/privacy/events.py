@@ -32,10 +32,10 @@ from dp_accounting import dp_event
 
 from privaterec.errors import CheckpointError, ConfigError
 from privaterec.privacy.calibration import amplified_budget, padding_amplification
+from privaterec.privacy.noise import MECHANISMS
 from privaterec.validators import is_real
 
 PHASES = ("train", "serve")
-NOISE_MECHANISMS = ("laplace", "gaussian")
 
 Phase = Literal["train", "serve"]
 DataPart = Literal["history", "labels", "all"]
@@ -182,11 +182,11 @@ class PrivacyEvent:
         object.__setattr__(self, "valid", bool(self.valid))
         if self.sampling_rate is not None:
             if not (isinstance(self.sampling_rate, numbers.Real) and 0 < self.sampling_rate <= 1
-                    and self.mechanism == "gaussian" and self.padding_p == 0):
+                    and self.mechanism in MECHANISMS and self.padding_p == 0):
                 _fail("sampling_rate", self.sampling_rate, "None, or q in (0, 1] on an "
-                      "unpadded 'gaussian' event")
+                      "unpadded noise event ('gaussian')")
             object.__setattr__(self, "sampling_rate", float(self.sampling_rate))
-        if self.mechanism in NOISE_MECHANISMS:
+        if self.mechanism in MECHANISMS:
             self._check_noise_fields()
         if self.padding_p > 0 and self.epsilon_user is None and math.isfinite(self.epsilon):
             # Amplification holds for one substituted click; any other change of the history
@@ -200,10 +200,11 @@ class PrivacyEvent:
         if self.noise_scale is None or self.sensitivity is None or self.sensitivity <= 0:
             _fail("noise_scale/sensitivity", (self.noise_scale, self.sensitivity),
                   f"both set (sensitivity > 0) for a {self.mechanism!r} event")
-        if self.mechanism == "gaussian" and self.noise_scale > 0 and self.delta <= 0:
-            _fail("delta", self.delta, "> 0 for a Gaussian event")
-        if self.mechanism == "laplace":
-            base = math.inf if self.noise_scale == 0 else self.sensitivity / self.noise_scale
+        noise = MECHANISMS[self.mechanism]
+        if not noise.pure and self.noise_scale > 0 and self.delta <= 0:
+            _fail("delta", self.delta, f"> 0 for a {self.mechanism!r} event")
+        if noise.pure:  # ε is the scale's, amplified by the padding
+            base = noise.epsilon(scale=self.noise_scale, sensitivity=self.sensitivity, delta=0.0)
             expected = base
             if self.padding_p > 0 and math.isfinite(base):
                 expected = padding_amplification(epsilon_base=base, delta_base=0.0,
@@ -211,7 +212,7 @@ class PrivacyEvent:
             if not math.isclose(self.epsilon, expected, rel_tol=_REL_TOL, abs_tol=1e-12):
                 _fail("epsilon", self.epsilon,
                       f"{expected!r} = sensitivity/noise_scale (amplified by padding_p="
-                      f"{self.padding_p}) for a Laplace event")
+                      f"{self.padding_p}) for a {self.mechanism!r} event")
 
     def at_adjacency(self, adjacency: Adjacency) -> PrivacyEvent:
         """This release seen under ``adjacency`` (``"click"``: itself).
@@ -234,7 +235,7 @@ class PrivacyEvent:
     @property
     def noise_multiplier(self) -> float | None:
         """``noise_scale / sensitivity`` for noise mechanisms, else None."""
-        if self.mechanism not in NOISE_MECHANISMS:
+        if self.mechanism not in MECHANISMS:
             return None
         assert self.noise_scale is not None and self.sensitivity is not None
         return self.noise_scale / self.sensitivity
@@ -244,7 +245,7 @@ class PrivacyEvent:
         """False when the release has no finite guarantee (ε = ∞ or zero noise)."""
         if math.isinf(self.epsilon):
             return False
-        return not (self.mechanism in NOISE_MECHANISMS and self.noise_scale == 0)
+        return not (self.mechanism in MECHANISMS and self.noise_scale == 0)
 
     def to_dp_event(self) -> dp_event.DpEvent:
         """The ``dp_accounting`` event that this release is accounted as (module docstring)."""
@@ -252,14 +253,12 @@ class PrivacyEvent:
             return dp_event.NonPrivateDpEvent()
         if self.epsilon == 0 and self.delta == 0:
             return dp_event.NoOpDpEvent()
-        if self.padding_p == 0 and self.mechanism == "laplace":
-            return dp_event.LaplaceDpEvent(noise_multiplier=self.noise_multiplier)
-        if self.sampling_rate is not None:
-            return dp_event.PoissonSampledDpEvent(
-                sampling_probability=self.sampling_rate,
-                event=dp_event.GaussianDpEvent(noise_multiplier=self.noise_multiplier))
-        if self.padding_p == 0 and self.mechanism == "gaussian":
-            return dp_event.GaussianDpEvent(noise_multiplier=self.noise_multiplier)
+        if self.padding_p == 0 and self.noise_multiplier is not None:
+            event = MECHANISMS[self.mechanism].dp_event(self.noise_multiplier)
+            if self.sampling_rate is None:
+                return event
+            return dp_event.PoissonSampledDpEvent(sampling_probability=self.sampling_rate,
+                                                  event=event)
         if self.delta == 0:
             # Binary randomized response keeps its input w.p. e^ε/(1+e^ε):
             # noise_parameter p with 1 - p/2 = e^ε/(1+e^ε), i.e. p = 2/(1+e^ε).
@@ -302,5 +301,5 @@ def _decode_float(x: float | str) -> float:
 
 
 __all__ = ["ADJACENCIES", "ADJACENCY_TEXT", "Adjacency", "DATA_PARTS", "DataPart",
-           "EpsilonDeltaDpEvent", "NOISE_MECHANISMS", "PHASES", "Phase", "PrivacyEvent",
+           "EpsilonDeltaDpEvent", "PHASES", "Phase", "PrivacyEvent",
            "replace_event"]

@@ -47,9 +47,10 @@ from dp_accounting.rdp import rdp_privacy_accountant as rdp_lib
 from privaterec.errors import CheckpointError, ConfigError, PrivacyBudgetExceeded
 # The event and its vocabulary live in privacy/events.py; re-exported here for callers that
 # import them with the ledger.
-from privaterec.privacy.events import (ADJACENCIES, ADJACENCY_TEXT, DATA_PARTS,
-                                       NOISE_MECHANISMS, PHASES, Adjacency, DataPart,
-                                       EpsilonDeltaDpEvent, Phase, PrivacyEvent)
+from privaterec.privacy.events import (ADJACENCIES, ADJACENCY_TEXT, DATA_PARTS, PHASES,
+                                       Adjacency, DataPart, EpsilonDeltaDpEvent, Phase,
+                                       PrivacyEvent)
+from privaterec.privacy.noise import MECHANISMS
 
 COMPOSITIONS = ("basic", "pld", "rdp")
 
@@ -100,23 +101,6 @@ def basic_composition(events: EventCounts) -> tuple[float, float]:
 
 
 @functools.lru_cache(maxsize=256)
-def _laplace_pld(noise_multiplier: float, interval: float) -> pld_lib.PrivacyLossDistribution:
-    """One Laplace release's PLD (cached: a report composes the same event for many counts,
-    and building the PLD costs more than composing it; PLDs are immutable)."""
-    return pld_lib.from_laplace_mechanism(noise_multiplier,
-                                          value_discretization_interval=interval)
-
-
-@functools.lru_cache(maxsize=256)
-def _sampled_gaussian_pld(noise_multiplier: float, sampling_prob: float,
-                          interval: float) -> pld_lib.PrivacyLossDistribution:
-    """One Poisson-sampled Gaussian release's PLD under replace-one (cached, as above)."""
-    return pld_lib.from_gaussian_mechanism(
-        noise_multiplier, sampling_prob=sampling_prob, value_discretization_interval=interval,
-        neighboring_relation=NeighboringRelation.REPLACE_ONE)
-
-
-@functools.lru_cache(maxsize=256)
 def _approximate_dp_pld(epsilon: float, delta: float,
                         interval: float) -> pld_lib.PrivacyLossDistribution:
     """The PLD of an (ε, δ) release (cached, as above)."""
@@ -132,21 +116,11 @@ def _pld_of(event: PrivacyEvent, count: int,
     dp = event.to_dp_event()
     if isinstance(dp, dp_event.NoOpDpEvent):
         return None
-    if isinstance(dp, dp_event.LaplaceDpEvent):
-        return _laplace_pld(dp.noise_multiplier, interval).self_compose(count)
-    if isinstance(dp, dp_event.PoissonSampledDpEvent):
-        assert isinstance(dp.event, dp_event.GaussianDpEvent)
-        # Replace-one, the adjacency of every ledger total (a sampled user's clipped update
-        # may change by up to twice the clip).
-        return _sampled_gaussian_pld(dp.event.noise_multiplier, dp.sampling_probability,
-                                     interval).self_compose(count)
-    if isinstance(dp, dp_event.GaussianDpEvent):
-        # k Gaussian releases with multiplier s compose exactly to one with s/√k.
-        return pld_lib.from_gaussian_mechanism(
-            dp.noise_multiplier / math.sqrt(count), value_discretization_interval=interval)
     if isinstance(dp, (dp_event.RandomizedResponseDpEvent, EpsilonDeltaDpEvent)):
         return _approximate_dp_pld(event.epsilon, event.delta, interval).self_compose(count)
-    raise AssertionError(f"unexpected dp event {dp!r}")  # pragma: no cover
+    assert event.noise_multiplier is not None  # an unpadded noise event (to_dp_event)
+    return MECHANISMS[event.mechanism].pld(event.noise_multiplier, count=count,
+                                           interval=interval, sampling_rate=event.sampling_rate)
 
 
 def _rdp_curve(events: EventCounts, orders: np.ndarray) -> np.ndarray:
@@ -207,7 +181,8 @@ def compose_events(events: EventCounts, *, delta: float, composition: Compositio
         # worst-case privacy loss of each (Laplace, randomized response) is attained with
         # positive probability, so the sum is attained too. PLD/RDP would return ∞ at δ = 0
         # (truncated tails, Rényi conversion).
-        if delta == 0 and any(e.delta > 0 or e.mechanism == "gaussian" for e, _ in events):
+        if delta == 0 and any(e.delta > 0 or not getattr(MECHANISMS.get(e.mechanism), "pure", True)
+                              for e, _ in events):
             return math.inf
         eps, total_delta = basic_composition(events)
         return eps if total_delta <= delta * (1 + _REL_TOL) else math.inf

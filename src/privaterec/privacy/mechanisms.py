@@ -1,8 +1,8 @@
-"""Noise, clipping and the basic DP mechanisms on tensors (docs/privacy.md).
+"""Clipping, calibrated noise and randomized response on tensors (docs/privacy.md).
 
 Every random draw goes through an explicit ``torch.Generator``; the global torch RNG is
-never used. Noise is drawn in float64 and then cast to the requested dtype (a float32
-inverse-CDF would truncate the Laplace tail at about 17 scales). As for any floating-point
+never used. The noise is the calibration's mechanism's draw (:mod:`privaterec.privacy.noise`:
+float64, then cast to the requested dtype). As for any floating-point
 implementation, the textbook guarantee ignores rounding effects (Mironov, CCS 2012).
 
 Shapes are free: functions work elementwise or over the dimensions named by ``dim``, so a
@@ -16,7 +16,7 @@ scale.
 from __future__ import annotations
 
 import math
-from typing import Callable, Sequence
+from typing import Sequence
 
 import torch
 from torch import Tensor
@@ -24,105 +24,9 @@ from torch import Tensor
 from privaterec.errors import ConfigError
 from privaterec.privacy.calibrated import Calibration
 from privaterec.privacy.events import Phase, PrivacyEvent
+from privaterec.privacy.noise.base import Generators, generator_device
 
 Dims = int | Sequence[int] | None
-Generators = torch.Generator | Sequence[torch.Generator]
-"""One generator, or one per row of a batch of releases (row i drawn from generator i, so a
-client's noise comes from its own generator whichever engine batches it)."""
-
-
-def _check_scale(value: float | Tensor, name: str) -> None:
-    if isinstance(value, Tensor):
-        if bool((value < 0).any()) or not bool(torch.isfinite(value).all()):
-            raise ConfigError(f"invalid noise parameter '{name}': expected finite values >= 0")
-    elif not (0 <= value < math.inf):
-        raise ConfigError(f"invalid noise parameter '{name}': got {value!r}, expected a finite "
-                          f"number >= 0")
-
-
-def _as_scale(value: float | Tensor, device: torch.device | None) -> float | Tensor:
-    return value.to(device=device, dtype=torch.float64) if isinstance(value, Tensor) else value
-
-
-def _device(generator: Generators, device: torch.device | str | None) -> torch.device:
-    if device is not None:
-        return torch.device(device)
-    first = generator if isinstance(generator, torch.Generator) else next(iter(generator))
-    return first.device
-
-
-def _per_row(shape: Sequence[int], generator: Generators,
-             draw: Callable[[Sequence[int], torch.Generator], Tensor]) -> Tensor:
-    """``draw(shape, generator)``, or with one generator per row, row i = ``draw(row, g_i)``."""
-    if isinstance(generator, torch.Generator):
-        return draw(shape, generator)
-    generators = list(generator)
-    if len(shape) < 1 or shape[0] != len(generators):
-        raise ConfigError(f"one generator per row: got {len(generators)} generators for "
-                          f"shape {tuple(shape)}")
-    return torch.stack([draw(tuple(shape[1:]), g) for g in generators])
-
-
-def laplace_noise(shape: Sequence[int], *, scale: float | Tensor, generator: Generators,
-                  dtype: torch.dtype = torch.float32,
-                  device: torch.device | str | None = None) -> Tensor:
-    """I.i.d. Laplace(0, b) noise, density exp(−|x|/b)/(2b).
-
-    Drawn as b·(E₁ − E₂) with E = −log(1 − U), U ~ Uniform[0, 1) from ``torch.rand`` with
-    ``generator`` (the difference of two Exp(1) variables is Laplace(0, 1)).
-
-    Parameters
-    ----------
-    shape:
-        Output shape.
-    scale:
-        b ≥ 0, a float or a tensor broadcastable to ``shape`` (e.g. per-client ``[n, 1]``).
-    generator:
-        Source of randomness, or one generator per row (``shape[0]`` of them).
-    dtype, device:
-        Output dtype and device.
-
-    Returns
-    -------
-    Tensor
-        Shape ``shape``.
-    """
-    _check_scale(scale, "scale")
-    device = _device(generator, device)
-    if not isinstance(scale, Tensor) and scale == 0:
-        return torch.zeros(shape, dtype=dtype, device=device)
-
-    def draw(row_shape: Sequence[int], g: torch.Generator) -> Tensor:
-        u1 = torch.rand(row_shape, generator=g, dtype=torch.float64, device=device)
-        u2 = torch.rand(row_shape, generator=g, dtype=torch.float64, device=device)
-        return torch.log1p(-u2) - torch.log1p(-u1)  # E1 - E2 with E = -log1p(-U)
-
-    return (_per_row(shape, generator, draw) * _as_scale(scale, device)).to(dtype)
-
-
-def gaussian_noise(shape: Sequence[int], *, sigma: float | Tensor, generator: Generators,
-                   dtype: torch.dtype = torch.float32,
-                   device: torch.device | str | None = None) -> Tensor:
-    """I.i.d. N(0, σ²) noise drawn with ``generator`` (float64, then cast to ``dtype``).
-
-    Parameters
-    ----------
-    shape:
-        Output shape.
-    sigma:
-        σ ≥ 0, a float or a tensor broadcastable to ``shape``.
-    generator, dtype, device:
-        As in :func:`laplace_noise`.
-    """
-    _check_scale(sigma, "sigma")
-    device = _device(generator, device)
-    if not isinstance(sigma, Tensor) and sigma == 0:
-        return torch.zeros(shape, dtype=dtype, device=device)
-
-    def draw(row_shape: Sequence[int], g: torch.Generator) -> Tensor:
-        return torch.randn(row_shape, generator=g, dtype=torch.float64, device=device)
-
-    return (_per_row(shape, generator, draw) * _as_scale(sigma, device)).to(dtype)
 
 
 def _dims(x: Tensor, dim: Dims) -> tuple[int, ...]:
@@ -220,7 +124,7 @@ def apply_clip(x: Tensor, calibration: Calibration, *, dim: Dims = -1) -> Tensor
 def calibrated_noise(shape: Sequence[int], calibration: Calibration, *, generator: Generators,
           dtype: torch.dtype = torch.float32,
           device: torch.device | str | None = None) -> Tensor:
-    """The noise of ``calibration`` (Laplace of scale b or Gaussian of σ), zeros without.
+    """The noise of ``calibration`` (its mechanism's draw at its scale), zeros without.
 
     Parameters
     ----------
@@ -231,15 +135,12 @@ def calibrated_noise(shape: Sequence[int], calibration: Calibration, *, generato
     generator:
         One generator, or one per row (``shape[0]`` of them).
     dtype, device:
-        As in :func:`laplace_noise`.
+        As in :func:`~privaterec.privacy.noise.laplace.laplace_noise`.
     """
-    if calibration.mechanism == "laplace":
-        return laplace_noise(shape, scale=calibration.scale, generator=generator, dtype=dtype,
-                             device=device)
-    if calibration.mechanism == "gaussian":
-        return gaussian_noise(shape, sigma=calibration.scale, generator=generator, dtype=dtype,
-                              device=device)
-    return torch.zeros(tuple(shape), dtype=dtype, device=_device(generator, device))
+    if calibration.noise is not None:
+        return calibration.noise.draw(shape, scale=calibration.scale, generator=generator,
+                                      dtype=dtype, device=device)
+    return torch.zeros(tuple(shape), dtype=dtype, device=generator_device(generator, device))
 
 
 def add_noise(x: Tensor, calibration: Calibration, *, generator: Generators) -> Tensor:

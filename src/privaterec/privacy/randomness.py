@@ -120,10 +120,8 @@ def source_noise(x: Tensor, calibration: Calibration, source: NoiseSource) -> Te
     device; ``SimulationNoise(g)`` in simulation); ``x`` unchanged for a calibration without
     noise. No clipping: see :func:`source_release`. Same shape and dtype as ``x``.
     """
-    if calibration.mechanism == "laplace":
-        return source.release_laplace(x, scale=calibration.scale)
-    if calibration.mechanism == "gaussian":
-        return source.release_gaussian(x, sigma=calibration.scale)
+    if calibration.noisy:
+        return source.release(x, mechanism=calibration.mechanism, scale=calibration.scale)
     return x
 
 

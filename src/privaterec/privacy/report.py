@@ -23,18 +23,15 @@ import math
 import numbers
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping
+from typing import TYPE_CHECKING, Any, Literal, Mapping
 
 from privaterec.errors import CheckpointError, ConfigError
-from privaterec.privacy.calibration import (PAPER_SENSITIVITY_WARNING, amplified_budget,
-                                            classical_gaussian_sigma, dpa_sensitivity,
-                                            fednewsrec_coordinate_epsilon,
-                                            fednewsrec_update_epsilon, gaussian_sigma,
-                                            laplace_scale)
+from privaterec.privacy.calibration import (PAPER_SENSITIVITY_WARNING, SensitivityMode,
+                                            amplified_budget, fednewsrec_coordinate_epsilon,
+                                            fednewsrec_update_epsilon)
 from privaterec.validators import is_integer, is_real
 
 if TYPE_CHECKING:  # the ledger imports dp_accounting (~1 s): only where it is needed
-    from privaterec.privacy.dpa import SensitivityMode
     from privaterec.privacy.ledger import PrivacyLedger
 
 Composition = Literal["basic", "pld", "rdp"]
@@ -431,7 +428,9 @@ def format_privacy_report(summary: Mapping[str, Any]) -> str:
         rows.append(("clipping", f"{release['clipping']}"
                      + (f", bound {_fmt(bound)}" if bound is not None else "")))
     if "noise_scale" in release:
-        name = "sigma" if release["mechanism"] == "gaussian" else "b"
+        from privaterec.privacy.noise import MECHANISMS  # torch: only where it is needed
+
+        name = getattr(MECHANISMS.get(release["mechanism"]), "parameter", "b")
         rows.append((f"noise scale ({name})", _fmt(release["noise_scale"])))
     for key, label in (("sensitivity_l1", "sensitivity (L1)"),
                        ("sensitivity_l2", "sensitivity (L2)")):
@@ -523,7 +522,9 @@ def _table(rows: list[tuple[str, str]]) -> list[str]:
 # Noise calibration (``privaterec privacy calibrate``)
 # ---------------------------------------------------------------------------------------------
 
-Calibrator = Callable[..., dict[str, Any]]
+CALIBRATED = ("dpa",)
+"""The releases ``privaterec privacy calibrate`` knows besides the noise mechanisms
+(:mod:`privaterec.privacy.noise`)."""
 
 
 def _require(value: float | None, name: str, mechanism: str, example: str) -> float:
@@ -533,80 +534,67 @@ def _require(value: float | None, name: str, mechanism: str, example: str) -> fl
     return value
 
 
-def _calibrate_laplace(*, epsilon: float, delta: float | None,
-                       sensitivity: float | None) -> dict[str, Any]:
-    s = _require(sensitivity, "sensitivity", "laplace", "S, the L1 sensitivity")
-    b = laplace_scale(epsilon=epsilon, sensitivity_l1=s)
-    notes = ["pure epsilon-DP: Laplace(b) noise per coordinate (Dwork & Roth Thm 3.6)"]
-    if delta:
-        notes.append(f"delta={delta:g} is ignored: the Laplace mechanism has delta = 0")
-    return {"mechanism": "laplace", "epsilon": epsilon, "delta": 0.0, "sensitivity": s,
-            "sensitivity_norm": "l1", "noise_parameter": "b", "noise_scale": b,
-            "formula": "b = S / epsilon", "alternatives": [], "notes": notes}
+def _calibrate_mechanism(mechanism: str, *, epsilon: float, delta: float | None,
+                         sensitivity: float | None) -> dict[str, Any]:
+    """One release of a noise mechanism at (ε, δ): its scale for ε, from the mechanism."""
+    from privaterec.privacy.noise import MECHANISMS  # torch: only where it is needed
 
-
-def _calibrate_gaussian(*, epsilon: float, delta: float | None,
-                        sensitivity: float | None) -> dict[str, Any]:
-    d = _require(delta, "delta", "gaussian", "1e-5")
-    s = _require(sensitivity, "sensitivity", "gaussian", "S, the L2 sensitivity")
-    sigma = gaussian_sigma(epsilon=epsilon, delta=d, sensitivity_l2=s)
-    classical = classical_gaussian_sigma(epsilon=epsilon, delta=d, sensitivity_l2=s,
-                                         allow_invalid=True)
-    valid = epsilon < 1
-    return {"mechanism": "gaussian", "epsilon": epsilon, "delta": d, "sensitivity": s,
-            "sensitivity_norm": "l2", "noise_parameter": "sigma", "noise_scale": sigma,
-            "formula": "analytic Gaussian mechanism (Balle & Wang 2018, Thm 8)",
-            "alternatives": [{
-                "name": "classical sigma", "value": classical, "valid": valid,
-                "formula": "S * sqrt(2 ln(1.25/delta)) / epsilon (Dwork & Roth Thm A.1)",
-                "remark": "for comparison only" if valid else
-                          "INVALID for epsilon >= 1 (no DP guarantee); for comparison only"}],
-            "notes": ["noise N(0, sigma^2) per coordinate (analytic calibration: "
-                      "docs/privacy.md#gaussian-calibration)"]}
+    noise = MECHANISMS.get(mechanism)
+    if noise is None:
+        raise ConfigError(f"invalid mechanism {mechanism!r}; expected one of "
+                          f"{', '.join(sorted((*MECHANISMS, *CALIBRATED)))}")
+    s = _require(sensitivity, "sensitivity", noise.name,
+                 f"S, the {noise.norm.upper()} sensitivity")
+    d = 0.0 if noise.pure else _require(delta, "delta", noise.name, "1e-5")
+    notes = [noise.note]
+    if noise.pure and delta:
+        notes.append(f"delta={delta:g} is ignored: the {noise.name} mechanism has delta = 0")
+    return {"mechanism": noise.name, "epsilon": epsilon, "delta": d, "sensitivity": s,
+            "sensitivity_norm": noise.norm, "noise_parameter": noise.parameter,
+            "noise_scale": noise.scale(epsilon=epsilon, delta=d, sensitivity=s),
+            "formula": noise.formula,
+            "alternatives": noise.alternatives(epsilon=epsilon, delta=d, sensitivity=s),
+            "notes": notes}
 
 
 def _calibrate_dpa(*, epsilon: float, delta: float | None, sensitivity: float | None,
                    padding_p: float = 0.0, basis: int | None = None,
                    sensitivity_mode: SensitivityMode = "true") -> dict[str, Any]:
-    """PrivateRec's attention release α (Alg. 2): padding-amplified budget, simplex sensitivity.
+    """PrivateRec's attention release α (Alg. 2): padding-amplified budget, simplex sensitivity
+    (:func:`~privaterec.privacy.dpa.dpa_calibration`).
 
     Laplace on the L1 sensitivity when δ is 0 or not given, analytic Gaussian on the L2
     sensitivity otherwise; the noise runs at ε′ = ln((e^ε − p)/(1 − p)), δ′ = δ/(1 − p).
     """
+    from privaterec.privacy.dpa import dpa_calibration  # torch: only where it is needed
+
     if sensitivity is not None:
         raise ConfigError("the dpa mechanism fixes its sensitivity (the simplex: L1 2, L2 "
                           "sqrt(2)); drop --sensitivity (or use --sensitivity-mode paper)")
     if basis is None or not (isinstance(basis, int) and basis >= 2):
         raise ConfigError(f"invalid 'basis': got {basis!r}; the dpa mechanism needs the "
                           f"number B >= 2 of basic vectors (CLI: --basis 5)")
-    gaussian = bool(delta)
     eps_base, delta_base = amplified_budget(epsilon=epsilon, delta=delta or 0.0,
                                             padding_p=padding_p)
-    norm: Literal["l1", "l2"] = "l2" if gaussian else "l1"
-    s = dpa_sensitivity(norm, sensitivity_mode)  # checks the mode: options come from the CLI
-    if gaussian:
-        scale = gaussian_sigma(epsilon=eps_base, delta=delta_base, sensitivity_l2=s)
-        parameter, formula = "sigma", "analytic Gaussian at (epsilon', delta')"
-    else:
-        scale = laplace_scale(epsilon=eps_base, sensitivity_l1=s)
-        parameter, formula = "b", "b = S / epsilon'"
+    calibration = dpa_calibration(epsilon=epsilon, delta=delta or 0.0, padding_p=padding_p,
+                                  mechanism="gaussian" if delta else "laplace",
+                                  sensitivity=sensitivity_mode, dimension=basis)
+    noise = calibration.noise
+    assert noise is not None and calibration.event.sensitivity is not None
     notes = [f"released: alpha, {basis} floats on the probability simplex (PrivateRec Alg. 2)",
              f"padding p = {padding_p:g}: base budget epsilon' = {eps_base:.6g}, "
              f"delta' = {delta_base:.6g} (docs/privacy.md#padding-amplification); adjacency: one item of "
              f"the fixed-length history substituted"]
     if sensitivity_mode == "paper":
         notes.append(PAPER_SENSITIVITY_WARNING)
-    return {"mechanism": "dpa", "epsilon": epsilon, "delta": delta or 0.0, "sensitivity": s,
-            "sensitivity_norm": norm, "noise_parameter": parameter, "noise_scale": scale,
-            "formula": formula, "epsilon_base": eps_base, "delta_base": delta_base,
+    return {"mechanism": "dpa", "epsilon": epsilon, "delta": delta or 0.0,
+            "sensitivity": calibration.event.sensitivity, "sensitivity_norm": noise.norm,
+            "noise_parameter": noise.parameter, "noise_scale": calibration.scale,
+            "formula": ("b = S / epsilon'" if noise.pure else
+                        "analytic Gaussian at (epsilon', delta')"),
+            "epsilon_base": eps_base, "delta_base": delta_base,
             "padding_p": padding_p, "basis": basis, "sensitivity_mode": sensitivity_mode,
             "valid": sensitivity_mode != "paper", "alternatives": [], "notes": notes}
-
-
-CALIBRATORS: dict[str, Calibrator] = {"laplace": _calibrate_laplace,
-                                      "gaussian": _calibrate_gaussian,
-                                      "dpa": _calibrate_dpa}
-"""Mechanism name -> calibrator(epsilon=, delta=, sensitivity=, **mechanism options)."""
 
 
 def calibrate_noise(mechanism: str, *, epsilon: float, delta: float | None = None,
@@ -616,8 +604,10 @@ def calibrate_noise(mechanism: str, *, epsilon: float, delta: float | None = Non
     Parameters
     ----------
     mechanism:
-        A key of :data:`CALIBRATORS` (``"laplace"``: b = S/ε; ``"gaussian"``: analytic σ,
-        with the classical σ for comparison).
+        A noise mechanism of :mod:`privaterec.privacy.noise` (``"laplace"``: b = S/ε;
+        ``"gaussian"``: analytic σ, with the classical σ for comparison), or ``"dpa"``
+        (PrivateRec's attention release, options ``padding_p``, ``basis``,
+        ``sensitivity_mode``).
     epsilon:
         Target ε > 0 (``math.inf``: no noise).
     delta:
@@ -634,11 +624,10 @@ def calibrate_noise(mechanism: str, *, epsilon: float, delta: float | None = Non
         ``noise_parameter``, ``noise_scale``, ``formula``, ``alternatives`` (other
         calibrations with ``valid``), ``notes``.
     """
-    calibrator = CALIBRATORS.get(mechanism)
-    if calibrator is None:
-        raise ConfigError(f"invalid mechanism {mechanism!r}; expected one of "
-                          f"{', '.join(sorted(CALIBRATORS))}")
-    return calibrator(epsilon=epsilon, delta=delta, sensitivity=sensitivity, **options)
+    if mechanism == "dpa":
+        return _calibrate_dpa(epsilon=epsilon, delta=delta, sensitivity=sensitivity, **options)
+    return _calibrate_mechanism(mechanism, epsilon=epsilon, delta=delta,
+                                sensitivity=sensitivity, **options)
 
 
 def format_calibration(result: Mapping[str, Any]) -> str:

@@ -52,7 +52,7 @@ import torch
 from torch import Tensor
 
 from privaterec.errors import ConfigError
-from privaterec.privacy.mechanisms import gaussian_noise, laplace_noise
+from privaterec.privacy.noise import noise_mechanism
 
 GRID_MARGIN_BITS = 40
 """The grid is 2^−40 times finer than scale/d: rounding adds ≤ 2^−40 to a Laplace ε."""
@@ -117,6 +117,10 @@ class NoiseSource(Protocol):
 
     secure: bool
 
+    def release(self, x: Tensor, *, mechanism: str, scale: float | Tensor) -> Tensor:
+        """``x`` + i.i.d. noise of ``mechanism`` (:mod:`privaterec.privacy.noise`) at
+        ``scale`` per coordinate (same shape and dtype)."""
+
     def release_laplace(self, x: Tensor, *, scale: float | Tensor) -> Tensor:
         """``x`` + i.i.d. Laplace(0, ``scale``) per coordinate (same shape and dtype)."""
 
@@ -133,8 +137,8 @@ class NoiseSource(Protocol):
 class SimulationNoise:
     """Seeded torch randomness, for simulation and tests only (NOT for a deployed release).
 
-    Wraps :func:`~privaterec.privacy.mechanisms.laplace_noise`,
-    :func:`~privaterec.privacy.mechanisms.gaussian_noise` and ``torch.rand`` /
+    Wraps the mechanisms' seeded draws (:meth:`~privaterec.privacy.noise.base.NoiseMechanism.draw`,
+    e.g. :func:`~privaterec.privacy.noise.laplace.laplace_noise`) and ``torch.rand`` /
     ``torch.randint`` with ``generator``, drawing exactly what those functions draw, so a
     simulation that switches to this interface keeps its numbers. Anyone who knows the seed
     can regenerate every draw, and the float samplers are not float-safe (Mironov 2012).
@@ -156,15 +160,18 @@ class SimulationNoise:
     def __repr__(self) -> str:
         return "SimulationNoise(<seeded torch.Generator>)"
 
+    def release(self, x: Tensor, *, mechanism: str, scale: float | Tensor) -> Tensor:
+        """``x`` + the mechanism's seeded draw of ``x.shape`` (float64, cast)."""
+        return x + noise_mechanism(mechanism).draw(x.shape, scale=scale, generator=self.generator,
+                                                   dtype=x.dtype, device=x.device)
+
     def release_laplace(self, x: Tensor, *, scale: float | Tensor) -> Tensor:
-        """``x`` + ``laplace_noise(x.shape, scale=scale, generator=...)`` (float64, cast)."""
-        return x + laplace_noise(x.shape, scale=scale, generator=self.generator, dtype=x.dtype,
-                                 device=x.device)
+        """``x`` + ``laplace_noise(x.shape, scale=scale, generator=...)``."""
+        return self.release(x, mechanism="laplace", scale=scale)
 
     def release_gaussian(self, x: Tensor, *, sigma: float | Tensor) -> Tensor:
         """``x`` + ``gaussian_noise(x.shape, sigma=sigma, generator=...)``."""
-        return x + gaussian_noise(x.shape, sigma=sigma, generator=self.generator,
-                                  dtype=x.dtype, device=x.device)
+        return self.release(x, mechanism="gaussian", scale=sigma)
 
     def uniform(self, shape: Sequence[int]) -> Tensor:
         """``torch.rand(shape, generator=..., dtype=float64)``."""
@@ -198,12 +205,8 @@ def _opendp() -> Any:
 
 @lru_cache(maxsize=256)
 def _measurement(kind: str, size: int, scale: float, k: int) -> Any:
-    """OpenDP's float-safe vector Laplace (L1) or Gaussian (L2) of ``size`` coordinates."""
-    dp = _opendp()
-    domain = dp.vector_domain(dp.atom_domain(T=float, nan=False), size=size)
-    if kind == "laplace":
-        return dp.m.make_laplace(domain, dp.l1_distance(T=float), scale=scale, k=k)
-    return dp.m.make_gaussian(domain, dp.l2_distance(T=float), scale=scale, k=k)
+    """OpenDP's float-safe measurement of mechanism ``kind`` on ``size`` coordinates."""
+    return noise_mechanism(kind).measurement(_opendp(), size, scale=scale, k=k)
 
 
 class SecureNoise:
@@ -277,17 +280,25 @@ class SecureNoise:
             flat_out[where] = self._release(kind, flat_x[where], float(value), name)
         return out
 
-    def release_laplace(self, x: Tensor, *, scale: float | Tensor) -> Tensor:
-        """The released value of ``x`` with Laplace(0, ``scale``) per coordinate, float-safe.
+    def release(self, x: Tensor, *, mechanism: str, scale: float | Tensor,
+                name: str = "scale") -> Tensor:
+        """The released value of ``x`` with the noise of ``mechanism`` per coordinate,
+        float-safe: OpenDP's measurement (e.g. discrete Laplace, or the discrete Gaussian,
+        which at this resolution has the continuous Gaussian's privacy up to OpenDP's
+        rounding term; Canonne, Kamath & Steinke 2020).
 
         Parameters
         ----------
         x:
             Any shape, finite values (clipped by the caller to its sensitivity).
+        mechanism:
+            A noise mechanism's name (:mod:`privaterec.privacy.noise`).
         scale:
-            b ≥ 0 (0: ``x`` returned unchanged), or a tensor broadcastable to ``x`` (e.g.
-            per-client ``[n, 1]``): the coordinates of each distinct scale are one release,
-            on the grid of their own count.
+            Its scale ≥ 0 (0: ``x`` returned unchanged), or a tensor broadcastable to ``x``
+            (e.g. per-client ``[n, 1]``): the coordinates of each distinct scale are one
+            release, on the grid of their own count.
+        name:
+            The scale's name in error messages.
 
         The released value carries the gradient of ``x`` (d/dx = identity, as for
         ``x + noise``) while its value stays exactly OpenDP's output.
@@ -296,19 +307,19 @@ class SecureNoise:
         -------
         Tensor
             Shape and dtype of ``x``: OpenDP's output (a multiple of 2^k,
-            k = :func:`grid_exponent` (b, x.numel())), cast to ``x.dtype`` (post-processing).
+            k = :func:`grid_exponent` (scale, x.numel())), cast to ``x.dtype``
+            (post-processing).
         """
-        return _pass_gradient(x, self._release("laplace", x, scale, "scale"))
+        noise_mechanism(mechanism)
+        return _pass_gradient(x, self._release(mechanism, x, scale, name))
+
+    def release_laplace(self, x: Tensor, *, scale: float | Tensor) -> Tensor:
+        """:meth:`release` with Laplace(0, ``scale``) per coordinate."""
+        return self.release(x, mechanism="laplace", scale=scale)
 
     def release_gaussian(self, x: Tensor, *, sigma: float | Tensor) -> Tensor:
-        """The released value of ``x`` with N(0, ``sigma``²) per coordinate, float-safe.
-
-        Discrete Gaussian on the grid 2^k (k = :func:`grid_exponent` (σ, x.numel())),
-        which at this resolution has the continuous Gaussian's privacy up to OpenDP's
-        rounding term (Canonne, Kamath & Steinke 2020). Shapes and tensor ``sigma`` as in
-        :meth:`release_laplace`.
-        """
-        return _pass_gradient(x, self._release("gaussian", x, sigma, "sigma"))
+        """:meth:`release` with N(0, ``sigma``²) per coordinate."""
+        return self.release(x, mechanism="gaussian", scale=sigma, name="sigma")
 
     # -- uniforms and integers ---------------------------------------------------------
     def uniform(self, shape: Sequence[int]) -> Tensor:

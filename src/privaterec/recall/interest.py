@@ -32,7 +32,9 @@ from privaterec.errors import ConfigError
 from privaterec.privacy.calibrated import (SIMPLEX_SENSITIVITY_L1, Calibration, clipped_release,
                                            no_noise, simplex_release)
 from privaterec.privacy.events import Phase, PrivacyEvent
-from privaterec.privacy.mechanisms import Generators, clip_elementwise, laplace_noise
+from privaterec.privacy.mechanisms import clip_elementwise
+from privaterec.privacy.noise.base import Generators
+from privaterec.privacy.noise.laplace import laplace_noise
 
 DEFAULT_NUM_BASIS = 30
 DEFAULT_CLIP = 0.2

@@ -18,7 +18,8 @@ from torch import Tensor
 
 from privaterec.errors import ConfigError
 from privaterec.privacy.events import PrivacyEvent
-from privaterec.privacy.mechanisms import Generators, add_noise
+from privaterec.privacy.mechanisms import add_noise
+from privaterec.privacy.noise.base import Generators
 from privaterec.recall.interest import channel_calibration, perturb_quotas, query_events
 from privaterec.recall.model import UniFedRecRecall
 

@@ -78,7 +78,7 @@ from privaterec.fed.task import ModuleTask, per_client_gradients
 from privaterec.method_settings import GradientClipping, UniFedRecSettings
 from privaterec.privacy.calibrated import Calibration, clipped_release, no_noise
 from privaterec.privacy.events import PrivacyEvent
-from privaterec.privacy.mechanisms import laplace_noise
+from privaterec.privacy.noise.laplace import laplace_noise
 from privaterec.privacy.randomness import (Randomness, is_secure, randint, randperm,
                                            seeded_generator)
 from privaterec.recall.channels import ChannelBatch, cluster_batch

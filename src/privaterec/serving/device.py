@@ -58,6 +58,7 @@ from privaterec.errors import CheckpointError, ConfigError
 from privaterec.privacy.events import PrivacyEvent
 from privaterec.privacy.ledger import Composition, PrivacyLedger
 from privaterec.privacy.mechanisms import clip_elementwise
+from privaterec.privacy.noise import noise_mechanism
 from privaterec.privacy.samplers import (SIMULATED_NOTE, NoiseSource, SecureNoise,
                                          SimulationNoise)
 from privaterec.recall.interest import query_events
@@ -76,8 +77,8 @@ _log = logging.getLogger(__name__)
 
 
 def _check_gaussian_budget(mechanism: str, budget: float, budget_delta: float) -> None:
-    if mechanism == "gaussian" and math.isfinite(budget) and not budget_delta > 0:
-        raise ConfigError("a finite 'budget' with the Gaussian mechanism needs "
+    if not noise_mechanism(mechanism).pure and math.isfinite(budget) and not budget_delta > 0:
+        raise ConfigError(f"a finite 'budget' with the {mechanism} mechanism needs "
                           "'budget_delta' > 0 (the target delta of the composed releases)")
 
 
@@ -85,7 +86,7 @@ def _budget_delta(budget_delta: float | None, mechanism: str) -> float:
     """``budget_delta``, or its default: 0 (pure DP, exact Σε) or 1e-6 for Gaussian devices."""
     if budget_delta is not None:
         return budget_delta
-    return DEFAULT_GAUSSIAN_DELTA if mechanism == "gaussian" else 0.0
+    return 0.0 if noise_mechanism(mechanism).pure else DEFAULT_GAUSSIAN_DELTA
 
 
 def _noise_source(insecure_simulation_noise: SimulationNoise | None) -> NoiseSource:

@@ -49,7 +49,8 @@ from privaterec.privacy.calibrated import Calibration, no_noise
 from privaterec.privacy.central import (calibrate_noise_multiplier, central_calibration,
                                         central_epsilon)
 from privaterec.privacy.events import PrivacyEvent
-from privaterec.privacy.mechanisms import calibrated_noise, gaussian_noise
+from privaterec.privacy.mechanisms import calibrated_noise
+from privaterec.privacy.noise.gaussian import gaussian_noise
 from privaterec.privacy.randomness import Randomness, as_source
 from privaterec.privacy.samplers import NoiseSource
 

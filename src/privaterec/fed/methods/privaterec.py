@@ -22,7 +22,7 @@ from typing import Any, ClassVar, Literal, Sequence
 
 import torch
 
-from privaterec.config import (NOISE_KINDS, SENSITIVITY_MODES, NoiseKind, PrivacyMode,
+from privaterec.config import (SENSITIVITY_MODES, NoiseKind, PrivacyMode,
                                RunConfig, SensitivityMode, replace)
 from privaterec.data.clients import ClientData
 from privaterec.errors import ConfigError
@@ -36,6 +36,7 @@ from privaterec.privacy.dpa import (dpa_calibration, dpa_noise, pad_history, pad
                                     permute_columns)
 from privaterec.privacy.events import PrivacyEvent
 from privaterec.privacy.labels import candidate_set_event, label_event, release_labels
+from privaterec.privacy.noise import noise_mechanism
 from privaterec.privacy.randomness import (Randomness, as_source, is_secure, randperm,
                                            seeded_generator, source_noise)
 from privaterec.validators import check_choice
@@ -74,7 +75,7 @@ class PrivateRec(RankingMethod):
     sensitivity_mode: SensitivityMode = "true"
 
     def __post_init__(self) -> None:
-        check_choice(self.noise, "noise", NOISE_KINDS)
+        noise_mechanism(self.noise, "noise")
         check_choice(self.sensitivity_mode, "sensitivity_mode", SENSITIVITY_MODES)
 
     # ---------------------------------------------------------------- configuration
@@ -97,7 +98,7 @@ class PrivateRec(RankingMethod):
         settings = config.fed.settings_as(PrivateRecSettings)
         common = dict(**cls.common(config), noise=settings.noise,
                       epsilon=settings.epsilon_train,
-                      delta=0.0 if settings.noise == "laplace" else settings.delta_train,
+                      delta=0.0 if noise_mechanism(settings.noise).pure else settings.delta_train,
                       padding_p=(float(settings.padding_p)
                                  if math.isfinite(settings.epsilon_train) else 0.0),
                       sensitivity_mode=settings.sensitivity_mode)
@@ -267,7 +268,7 @@ class PrivateRecStrict(PrivateRec):
 
     @property
     def clipping(self) -> Literal["l1", "l2"]:
-        return "l1" if self.noise == "laplace" else "l2"
+        return noise_mechanism(self.noise).norm
 
     @property
     def per_client_release(self) -> bool:
@@ -288,7 +289,7 @@ class PrivateRecStrict(PrivateRec):
         eps, delta = history
         note = (f"PrivateRec strict: history-path gradient, {self.clipping.upper()} clip to "
                 f"{self.clip}, sensitivity 2*clip")
-        return clipped_release(clipping=self.clipping, clip=self.clip,
+        return clipped_release(clipping=self.clipping, clip=self.clip, mechanism=self.noise,
                                dimension=dimension, epsilon=eps, delta=delta, note=note,
                                data="history")
 

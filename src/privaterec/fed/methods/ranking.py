@@ -24,14 +24,14 @@ from typing import Any, ClassVar, Literal, Self, Sequence
 
 import torch
 
-from privaterec.config import NOISE_KINDS, NoiseKind, RunConfig, replace
+from privaterec.config import NoiseKind, RunConfig, replace
 from privaterec.fed.methods.base import ClientMethod, RoundContext, RoundOutput
 from privaterec.fed.objective import ClientBatch, ClientInputs, LocalObjective
 from privaterec.fed.strategies import ServerDefaults
 from privaterec.method_settings import DPFedRecSettings, FedNewsRecSettings, FedRecSettings
 from privaterec.privacy.calibrated import Calibration, Clipping, clipped_release, no_noise
+from privaterec.privacy.noise import MECHANISMS, noise_mechanism
 from privaterec.privacy.randomness import Randomness
-from privaterec.validators import check_choice
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -74,8 +74,8 @@ class RankingMethod(ClientMethod[LocalObjective]):
         return "none"
 
     @property
-    def noise(self) -> Literal["none", "laplace", "gaussian"]:
-        """The noise a client adds to its update (reports)."""
+    def noise(self) -> str:
+        """The noise mechanism a client adds to its update, or ``"none"`` (reports)."""
         return "none"
 
     def update(self, task: LocalObjective, params: torch.Tensor,
@@ -132,8 +132,8 @@ class RankingMethod(ClientMethod[LocalObjective]):
             "noised_parameters": list(parameters),
             "clients_per_round": clients_per_round, "client_fraction": client_fraction,
         }
-        key = "sensitivity_l2" if self.noise == "gaussian" else "sensitivity_l1"
-        out[key] = event.sensitivity
+        norm = MECHANISMS[self.noise].norm if self.noise in MECHANISMS else "l1"
+        out[f"sensitivity_{norm}"] = event.sensitivity
         return out
 
 
@@ -213,7 +213,7 @@ class DPFedRec(RankingMethod):
     delta: float = 0.0
 
     def __post_init__(self) -> None:
-        check_choice(self.noise, "noise", NOISE_KINDS)
+        noise_mechanism(self.noise, "noise")
 
     @classmethod
     def from_config(cls, config: RunConfig) -> Self:
@@ -221,17 +221,17 @@ class DPFedRec(RankingMethod):
         settings = config.fed.settings_as(DPFedRecSettings)
         return cls(**cls.common(config), clip=settings.clip, noise=settings.noise,
                    epsilon=settings.epsilon_train,
-                   delta=0.0 if settings.noise == "laplace" else settings.delta_train)
+                   delta=0.0 if noise_mechanism(settings.noise).pure else settings.delta_train)
 
     @property
     def clipping(self) -> Literal["l1", "l2"]:
-        return "l1" if self.noise == "laplace" else "l2"
+        return noise_mechanism(self.noise).norm
 
     def _calibrate(self, dimension: int) -> Calibration:
         """Noise calibrated to ε_t (and δ_t) with Δ = 2θ (replacement of a client's data)."""
         note = (f"DP-FedRec: {self.clipping.upper()} clip to {self.clip}, "
                 f"sensitivity 2*theta per client update")
-        return clipped_release(clipping=self.clipping, clip=self.clip,
+        return clipped_release(clipping=self.clipping, clip=self.clip, mechanism=self.noise,
                                dimension=dimension, epsilon=self.epsilon, delta=self.delta,
                                note=note)
 
