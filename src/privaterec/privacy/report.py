@@ -12,8 +12,8 @@ docs/privacy.md#paper-and-strict-mode: parameters left uncovered by PrivateRec's
 Non-finite floats are stored as strings (``"inf"``), as :meth:`PrivacyLedger.to_dict` does,
 so the file is strict JSON; :func:`read_privacy_json` turns them back into floats.
 
-:func:`calibrate_noise` maps a target budget to a noise scale for one mechanism (a registry,
-:data:`CALIBRATORS`: adding a mechanism is adding one function).
+:func:`calibrate_noise` maps a target budget to a noise scale for one noise mechanism of
+:mod:`privaterec.privacy.noise` (the mechanism's own scale for ε), or for PrivateRec's DPA.
 """
 
 from __future__ import annotations
