@@ -32,8 +32,8 @@ from pathlib import Path
 
 from privaterec.config import ModelConfig, RunConfig, TrainConfig, fed_config
 from privaterec.fed.methods import central
-from privaterec.fed.methods.central import CentralDP
-from privaterec.privacy.central import calibrate_noise_multiplier
+from privaterec.fed.methods.dp_fedavg import CentralDP
+from privaterec.privacy.central_accounting import calibrate_noise_multiplier
 from privaterec.runs.ranking import train_run
 
 

@@ -8,13 +8,13 @@ import math
 import pytest
 
 from privaterec.cli import main
-from privaterec.privacy.calibration import gaussian_sigma
+from privaterec.privacy.formulas import gaussian_sigma
 from privaterec.privacy.events import PrivacyEvent
 from privaterec.privacy.ledger import PrivacyLedger
 from privaterec.privacy.report import write_privacy_json
 
 # σ(ε=1, δ=1e-5, Δ=1) of the analytic Gaussian mechanism, pinned in
-# tests/privacy/test_calibration.py (dp_accounting and Balle & Wang Thm 8 bisection agree).
+# tests/privacy/test_formulas.py (dp_accounting and Balle & Wang Thm 8 bisection agree).
 SIGMA_1_1E5 = 3.7306316348
 
 

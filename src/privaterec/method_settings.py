@@ -32,7 +32,7 @@ from typing import ClassVar, Literal, get_args
 
 from privaterec.errors import ConfigError
 from privaterec.privacy.adaptive_clip import DEFAULT_CLIP_LR
-from privaterec.privacy.calibration import SENSITIVITY_MODES, SensitivityMode
+from privaterec.privacy.formulas import SENSITIVITY_MODES, SensitivityMode
 from privaterec.privacy.noise import NOISE_KINDS
 from privaterec.validators import (check, check_adaptive_clip, check_choice,
                                    check_noise_multiplier, check_positive)

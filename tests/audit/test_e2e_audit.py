@@ -191,7 +191,7 @@ def test_a_reply_carrying_the_raw_loss_is_caught(world):
 
 
 def test_the_broken_variants_are_undone_on_exit():
-    import privaterec.fed.methods.central as central
+    import privaterec.fed.methods.dp_fedavg as central
     from privaterec.fed.secagg import SecAggRound
     from privaterec.privacy.samplers import SecureNoise
 

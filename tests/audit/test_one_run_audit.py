@@ -13,7 +13,7 @@ from privaterec.audit.one_run import (CanaryRounds, canary_vectors, estimate_fro
 from privaterec.config import ModelConfig, RunConfig, TrainConfig, fed_config
 from privaterec.data.synth import SynthConfig, write_synthetic
 from privaterec.errors import ConfigError
-from privaterec.privacy.central import calibrate_noise_multiplier, central_epsilon
+from privaterec.privacy.central_accounting import calibrate_noise_multiplier, central_epsilon
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

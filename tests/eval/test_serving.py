@@ -16,7 +16,7 @@ from privaterec.errors import ConfigError
 from privaterec.eval.serving import private_user_encoder
 from privaterec.ondevice.release import ServingConfig, serving_event
 from privaterec.models.factory import build_recommender
-from privaterec.privacy.calibration import amplified_budget
+from privaterec.privacy.formulas import amplified_budget
 from privaterec.privacy.report import read_privacy_json
 from privaterec.runs.ranking import evaluate_run, train_run
 

@@ -26,7 +26,7 @@ from privaterec.experiments.populations import population_config, population_pat
 from privaterec.experiments.run_privacy import LedgerEpsilon, epsilon_cell
 from privaterec.experiments.common import RunSpec, run_dir
 from privaterec.fed.methods import CentralDP
-from privaterec.privacy.central import central_epsilon
+from privaterec.privacy.central_accounting import central_epsilon
 from privaterec.privacy.report import read_privacy_json
 from privaterec.runs.directory import RunDirectory
 from privaterec.runs.ranking_setup import load_run_model

@@ -16,14 +16,14 @@ from privaterec.errors import ConfigError
 from privaterec.fed.client import client_update
 from privaterec.fed.engine import train_federated_run
 from privaterec.fed.methods import FedRec, method_from_config, resolve_run_config
-from privaterec.fed.methods.central import CLIP_INDICATOR, CentralDP, expected_clients
+from privaterec.fed.methods.dp_fedavg import CLIP_INDICATOR, CentralDP, expected_clients
 from privaterec.fed.rng import central_noise_generator, client_generator
 from privaterec.fed.simulator import eligible_clients, simulate_round, train_federated
 from privaterec.fed.strategies import build_strategy
 from privaterec.method_settings import DPFedAvgSettings
 from privaterec.privacy.adaptive_clip import AdaptiveClipping, clip_indicators
 from privaterec.privacy.audit import audit_mechanism
-from privaterec.privacy.central import central_epsilon
+from privaterec.privacy.central_accounting import central_epsilon
 from privaterec.privacy.noise.gaussian import gaussian_noise
 from privaterec.privacy.report import build_privacy_summary, format_privacy_report
 from privaterec.runs.report import release_description

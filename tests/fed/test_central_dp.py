@@ -15,13 +15,13 @@ from privaterec.data.clients import ClientDataset
 from privaterec.errors import ConfigError, PrivateRecError
 from privaterec.fed.client import client_update
 from privaterec.fed.engine import train_federated_run
-from privaterec.fed.methods.central import CentralDP
+from privaterec.fed.methods.dp_fedavg import CentralDP
 from privaterec.fed.methods import method_from_config, resolve_run_config
 from privaterec.fed.objective import LocalObjective
 from privaterec.fed.rng import central_noise_generator, client_generator
 from privaterec.fed.simulator import eligible_clients, poisson_round, simulate_round
 from privaterec.privacy.audit import empirical_epsilon_lower_bound
-from privaterec.privacy.central import central_epsilon
+from privaterec.privacy.central_accounting import central_epsilon
 from privaterec.privacy.noise.gaussian import gaussian_noise
 
 

@@ -16,7 +16,7 @@ from privaterec.config import RunConfig, TrainConfig
 from privaterec.method_settings import FedRecSettings
 from privaterec.data.synth import write_synthetic
 from privaterec.fed.simulator import eligible_clients, sample_round
-from privaterec.privacy.calibration import gaussian_sigma
+from privaterec.privacy.formulas import gaussian_sigma
 from privaterec.runtime.checkpoint import load_checkpoint
 from privaterec.runs.ranking import load_run_model, prepare_data
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 from scipy import stats
 
-import privaterec.privacy.calibrated as calibrated
+import privaterec.privacy.calibrate as calibrated
 import privaterec.privacy.noise.gaussian as gaussian_mechanism
 from privaterec.config import FedConfig, ModelConfig, RunConfig, TrainConfig, fed_config
 from privaterec.errors import ConfigError
@@ -28,7 +28,7 @@ from privaterec.method_settings import (SETTINGS, DPFedRecSettings, FedNewsRecSe
 from privaterec.runs.report import release_description
 from privaterec.fed.rng import client_generator
 from privaterec.privacy.audit import audit_mechanism
-from privaterec.privacy.calibration import gaussian_sigma
+from privaterec.privacy.formulas import gaussian_sigma
 from privaterec.privacy.mechanisms import apply_clip
 
 DELTA_CLIP, LAMBDA = 0.005, 0.015  # FedNewsRec's δ and λ

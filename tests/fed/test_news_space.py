@@ -12,7 +12,7 @@ from privaterec.config import replace
 from privaterec.errors import ConfigError
 from privaterec.fed.engine import train_federated_run
 from privaterec.fed.methods import method_from_config, resolve_run_config
-from privaterec.fed.methods.central import CentralDP
+from privaterec.fed.methods.dp_fedavg import CentralDP
 from privaterec.fed.news_space import NewsSpaceClipping
 from privaterec.fed.objective import ClientBatch, LocalObjective
 from privaterec.fed.rng import central_noise_generator

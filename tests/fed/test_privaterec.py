@@ -24,7 +24,7 @@ from privaterec.fed.rng import client_generator
 from privaterec.runs.report import release_description
 from privaterec.fed.simulator import (eligible_clients, sample_round, sequential_round,
                                       simulate_round)
-from privaterec.privacy.calibration import amplified_budget
+from privaterec.privacy.formulas import amplified_budget
 
 
 def _objective(make_objective, basis=3, seed=0, **changes):

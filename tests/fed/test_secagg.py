@@ -37,7 +37,7 @@ from privaterec.fed import flower  # noqa: E402
 from privaterec.fed.flower import client_app, messages, secure, server_app  # noqa: E402
 from privaterec.fed.engine import check_engine  # noqa: E402
 from privaterec.fed.methods import method_from_config, resolve_run_config  # noqa: E402
-from privaterec.fed.methods.central import CentralDP  # noqa: E402
+from privaterec.fed.methods.dp_fedavg import CentralDP  # noqa: E402
 from privaterec.fed.news_space import NewsSpaceClipping  # noqa: E402
 from privaterec.fed.objective import LocalObjective  # noqa: E402
 from privaterec.fed.rng import central_noise_generator, client_generator  # noqa: E402

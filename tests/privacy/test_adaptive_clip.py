@@ -15,7 +15,7 @@ from privaterec.errors import ConfigError
 from privaterec.privacy.adaptive_clip import (AdaptiveClipping, adaptive_round_event,
                                               clip_indicators, equivalent_noise_multiplier,
                                               update_noise_multiplier)
-from privaterec.privacy.central import central_round_event
+from privaterec.privacy.central_accounting import central_round_event
 
 
 def test_the_noise_split_is_pinned_and_inverts():
@@ -76,7 +76,7 @@ def test_the_ledger_event_is_dp_fedavgs_in_units_of_the_clip():
     fixed = central_round_event(noise_multiplier=1.2, sampling_rate=0.05, clip=0.1, delta=1e-5)
     assert event.epsilon == fixed.epsilon
     # What the accountants compose is the fixed clip's release exactly (so PLD's T-round
-    # total is central_epsilon's, tests/privacy/test_central.py).
+    # total is central_epsilon's, tests/privacy/test_central_accounting.py).
     assert event.to_dp_event() == fixed.to_dp_event()
     assert "adaptive clipping" in event.note and "indicators" in event.note
 

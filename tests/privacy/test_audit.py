@@ -15,8 +15,8 @@ from privaterec.privacy.audit import (
     empirical_epsilon_lower_bound,
     epsilon_from_rates,
 )
-from privaterec.privacy.calibrated import calibrate
-from privaterec.privacy.calibration import gaussian_sigma
+from privaterec.privacy.calibrate import calibrate
+from privaterec.privacy.formulas import gaussian_sigma
 from privaterec.privacy.mechanisms import add_noise
 from privaterec.privacy.noise.gaussian import gaussian_noise
 from privaterec.privacy.noise.laplace import laplace_noise

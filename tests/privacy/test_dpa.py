@@ -20,7 +20,7 @@ from scipy import stats
 
 from privaterec.errors import ConfigError
 from privaterec.privacy.audit import audit_mechanism
-from privaterec.privacy.calibration import gaussian_sigma
+from privaterec.privacy.formulas import gaussian_sigma
 from privaterec.privacy.dpa import (
     PAPER_MODE_NOTE,
     dpa_calibration,

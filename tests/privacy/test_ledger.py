@@ -20,7 +20,7 @@ from privaterec.privacy.ledger import (
     compose_events,
 )
 
-SIGMA_1_1E5 = 3.7306316348159374  # analytic Gaussian σ(ε=1, δ=1e-5), see test_calibration
+SIGMA_1_1E5 = 3.7306316348159374  # analytic Gaussian σ(ε=1, δ=1e-5), see test_formulas
 
 
 def lap(eps: float, *, phase: str = "train", sensitivity: float = 1.0, **kw) -> PrivacyEvent:

@@ -11,7 +11,7 @@ from dp_accounting import dp_event
 from scipy import stats
 
 from privaterec.errors import ConfigError
-from privaterec.privacy.calibrated import calibrate, clipped_release, no_noise
+from privaterec.privacy.calibrate import calibrate, clipped_release, no_noise
 from privaterec.privacy.mechanisms import (
     CLIP_MARGIN,
     add_noise,
@@ -248,7 +248,7 @@ def test_gaussian_mechanism_noise_and_event():
     calibration = calibrate(mechanism="gaussian", epsilon=1.0, delta=1e-5,
                             sensitivity=math.sqrt(2), dimension=25_000)
     out, event = add_noise(x, calibration, generator=gen(12)), calibration.event
-    sigma = math.sqrt(2) * 3.7306316348  # analytic σ(1, 1e-5), see test_calibration
+    sigma = math.sqrt(2) * 3.7306316348  # analytic σ(1, 1e-5), see test_formulas
     assert event.noise_scale == pytest.approx(sigma, rel=1e-9)
     assert stats.kstest(out.numpy().ravel(), stats.norm(scale=sigma).cdf).pvalue > 1e-3
     assert event.dimension == 25_000 and event.delta == 1e-5

@@ -17,7 +17,7 @@ from dp_accounting import dp_event
 
 import privaterec.privacy.noise as noise_package
 from privaterec.errors import ConfigError
-from privaterec.privacy.calibrated import calibrate, clipped_release
+from privaterec.privacy.calibrate import calibrate, clipped_release
 from privaterec.privacy.ledger import compose_events
 from privaterec.privacy.mechanisms import calibrated_noise
 from privaterec.privacy.noise import MECHANISMS, NOISE_KINDS, noise_mechanism

@@ -13,7 +13,7 @@ from dp_accounting.pld import privacy_loss_distribution as pld_lib
 
 from privaterec.errors import CheckpointError, ConfigError
 from privaterec.privacy import ledger as ledger_mod
-from privaterec.privacy.calibration import gaussian_sigma
+from privaterec.privacy.formulas import gaussian_sigma
 from privaterec.privacy.events import PrivacyEvent
 from privaterec.privacy.ledger import PrivacyLedger, compose_events
 from privaterec.privacy.report import (
@@ -27,7 +27,7 @@ from privaterec.privacy.report import (
     write_privacy_json,
 )
 
-# σ(ε=1, δ=1e-5, Δ=1) of the analytic Gaussian mechanism, pinned in test_calibration.py
+# σ(ε=1, δ=1e-5, Δ=1) of the analytic Gaussian mechanism, pinned in test_formulas.py
 # (dp_accounting and an independent bisection on Balle & Wang 2018 Thm 8 agree).
 SIGMA_1_1E5 = 3.7306316348
 

@@ -17,7 +17,7 @@ from scipy import stats
 
 from privaterec.errors import ConfigError
 from privaterec.privacy.audit import audit_mechanism, empirical_epsilon_lower_bound
-from privaterec.privacy.calibrated import calibrate
+from privaterec.privacy.calibrate import calibrate
 from privaterec.privacy.mechanisms import add_noise
 from privaterec.privacy.noise.gaussian import gaussian_noise
 from privaterec.privacy.noise.laplace import laplace_noise
@@ -240,7 +240,7 @@ def test_per_row_scales_release_each_row_at_its_own_scale(secure):
 
 
 def test_audit_secure_gaussian_release(secure):
-    from privaterec.privacy.calibration import gaussian_sigma
+    from privaterec.privacy.formulas import gaussian_sigma
 
     eps, delta = 1.0, 1e-5
     sigma = gaussian_sigma(epsilon=eps, delta=delta, sensitivity_l2=1.0)

@@ -29,7 +29,7 @@ from privaterec.errors import ConfigError, PrivacyBudgetExceeded
 from privaterec.eval.serving import private_user_encoder
 from privaterec.ondevice.release import ServingConfig
 from privaterec.models.factory import build_recommender
-from privaterec.privacy.calibration import amplified_budget
+from privaterec.privacy.formulas import amplified_budget
 from privaterec.privacy.mechanisms import clip_l1
 from privaterec.recall.index import ScoreSpaceIndex
 from privaterec.runs.recall import RecallModelConfig

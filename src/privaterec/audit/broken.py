@@ -101,7 +101,7 @@ def reply_with_loss() -> Iterator[None]:
 @contextmanager
 def scaled_gaussian_noise(factor: float) -> Iterator[None]:
     """Every Gaussian draw (the mechanisms and central DP's aggregator) at ``factor`` × σ."""
-    import privaterec.fed.methods.central as central
+    import privaterec.fed.methods.dp_fedavg as central
     import privaterec.privacy.noise.gaussian as gaussian
 
     original = gaussian.gaussian_noise
@@ -147,7 +147,7 @@ def scaled_noise_shares(factor: float) -> Iterator[None]:
 @contextmanager
 def unnoised_clip_count() -> Iterator[None]:
     """:meth:`CentralDP.noised_sums` returns the exact sum of the clip indicators."""
-    from privaterec.fed.methods.central import CentralDP
+    from privaterec.fed.methods.dp_fedavg import CentralDP
 
     original = CentralDP.noised_sums
 
@@ -165,7 +165,7 @@ def noise_on_touched_news_only() -> Iterator[None]:
     """:meth:`CentralDP.news_space_release` zeroes the noised cotangent of every news no
     client of the round touched: a data-dependent pool, so which rows are zero names the
     news of the users' histories and candidates."""
-    from privaterec.fed.methods.central import CentralDP
+    from privaterec.fed.methods.dp_fedavg import CentralDP
     from privaterec.fed.news_space import NewsSpaceClipping
 
     original = CentralDP.news_space_release

@@ -25,18 +25,18 @@ The canary is a real client through the real method code:
   :class:`CanaryObjective`, a :class:`~privaterec.fed.objective.LocalObjective` whose loss is
   s·⟨u, θ⟩ whatever the data, so the wrapped FedRec client's update (its gradient, or with E
   local steps E·lr times it) is s·u; :func:`~privaterec.fed.client.client_update` clips it
-  (:meth:`~privaterec.fed.methods.central.CentralDP.release`) to exactly C·u for |s| large
+  (:meth:`~privaterec.fed.methods.dp_fedavg.CentralDP.release`) to exactly C·u for |s| large
   (and, adaptive, reports its clip indicator b − ½ = −½), −C·u for s < 0. Adaptive clipping's
   replace pair puts the second canary just inside the clip (norm (1 − η)C, b − ½ = +½), so the
   indicator sums differ by 1 as well: μ = 2/z up to η.
 * ``dp-fedavg-news`` (clipped in news-vector space): the one-impression user of the audit
   world, whose news-space vector w_u is longer than C, so its real clipped upload
-  (:meth:`~privaterec.fed.methods.central.CentralDP.release`, ``clip_space`` news_vectors)
+  (:meth:`~privaterec.fed.methods.dp_fedavg.CentralDP.release`, ``clip_space`` news_vectors)
   has norm exactly C along u = w_u/‖w_u‖; only ``add-remove`` (a loss cannot be negated
   there, so −C·u has no client); its draws (samples, negatives) are drawn once.
 
 Each side's pre-noise sum is computed once (the canary's update is a constant) and the
-aggregator's real :meth:`~privaterec.fed.methods.central.CentralDP.noised_sums` noises
+aggregator's real :meth:`~privaterec.fed.methods.dp_fedavg.CentralDP.noised_sums` noises
 ``runs`` copies of it in one call (the noise is i.i.d. per coordinate, so one call on the
 concatenated copies is ``runs`` independent rounds; adaptive clipping: one call per run, for
 the count's noise), so a million runs take seconds. The norms are checked: an upload whose
@@ -151,7 +151,7 @@ def _central_method(*, adaptive: bool, news: bool, epsilon: float, delta: float,
                     model: ModelConfig, placement: str | None = None) -> Any:
     from privaterec.config import replace
     from privaterec.fed.methods import method_from_config, resolve_run_config
-    from privaterec.fed.methods.central import CentralDP
+    from privaterec.fed.methods.dp_fedavg import CentralDP
     from privaterec.method_settings import DPFedAvgSettings
 
     config = fed_run_config("dp-fedavg", mode="-", epsilon=epsilon, delta=delta, model=model)
@@ -176,7 +176,7 @@ def _sent(objective: Any, params: torch.Tensor, method: Any, data: Any,
           seed: int) -> tuple[torch.Tensor, float]:
     """The canary client's real upload (payload ``[D]``, clip indicator b − ½ or 0)."""
     from privaterec.fed.client import client_update
-    from privaterec.fed.methods.central import CLIP_INDICATOR
+    from privaterec.fed.methods.dp_fedavg import CLIP_INDICATOR
 
     update = client_update(objective, params, data, method,
                            generator=torch.Generator().manual_seed(seed))
@@ -207,9 +207,9 @@ def canary_games(method: str, world: AuditWorld | None = None, *, epsilon: float
     ConfigError
         For a method without canaries, or a canary whose upload is not exactly C long.
     """
-    from privaterec.fed.methods.central import expected_clients
+    from privaterec.fed.methods.dp_fedavg import expected_clients
     from privaterec.models.factory import build_recommender
-    from privaterec.privacy.central import central_epsilon
+    from privaterec.privacy.central_accounting import central_epsilon
 
     if method not in CANARY_METHODS:
         raise ConfigError(f"invalid audit parameter 'method' for canaries: got {method!r}, "
@@ -314,12 +314,12 @@ def _secagg_view(agg: Any, side: CanarySide, n: int, source: Any) -> torch.Tenso
 
     Each client hands SecAgg+ :meth:`~privaterec.fed.secagg.SecAggRound.client_vector`: its
     quantised update plus (distributed noise) its rounded noise share, for the round's plan
-    (:meth:`~privaterec.fed.methods.central.CentralDP.secure_round`); the masks cancel in
+    (:meth:`~privaterec.fed.methods.dp_fedavg.CentralDP.secure_round`); the masks cancel in
     the decoded sum (``tests/fed/test_secagg.py`` checks it on real SecAgg+ rounds to 1e-12),
     which is Σ of the vectors. ``client_vector(x) = quantize(x) + client_vector(0)`` (the
     share does not depend on x), so the n rounds' shares come from one ``client_vector`` call
     on n·R zeros per client. With central noise the server then adds its noise
-    (:meth:`~privaterec.fed.methods.central.CentralDP.release_sum`)."""
+    (:meth:`~privaterec.fed.methods.dp_fedavg.CentralDP.release_sum`)."""
     present = side.norm > 0
     plan = agg.secure_round(SECAGG_OTHERS + int(present))
     assert plan is not None
@@ -339,7 +339,7 @@ def noised_statistics(game: CanaryGame, side: CanarySide, runs: int,
     """The likelihood-ratio statistic of ``runs`` rounds of ``side`` ``[runs]`` float64: the
     aggregator's real :meth:`noised_sums` on ``runs`` copies of the pre-noise sum (a
     simulation's seeded noise), or with ``secure`` a deployed server's
-    :meth:`~privaterec.fed.methods.central.CentralDP.release_sum` from
+    :meth:`~privaterec.fed.methods.dp_fedavg.CentralDP.release_sum` from
     :class:`~privaterec.privacy.samplers.SecureNoise` (the OS CSPRNG, float-safe: not
     reproducible, and about 10⁵ coordinates a second). ``view``: ``"simulator"``
     (seeded :meth:`noised_sums`), ``"deployed"`` (``release_sum`` from SecureNoise),

@@ -36,7 +36,7 @@ import torch
 from privaterec.config import RunConfig
 from privaterec.errors import ConfigError
 from privaterec.fed.methods.base import RoundContext, RoundOutput
-from privaterec.fed.methods.central import CentralDP
+from privaterec.fed.methods.dp_fedavg import CentralDP
 
 
 def canary_vectors(count: int, dimension: int, *, seed: int) -> torch.Tensor:
@@ -163,7 +163,7 @@ def one_run_audit(config: RunConfig, *, canaries: int, canary_seed: int = 1,
     from privaterec.audit import broken
     from privaterec.fed.engine import federated_job
     from privaterec.fed.methods import resolve_run_config
-    from privaterec.privacy.central import central_epsilon
+    from privaterec.privacy.central_accounting import central_epsilon
     from privaterec.runs.ranking_setup import build_run_model, prepare_data
     from privaterec.runtime.determinism import flush_denormals
 

@@ -23,7 +23,7 @@ from privaterec.config import FederatedMethod, ModelConfig, RunConfig, TrainConf
 from privaterec.data.clients import ClientData
 from privaterec.errors import ConfigError
 from privaterec.audit.world import AuditWorld
-from privaterec.privacy.calibrated import clipped_release
+from privaterec.privacy.calibrate import clipped_release
 from privaterec.validators import check_choice
 
 if TYPE_CHECKING:
@@ -132,12 +132,12 @@ def _news_space_target(world: AuditWorld, *, epsilon: float, delta: float,
                        model: ModelConfig) -> Target:
     """dp-fedavg with ``clip_space`` news_vectors: the aggregator's real release of one
     round at q = 1 from the audited user's inputs alone
-    (:meth:`~privaterec.fed.methods.central.CentralDP.news_space_release`): the noised
+    (:meth:`~privaterec.fed.methods.dp_fedavg.CentralDP.news_space_release`): the noised
     user-side sum and the noised news-vector cotangents of every news of the table, before
     the server's backward pass (which is post-processing)."""
     from privaterec.config import replace
     from privaterec.fed.methods import method_from_config, resolve_run_config
-    from privaterec.fed.methods.central import CentralDP
+    from privaterec.fed.methods.dp_fedavg import CentralDP
     from privaterec.fed.news_space import NewsSpaceClipping
     from privaterec.fed.objective import LocalObjective
     from privaterec.method_settings import DPFedAvgSettings
@@ -174,7 +174,7 @@ def _central_target(world: AuditWorld, *, adaptive: bool, epsilon: float, delta:
     from privaterec.config import replace
     from privaterec.fed.client import client_update
     from privaterec.fed.methods import method_from_config, resolve_run_config
-    from privaterec.fed.methods.central import CLIP_INDICATOR, CentralDP
+    from privaterec.fed.methods.dp_fedavg import CLIP_INDICATOR, CentralDP
     from privaterec.fed.objective import LocalObjective
     from privaterec.method_settings import DPFedAvgSettings
     from privaterec.models.factory import build_recommender

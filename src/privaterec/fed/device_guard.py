@@ -31,10 +31,10 @@ from typing import Any
 
 from privaterec.errors import PrivacyBudgetExceeded, PrivateRecError
 from privaterec.fed.methods.base import ClientMethod
-from privaterec.fed.methods.central import CentralDP
+from privaterec.fed.methods.dp_fedavg import CentralDP
 from privaterec.ondevice.budget import (DEFAULT_DEVICE_BUDGET, DEFAULT_GAUSSIAN_DELTA,
                                         STATE_FILE, DeviceBudget, Events)
-from privaterec.privacy.central import central_round_event
+from privaterec.privacy.central_accounting import central_round_event
 from privaterec.privacy.events import PrivacyEvent
 
 GUARD_FILE = "federated_device.json"

@@ -35,7 +35,7 @@ from privaterec.config import (SENSITIVITY_MODES, SERVING_KINDS, NoiseKind,
                                SensitivityMode, ServingKind, _check, _check_choice)
 from privaterec.errors import ConfigError
 from privaterec.models.recommender import Recommender
-from privaterec.privacy.calibrated import Calibration, no_noise
+from privaterec.privacy.calibrate import Calibration, no_noise
 from privaterec.privacy.dpa import (dpa_calibration, relu_normalize, simplex_project,
                                     softplus_normalize, vdp_calibration)
 from privaterec.privacy.events import PrivacyEvent

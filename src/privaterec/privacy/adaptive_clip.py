@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import torch
 
 from privaterec.errors import ConfigError
-from privaterec.privacy.central import central_round_event
+from privaterec.privacy.central_accounting import central_round_event
 from privaterec.privacy.events import PrivacyEvent
 from privaterec.validators import check_adaptive_clip
 

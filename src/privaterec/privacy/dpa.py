@@ -33,8 +33,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from privaterec.errors import ConfigError
-from privaterec.privacy.calibrated import Calibration, calibrate, clipped_release
-from privaterec.privacy.calibration import SensitivityMode, dpa_sensitivity
+from privaterec.privacy.calibrate import Calibration, calibrate, clipped_release
+from privaterec.privacy.formulas import SensitivityMode, dpa_sensitivity
 from privaterec.privacy.events import DataPart, Phase
 from privaterec.privacy.mechanisms import add_noise, clip_and_noise
 from privaterec.privacy.noise import noise_mechanism
@@ -105,7 +105,7 @@ def dpa_calibration(*, epsilon: float, delta: float = 0.0, padding_p: float = 0.
 
     Corrected as docs/privacy.md#dpa-sensitivity to #gaussian-calibration: calibrated with the
     simplex sensitivity (L1 = 2 for Laplace, L2 = √2 for the analytic Gaussian) at the amplified
-    budget (ε′, δ′) of :func:`~privaterec.privacy.calibration.amplified_budget`.
+    budget (ε′, δ′) of :func:`~privaterec.privacy.formulas.amplified_budget`.
 
     Parameters
     ----------
@@ -128,7 +128,7 @@ def dpa_calibration(*, epsilon: float, delta: float = 0.0, padding_p: float = 0.
 
     Returns
     -------
-    :class:`~privaterec.privacy.calibrated.Calibration` of ONE row's release (the noise is
+    :class:`~privaterec.privacy.calibrate.Calibration` of ONE row's release (the noise is
     added to α itself: no clipping).
     """
     _check_probability(padding_p, "padding_p")

@@ -1,6 +1,6 @@
 """What one release spends: :class:`PrivacyEvent` (docs/privacy.md#the-ledger).
 
-Every mechanism and every calibration (:mod:`privaterec.privacy.calibrated`) describes one
+Every mechanism and every calibration (:mod:`privaterec.privacy.calibrate`) describes one
 release of one user's data by a :class:`PrivacyEvent`: its mechanism, its (ε, δ) under
 one-click adjacency and under user-level adjacency, its noise scale and sensitivity, which
 part of the data it reads. The ledger (:mod:`privaterec.privacy.ledger`) stores and composes
@@ -31,7 +31,7 @@ import attr
 from dp_accounting import dp_event
 
 from privaterec.errors import CheckpointError, ConfigError
-from privaterec.privacy.calibration import amplified_budget, padding_amplification
+from privaterec.privacy.formulas import amplified_budget, padding_amplification
 from privaterec.privacy.noise import MECHANISMS
 from privaterec.validators import is_real
 

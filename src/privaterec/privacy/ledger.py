@@ -2,7 +2,7 @@
 
 Every release of one user is described by a :class:`~privaterec.privacy.events.PrivacyEvent`
 (its own module, :mod:`privaterec.privacy.events`, re-exported here; a release's calibration,
-:mod:`privaterec.privacy.calibrated`, states it). The :class:`PrivacyLedger` stores, per
+:mod:`privaterec.privacy.calibrate`, states it). The :class:`PrivacyLedger` stores, per
 user, how many times each distinct event happened (a multiset, so 10^5 users x 10^3 rounds
 cost a few integers per user, not 10^8 objects), and composes them at a target δ with
 

@@ -8,7 +8,7 @@ implementation, the textbook guarantee ignores rounding effects (Mironov, CCS 20
 Shapes are free: functions work elementwise or over the dimensions named by ``dim``, so a
 batch of clients ``x[n_clients, D]`` is clipped and noised in one call (one row = one
 client's release). A release's clipping and noise scale come calibrated, once, in a
-:class:`~privaterec.privacy.calibrated.Calibration` (clip first, so that its sensitivity
+:class:`~privaterec.privacy.calibrate.Calibration` (clip first, so that its sensitivity
 holds, then add its noise: :func:`clip_and_noise`); the functions here never map ε to a
 scale.
 """
@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from privaterec.errors import ConfigError
-from privaterec.privacy.calibrated import Calibration
+from privaterec.privacy.calibrate import Calibration
 from privaterec.privacy.events import Phase, PrivacyEvent
 from privaterec.privacy.noise.base import Generators, generator_device
 
@@ -131,7 +131,7 @@ def calibrated_noise(shape: Sequence[int], calibration: Calibration, *, generato
     shape:
         Output shape, e.g. ``[m, B]``: m releases of B coordinates.
     calibration:
-        The release's :class:`~privaterec.privacy.calibrated.Calibration` (its scale).
+        The release's :class:`~privaterec.privacy.calibrate.Calibration` (its scale).
     generator:
         One generator, or one per row (``shape[0]`` of them).
     dtype, device:

@@ -22,7 +22,7 @@ from typing import Sequence, Union
 import torch
 from torch import Tensor
 
-from privaterec.privacy.calibrated import Calibration
+from privaterec.privacy.calibrate import Calibration
 from privaterec.privacy.mechanisms import apply_clip, clip_and_noise
 from privaterec.privacy.samplers import NoiseSource, SimulationNoise
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Mapping
 
 from privaterec.errors import CheckpointError, ConfigError
-from privaterec.privacy.calibration import (PAPER_SENSITIVITY_WARNING, SensitivityMode,
+from privaterec.privacy.formulas import (PAPER_SENSITIVITY_WARNING, SensitivityMode,
                                             amplified_budget, fednewsrec_coordinate_epsilon,
                                             fednewsrec_update_epsilon)
 from privaterec.validators import is_integer, is_real

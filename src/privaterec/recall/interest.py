@@ -29,7 +29,7 @@ import torch
 from torch import Tensor, nn
 
 from privaterec.errors import ConfigError
-from privaterec.privacy.calibrated import (SIMPLEX_SENSITIVITY_L1, Calibration, clipped_release,
+from privaterec.privacy.calibrate import (SIMPLEX_SENSITIVITY_L1, Calibration, clipped_release,
                                            no_noise, simplex_release)
 from privaterec.privacy.events import Phase, PrivacyEvent
 from privaterec.privacy.mechanisms import clip_elementwise
@@ -158,7 +158,7 @@ def channel_calibration(*, num_basis: int = DEFAULT_NUM_BASIS, clip: float = DEF
                         noise_scale: float = DEFAULT_NOISE_SCALE,
                         phase: Phase = "serve") -> Calibration:
     """ONE channel's release, calibrated: B scores clipped to [−δ, δ] element-wise plus
-    Laplace(λ_I) (:func:`~privaterec.privacy.calibrated.clipped_release`: Δ₁ = 2δB)."""
+    Laplace(λ_I) (:func:`~privaterec.privacy.calibrate.clipped_release`: Δ₁ = 2δB)."""
     if not (isinstance(num_basis, int) and num_basis >= 1):
         raise ConfigError(f"invalid 'num_basis' (B): got {num_basis!r}, expected an int >= 1")
     _check_positive(clip, "clip")

@@ -76,7 +76,7 @@ from privaterec.fed.simulator import FederatedState
 from privaterec.fed.strategies import ServerDefaults, build_strategy
 from privaterec.fed.task import ModuleTask, per_client_gradients
 from privaterec.method_settings import GradientClipping, UniFedRecSettings
-from privaterec.privacy.calibrated import Calibration, clipped_release, no_noise
+from privaterec.privacy.calibrate import Calibration, clipped_release, no_noise
 from privaterec.privacy.events import PrivacyEvent
 from privaterec.privacy.noise.laplace import laplace_noise
 from privaterec.privacy.randomness import (Randomness, is_secure, randint, randperm,

@@ -14,11 +14,11 @@ import math
 from typing import Any, Sequence
 
 from privaterec.fed.methods.base import ClientMethod
-from privaterec.fed.methods.central import CentralDP
+from privaterec.fed.methods.dp_fedavg import CentralDP
 from privaterec.fed.news_space import NEWS_ENCODER_PREFIX
 from privaterec.fed.secagg import TAIL_SIGMAS, min_clients
 from privaterec.privacy.adaptive_clip import equivalent_noise_multiplier
-from privaterec.privacy.central import central_epsilon
+from privaterec.privacy.central_accounting import central_epsilon
 
 
 def release_description(method: ClientMethod, *, dimension: int,

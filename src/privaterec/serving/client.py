@@ -30,7 +30,7 @@ directory per user); without it the ledger persists in :func:`default_state_dir`
 cap is ε = 10 per device; the state file is locked for every spend; one history is freshly
 released at most twice a day whatever the server's model version
 (:class:`ReleaseLimitExceeded`). Adjacency is substitution of one item of the fixed-length
-(truncated) history, as in :func:`privaterec.privacy.calibration.amplified_budget`.
+(truncated) history, as in :func:`privaterec.privacy.formulas.amplified_budget`.
 
 Randomness: devices draw from :class:`SecureNoise` (OS CSPRNG, float-safe OpenDP noise) and
 take no seed; :class:`SimulationNoise` is accepted only as ``insecure_simulation_noise=`` for

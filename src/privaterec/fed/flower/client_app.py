@@ -55,7 +55,7 @@ from privaterec.fed.flower.messages import (RUN_RECORD, field_record, field_valu
                                             field_values, public_fingerprint)
 from privaterec.fed.flower.secure import MASK_PRG, install_mask_prg
 from privaterec.fed.methods.base import ClientMethod
-from privaterec.fed.methods.central import CentralDP
+from privaterec.fed.methods.dp_fedavg import CentralDP
 from privaterec.fed.rng import client_generator
 from privaterec.fed.secagg import SecAggRound
 from privaterec.fed.task import FederatedTask

@@ -19,7 +19,7 @@ from privaterec.errors import PrivateRecError
 from privaterec.fed.flower.client_app import DeviceLoader, make_client_app
 from privaterec.fed.flower.server_app import ROUND_TIMEOUT, serve
 from privaterec.fed.methods.base import ClientMethod
-from privaterec.fed.methods.central import CentralDP
+from privaterec.fed.methods.dp_fedavg import CentralDP
 from privaterec.fed.simulator import FederatedState, RoundCallback
 from privaterec.fed.strategies import Strategy
 from privaterec.fed.task import FederatedTask

@@ -39,7 +39,7 @@ from privaterec.fed.flower.messages import (field_record, field_values, public_f
                                             reply_error, run_record, seed_entry)
 from privaterec.fed.flower.secure import MASK_PRG, secure_sum
 from privaterec.fed.methods.base import ClientMethod
-from privaterec.fed.methods.central import CentralDP
+from privaterec.fed.methods.dp_fedavg import CentralDP
 from privaterec.fed.rng import central_noise_generator
 from privaterec.fed.sampling import eligible_clients
 from privaterec.fed.simulator import (FederatedState, RoundCallback, RoundResult,

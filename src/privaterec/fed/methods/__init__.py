@@ -4,7 +4,7 @@
   ``privatize``, ``events``, ``describe``) and the computation the engine calls (``update``
   for one client, ``round`` for a round's clients at once);
 * :mod:`.ranking` — FedRec, FedNewsRec, DP-FedRec; :mod:`.privaterec` — PrivateRec paper and
-  strict mode; :mod:`.central` — central DP (DP-FedAvg) as a wrapper around any method;
+  strict mode; :mod:`.dp_fedavg` — central DP (DP-FedAvg) as a wrapper around any method;
   Uni-FedRec's LDP upload lives with its task (:mod:`privaterec.recall.task`);
 * :mod:`.registry` — the methods by name, :func:`resolve_run_config` and
   :func:`method_from_config`. Each class owns its settings (``settings_type``, from
@@ -15,7 +15,7 @@
 from __future__ import annotations
 
 from privaterec.fed.methods.base import ClientMethod, RoundContext, RoundOutput
-from privaterec.fed.methods.central import CentralDP
+from privaterec.fed.methods.dp_fedavg import CentralDP
 from privaterec.fed.methods.privaterec import (PAPER_MODE_NOTE, PRIVATEREC_BASIS, PrivateRec,
                                                PrivateRecStrict, privaterec_train_events,
                                                uncovered_groups)

@@ -31,7 +31,7 @@ from privaterec.fed.sampling import eligible_clients, roster, sample_round
 from privaterec.fed.strategies import ServerDefaults, weighted_mean
 from privaterec.fed.task import FederatedTask
 from privaterec.method_settings import MethodSettings
-from privaterec.privacy.calibrated import Calibration
+from privaterec.privacy.calibrate import Calibration
 from privaterec.privacy.events import Adjacency, PrivacyEvent
 from privaterec.privacy.ledger import adjacency_view, basic_composition
 from privaterec.privacy.randomness import Randomness, release_rows

@@ -31,7 +31,7 @@ from privaterec.fed.methods.ranking import RankingMethod
 from privaterec.fed.objective import ClientInputs, LocalObjective
 from privaterec.fed.strategies import ServerDefaults, weighted_mean
 from privaterec.method_settings import PrivateRecSettings
-from privaterec.privacy.calibrated import Calibration, clipped_release, no_noise
+from privaterec.privacy.calibrate import Calibration, clipped_release, no_noise
 from privaterec.privacy.dpa import (dpa_calibration, dpa_noise, pad_history, padding_mask,
                                     permute_columns)
 from privaterec.privacy.events import PrivacyEvent

@@ -29,7 +29,7 @@ from privaterec.fed.methods.base import ClientMethod, RoundContext, RoundOutput
 from privaterec.fed.objective import ClientBatch, ClientInputs, LocalObjective
 from privaterec.fed.strategies import ServerDefaults
 from privaterec.method_settings import DPFedRecSettings, FedNewsRecSettings, FedRecSettings
-from privaterec.privacy.calibrated import Calibration, Clipping, clipped_release, no_noise
+from privaterec.privacy.calibrate import Calibration, Clipping, clipped_release, no_noise
 from privaterec.privacy.noise import MECHANISMS, noise_mechanism
 from privaterec.privacy.randomness import Randomness
 

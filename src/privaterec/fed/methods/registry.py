@@ -13,7 +13,7 @@ from typing import Any, Protocol
 from privaterec.config import RunConfig
 from privaterec.errors import ConfigError
 from privaterec.fed.methods.base import ClientMethod
-from privaterec.fed.methods.central import CentralDP
+from privaterec.fed.methods.dp_fedavg import CentralDP
 from privaterec.fed.methods.privaterec import PrivateRec
 from privaterec.fed.methods.ranking import DPFedRec, FedNewsRec, FedRec
 from privaterec.fed.strategies import ServerDefaults

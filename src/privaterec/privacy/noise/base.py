@@ -3,7 +3,7 @@
 A mechanism is one object of a subclass of :class:`NoiseMechanism`, in its own module of
 this package (:mod:`.laplace`, :mod:`.gaussian`); :mod:`privaterec.privacy.noise` finds it
 there. Everything that maps ε to noise or noise to ε, draws noise, or accounts it asks the
-mechanism: :func:`~privaterec.privacy.calibrated.calibrate` (scale for ε),
+mechanism: :func:`~privaterec.privacy.calibrate.calibrate` (scale for ε),
 :class:`~privaterec.privacy.events.PrivacyEvent` (ε for scale, the ``dp_accounting`` event),
 :func:`~privaterec.privacy.mechanisms.calibrated_noise` (seeded draws),
 :class:`~privaterec.privacy.samplers.SecureNoise` (float-safe releases on a device) and

@@ -12,7 +12,7 @@ from dp_accounting.pld import privacy_loss_distribution as pld_lib
 from dp_accounting.privacy_accountant import NeighboringRelation
 from torch import Tensor
 
-from privaterec.privacy.calibration import laplace_scale
+from privaterec.privacy.formulas import laplace_scale
 from privaterec.privacy.noise.base import Generators, NoiseMechanism, iid_noise
 
 

@@ -1,4 +1,4 @@
-"""Tests of privaterec.privacy.calibration (pure math)."""
+"""Tests of privaterec.privacy.formulas (pure math)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from scipy import stats
 
 from privaterec.errors import ConfigError
-from privaterec.privacy.calibration import (
+from privaterec.privacy.formulas import (
     PAPER_SENSITIVITY_WARNING,
     amplified_budget,
     classical_gaussian_sigma,

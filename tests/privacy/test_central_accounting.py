@@ -9,7 +9,7 @@ import pytest
 
 from privaterec.errors import ConfigError
 from privaterec.privacy.audit import clopper_pearson_interval
-from privaterec.privacy.central import (calibrate_noise_multiplier, central_epsilon,
+from privaterec.privacy.central_accounting import (calibrate_noise_multiplier, central_epsilon,
                                         central_round_event)
 from privaterec.privacy.ledger import PrivacyLedger, compose_events
 
@@ -19,7 +19,7 @@ SIGMA_1 = 3.7306316348159374  # analytic Gaussian, (1, 1e-5) at sensitivity 1
 
 def test_unsampled_round_is_the_analytic_gaussian():
     """q = 1, T = 1 is the Gaussian mechanism: Balle & Wang (2018)'s analytic calibration
-    gives sigma = 3.7306 for (1, 1e-5) at sensitivity 1 (pinned in test_calibration). Added
+    gives sigma = 3.7306 for (1, 1e-5) at sensitivity 1 (pinned in test_formulas). Added
     or removed, one user moves the sum by C; replaced, by 2C, so replacement needs 2 sigma."""
     add_remove = central_epsilon(noise_multiplier=SIGMA_1, sampling_rate=1.0, rounds=1,
                                  delta=1e-5, neighbours="add_remove")

@@ -31,7 +31,7 @@ from dp_accounting.privacy_accountant import NeighboringRelation
 from dp_accounting.rdp import rdp_privacy_accountant
 
 from privaterec.errors import ConfigError
-from privaterec.privacy.calibrated import Calibration
+from privaterec.privacy.calibrate import Calibration
 from privaterec.privacy.events import PrivacyEvent
 from privaterec.validators import MIN_NOISE_MULTIPLIER, check_noise_multiplier
 

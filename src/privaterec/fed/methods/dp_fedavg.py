@@ -45,8 +45,8 @@ from privaterec.fed.task import FederatedTask
 from privaterec.method_settings import DPFedAvgSettings, check_secure_aggregation
 from privaterec.privacy.adaptive_clip import (AdaptiveClipping, adaptive_round_event,
                                               clip_indicators, update_noise_multiplier)
-from privaterec.privacy.calibrated import Calibration, no_noise
-from privaterec.privacy.central import (calibrate_noise_multiplier, central_calibration,
+from privaterec.privacy.calibrate import Calibration, no_noise
+from privaterec.privacy.central_accounting import (calibrate_noise_multiplier, central_calibration,
                                         central_epsilon)
 from privaterec.privacy.events import PrivacyEvent
 from privaterec.privacy.mechanisms import calibrated_noise
@@ -541,7 +541,7 @@ class CentralDP(ClientMethod[FederatedTask[Any]]):
 
     def event_note(self) -> str:
         """The ledger note of a round under secure aggregation (``""``: the default note of
-        :func:`~privaterec.privacy.central.central_round_event`, the server sees the
+        :func:`~privaterec.privacy.central_accounting.central_round_event`, the server sees the
         clipped updates)."""
         news_space = self.clip_space == "news_vectors"
         if news_space and self.secure_aggregation == "none":

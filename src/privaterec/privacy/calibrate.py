@@ -7,7 +7,7 @@ with it, the ledger records its :attr:`Calibration.event`. Nothing downstream ma
 noise scale again, and nobody runs a mechanism to learn what it would spend.
 
 Every ε becomes a noise scale in :func:`calibrate` (target ε → scale, through the pure math
-of :mod:`privaterec.privacy.calibration`) or in :func:`calibrate_scale` (given Laplace scale
+of :mod:`privaterec.privacy.formulas`) or in :func:`calibrate_scale` (given Laplace scale
 → ε). The helpers below them only choose the sensitivity of a release:
 
 * :func:`clipped_release` — a clipped vector plus noise, under replacement of the data it
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Literal, NoReturn
 
 from privaterec.errors import ConfigError
-from privaterec.privacy.calibration import amplified_budget
+from privaterec.privacy.formulas import amplified_budget
 from privaterec.privacy.events import DataPart, Phase, PrivacyEvent
 from privaterec.privacy.noise import MECHANISMS, NOISE_KINDS, NoiseMechanism, noise_mechanism
 
@@ -138,7 +138,7 @@ def calibrate(*, mechanism: str, epsilon: float, delta: float = 0.0,
 
     Laplace: b = Δ₁/ε′ (Dwork & Roth Thm 3.6); Gaussian: the analytic σ (Balle & Wang 2018),
     both at the base budget (ε′, δ′) of
-    :func:`~privaterec.privacy.calibration.amplified_budget` when the caller pads the
+    :func:`~privaterec.privacy.formulas.amplified_budget` when the caller pads the
     history with probability ``padding_p`` (PrivateRec Alg. 2;
     docs/privacy.md#padding-amplification, #gaussian-calibration).
 
