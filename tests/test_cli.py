@@ -140,6 +140,15 @@ def test_demo_quick_prints_a_results_table(tmp_path, capsys):
     assert central[0].name in facts.central_noise_ratio and "- Central DP (" in out
     assert "B = 5 floats = 20 bytes per query" in out
     assert by_name["popularity"].epsilon_round == float("inf")  # ∞, the same as the README
+    # ε per user at both adjacencies, in every row; the local-ranking row carries its run's
+    # training only (ε_s = 0), not the DPA evaluation's queries
+    assert all(r.epsilon_user_level is not None for r in rows)
+    assert central[0].epsilon_user_level == central[0].epsilon_user
+    base = by_name["privaterec eps_t=10 / nrms"]
+    local = next(r for r in rows if "→ local ranking" in r.name)
+    dpa = by_name["privaterec eps_t=10 / nrms → privaterec serving"]
+    assert local.epsilon_query == 0 and local.epsilon_user == base.epsilon_user
+    assert dpa.epsilon_user > base.epsilon_user
 
 
 def test_privaterec_train_report_and_private_serving(synth_dir, tmp_path, capsys):

@@ -112,7 +112,8 @@ def cmd_data_synth(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(summary)
     else:
-        print("\n".join(f"{k}: {v}" for k, v in summary.items()))
+        from privaterec.data.synth import format_synth_summary
+        print(format_synth_summary(summary))
     return EXIT_OK
 
 
@@ -292,15 +293,15 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         print(f"local ranking: epsilon_s = 0 ({info['queries']} queries of {info['users']} "
               f"users, 0 bytes sent per query; the device downloads the pool of "
               f"{info['pool_news']} news once: {info['bytes_downloaded']} bytes in float32, "
-              f"{info['bytes_downloaded_float16']} in float16); recorded in "
-              f"{args.run}/privacy.json")
+              f"{info['bytes_downloaded_float16']} in float16); SIMULATED queries recorded "
+              f"in {info['record']} (not in the run's privacy.json)")
     elif serving is not None:
         info = result["serving"]
         print(f"serving {serving.kind} at epsilon_s = {serving.epsilon:g} per query "
               f"({info['queries']} queries of {info['users']} users, {info['bytes_per_query']} "
-              f"bytes sent per query); releases recorded in {args.run}/privacy.json, "
-              f"per-user serving epsilon (max) = {info['epsilon_serve_user_max']:.6g} at "
-              f"delta = {info['privacy_delta']:g}")
+              f"bytes sent per query); SIMULATED releases recorded in {info['record']} (not "
+              f"in the run's privacy.json), per-user serving epsilon (max) = "
+              f"{info['epsilon_serve_user_max']:.6g} at delta = {info['privacy_delta']:g}")
     return EXIT_OK
 
 
@@ -574,13 +575,17 @@ def build_parser() -> argparse.ArgumentParser:
                        help="drop references to news absent from news.tsv (and report them)")
     check.set_defaults(func=cmd_data_check)
 
+    from privaterec.data.synth import SYNTH_FLAG_HELP
+
     synth = data_sub.add_parser("synth", help="write a synthetic MIND-like data set")
     synth.add_argument("--out", required=True, help="output directory (gets train/ and test/)")
-    for name in ("users", "news", "topics", "days", "seed"):
-        synth.add_argument(f"--{name}", type=int, default=None)
+    for name, text in SYNTH_FLAG_HELP.items():  # None: the generator's default (in the help)
+        synth.add_argument(f"--{name}", type=int, default=None, help=text)
     synth.add_argument("--news-from", default=None,
-                       help="a news.tsv whose real news form the pool (simulated clicks)")
-    synth.add_argument("--json", action="store_true", help="print the summary as JSON")
+                       help="a news.tsv whose real news form the pool, clicked by simulated "
+                            "users (default: synthetic news)")
+    synth.add_argument("--json", action="store_true",
+                       help="print the summary as JSON (default: a text summary)")
     synth.set_defaults(func=cmd_data_synth)
 
     convert = data_sub.add_parser("convert", help="convert another format to MIND format")

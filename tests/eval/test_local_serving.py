@@ -7,6 +7,7 @@ noise, send nothing (ε_s = 0 in the ledger) and report the bytes of the pool do
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -66,8 +67,8 @@ def test_local_ranking_equals_serving_without_noise(runs, method):
 
 def test_local_queries_are_recorded_at_epsilon_zero(runs):
     run = runs["privaterec"]
-    evaluate_run(run, progress=False, serving=ServingConfig(kind="local"))
-    summary = read_privacy_json(run)
+    result = evaluate_run(run, progress=False, serving=ServingConfig(kind="local"))
+    summary = read_privacy_json(Path(result["serving"]["record"]))
     assert summary["release"]["serving"][-1]["kind"] == "local"
     events = [e for e in summary["ledger"]["events"] if e["phase"] == "serve"]
     assert any(e["epsilon"] == 0.0 and "nothing user-dependent" in e["note"] for e in events)

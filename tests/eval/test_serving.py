@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from pathlib import Path
 
 import pytest
 import torch
@@ -150,9 +151,11 @@ def test_evaluate_run_records_every_query_in_the_ledger(tmp_path):
     train_run(config, run, progress=False)
     before = read_privacy_json(run)["report"]["phases"]["serve"]["num_users"]
     assert before == 0
+    training = (run / "privacy.json").read_bytes()
     result = evaluate_run(run, progress=False,
                           serving=ServingConfig(kind="privaterec", epsilon=1.0))
-    summary = read_privacy_json(run)
+    assert (run / "privacy.json").read_bytes() == training  # the release record is untouched
+    summary = read_privacy_json(Path(result["serving"]["record"]))
     from privaterec.data.mind import load_dataset
     test = load_dataset(str(data)).test
     queries = Counter(i.user_id for i in test.behaviors if i.labels is not None)
@@ -163,4 +166,48 @@ def test_evaluate_run_records_every_query_in_the_ledger(tmp_path):
     assert result["serving"]["queries"] == sum(queries.values())
     assert result["serving"]["bytes_per_query"] == 4 * 5  # B = 5 floats
     assert summary["release"]["serving"][0]["kind"] == "privaterec"
+    assert summary["release"]["serving"][0]["simulated"] is True
+    assert "SIMULATED" in summary["release"]["simulated_serving"]
     assert 0.0 <= result["auc"] <= 1.0 and math.isfinite(result["auc"])
+    # the record composes training and this evaluation
+    train = read_privacy_json(run)["report"]["phases"]["total"]["epsilon_max"]
+    assert result["serving"]["epsilon_user_max"] == summary["report"]["phases"]["total"][
+        "epsilon_max"] >= train
+
+
+def test_identical_serving_evaluations_do_not_accumulate(tmp_path, capsys):
+    """Two identical offline evaluations leave one record with one evaluation's ε; the run's
+    privacy.json (the deployment's release record) never holds simulated queries."""
+    data = tmp_path / "data"
+    write_synthetic(data, SYNTH)
+    config = RunConfig(data=str(data), model=TINY, train=TrainConfig(method="privaterec"),
+                       fed=fed_config("privaterec", rounds=2, epsilon_train=5.0,
+                                      clients_per_round=5))
+    run = tmp_path / "run"
+    train_run(config, run, progress=False)
+    training = read_privacy_json(run)
+    serving = ServingConfig(kind="privaterec", epsilon=2.0)
+    first = evaluate_run(run, progress=False, serving=serving)
+    second = evaluate_run(run, progress=False, serving=serving)
+    assert first["serving"]["record"] == second["serving"]["record"]
+    for key in ("epsilon_serve_user_max", "epsilon_user_max"):
+        assert second["serving"][key] == first["serving"][key]
+    record = read_privacy_json(Path(second["serving"]["record"]))
+    assert len(record["release"]["serving"]) == 1
+    from privaterec.data.mind import load_dataset
+    test = load_dataset(str(data)).test
+    queries = Counter(i.user_id for i in test.behaviors if i.labels is not None)
+    serve = record["report"]["phases"]["serve"]
+    assert serve["releases_max"] == max(queries.values())  # one evaluation's queries
+    assert serve["basic_epsilon_max"] == pytest.approx(max(queries.values()) * 2.0)
+    after = read_privacy_json(run)
+    assert after["report"] == training["report"]  # ε per user unchanged, no serve phase
+    assert after["report"]["phases"]["serve"]["num_users"] == 0
+    assert "serving" not in after["release"]
+    from privaterec.cli import main
+    assert main(["privacy", "report", "--run", second["serving"]["record"]]) == 0
+    assert "SIMULATED serving" in capsys.readouterr().out
+    other = evaluate_run(run, progress=False, serving=ServingConfig(kind="local"))
+    assert other["serving"]["record"] != first["serving"]["record"]  # its own record
+    assert other["serving"]["epsilon_user_max"] == after["report"]["phases"]["total"][
+        "epsilon_max"]  # local ranking adds nothing to training

@@ -364,3 +364,23 @@ def test_calibrate_errors():
         calibrate_noise("laplace", epsilon=1.0)
     with pytest.raises(ConfigError, match="invalid mechanism 'vdp'"):
         calibrate_noise("vdp", epsilon=1.0, sensitivity=2.0)
+
+
+def test_nested_release_blocks_print_one_row_per_leaf_never_a_dict(tmp_path):
+    """Central DP's SecAgg+ trust block is a dict inside ``central``: each of its entries is
+    a labelled row (it used to print as one raw Python dict)."""
+    ledger = ledger_with(gaussian_event(), [1, 1])
+    trust = {"secure_aggregation": "secaggplus (Flower's SecAgg+)",
+             "threat_model": "honest-but-curious server", "max_dropouts": 2,
+             "reconstruction": {"threshold": "n - 2", "shares": 5}}
+    release = {"method": "dp-fedavg", "mechanism": "gaussian", "epsilon_per_round": 1.0,
+               "central": {"rounds": 3, "trust": trust}}
+    write_privacy_json(tmp_path / "privacy.json", ledger, release=release, delta=1e-5,
+                       rounds=3)
+    text = format_privacy_report(read_privacy_json(tmp_path / "privacy.json"))
+    assert "{'" not in text and "{\"" not in text
+    rows = {line.strip().split("  ")[0]: line for line in text.splitlines()}
+    assert any(k.startswith("central: trust: threat_model") for k in rows)
+    assert "honest-but-curious server" in text
+    assert any(k.startswith("central: trust: reconstruction: threshold") for k in rows)
+    assert any(k.startswith("central: rounds") for k in rows)

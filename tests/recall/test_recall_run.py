@@ -94,19 +94,21 @@ def test_evaluate_recall_json_keys_ledger_and_bytes(recall_run: Path, capsys) ->
     assert result["bytes_per_query"] == pytest.approx(4 * result["channels_mean"] * 7)
     # R@K grows with K on average (more is recalled).
     assert result["future_recall@400"] >= result["future_recall@100"]
-    summary = read_privacy_json(recall_run)
+    assert "serving" not in read_privacy_json(recall_run)["release"]  # simulated: apart
+    summary = read_privacy_json(Path(result["record"]))
     assert any(s["kind"] == "unifedrec-recall" for s in summary["release"]["serving"])
     capsys.readouterr()
-    assert main(["privacy", "report", "--run", str(recall_run)]) == 0
+    assert main(["privacy", "report", "--run", result["record"]]) == 0
     report = capsys.readouterr().out
-    assert "clear_quotas" in report and "not private" in report
-    # re-running the finished training must not drop the recorded queries
+    assert "clear_quotas" in report and "not private" in report and "SIMULATED" in report
+    training = read_privacy_json(recall_run)["ledger"]
+    # re-running the finished training leaves the run's release record as it was
     run = load_recall_run(recall_run)
     assert main(["train", "--method", "unifedrec", "--ranker", str(run.ranker), "--rounds", "3",
                  "--clients-per-round", "6", "--recall-basis", "6", "--interest-noise", "0.6",
                  "--distance-threshold", "0.3", "--out", str(recall_run),
                  "--no-progress"]) == 0
-    assert read_privacy_json(recall_run)["ledger"] == summary["ledger"]
+    assert read_privacy_json(recall_run)["ledger"] == training
 
 
 def test_quota_noise_makes_the_query_private(recall_run: Path, capsys) -> None:

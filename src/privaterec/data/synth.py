@@ -90,7 +90,8 @@ from privaterec.data.records import (
 from privaterec.data.synth_writer import Histories, ImpressionChunk, write_streaming
 from privaterec.errors import ConfigError
 
-__all__ = ["SynthConfig", "generate", "write_synthetic", "summarize", "TOPIC_NAMES"]
+__all__ = ["SYNTH_FLAG_HELP", "SynthConfig", "format_synth_summary", "generate",
+           "write_synthetic", "summarize", "TOPIC_NAMES"]
 
 SECONDS_PER_DAY = 86_400
 
@@ -699,3 +700,66 @@ def write_synthetic(out_dir: str | Path, config: SynthConfig,
     summary["news_from"] = "synthetic" if news_pool is None else "pool"
     summary["path"] = str(Path(out_dir))
     return summary
+
+
+def _flag_help() -> dict[str, str]:
+    d = SynthConfig()
+    return {"users": f"number of users (default {d.users})",
+            "news": f"number of news articles, those published before the logged period "
+                    f"included (default {d.news})",
+            "topics": f"number of topics, each with {d.subtopics_per_topic} subtopics "
+                      f"(default {d.topics})",
+            "days": f"days of logged impressions; the last {d.test_days} form test/ "
+                    f"(default {d.days})",
+            "seed": f"random seed: the same seed writes the same files (default {d.seed})"}
+
+
+SYNTH_FLAG_HELP: dict[str, str] = _flag_help()
+"""``privaterec data synth``'s integer flags → help text stating the default."""
+
+
+def format_synth_summary(summary: Mapping[str, Any]) -> str:
+    """:func:`write_synthetic`'s summary as text for people: one line per fact, a table of
+    the splits, the settings as ``name=value`` (never a Python dict)."""
+    source = ("synthetic news" if summary.get("news_from") == "synthetic" else
+              "news from --news-from")
+    lines = [f"wrote {summary['path']} ({source})",
+             f"users: {summary['users']}, news: {summary['news']}, categories: "
+             f"{summary['categories']}, subcategories: {summary['subcategories']}"]
+    splits = [(name, summary[name]) for name in ("train", "test")
+              if isinstance(summary.get(name), Mapping)]
+    if splits:
+        keys = list(dict.fromkeys(k for _, split in splits for k in split))
+        width = max(len(k) for k in keys) + 2
+        lines.append("")
+        lines.append(" " * width + "".join(name.rjust(10) for name, _ in splits))
+        for key in keys:
+            lines.append(key.ljust(width) + "".join(
+                _plain(split.get(key, "-")).rjust(10) for _, split in splits))
+        lines.append("")
+    if "test_users_seen_in_train" in summary:
+        lines.append(f"test users seen in train: "
+                     f"{100 * float(summary['test_users_seen_in_train']):.1f}%")
+    quantiles = summary.get("history_length_quantiles")
+    if isinstance(quantiles, Mapping):
+        names = {0: "min", 50: "median", 100: "max"}
+        lines.append("history length: " + ", ".join(
+            f"{names.get(int(q), f'p{int(q)}')} {_plain(v)}" for q, v in quantiles.items()))
+    for key, label in (("title_length_mean", "mean title length (words)"),
+                       ("abstract_length_mean", "mean abstract length (words)")):
+        if key in summary:
+            lines.append(f"{label}: {_plain(summary[key])}")
+    config = summary.get("config")
+    if isinstance(config, Mapping):
+        lines.append("settings: " + " ".join(f"{k}={_plain(v)}" for k, v in config.items()))
+    return "\n".join(lines)
+
+
+def _plain(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, (list, tuple)):
+        return ",".join(_plain(v) for v in value)
+    if isinstance(value, Mapping):
+        return ",".join(f"{k}:{_plain(v)}" for k, v in value.items())
+    return str(value)

@@ -326,8 +326,8 @@ def cached_serving(path: Path, serving: ServingConfig) -> dict[str, Any] | None:
 def serve_run(path: Path, serving: ServingConfig, *, progress: bool) -> dict[str, Any]:
     """Test metrics of the run in ``path`` under private serving ``serving`` (cached).
 
-    Calls :func:`~privaterec.runs.ranking.evaluate_run` (which records the queries'
-    releases in ``RUN/privacy.json``) unless ``RUN/serving/<key>.json`` holds the result
+    Calls :func:`~privaterec.runs.ranking.evaluate_run` (which records the simulated
+    queries' releases in ``RUN/serving-evaluations/``) unless ``RUN/serving/<key>.json`` holds the result
     of the same evaluation of the same checkpoint.
     """
     cached = cached_serving(path, serving)

@@ -275,8 +275,10 @@ def _train_entry(entry: DemoEntry, data_dir: str, root: str,
     for serving in entry.serve:
         started = time.perf_counter()
         result = evaluate_run(run_dir, progress=False, serving=serving)
+        # the run's training plus this evaluation's queries only (its own record)
         rows.append(_row(_serving_label(entry.name, serving, result), result,
-                         _privacy_columns(run_dir), time.perf_counter() - started,
+                         _privacy_columns(Path(result["serving"]["record"])),
+                         time.perf_counter() - started,
                          epsilon_query=0.0 if serving.kind == "local" else serving.epsilon,
                          bytes_per_query=result["serving"]["bytes_per_query"]))
     return rows, privacy
@@ -307,6 +309,7 @@ def _row(name: str, metrics: dict[str, Any], privacy: dict[str, Any], seconds: f
                    epsilon_round=_inf(privacy.get("epsilon_round")),
                    epsilon_query=epsilon_query, bytes_per_query=bytes_per_query,
                    epsilon_user=_inf(privacy.get("epsilon_user_max")),
+                   epsilon_user_level=_inf(privacy.get("epsilon_user_level_max")),
                    paper_mode=bool(privacy.get("epsilon_invalid")), seconds=seconds)
 
 
@@ -352,18 +355,21 @@ def format_http_query(result: dict[str, Any]) -> str:
 
 
 def _privacy_columns(run_dir: Path) -> dict[str, Any]:
-    """Per-round ε, the ledger's per-user total ε and the upload noise of a federated run.
+    """Per-round ε, the ledger's per-user totals (click- and user-level) and the upload noise
+    of a federated run (``run_dir``: the run, or a privacy record file such as a serving
+    evaluation's).
 
     ``noise_ratio`` is E‖noise‖₁ of one upload over the largest ‖update‖₁ its clipping
     allows: D·b/θ (L1 clipping to θ, Laplace scale b per coordinate) or b/δ (element-wise
     clipping to δ). Runs whose uploads are not clipped and noised have none.
     """
-    path = run_dir / "privacy.json"
+    path = run_dir if run_dir.suffix == ".json" else run_dir / "privacy.json"
     if not path.exists():
         return {}
     from privaterec.privacy.report import read_privacy_json
     summary = read_privacy_json(path)
     total = summary["report"]["phases"]["total"]
+    total_user = summary["report"].get("phases_user", {}).get("total", {})
     release = summary["release"]
     invalid = any("does NOT hold" in w for w in summary["report"].get("warnings", []))
     ratio = central_ratio = None
@@ -379,6 +385,8 @@ def _privacy_columns(run_dir: Path) -> dict[str, Any]:
         elif release.get("clipping") == "elementwise":
             ratio = b / clip
     return {"epsilon_round": release.get("epsilon_per_round"),
-            "epsilon_user_max": total["epsilon_max"], "privacy_delta": summary["delta"],
+            "epsilon_user_max": total["epsilon_max"],
+            "epsilon_user_level_max": total_user.get("epsilon_max"),
+            "privacy_delta": summary["delta"],
             "epsilon_invalid": invalid, "noise_ratio": ratio, "central_ratio": central_ratio,
             "clients_per_round": release.get("clients_per_round")}

@@ -68,7 +68,8 @@ def run_recall_demo(root: Path, ranker: Path, *, quick: bool, progress: bool) ->
                               history100=100 * r["history_recall@100"], auc=r["auc"],
                               epsilon=eps_text, bytes_per_query=round(r["bytes_per_query"])))
     lines.append(format_recall_table(rows))
-    lines.append(f"\nUni-FedRec queries are recorded in {out}/privacy.json. Its ε composes "
+    lines.append(f"\nUni-FedRec queries (simulated) are recorded in "
+                 f"{results['unifedrec'].get('record', out)}. Its ε composes "
                  f"C channels of 2δB/λ_I; its quotas (each channel's share of the history) go "
                  f"in the clear as in the paper (no guarantee; `evaluate --recall unifedrec "
                  f"--quota-noise L` hides them).")

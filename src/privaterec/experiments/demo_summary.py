@@ -30,7 +30,13 @@ CHANCE_AUC = 0.5
 CHANCE_BAND_SE = 2.0  # half-width of the chance band, in standard errors
 
 MAIN_HEADER = ("| method | test AUC | MRR | nDCG@5 | nDCG@10 | ε_t per round | ε_s per query "
-               "| bytes per query | ε per user (max) | seconds |")
+               "| bytes per query | ε per user (max), click-level | ε per user (max), user-level "
+               "| seconds |")
+LEGACY_MAIN_HEADER = ("| method | test AUC | MRR | nDCG@5 | nDCG@10 | ε_t per round | ε_s per "
+                      "query | bytes per query | ε per user (max) | seconds |")
+"""The ranking table of earlier demo outputs: one ε per user column, of mixed adjacencies
+(click-level where the method has it, else user-level). Still read by
+:func:`parse_demo_output`; its rows have no ``epsilon_user_level``."""
 RECALL_HEADER = ("| recall | future clicks found in 100 (%) | future clicks found in 400 (%) "
                  "| history clicks found in 100 (%, leakage) | AUC ranking the 400 found "
                  "| ε per query | bytes per query |")
@@ -41,6 +47,10 @@ class DemoRow:
     """One row of the demo's ranking table.
 
     ``epsilon_query`` and ``bytes_per_query`` are ``None`` for rows without private serving.
+    ``epsilon_user`` is the ledger's per-user total at click-level adjacency (one click of a
+    user changes) and ``epsilon_user_level`` at user-level adjacency (all of one user's data
+    replaced; ∞ where the method bounds only a click; docs/privacy.md#what-each-ε-protects).
+    A serving row's totals are its run's training plus that one evaluation's queries.
     """
 
     name: str
@@ -54,6 +64,7 @@ class DemoRow:
     epsilon_user: float
     paper_mode: bool = False
     seconds: float = 0.0
+    epsilon_user_level: float | None = None
 
 
 @dataclass(frozen=True)
@@ -143,7 +154,7 @@ def fmt_eps(value: float | None) -> str:
     return f"{value:,.3g}" if value < 1e4 else f"{value:,.0f}"
 
 
-MAIN_SEPARATOR = "|---|---|---|---|---|---|---|---|---|---|"
+MAIN_SEPARATOR = "|---|---|---|---|---|---|---|---|---|---|---|"
 
 
 def format_main_row(r: DemoRow) -> str:
@@ -152,7 +163,8 @@ def format_main_row(r: DemoRow) -> str:
             f"{fmt_eps(r.epsilon_round)} | "
             f"{'–' if r.epsilon_query is None else fmt_eps(r.epsilon_query)} | "
             f"{'–' if r.bytes_per_query is None else r.bytes_per_query} | "
-            f"{fmt_eps(r.epsilon_user)}{' †' if r.paper_mode else ''} | {r.seconds:.0f} |")
+            f"{fmt_eps(r.epsilon_user)}{' †' if r.paper_mode else ''} | "
+            f"{fmt_eps(r.epsilon_user_level)} | {r.seconds:.0f} |")
 
 
 def format_main_table(rows: Sequence[DemoRow]) -> str:
@@ -182,7 +194,11 @@ def format_main_footnotes(facts: DemoFacts, *, delta: float | None) -> str:
              "clipped update (a trusted aggregator)."] if facts.central_noise_ratio else []),
         f"- ε_t: one client's upload in one round; ε_s: one query; ε per user: the privacy "
         f"ledger's total over all of a user's rounds and queries (PLD composition"
-        f"{f' at δ = {delta:g}' if delta else ''}). ∞: no formal guarantee. fednewsrec's ε "
+        f"{f' at δ = {delta:g}' if delta else ''}), at two adjacencies: click-level (one "
+        f"click of the user changes) and user-level (all of the user's data replaced; "
+        f"compare methods in this column). A serving row adds that evaluation's queries to "
+        f"its run's training, and local ranking adds none (ε_s = 0). ∞: no formal guarantee. "
+        f"fednewsrec's ε "
         f"is for the whole update (2δD/λ), not per coordinate. †: PrivateRec paper mode "
         f"(Alg. 3 as published): ε covers α̃ and the labels, NOT the uploaded gradient's "
         f"history path (`privaterec privacy report --run RUN` names the parameters).",
@@ -380,12 +396,14 @@ def parse_demo_output(text: str) -> tuple[list[DemoRow], list[RecallRow], DemoFa
         :func:`demo_conclusion` of the rest.
     """
     lines = text.splitlines()
+    legacy = MAIN_HEADER not in (line.strip() for line in lines)
     rows = [DemoRow(name=c[0], auc=float(c[1]), mrr=float(c[2]), ndcg5=float(c[3]),
                     ndcg10=float(c[4]), epsilon_round=_num(c[5]),
                     epsilon_query=None if c[6] == "–" else _num(c[6]),
                     bytes_per_query=None if c[7] == "–" else int(c[7]),
-                    epsilon_user=_num(c[8]), paper_mode="†" in c[8], seconds=float(c[9]))
-            for c in _table(lines, MAIN_HEADER)]
+                    epsilon_user=_num(c[8]), paper_mode="†" in c[8], seconds=float(c[-1]),
+                    epsilon_user_level=None if legacy else _num(c[9]))
+            for c in _table(lines, LEGACY_MAIN_HEADER if legacy else MAIN_HEADER)]
     recall = [RecallRow(name=c[0], future100=float(c[1]), future400=float(c[2]),
                         history100=float(c[3]), auc=float(c[4]), epsilon=c[5],
                         bytes_per_query=int(c[6]))
@@ -427,7 +445,7 @@ def readme_excerpt(demo_output: str) -> str:
     the recall table and its footnote, and the closing lines (not the per-run details: the
     one recall query, the HTTP port, model version and titles)."""
     lines = demo_output.rstrip("\n").splitlines()
-    main = lines.index(MAIN_HEADER)
+    main = lines.index(MAIN_HEADER if MAIN_HEADER in lines else LEGACY_MAIN_HEADER)
     # the ranking table and its footnotes run up to the recall section's title
     recall_title = next(i for i, x in enumerate(lines)
                         if x.startswith("Uni-FedRec private recall"))
@@ -436,7 +454,7 @@ def readme_excerpt(demo_output: str) -> str:
                       if "test users, one query each" in lines[i])
     closing = lines.index("What this shows:")
     block = lines[main:recall_title] + lines[recall:recall_end + 1] + [""] + lines[closing:]
-    return "\n".join(x for x in block if not x.startswith("Uni-FedRec queries are recorded"))
+    return "\n".join(x for x in block if not x.startswith("Uni-FedRec queries "))
 
 
 def update_readme(readme: str, demo_output: str) -> str:

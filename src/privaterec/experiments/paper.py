@@ -246,8 +246,9 @@ def run_table2(out: Path, *, data: str | None = None,
     """PrivateRec Table 2: test metrics under private serving at ε_s = 10 per query.
 
     Reuses (or trains) Table 1's runs and evaluates each with its serving mechanism, seeded
-    with the run's seed; every evaluation is recorded in the run's ``privacy.json`` once
-    (repeated calls reuse ``RUN/serving/*.json``). Writes ``out/table2.md``,
+    with the run's seed; every evaluation's simulated queries are recorded in its own
+    ``RUN/serving-evaluations/*.json``, never in the run's ``privacy.json`` (repeated calls
+    reuse ``RUN/serving/*.json``). Writes ``out/table2.md``,
     ``out/table2.csv`` and ``out/table2_runs.csv``; returns the markdown table (``table``).
 
     Parameters and return value as in :func:`run_table1`; each row also has

@@ -49,7 +49,7 @@ _KNOWN_RELEASE_KEYS = (
     "method", "mechanism", "clipping", "clip_bound", "noise_scale", "sensitivity_l1",
     "sensitivity_l2", "dimension", "epsilon_per_round", "delta_per_round", "coordinate_epsilon",
     "noised_parameters", "clients_per_round", "client_fraction", "uncovered_parameters",
-    "epsilon_per_round_user")
+    "epsilon_per_round_user", "simulated_serving")
 _REL_TOL = 1e-6
 
 
@@ -222,6 +222,52 @@ def record_queries(path: Path, queries: Mapping[str, Any], description: Mapping[
     return write_privacy_json(path, ledger, release=release, delta=delta, rounds=rounds)
 
 
+SIMULATED_SERVING_NOTE = (
+    "SIMULATED serving: these queries were released offline by 'privaterec evaluate "
+    "--serving', with seeded noise, on the run's test impressions; no device released them. "
+    "This record is the run's training ledger plus this one evaluation; the run's "
+    "privacy.json (what the deployment released) does not include it")
+
+
+def write_serving_record(path: Path, training: Path, queries: Mapping[str, Any],
+                         description: Mapping[str, Any], *, release_if_new: Mapping[str, Any],
+                         delta_if_new: float) -> dict[str, Any]:
+    """Write one simulated serving evaluation's own privacy record (replacing ``path``).
+
+    The record holds the training ledger of ``training`` (the run's ``privacy.json``, read
+    and never written) plus the evaluation's queries (phase ``serve``), so its per-user
+    totals are training plus this one evaluation. Evaluating again with the same settings
+    replaces the record: simulated evaluations never accumulate, and the run's release
+    record stays what the deployment released (docs/privacy.md#the-ledger).
+
+    Parameters
+    ----------
+    path:
+        The record to write (e.g. ``RUN/serving-evaluations/<kind>-<key>.json``).
+    training:
+        The run's ``privacy.json``; when missing (centralized training) the record starts
+        from an empty ledger with ``release_if_new`` and ``delta_if_new``.
+    queries:
+        User id → sequence of ``(PrivacyEvent, count)`` pairs that user's queries released.
+    description:
+        The release's ``serving`` entry (what was served, how, how often).
+    """
+    from privaterec.privacy.ledger import PrivacyLedger
+
+    if training.exists():
+        summary = read_privacy_json(training)
+        ledger = PrivacyLedger.from_dict(summary["ledger"])
+        release, delta, rounds = dict(summary["release"]), summary["delta"], summary["rounds"]
+    else:
+        ledger, release, delta, rounds = PrivacyLedger(), dict(release_if_new), delta_if_new, 0
+    for user, pairs in sorted(queries.items()):
+        for event, count in pairs:
+            ledger.record(user, event, count)
+    release["serving"] = [{**dict(description), "simulated": True}]
+    release["simulated_serving"] = SIMULATED_SERVING_NOTE
+    return write_privacy_json(path, ledger, release=release, delta=delta, rounds=rounds)
+
+
 def read_privacy_json(path: Path) -> dict[str, Any]:
     """Read ``privacy.json`` (or ``RUN/privacy.json`` when ``path`` is a run directory).
 
@@ -366,6 +412,22 @@ def _fmt(value: Any) -> str:
     return format_epsilon(value) if isinstance(value, float) else str(value)
 
 
+def _nested_rows(prefix: str, block: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """``(label, text)`` rows of a nested release block, one per leaf, labelled by its path
+    (``central: trust: threat_model``): never a raw dict."""
+    rows: list[tuple[str, str]] = []
+    for key, value in block.items():
+        label = f"{prefix}: {key}"
+        if isinstance(value, Mapping):
+            rows += _nested_rows(label, value)
+        elif isinstance(value, (list, tuple)) and value and isinstance(value[0], Mapping):
+            for i, item in enumerate(value):
+                rows += _nested_rows(f"{label} #{i + 1}", item)
+        else:
+            rows.append((label, _fmt(value)))
+    return rows
+
+
 def _short(value: Any, limit: int = 6) -> str:
     if isinstance(value, (list, tuple)):
         head = ", ".join(str(v) for v in value[:limit])
@@ -396,6 +458,8 @@ def format_privacy_report(summary: Mapping[str, Any]) -> str:
     delta = summary["delta"]
     lines: list[str] = []
     warnings = list(report.get("warnings", [])) + list(summary.get("checks", []))
+    if release.get("simulated_serving"):
+        warnings.insert(0, str(release["simulated_serving"]))
     uncovered = release.get("uncovered_parameters")
     if uncovered:
         lines += ["!" * 78,
@@ -467,8 +531,8 @@ def format_privacy_report(summary: Mapping[str, Any]) -> str:
     for k, v in release.items():
         if k in _KNOWN_RELEASE_KEYS:
             continue
-        if isinstance(v, dict):  # e.g. PrivateRec's dpa / dpl / history_gradient blocks
-            extra += [(f"{k}: {sub}", _fmt(x)) for sub, x in v.items()]
+        if isinstance(v, dict):  # e.g. PrivateRec's dpa / dpl blocks, central DP's trust
+            extra += _nested_rows(k, v)
         elif isinstance(v, (list, tuple)) and v and isinstance(v[0], dict):  # serving
             for i, item in enumerate(v):
                 extra.append((f"{k} #{i + 1}", ", ".join(f"{a}={_fmt(b)}"

@@ -9,6 +9,8 @@ train (centralized or popularity) → evaluate on the test split → write the r
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import time
 from collections import Counter
 from pathlib import Path
@@ -210,10 +212,13 @@ def evaluate_run(run_dir: str | Path, data_dir: str | Path | None = None, *,
                  progress: bool = True, serving: ServingConfig | None = None) -> dict[str, Any]:
     """Evaluate a run directory on ``split`` of ``data_dir`` (default: the training data).
 
-    With ``serving`` every labelled impression is a private query (PrivateRec Alg. 1-2, or
-    VDP): the metrics are those of the released representations, the result gets a
-    ``serving`` block, and the queries' releases are recorded, per user, in the run's
-    privacy ledger (``RUN/privacy.json``, phase ``serve``).
+    With ``serving`` every labelled impression is a private query (PrivateRec Alg. 1-2, VDP,
+    or local ranking at ε_s = 0): the metrics are those of the released representations, and
+    the result gets a ``serving`` block. The simulated queries' releases are recorded in the
+    evaluation's own record, ``RUN/serving-evaluations/<kind>-<key>.json`` (the training
+    ledger plus this evaluation; the same evaluation again replaces it), never in
+    ``RUN/privacy.json``, which holds what the deployment released
+    (:func:`~privaterec.privacy.report.write_serving_record`).
     """
     run = RunDirectory(Path(run_dir))
     config = run.config()
@@ -231,13 +236,34 @@ def evaluate_run(run_dir: str | Path, data_dir: str | Path | None = None, *,
         return evaluate_popularity(PopularityModel.load(run.popularity_path), target)
     config, vocabs, model = load_run_model(run_dir)
     with flush_denormals():
-        return _evaluate_model_run(run, config, vocabs, model, dataset, target,
-                                   progress=progress, serving=serving)
+        result = _evaluate_model_run(run, config, vocabs, model, dataset, target,
+                                     progress=progress, serving=serving,
+                                     record_key=evaluation_key(serving, data_dir, split,
+                                                               drop_missing))
+    return result
+
+
+def evaluation_key(settings: Any, data_dir: str | Path | None, split: str,
+                   drop_missing: bool) -> str:
+    """What identifies a simulated serving evaluation: its settings (dataclasses as dicts)
+    and its data (a 12-digit hash)."""
+    def plain(value: Any) -> Any:
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            return dataclasses.asdict(value)
+        if isinstance(value, dict):
+            return {k: plain(v) for k, v in value.items()}
+        return value
+
+    text = json.dumps({"settings": plain(settings),
+                       "data": None if data_dir is None else str(data_dir), "split": split,
+                       "drop_missing": drop_missing}, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 def _evaluate_model_run(run: RunDirectory, config: RunConfig, vocabs: TextVocabularies,
                         model: Recommender, dataset: MindDataset, target: MindSplit, *,
-                        progress: bool, serving: ServingConfig | None) -> dict[str, Any]:
+                        progress: bool, serving: ServingConfig | None,
+                        record_key: str = "") -> dict[str, Any]:
     features = build_news_features(dataset.all_news(), vocabs,
                                    title_len=config.model.title_len,
                                    abstract_len=config.model.abstract_len)
@@ -263,14 +289,20 @@ def _evaluate_model_run(run: RunDirectory, config: RunConfig, vocabs: TextVocabu
     basis = 0 if model.basis is None else int(model.basis.size)
     event = serving_event(serving, basis_size=basis, dim=model.dim)
     queries = Counter(imp.user_id for imp in target.behaviors if imp.labels is not None)
-    summary = record_serving(run, config, event, queries, serving)
+    record = serving_record_path(run, serving, record_key)
+    summary = record_serving(run, config, event, queries, serving, record)
     serve = summary["report"]["phases"]["serve"]
+    total = summary["report"]["phases"]["total"]
+    total_user = summary["report"].get("phases_user", {}).get("total", {})
     result["serving"] = {**dataclasses.asdict(serving), "event": event.to_dict(),
                          "queries": sum(queries.values()), "users": len(queries),
                          "bytes_per_query": 4 * (basis if serving.kind == "privaterec"
                                                  else model.dim),
                          "epsilon_serve_user_max": serve["epsilon_max"],
-                         "privacy_delta": summary["delta"]}
+                         "epsilon_user_max": total["epsilon_max"],
+                         "epsilon_user_max_user_level": total_user.get("epsilon_max"),
+                         "privacy_delta": summary["delta"], "simulated": True,
+                         "record": str(record)}
     if serving.kind == "local":
         from privaterec.eval.serving import local_download_bytes
         ids = list(dataset.all_news())
@@ -282,17 +314,28 @@ def _evaluate_model_run(run: RunDirectory, config: RunConfig, vocabs: TextVocabu
     return result
 
 
+SERVING_RECORDS = "serving-evaluations"
+"""The run's folder of simulated serving records (one file per evaluation setting)."""
+
+
+def serving_record_path(run: RunDirectory, serving: ServingConfig, key: str) -> Path:
+    """``RUN/serving-evaluations/<kind>-<key>.json``: one simulated evaluation's record."""
+    return run.path / SERVING_RECORDS / f"{serving.kind}-{key or 'default'}.json"
+
+
 def record_serving(run: RunDirectory, config: RunConfig, event: PrivacyEvent,
-                   queries: Counter[str], serving: ServingConfig) -> dict[str, Any]:
-    """Add the serving queries' releases to the run's ledger and rewrite ``privacy.json``.
+                   queries: Counter[str], serving: ServingConfig,
+                   record: Path) -> dict[str, Any]:
+    """Write the simulated serving queries' own record ``record`` (training ledger + these
+    queries); ``RUN/privacy.json`` is read, never written.
 
-    A run without ``privacy.json`` (centralized training) gets one whose release says its
-    training is not private.
+    A run without ``privacy.json`` (centralized training) gets a record whose release says
+    its training is not private.
     """
-    from privaterec.privacy.report import record_queries
+    from privaterec.privacy.report import write_serving_record
 
-    return record_queries(
-        run.privacy_path, {user: [(event, count)] for user, count in queries.items()},
+    return write_serving_record(
+        record, run.privacy_path, {user: [(event, count)] for user, count in queries.items()},
         {"kind": serving.kind, "epsilon": serving.epsilon, "delta": serving.delta,
          "padding_p": serving.effective_padding, "mechanism": serving.mechanism,
          "noise_scale": event.noise_scale, "sensitivity": event.sensitivity,

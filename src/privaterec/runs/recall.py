@@ -157,13 +157,15 @@ def recall_release(config: RecallRunConfig) -> dict[str, Any]:
 
 
 def record_recall_queries(run: RecallRun, ledger_events: dict[str, list], *,
-                          description: dict[str, Any]) -> dict[str, Any]:
-    """Add evaluation queries' releases (user → [(event, count)]) to ``RUN/privacy.json``."""
-    from privaterec.privacy.report import record_queries
+                          description: dict[str, Any], record: Path) -> dict[str, Any]:
+    """Write the simulated evaluation queries' releases (user → [(event, count)]) to their own
+    record ``record`` (the run's training ledger plus these queries); ``RUN/privacy.json`` is
+    read, never written (:func:`~privaterec.privacy.report.write_serving_record`)."""
+    from privaterec.privacy.report import write_serving_record
 
-    return record_queries(run.directory.privacy_path, ledger_events, description,
-                          release_if_new=recall_release(run.config),
-                          delta_if_new=REPORT_DELTA)
+    return write_serving_record(record, run.directory.privacy_path, ledger_events, description,
+                                release_if_new=recall_release(run.config),
+                                delta_if_new=REPORT_DELTA)
 
 
 def query_bytes(method: str, *, channels: float, num_basis: int, dim: int) -> float:
@@ -206,9 +208,11 @@ def evaluate_recall_run(run_dir: str | Path, *, method: str, data: str | Path | 
     serving:
         ``privaterec`` / ``vdp``: the device's mechanism (ε_s, p, ...).
     record:
-        Record the queries' releases in the run's ``privacy.json`` (phase ``serve``): the
-        Uni-FedRec run's for ``unifedrec``, the ranking run's for ``privaterec`` / ``vdp``.
-        The clear-text baselines (``youtubenet``, ``no-bie``) are never recorded.
+        Record the simulated queries' releases (phase ``serve``) in the evaluation's own
+        record ``RUN/serving-evaluations/<kind>-<key>.json`` (replaced by the same evaluation
+        again; never in ``RUN/privacy.json``): the Uni-FedRec run's for ``unifedrec``, the
+        ranking run's for ``privaterec`` / ``vdp``. The clear-text baselines (``youtubenet``,
+        ``no-bie``) are never recorded.
 
     Returns
     -------
@@ -223,7 +227,8 @@ def evaluate_recall_run(run_dir: str | Path, *, method: str, data: str | Path | 
     from privaterec.ondevice.release import ServingConfig, serving_event
     from privaterec.recall.evaluate import (AUC_RECALL_SIZE, RECALL_KS, RECALL_METHODS,
                                             evaluate_recall)
-    from privaterec.runs.ranking import record_serving
+    from privaterec.runs.ranking import (SERVING_RECORDS, evaluation_key, record_serving,
+                                         serving_record_path)
 
     recall_method = next((m for m in RECALL_METHODS if m == method), None)
     if recall_method is None:
@@ -291,8 +296,13 @@ def evaluate_recall_run(run_dir: str | Path, *, method: str, data: str | Path | 
         channels_mean=mean_channels if method in ("unifedrec", "no-bie") else 1.0,
         bytes_per_query=query_bytes(method, channels=mean_channels, num_basis=num_basis,
                                     dim=dim))
+    key = evaluation_key({"recall": method, "serving": serving, "seed": seed,
+                          "serve_noise": serve_noise, "quota_noise_scale": quota_noise_scale,
+                          "interest_noise": interest_noise}, data, split, drop_missing)
     if record and method == "unifedrec" and recall is not None:
-        record_recall_queries(recall, events, description={
+        path = recall.directory.path / SERVING_RECORDS / f"unifedrec-recall-{key}.json"
+        result["record"] = str(path)
+        record_recall_queries(recall, events, record=path, description={
             "kind": "unifedrec-recall", "clip": recall.model.clip,
             "noise_scale": recall.model.noise_scale if serve_noise else 0.0,
             "channel_epsilon": channel_event(
@@ -303,8 +313,10 @@ def evaluate_recall_run(run_dir: str | Path, *, method: str, data: str | Path | 
             else "quotas noised"})
     elif record and method in ("privaterec", "vdp") and serving is not None:
         assert user_events is not None
+        path = serving_record_path(ranker_run, serving, f"recall-{key}")
+        result["record"] = str(path)
         record_serving(ranker_run, ranker_config, user_events[0][0],
-                       Counter({user: 1 for user in events}), serving)
+                       Counter({user: 1 for user in events}), serving, path)
     return result
 
 
