@@ -598,6 +598,36 @@ def test_train_run_on_a_grid_is_deployed_unless_a_seeded_rehearsal(data_dir, tmp
         train_run(s.config, tmp_path / "deployed", progress=False, grid=s.grid)
 
 
+def test_privacy_json_states_whose_randomness_the_epsilon_rests_on(data_dir, tmp_path):
+    """A seeded run's privacy.json and report say its noise is seeded from config.yaml; a
+    deployed one states the deployment's trust model; the distributed-noise text counts
+    colluding clients against k and composes the epsilon against the server."""
+    from privaterec.privacy.report import format_privacy_report, read_privacy_json
+    from privaterec.runs.report import SIMULATION_TRUST
+
+    s = Setup(data_dir, tmp_path, noise_placement="distributed")
+    train_run(s.config, tmp_path / "rehearsal", progress=False, grid=s.grid,
+              seeded_rehearsal=True)
+    rehearsal = read_privacy_json(tmp_path / "rehearsal" / "privacy.json")
+    assert rehearsal["release"]["mode"] == "simulation"
+    assert rehearsal["release"]["trust"] == SIMULATION_TRUST
+    assert f"Mode: {SIMULATION_TRUST}" in format_privacy_report(rehearsal)
+    for context in s.grid.contexts.values():
+        context.node_config["os-entropy"] = True  # as a real device would
+    train_run(s.config, tmp_path / "deployed", progress=False, grid=s.grid)
+    deployed = read_privacy_json(tmp_path / "deployed" / "privacy.json")
+    assert deployed["release"]["mode"] == "deployed"
+    assert "Mode: deployed (Flower)" in format_privacy_report(deployed)
+    assert "the server process reads the training and test splits" in \
+        deployed["release"]["trust"]
+    trust = deployed["release"]["central"]["trust"]
+    assert "dropouts + clients colluding with the server <= 0" in trust["noise"]
+    against = trust["epsilon_against_the_server"]
+    assert against["expected_participations"] == 1  # ceil(q T) = ceil(0.5 * 2)
+    assert (against["per_participation"] == against["at_expected_participations"]
+            < against["if_sampled_every_round"])
+
+
 def test_the_nodes_source_follows_the_round_and_the_node():
     seeded = Context(run_id=1, node_id=1, node_config={"partition-id": 0}, state=RecordDict(),
                      run_config={})
@@ -730,7 +760,7 @@ def test_secure_aggregation_is_for_dp_fedavg_on_flower_only(data_dir, tmp_path):
     trust = central_dp_release(method, **kwargs)["central"]["trust"]
     assert trust["noise_placement"] == "central" and "honest-but-curious" in trust["threat_model"]
     trust = central_dp_release(distributed, **kwargs)["central"]["trust"]
-    assert "at most 0 clients drop out" in trust["noise"]
+    assert "dropouts + clients colluding with the server <= 0" in trust["noise"]
     assert "per participation" in trust["against_the_server"]
     assert trust["total_variation_per_coordinate_and_client"] < 1e-37
 

@@ -677,3 +677,29 @@ def test_unwritable_state_dir_is_a_clear_error(world, server, tmp_path, monkeypa
     monkeypatch.setenv("PRIVATEREC_DEVICE_DIR", str(blocker / "device"))
     with pytest.raises(ConfigError, match="cache_dir=.*PRIVATEREC_DEVICE_DIR"):
         device(server)
+
+
+def test_changing_the_history_length_cannot_force_fresh_releases(world, server):
+    # Regression: the re-release limit was keyed on the history truncated to the model's
+    # history_len, which the server sets: a new H per model version gave a new key and a
+    # fresh, charged release of the same history each time.
+    import dataclasses
+
+    from privaterec.config import replace
+    from privaterec.ondevice.budget import ReleaseLimitExceeded
+
+    d = device(server, epsilon=0.5)
+    history = world.histories[0]
+    model = d._model
+    lengths = (5, 4, 3)
+    assert len(history) > max(lengths)
+    for n, length in enumerate(lengths):
+        d._model = dataclasses.replace(  # a new model version with another H each time
+            model, model_version=f"{model.model_version}-h{length}", config=replace(
+                model.config, model=replace(model.config.model, history_len=length)))
+        if n < 2:
+            d.release(history)  # two fresh releases of this history today: allowed
+        else:
+            with pytest.raises(ReleaseLimitExceeded, match="max_fresh_releases=2"):
+                d.release(history)
+    assert d.spent() == pytest.approx(1.0)  # the two charged releases only

@@ -476,6 +476,8 @@ def format_privacy_report(summary: Mapping[str, Any]) -> str:
 
     lines.append(f"Privacy report: method {release['method']}, {summary['rounds']} round(s) "
                  f"completed")
+    if release.get("trust"):  # whose randomness the epsilon rests on, and against whom
+        lines.append(f"Mode: {release['trust']}")
     adjacency = report.get("adjacency")
     if adjacency:
         lines.append("Adjacency: every epsilon below is stated for one of")

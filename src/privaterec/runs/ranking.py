@@ -184,7 +184,9 @@ def _train_federated(config: RunConfig, run: RunDirectory, model: Recommender,
                                   noised_parameters=job.task.parameter_names(),
                                   clients_per_round=m,
                                   client_fraction=m / max(1, clients.num_users),
-                                  population=len(job.method.population(clients)))
+                                  population=len(job.method.population(clients)),
+                                  deployed=(config.fed.engine == "flower" and grid is not None
+                                            and not seeded_rehearsal))
 
     def write_privacy(state: Any) -> None:
         write_privacy_json(run.privacy_path, state.ledger, release=release,

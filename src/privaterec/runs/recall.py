@@ -33,6 +33,7 @@ from privaterec.errors import CheckpointError, ConfigError
 from privaterec.recall.interest import CHANNEL_NOTE, channel_event
 from privaterec.recall.model import UniFedRecRecall
 from privaterec.runs.directory import RunDirectory
+from privaterec.runs.report import SIMULATION_TRUST
 from privaterec.runs.recall_setup import (HEAD_DIM, METHOD, RECALL_CONFIG_FILE, REPORT_DELTA,
                                           RankerNews, RecallModelConfig, RecallRunConfig,
                                           RecallSetup, load_ranker_news, recall_setup)
@@ -148,7 +149,7 @@ def recall_release(config: RecallRunConfig) -> dict[str, Any]:
     the serving queries')."""
     description = config.method().describe(dimension=1, parameters=[], clients_per_round=0,
                                            client_fraction=0.0)
-    return {**description,
+    return {**description, "mode": "simulation", "trust": SIMULATION_TRUST,
             "serving_channel_epsilon": config.model.channel_epsilon,
             "serving_note": ("each query releases C channels of B clipped scores + "
                              "Laplace(lambda_I), 2*delta*B/lambda_I each, composed over the C "

@@ -21,10 +21,39 @@ from privaterec.privacy.adaptive_clip import equivalent_noise_multiplier
 from privaterec.privacy.central_accounting import central_epsilon
 
 
+SIMULATION_TRUST = ("simulation: noise seeded from config.yaml; not a guarantee against "
+                    "whoever holds it")
+"""What ``privacy.json`` says of a simulated run's ε (the simulator, Flower's simulation
+runtime, a seeded rehearsal): anyone holding the run's seed regenerates every draw."""
+
+
+def trust_model(method: ClientMethod, *, deployed: bool) -> dict[str, str]:
+    """The run's ``mode`` and ``trust`` for ``privacy.json``: whose randomness the ε rests on
+    and whom it holds against (docs/privacy.md#threat-model)."""
+    if not deployed:
+        return {"mode": "simulation", "trust": SIMULATION_TRUST}
+    if isinstance(method, CentralDP):
+        against = ("against the server: see central.trust (it picks the sample, so "
+                   "amplification by sampling does not hold against it)")
+    elif method.sends_metadata:
+        against = "against the server: none (fedrec's updates are not private)"
+    else:
+        against = ("against the server: each client's own release, epsilon_per_round per "
+                   "round it takes part in (local DP; the server sees each release)")
+    return {"mode": "deployed", "trust": (
+        "deployed (Flower): every client release drawn on its device from the OS CSPRNG "
+        "with float-safe noise; the sample (and central DP's noise) drawn by the server "
+        "from its OS CSPRNG; a device started with user-id pins the run's privacy policy, "
+        "answers each round once and keeps a finite budget; " + against + ". Not covered: "
+        "the server process reads the training and test splits it is given (sampling, "
+        "evaluation), so against whoever runs it the guarantee holds only if that data is "
+        "public; the server sees when each device answers and the roster")}
+
+
 def release_description(method: ClientMethod, *, dimension: int,
                         noised_parameters: Sequence[str], clients_per_round: int,
-                        client_fraction: float, population: int | None = None
-                        ) -> dict[str, Any]:
+                        client_fraction: float, population: int | None = None,
+                        deployed: bool = False) -> dict[str, Any]:
     """Description of one client's per-round release, for ``privacy.json``.
 
     Parameters
@@ -34,6 +63,8 @@ def release_description(method: ClientMethod, *, dimension: int,
     clients_per_round, client_fraction: the round's public sampling (m and m / users).
     population: N, the users the rounds sample from (written as ``population``; the report's
         δ < 1/N check uses it rather than the users the ledger has seen so far).
+    deployed: a deployment (``mode`` and ``trust``: :func:`trust_model`); default a
+        simulation, whose noise is seeded.
     """
     describe = method.describe
     if isinstance(method, CentralDP):
@@ -44,6 +75,7 @@ def release_description(method: ClientMethod, *, dimension: int,
         dimension, "user")
     if population is not None:
         out["population"] = int(population)
+    out.update(trust_model(method, deployed=deployed))
     if "sends" not in out:  # a method whose client sends more says so itself
         out["sends"] = ("released update, sample count, loss" if method.sends_metadata
                         else "released update only")
@@ -178,8 +210,9 @@ def _secure_trust(method: CentralDP, dimension: int) -> dict[str, Any]:
     if method.distributed:
         out["noise"] = (f"each of the n sampled clients adds N(0, (z C)^2/(n - {k})) "
                         f"before masking (OS CSPRNG, float-safe, on a device); the sum "
-                        f"carries variance >= (z C)^2 when at most {k} clients drop out, "
-                        f"which SecAgg+'s threshold enforces")
+                        f"carries variance >= (z C)^2 when dropouts + clients colluding "
+                        f"with the server <= {k} (SecAgg+'s threshold bounds the dropouts; "
+                        f"a colluder's own share is known to the server)")
         out["total_variation_per_coordinate_and_client"] = per_share
         coordinates = (f"D = {dimension}" if method.clip_space == "parameters" else
                        "(D_U + P d) coordinates of the news-vector release")
@@ -191,7 +224,18 @@ def _secure_trust(method: CentralDP, dimension: int) -> dict[str, Any]:
             "hold against it: each round a user takes part in is the Gaussian "
             "mechanism with noise multiplier z on its own (sensitivity 2C under "
             f"replacement): epsilon {_epsilon_unsampled(method):.4g} at delta "
-            f"{method.delta:g} per participation")
+            f"{method.delta:g} per participation, composed over the participations "
+            f"(epsilon_against_the_server)")
+        expected = max(1, math.ceil(method.sampling_rate * method.rounds))
+        out["epsilon_against_the_server"] = {
+            "delta": method.delta,
+            "per_participation": _epsilon_unsampled(method),
+            "expected_participations": expected,
+            "at_expected_participations": _epsilon_unsampled(method, expected),
+            "if_sampled_every_round": _epsilon_unsampled(method, method.rounds),
+            "note": "Gaussian mechanism with multiplier z per participation, composed "
+                    "(PLD, one user's data replaced); the server decides how often a user "
+                    "takes part: a device's budget bounds it"}
     else:
         out["noise"] = ("the server adds N(0, (z C)^2) to the decoded sum (OS CSPRNG, "
                         "float-safe, when deployed)")
@@ -200,11 +244,11 @@ def _secure_trust(method: CentralDP, dimension: int) -> dict[str, Any]:
                                      "update)")
     return out
 
-def _epsilon_unsampled(method: CentralDP) -> float:
-    """ε at δ of one unsampled round (q = 1), replace-one: the guarantee against a
+def _epsilon_unsampled(method: CentralDP, rounds: int = 1) -> float:
+    """ε at δ of ``rounds`` unsampled rounds (q = 1), replace-one: the guarantee against a
     server that knows who took part."""
     return central_epsilon(noise_multiplier=method.noise_multiplier, sampling_rate=1.0,
-                           rounds=1, delta=method.delta)
+                           rounds=rounds, delta=method.delta)
 
 
-__all__ = ["central_dp_release", "release_description"]
+__all__ = ["SIMULATION_TRUST", "central_dp_release", "release_description", "trust_model"]

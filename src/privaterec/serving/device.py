@@ -177,8 +177,8 @@ class _Device(DeviceBase):
         channels ``[{"weights": [B_r floats], "quota": float}]``. Spends the budget (or
         raises :class:`PrivacyBudgetExceeded` before anything is sent) unless the same
         truncated history was released before under the same model and parameters. A fresh
-        release of a history already released ``max_fresh_releases`` times within
-        ``release_window`` raises :class:`~privaterec.ondevice.budget.ReleaseLimitExceeded`.
+        release of a history (the whole history given, whatever the model's history_len)
+        already released ``max_fresh_releases`` times within ``release_window`` raises :class:`~privaterec.ondevice.budget.ReleaseLimitExceeded`.
         """
         items = check_history(history)
         kept = items[-self._model.config.model.history_len:]
@@ -189,7 +189,10 @@ class _Device(DeviceBase):
         entry = self.budget.cached(key)
         if entry is not None:
             return copy.deepcopy(entry[self._cache_field]), True
-        value = self._new_release(kept, history_digest(kept))
+        # The re-release limit is keyed on the whole history, not on its truncation to the
+        # server-supplied history_len: a server changing H per model version would otherwise
+        # get fresh releases of one history under ever new keys.
+        value = self._new_release(kept, history_digest(items))
         self.budget.cache(key, {self._cache_field: value, "model_version": self.model_version})
         return value, False
 
