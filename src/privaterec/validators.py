@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import TypeGuard, TypeVar
+from typing import NoReturn, TypeGuard, TypeVar
 
 from privaterec.errors import ConfigError
 
@@ -33,6 +33,22 @@ def check_choice(value: object, name: str, choices: tuple[C, ...], *,
             return choice
     raise ConfigError(f"invalid {kind} '{name}': got {value!r}, expected one of "
                       f"{', '.join(choices)}")
+
+
+def fail(name: str, value: object, expected: str, *,
+         kind: str = "privacy parameter") -> NoReturn:
+    """Raise ``ConfigError("invalid <kind> '<name>': got <value!r>, expected <expected>")``."""
+    raise ConfigError(f"invalid {kind} '{name}': got {value!r}, expected {expected}")
+
+
+def check_in(value: object, name: str, low: float, high: float, expected: str, *,
+             open_low: bool = False, open_high: bool = True,
+             kind: str = "privacy parameter") -> None:
+    """:func:`fail` unless ``value`` is a real number from ``low`` to ``high`` (excluded when
+    ``open_low`` / ``open_high``; NaN fails)."""
+    if not (is_real(value) and (low < value if open_low else low <= value)
+            and (value < high if open_high else value <= high)):
+        fail(name, value, expected, kind=kind)
 
 
 def check_positive(value: float, name: str) -> None:
@@ -101,5 +117,5 @@ def check_noise_multiplier(value: float, name: str = "noise_multiplier") -> None
           f"without noise use --method fedrec")
 
 
-__all__ = ["MIN_NOISE_MULTIPLIER", "check", "check_adaptive_clip", "check_choice",
-           "check_noise_multiplier", "check_positive", "is_integer", "is_real"]
+__all__ = ["MIN_NOISE_MULTIPLIER", "check", "check_adaptive_clip", "check_choice", "check_in",
+           "check_noise_multiplier", "check_positive", "fail", "is_integer", "is_real"]

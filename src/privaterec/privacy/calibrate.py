@@ -27,12 +27,13 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass
-from typing import Literal, NoReturn
+from typing import Literal
 
 from privaterec.errors import ConfigError
-from privaterec.privacy.formulas import amplified_budget
 from privaterec.privacy.events import DataPart, Phase, PrivacyEvent
+from privaterec.privacy.formulas import amplified_budget
 from privaterec.privacy.noise import MECHANISMS, NOISE_KINDS, NoiseMechanism, noise_mechanism
+from privaterec.validators import check_in, fail
 
 Clipping = Literal["none", "l1", "l2", "elementwise"]
 CLIPPINGS = ("none", "l1", "l2", "elementwise")
@@ -42,18 +43,14 @@ SIMPLEX_SENSITIVITY_L1 = 2.0
 by at most 2 in L1 (all mass on one coordinate against all mass on another)."""
 
 
-def _fail(name: str, value: object, expected: str) -> NoReturn:
-    raise ConfigError(f"invalid privacy parameter '{name}': got {value!r}, expected {expected}")
-
-
 def _check_clip(clipping: str, clip: float | None) -> None:
     if clipping not in CLIPPINGS:
-        _fail("clipping", clipping, f"one of {CLIPPINGS}")
+        fail("clipping", clipping, f"one of {CLIPPINGS}")
     if clipping == "none":
         if clip is not None:
-            _fail("clip", clip, "None without clipping")
-    elif not (isinstance(clip, numbers.Real) and 0 < clip < math.inf):
-        _fail("clip", clip, "a finite number > 0")
+            fail("clip", clip, "None without clipping")
+    else:
+        check_in(clip, "clip", 0, math.inf, "a finite number > 0", open_low=True)
 
 
 @dataclass(frozen=True)
@@ -82,12 +79,12 @@ class Calibration:
 
     def __post_init__(self) -> None:
         if not isinstance(self.event, PrivacyEvent):
-            _fail("event", self.event, "a PrivacyEvent")
+            fail("event", self.event, "a PrivacyEvent")
         _check_clip(self.clipping, self.clip)
         if self.clip is not None:
             object.__setattr__(self, "clip", float(self.clip))
         if self.noisy and not math.isfinite(self.scale):
-            _fail("noise_scale", self.event.noise_scale, "a finite number >= 0")
+            fail("noise_scale", self.event.noise_scale, "a finite number >= 0")
 
     @property
     def noise(self) -> NoiseMechanism | None:
@@ -166,7 +163,7 @@ def calibrate(*, mechanism: str, epsilon: float, delta: float = 0.0,
     """
     noise = noise_mechanism(mechanism)
     if noise.pure and delta != 0:
-        _fail("delta", delta, f"0: the {mechanism} mechanism is pure DP (pass delta=0 or "
+        fail("delta", delta, f"0: the {mechanism} mechanism is pure DP (pass delta=0 or "
               "mechanism='gaussian')")
     eps_base, delta_base = amplified_budget(epsilon=epsilon, delta=delta, padding_p=padding_p)
     scale = noise.scale(epsilon=eps_base, delta=delta_base, sensitivity=sensitivity)
@@ -189,8 +186,7 @@ def calibrate_scale(*, noise_scale: float, sensitivity: float, mechanism: str = 
     is the paper's per-coordinate ε, reported next to the release's ε
     (docs/privacy.md#fednewsrecs-epsilon-is-per-coordinate).
     """
-    if not (isinstance(noise_scale, numbers.Real) and 0 <= noise_scale < math.inf):
-        _fail("noise_scale", noise_scale, "a finite number >= 0")
+    check_in(noise_scale, "noise_scale", 0, math.inf, "a finite number >= 0")
     epsilon = noise_mechanism(mechanism).epsilon(scale=noise_scale, sensitivity=sensitivity,
                                                  delta=delta)
     event = PrivacyEvent(mechanism=mechanism, epsilon=epsilon, delta=delta,
@@ -230,21 +226,21 @@ def clipped_release(*, clipping: Literal["l1", "l2", "elementwise"], clip: float
     """
     _check_clip(clipping, clip)
     if clipping not in ("l1", "l2", "elementwise"):  # an untyped caller's "none"
-        _fail("clipping", clipping, "'l1', 'l2' or 'elementwise'")
+        fail("clipping", clipping, "'l1', 'l2' or 'elementwise'")
     if (epsilon is None) == (noise_scale is None):
         raise ConfigError("give exactly one of 'epsilon' (target) and 'noise_scale' (given "
                           "Laplace scale) for a clipped release")
     if not (isinstance(dimension, numbers.Integral) and dimension >= 1):
-        _fail("dimension", dimension, "an integer >= 1")
+        fail("dimension", dimension, "an integer >= 1")
     sensitivity = 2.0 * clip * dimension if clipping == "elementwise" else 2.0 * clip
     norm = "l2" if clipping == "l2" else "l1"
     mechanism = mechanism or ("gaussian" if norm == "l2" else "laplace")
     if noise_mechanism(mechanism).norm != norm:
-        _fail("mechanism", mechanism, f"a mechanism calibrated to the {norm.upper()} norm of "
+        fail("mechanism", mechanism, f"a mechanism calibrated to the {norm.upper()} norm of "
               f"a {clipping!r} clip")
     if noise_scale is not None:
         if clipping == "l2":
-            _fail("clipping", clipping, "'l1' or 'elementwise' with a Laplace noise_scale")
+            fail("clipping", clipping, "'l1' or 'elementwise' with a Laplace noise_scale")
         coordinate = None
         if clipping == "elementwise":
             coordinate = math.inf if noise_scale == 0 else 2.0 * clip / noise_scale
@@ -275,7 +271,7 @@ def no_noise(*, mechanism: str = "none", epsilon: float = math.inf, dimension: i
     when nothing user-dependent is sent (local ranking). ``mechanism`` names it in reports
     (``"none"``, ``"clear_quotas"``, ...; not ``"laplace"``/``"gaussian"``)."""
     if mechanism in MECHANISMS:
-        _fail("mechanism", mechanism, f"a mechanism without noise (not one of {NOISE_KINDS})")
+        fail("mechanism", mechanism, f"a mechanism without noise (not one of {NOISE_KINDS})")
     event = PrivacyEvent(mechanism=mechanism, epsilon=epsilon, dimension=dimension,
                          phase=phase, note=note, data=data)
     return Calibration(event=event, clipping=clipping, clip=clip)

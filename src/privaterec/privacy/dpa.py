@@ -34,23 +34,18 @@ from torch import Tensor
 
 from privaterec.errors import ConfigError
 from privaterec.privacy.calibrate import Calibration, calibrate, clipped_release
-from privaterec.privacy.formulas import SensitivityMode, dpa_sensitivity
 from privaterec.privacy.events import DataPart, Phase
+from privaterec.privacy.formulas import SensitivityMode, dpa_sensitivity
 from privaterec.privacy.mechanisms import add_noise, clip_and_noise
 from privaterec.privacy.noise import noise_mechanism
 from privaterec.privacy.noise.base import Generators
 from privaterec.privacy.randomness import rand
 from privaterec.privacy.samplers import NoiseSource
+from privaterec.validators import check_in
 
 
 PAPER_MODE_NOTE = ("sensitivity='paper' (S = theta): NOT a valid DP guarantee; alpha lies on "
                    "the simplex, whose true sensitivity is L1 = 2 / L2 = sqrt(2)")
-
-
-def _check_probability(p: float, name: str) -> None:
-    if not (isinstance(p, (int, float)) and 0.0 <= p < 1.0):
-        raise ConfigError(f"invalid privacy parameter '{name}': got {p!r}, expected a "
-                          f"probability in [0, 1)")
 
 
 def padding_mask(mask: Tensor, *, padding_p: float,
@@ -71,7 +66,7 @@ def padding_mask(mask: Tensor, *, padding_p: float,
     ``BoolTensor`` of ``mask``'s shape, ``True`` where the click is replaced by r₀ (never on
     positions that hold no click).
     """
-    _check_probability(padding_p, "padding_p")
+    check_in(padding_p, "padding_p", 0, 1, "a probability in [0, 1)")
     if padding_p == 0:
         return torch.zeros_like(mask, dtype=torch.bool)
     if not isinstance(generator, Sequence):  # one generator or one secure source
@@ -131,7 +126,7 @@ def dpa_calibration(*, epsilon: float, delta: float = 0.0, padding_p: float = 0.
     :class:`~privaterec.privacy.calibrate.Calibration` of ONE row's release (the noise is
     added to α itself: no clipping).
     """
-    _check_probability(padding_p, "padding_p")
+    check_in(padding_p, "padding_p", 0, 1, "a probability in [0, 1)")
     norm = noise_mechanism(mechanism).norm
     valid = sensitivity == "true"
     note = ("PrivateRec DPA: noise on the B attention weights, simplex sensitivity, "
@@ -224,9 +219,7 @@ def vdp_calibration(*, clip: float, epsilon: float, delta: float = 0.0,
         d, the size of the user vector.
     """
     norm = noise_mechanism(mechanism).norm
-    if not (isinstance(clip, (int, float)) and 0 < clip < math.inf):
-        raise ConfigError(f"invalid privacy parameter 'clip': got {clip!r}, expected a finite "
-                          f"number > 0")
+    check_in(clip, "clip", 0, math.inf, "a finite number > 0", open_low=True)
     note = f"VDP: {norm.upper()} clip of the user vector to {clip}"
     return clipped_release(clipping=norm, clip=clip, mechanism=mechanism,
                            dimension=dimension, epsilon=epsilon, delta=delta, phase=phase,

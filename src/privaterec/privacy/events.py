@@ -33,7 +33,7 @@ from dp_accounting import dp_event
 from privaterec.errors import CheckpointError, ConfigError
 from privaterec.privacy.formulas import amplified_budget, padding_amplification
 from privaterec.privacy.noise import MECHANISMS
-from privaterec.validators import is_real
+from privaterec.validators import fail, is_real
 
 PHASES = ("train", "serve")
 
@@ -65,7 +65,7 @@ class EpsilonDeltaDpEvent(dp_event.DpEvent):
 
 
 def _fail(name: str, value: object, expected: str) -> NoReturn:
-    raise ConfigError(f"invalid privacy event field '{name}': got {value!r}, expected {expected}")
+    fail(name, value, expected, kind="privacy event field")
 
 
 @dataclass(frozen=True, kw_only=True)

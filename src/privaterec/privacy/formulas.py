@@ -24,7 +24,7 @@ import math
 import numbers
 from typing import Literal, get_args
 
-from privaterec.errors import ConfigError
+from privaterec.validators import check_in, fail
 
 SensitivityMode = Literal["true", "paper"]
 """DPA's sensitivity: the simplex's (``true``) or the paper's S = θ (``paper``, NOT valid)."""
@@ -38,29 +38,14 @@ PAPER_SENSITIVITY_WARNING = (
 )
 
 
-def _fail(name: str, value: object, expected: str) -> None:
-    raise ConfigError(f"invalid privacy parameter '{name}': got {value!r}, expected {expected}")
-
-
 def _check_epsilon(epsilon: float, name: str = "epsilon") -> None:
-    if not (isinstance(epsilon, numbers.Real) and epsilon > 0):  # also rejects NaN
-        _fail(name, epsilon, "a number > 0 (math.inf means no noise)")
+    check_in(epsilon, name, 0, math.inf, "a number > 0 (math.inf means no noise)",
+             open_low=True, open_high=False)
 
 
 def _check_delta(delta: float, name: str = "delta", *, allow_zero: bool = False) -> None:
-    lower_ok = delta >= 0 if allow_zero else delta > 0
-    if not (isinstance(delta, numbers.Real) and lower_ok and delta < 1):
-        _fail(name, delta, "a number in [0, 1)" if allow_zero else "a number in (0, 1)")
-
-
-def _check_sensitivity(value: float, name: str) -> None:
-    if not (isinstance(value, numbers.Real) and 0 <= value < math.inf):
-        _fail(name, value, "a finite number >= 0")
-
-
-def _check_padding(padding_p: float) -> None:
-    if not (isinstance(padding_p, numbers.Real) and 0 <= padding_p < 1):
-        _fail("padding_p", padding_p, "a probability in [0, 1)")
+    check_in(delta, name, 0, 1, "a number in [0, 1)" if allow_zero else "a number in (0, 1)",
+             open_low=not allow_zero)
 
 
 def laplace_scale(*, epsilon: float, sensitivity_l1: float) -> float:
@@ -79,7 +64,7 @@ def laplace_scale(*, epsilon: float, sensitivity_l1: float) -> float:
         The Laplace scale b (density ``exp(-|x|/b) / 2b`` per coordinate).
     """
     _check_epsilon(epsilon)
-    _check_sensitivity(sensitivity_l1, "sensitivity_l1")
+    check_in(sensitivity_l1, "sensitivity_l1", 0, math.inf, "a finite number >= 0")
     if math.isinf(epsilon):
         return 0.0
     return sensitivity_l1 / epsilon
@@ -109,7 +94,7 @@ def gaussian_sigma(*, epsilon: float, delta: float, sensitivity_l2: float) -> fl
     """
     _check_epsilon(epsilon)
     _check_delta(delta)
-    _check_sensitivity(sensitivity_l2, "sensitivity_l2")
+    check_in(sensitivity_l2, "sensitivity_l2", 0, math.inf, "a finite number >= 0")
     if math.isinf(epsilon) or sensitivity_l2 == 0:
         return 0.0
     try:
@@ -143,9 +128,9 @@ def classical_gaussian_sigma(*, epsilon: float, delta: float, sensitivity_l2: fl
     """
     _check_epsilon(epsilon)
     _check_delta(delta)
-    _check_sensitivity(sensitivity_l2, "sensitivity_l2")
+    check_in(sensitivity_l2, "sensitivity_l2", 0, math.inf, "a finite number >= 0")
     if epsilon >= 1 and not allow_invalid:
-        _fail("epsilon", epsilon, "< 1 for the classical Gaussian bound (it is invalid for "
+        fail("epsilon", epsilon, "< 1 for the classical Gaussian bound (it is invalid for "
               "epsilon >= 1); use gaussian_sigma (analytic) or pass allow_invalid=True")
     if math.isinf(epsilon):
         return 0.0
@@ -176,11 +161,11 @@ def amplified_budget(*, epsilon: float, delta: float, padding_p: float) -> tuple
     """
     _check_epsilon(epsilon)
     _check_delta(delta, allow_zero=True)
-    _check_padding(padding_p)
+    check_in(padding_p, "padding_p", 0, 1, "a probability in [0, 1)")
     p = float(padding_p)
     delta_base = delta / (1.0 - p)
     if delta_base >= 1:
-        _fail("delta", delta, f"< 1 - padding_p = {1 - p!r} so that delta/(1-p) < 1")
+        fail("delta", delta, f"< 1 - padding_p = {1 - p!r} so that delta/(1-p) < 1")
     if math.isinf(epsilon):
         return math.inf, delta_base
     # (e^ε − p)/(1 − p) = e^ε (1 − p e^{−ε})/(1 − p) and 1 − p e^{−ε} = (1 − p) − p·expm1(−ε),
@@ -213,7 +198,7 @@ def padding_amplification(*, epsilon_base: float, delta_base: float,
     """
     _check_epsilon(epsilon_base, "epsilon_base")
     _check_delta(delta_base, "delta_base", allow_zero=True)
-    _check_padding(padding_p)
+    check_in(padding_p, "padding_p", 0, 1, "a probability in [0, 1)")
     p = float(padding_p)
     delta = (1.0 - p) * delta_base
     if math.isinf(epsilon_base):
@@ -243,15 +228,13 @@ def dpa_sensitivity(norm: Literal["l1", "l2"] = "l2",
     float
     """
     if norm not in ("l1", "l2"):
-        _fail("norm", norm, "'l1' or 'l2'")
+        fail("norm", norm, "'l1' or 'l2'")
     if mode == "true":
         return 2.0 if norm == "l1" else math.sqrt(2.0)
     if mode == "paper":
-        if not (isinstance(theta, numbers.Real) and 0 < theta < math.inf):
-            _fail("theta", theta, "a finite number > 0")
+        check_in(theta, "theta", 0, math.inf, "a finite number > 0", open_low=True)
         return float(theta)
-    _fail("mode", mode, "'true' or 'paper'")
-    raise AssertionError("unreachable")  # pragma: no cover
+    fail("mode", mode, "'true' or 'paper'")
 
 
 def fednewsrec_coordinate_epsilon(*, clip_bound: float, noise_scale: float) -> float:
@@ -269,10 +252,8 @@ def fednewsrec_coordinate_epsilon(*, clip_bound: float, noise_scale: float) -> f
     noise_scale:
         λ > 0 of Eq. 5 (the paper uses 0.015); λ = ∞ gives ε = 0.
     """
-    if not (isinstance(clip_bound, numbers.Real) and 0 < clip_bound < math.inf):
-        _fail("clip_bound", clip_bound, "a finite number > 0")
-    if not (isinstance(noise_scale, numbers.Real) and noise_scale >= 0):
-        _fail("noise_scale", noise_scale, "a number >= 0")
+    check_in(clip_bound, "clip_bound", 0, math.inf, "a finite number > 0", open_low=True)
+    check_in(noise_scale, "noise_scale", 0, math.inf, "a number >= 0", open_high=False)
     if noise_scale == 0:
         return math.inf
     return 2.0 * clip_bound / noise_scale
@@ -292,6 +273,6 @@ def fednewsrec_update_epsilon(*, clip_bound: float, noise_scale: float, dimensio
         D ≥ 1, the number of uploaded (noised) coordinates.
     """
     if not (isinstance(dimension, numbers.Integral) and dimension >= 1):
-        _fail("dimension", dimension, "an integer >= 1")
+        fail("dimension", dimension, "an integer >= 1")
     per_coordinate = fednewsrec_coordinate_epsilon(clip_bound=clip_bound, noise_scale=noise_scale)
     return per_coordinate * int(dimension)

@@ -85,6 +85,7 @@ from privaterec.recall.channels import ChannelBatch, cluster_batch
 from privaterec.recall.interest import perturb_scores
 from privaterec.recall.model import NUM_NEGATIVES, UniFedRecRecall, unified_score
 from privaterec.runtime.checkpoint import load_checkpoint
+from privaterec.validators import fail
 
 Clipping = GradientClipping
 NegativeSource = Literal["impression", "pool"]
@@ -110,8 +111,7 @@ _LEGACY_RESULT_FIELDS = {"fed.clip": "fed.settings.clip",
 
 
 def _fail(name: str, value: object, expected: str) -> None:
-    raise ConfigError(f"invalid recall training parameter '{name}': got {value!r}, "
-                      f"expected {expected}")
+    fail(name, value, expected, kind="recall training parameter")
 
 
 def _is_int(value: object) -> bool:
