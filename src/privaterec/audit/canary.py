@@ -472,7 +472,7 @@ def format_power(audits: Sequence[CanaryAudit]) -> str:
             power = (f"{c.detected_cut:g}x ({tried})" if c.detected_cut is not None
                      else f"none up to {c.cuts[-1][0]:g}x ({tried})")
         else:
-            power = "not measured"
+            power = "not measured (--power)"
         lines.append(f"| {a.method} | {a.adjacency}: {a.pair} | {a.claimed_epsilon:.3g} | "
                      f"{a.epsilon_lower_bound:.3f} | {a.result.ceiling:.2f} | {a.runs} | "
                      f"{a.verdict} | {power} |")
