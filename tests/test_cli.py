@@ -156,7 +156,8 @@ def test_privaterec_train_report_and_private_serving(synth_dir, tmp_path, capsys
     config.write_text(TINY_MODEL)
     run = tmp_path / "pr"
     assert main(["train", "--data", str(synth_dir), "--method", "privaterec", "--config",
-                 str(config), "--epsilon-train", "5", "--padding-p", "0.3", "--basis", "4",
+                 str(config), "--privacy-mode", "paper",
+                 "--epsilon-train", "5", "--padding-p", "0.3", "--basis", "4",
                  "--rounds", "2", "--clients-per-round", "5", "--out", str(run),
                  "--no-progress"]) == 0
     saved = (run / "config.yaml").read_text()

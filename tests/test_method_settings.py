@@ -44,7 +44,8 @@ LEGACY_RUNS = {
                    "PrivateRecStrict(negatives=4, max_samples=64, local_steps=1, "
                    "local_lr=0.05, noise='laplace', epsilon=10.0, delta=0.0, padding_p=0.5, "
                    "sensitivity_mode='true', clip=0.0001, history_budget=0.3)"),
-    "privaterec-paper": ("privaterec", {"epsilon_train": 10.0, "padding_p": 0.3},
+    "privaterec-paper": ("privaterec", {"epsilon_train": 10.0, "padding_p": 0.3,
+                                        "privacy_mode": "paper"},
                          "PrivateRec(negatives=4, max_samples=64, local_steps=1, "
                          "local_lr=0.05, noise='laplace', epsilon=10.0, delta=0.0, "
                          "padding_p=0.3, sensitivity_mode='true')"),
@@ -124,9 +125,11 @@ def test_legacy_keys_and_settings_cannot_be_mixed(tmp_path):
 def test_privaterec_strict_mode_states_its_clip_and_paper_mode_refuses_one():
     assert PrivateRecSettings(privacy_mode="strict").clip == 1e-4
     assert PrivateRecSettings(privacy_mode="strict", clip=0.01).clip == 0.01
-    assert PrivateRecSettings().clip is None
+    assert PrivateRecSettings().privacy_mode == "strict"  # the default: a valid guarantee
+    assert PrivateRecSettings().clip == 1e-4
+    assert PrivateRecSettings(privacy_mode="paper").clip is None
     with pytest.raises(ConfigError, match="strict"):
-        PrivateRecSettings(clip=0.01)
+        PrivateRecSettings(privacy_mode="paper", clip=0.01)
 
 
 def test_dp_fedavg_needs_its_epsilon_or_its_noise_multiplier():

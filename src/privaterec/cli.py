@@ -2,7 +2,8 @@
 
 The only module that reads argv, environment variables and user-given paths. Every command
 exits 0 on success, 1 when a check fails (``data check``), 2 on a user error (bad flag,
-bad file, bad configuration) with a one-line message naming what to fix.
+bad file, bad configuration) with a one-line message naming what to fix, 130 when
+interrupted (Ctrl-C) and 141 when the reader of its output went away (``... | head``).
 """
 
 from __future__ import annotations
@@ -108,7 +109,7 @@ def cmd_data_synth(args: argparse.Namespace) -> int:
     if args.news_from is not None:
         from privaterec.data.mind import read_news
         pool = read_news(args.news_from)
-    summary = write_synthetic(args.out, config, news_pool=pool)
+    summary = write_synthetic(args.out, config, news_pool=pool, overwrite=args.overwrite)
     if args.json:
         _print_json(summary)
     else:
@@ -248,6 +249,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.ranker is not None:
         raise PrivateRecError("--ranker only applies to --method unifedrec")
     config = run_config_from_args(args)
+    _warn_paper_mode(config)
     metrics = train_run(config, args.out, drop_missing=args.drop_missing,
                         progress=not args.no_progress)
     test = metrics.get("test")
@@ -259,6 +261,17 @@ def cmd_train(args: argparse.Namespace) -> int:
             print(_basis_line(metrics["basis"]))
     print(f"run written to {args.out}", file=sys.stderr)
     return EXIT_OK
+
+
+def _warn_paper_mode(config: RunConfig) -> None:
+    """PrivateRec's paper mode, asked for: say at train time that its ε is no guarantee."""
+    settings = config.fed.settings
+    if config.train.method == "privaterec" and getattr(settings, "privacy_mode", "") == "paper":
+        print("WARNING: --privacy-mode paper trains PrivateRec as published (Alg. 3): the "
+              "history-path gradient is uploaded without noise, so the run's epsilon is NOT "
+              "a guarantee (user-level epsilon = inf; docs/privacy.md#paper-and-strict-mode). "
+              "Use it to reproduce the published tables only; the default, strict, covers "
+              "that gradient", file=sys.stderr)
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
@@ -586,6 +599,9 @@ def build_parser() -> argparse.ArgumentParser:
                             "users (default: synthetic news)")
     synth.add_argument("--json", action="store_true",
                        help="print the summary as JSON (default: a text summary)")
+    synth.add_argument("--overwrite", action="store_true",
+                       help="replace the data set in a non-empty output directory (default: "
+                            "refuse it)")
     synth.set_defaults(func=cmd_data_synth)
 
     convert = data_sub.add_parser("convert", help="convert another format to MIND format")
@@ -731,8 +747,11 @@ def build_parser() -> argparse.ArgumentParser:
                          help=f"behaviour padding probability p (default "
                               f"{PrivateRecSettings.padding_p:g})")
     private.add_argument("--privacy-mode", choices=PRIVACY_MODES, default=None,
-                         help="paper: Alg. 3 as published (history-path gradient not "
-                              "covered, the report says so); strict: clip and noise it too")
+                         help=f"strict (default {PrivateRecSettings.privacy_mode}): the "
+                              f"history-path gradient is clipped and noised too, so epsilon "
+                              f"is a guarantee; paper: Alg. 3 as published, to reproduce its "
+                              f"tables (that gradient is uploaded raw: NOT a guarantee, "
+                              f"user-level epsilon = inf)")
     private.add_argument("--sensitivity-mode", choices=SENSITIVITY_MODES, default=None,
                          help="DPA sensitivity: true (simplex, default) or paper (invalid, "
                               "reproduction only)")
@@ -898,7 +917,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return int(args.func(args))
+        code = int(args.func(args))
+        sys.stdout.flush()  # a closed pipe fails here, inside the handler, not at exit
+        return code
     except PrivateRecError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -906,6 +927,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("interrupted; rerun the same command to resume from the last checkpoint",
               file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        return _closed_pipe()
+
+
+EXIT_BROKEN_PIPE = 141
+"""Exit status when the reader of stdout went away (``... | head``): 128 + SIGPIPE, as a
+process killed by the signal."""
+
+
+def _closed_pipe() -> int:
+    """stdout's reader closed the pipe: no traceback, and no second error when Python
+    flushes stdout at exit (it is pointed at /dev/null)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # stdout is not a file descriptor (e.g. captured)
+        pass
+    finally:
+        os.close(devnull)
+    return EXIT_BROKEN_PIPE
 
 
 if __name__ == "__main__":

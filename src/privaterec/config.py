@@ -499,16 +499,30 @@ def fed_with_changes(fed: FedConfig, method: str, changes: Mapping[str, Any], *,
     When ``fed.settings`` are another method's (the method was switched), its values that
     differ from their defaults are carried over to ``method``'s settings.
 
+    Two changes that set the same thing two ways (:data:`ALTERNATIVES`, e.g. z and the ε it
+    is calibrated from) are refused together; one of them replaces the other's value in
+    ``fed``, which would otherwise be kept beside it (a saved configuration states both).
+
     Raises
     ------
     ConfigError
-        If a key is not a setting of ``method`` (named with ``name``, e.g. as a flag), or a
-        value is invalid.
+        If a key is not a setting of ``method`` (named with ``name``, e.g. as a flag), two
+        changes are alternatives of each other, or a value is invalid.
     """
+    for first, second, what in ALTERNATIVES:
+        if changes.get(first) is not None and changes.get(second) is not None:
+            raise ConfigError(f"{name(first)} and {name(second)} both set {what}, and they "
+                              f"may contradict each other: give only one of them")
     engine = {k: v for k, v in changes.items() if k in _ENGINE_KEYS}
     own = {k: v for k, v in changes.items() if k not in _ENGINE_KEYS}
+    for first, second, _ in ALTERNATIVES:  # a change of one clears the other
+        for given, other in ((first, second), (second, first)):
+            if changes.get(given) is not None:
+                (engine if other in _ENGINE_KEYS else own).setdefault(other, None)
     kind = settings_type(method)
-    _check_applies(method, kind, list(own), name=name)
+    _check_applies(method, kind, [k for k in own if own[k] is not None
+                                  or k not in _ALTERNATIVE_KEYS], name=name)
+    own = {k: v for k, v in own.items() if k in kind.field_names() or v is not None}
     old = fed.settings
     carried: dict[str, Any] = {}
     if old is not None:
@@ -519,6 +533,17 @@ def fed_with_changes(fed: FedConfig, method: str, changes: Mapping[str, Any], *,
                            name=lambda k: f"'fed.settings.{k}' of {old.method}")
     settings = kind(**{**carried, **own})
     return dataclasses.replace(fed, **engine, settings=settings)
+
+
+ALTERNATIVES: tuple[tuple[str, str, str], ...] = (
+    ("target_epsilon", "noise_multiplier",
+     "dp-fedavg's noise (z is calibrated from the target epsilon)"),
+    ("client_fraction", "clients_per_round", "the clients sampled per round"),
+)
+"""Pairs of settings that set one thing two ways: given together they are refused by
+:func:`fed_with_changes`, and a change of one clears the other's value."""
+
+_ALTERNATIVE_KEYS = frozenset(k for first, second, _ in ALTERNATIVES for k in (first, second))
 
 
 def _coerce(value: Any, hint: Any, name: str) -> Any:

@@ -38,9 +38,9 @@ def data(tmp_path_factory):
 
 # Every training mode of a PrivateRec model (FedConfig changes; None: centralized).
 MODES = {
-    "paper": dict(epsilon_train=10.0, clients_per_round=10),
+    "paper": dict(epsilon_train=10.0, clients_per_round=10, privacy_mode="paper"),
     "strict": dict(epsilon_train=10.0, clients_per_round=10, privacy_mode="strict"),
-    "noise-free": dict(epsilon_train=math.inf, clients_per_round=10),
+    "noise-free": dict(epsilon_train=math.inf, clients_per_round=10, privacy_mode="paper"),
     "dp-fedavg": dict(noise_multiplier=0.6, client_fraction=0.2, target_delta=1e-3),
     "centralized": None,
 }

@@ -46,7 +46,7 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory):
 # engines' round gradients agree to ~2e-8 (one backward vs per-client sums); FedAdam with
 # τ = 1e-6 turns such differences on coordinates whose gradient is ~τ into ~1e-4 parameter
 # differences, so this comparison uses τ = 1e-3, under which they stay below 1e-6.
-FED_CHANGES = {"privaterec": {"epsilon_train": 5.0, "adam_tau": 1e-3}}
+FED_CHANGES = {"privaterec": {"epsilon_train": 5.0, "adam_tau": 1e-3, "privacy_mode": "paper"}}
 
 
 def _config(data_dir, method: str, engine: str) -> RunConfig:

@@ -38,15 +38,17 @@ def test_privaterec_defaults_fill_basis_padding_and_fedadam():
     assert config.model.basis_size == 5
     assert config.fed.settings.padding_p == 0.5
     assert config.fed.strategy == "fedadam"
-    assert config.fed.settings.clip is None  # paper mode clips nothing
-    strict = resolve_run_config(RunConfig(
+    # the default is strict mode, whose guarantee holds; it states its clip
+    assert config.fed.settings.privacy_mode == "strict"
+    assert config.fed.settings.clip == 1e-4
+    paper = resolve_run_config(RunConfig(
         data="x", train=TrainConfig(method="privaterec"),
-        fed=fed_config("privaterec", epsilon_train=10.0, privacy_mode="strict")))
-    assert strict.fed.settings.clip == 1e-4
+        fed=fed_config("privaterec", epsilon_train=10.0, privacy_mode="paper")))
+    assert paper.fed.settings.clip is None  # paper mode clips nothing
 
 
 @pytest.mark.parametrize("fed,match", [
-    ({"clip": 0.1}, "strict"),
+    ({"clip": 0.1, "privacy_mode": "paper"}, "strict"),
     ({"local_steps": 2}, "local_steps"),
 ])
 def test_privaterec_rejects_settings_that_do_not_apply(fed, match):
@@ -116,7 +118,7 @@ def test_infinite_epsilon_keeps_the_clicked_label_and_adds_no_noise(client_metho
 
 def test_dpa_noise_of_a_client_has_the_amplified_laplace_scale(client_method, clients):
     eps, p = 2.0, 0.5
-    method = client_method("privaterec", epsilon_train=eps, padding_p=p)
+    method = client_method("privaterec", privacy_mode="paper", epsilon_train=eps, padding_p=p)
     data = clients.client(1)
     noise = torch.stack([method.draw_inputs(data, basis_size=5,
                                        generator=client_generator(7, t, 1)).attention_noise
@@ -136,7 +138,7 @@ def test_split_gradient_parts_sum_to_the_full_gradient(make_objective, client_me
                                                        perturb, attention):
     objective = _objective(make_objective, **attention)
     theta = perturb(objective)
-    method = client_method("privaterec", epsilon_train=3.0)
+    method = client_method("privaterec", privacy_mode="paper", epsilon_train=3.0)
     data = clients.client(2)
     inputs = method.draw_inputs(data, basis_size=3, generator=client_generator(0, 0, 2))
     args = (theta, inputs.history, inputs.history_mask, inputs.candidates)
@@ -212,7 +214,7 @@ def test_paper_round_uses_each_clients_noise(make_objective, clients, client_met
 
 # -------------------------------------------------------------------------------- events
 def test_paper_mode_event_is_marked_not_covering_the_upload(client_method):
-    method = client_method("privaterec", epsilon_train=10.0, padding_p=0.5)
+    method = client_method("privaterec", privacy_mode="paper", epsilon_train=10.0, padding_p=0.5)
     dpa, labels, shown = method.events(1000)
     assert dpa.epsilon == 10.0 and dpa.padding_p == 0.5 and dpa.phase == "train"
     assert dpa.sensitivity == 2.0  # simplex L1 sensitivity, not the paper's θ
@@ -259,7 +261,7 @@ def test_strict_update_noise_follows_the_history_gradient_budget(make_objective,
 def test_release_description_names_uncovered_parameters(client_method, make_objective):
     objective = _objective(make_objective)
     names = objective.parameter_names()
-    method = client_method("privaterec", epsilon_train=10.0)
+    method = client_method("privaterec", privacy_mode="paper", epsilon_train=10.0)
     release = release_description(method, dimension=objective.dimension,
                                   noised_parameters=names, clients_per_round=4,
                                   client_fraction=0.1)
@@ -281,7 +283,8 @@ def test_paper_mode_keeps_the_paper_sensitivity_warning(client_method):
     """With sensitivity_mode='paper' in paper mode, the paper-mode note
     overwrote the note that the sensitivity itself is invalid."""
     from privaterec.privacy.dpa import PAPER_MODE_NOTE as SENSITIVITY_NOTE
-    method = client_method("privaterec", epsilon_train=4.0, sensitivity_mode="paper")
+    method = client_method("privaterec", privacy_mode="paper", epsilon_train=4.0,
+                           sensitivity_mode="paper")
     dpa = method.events(100)[0]
     assert not dpa.valid
     assert SENSITIVITY_NOTE in dpa.note and PAPER_MODE_NOTE in dpa.note

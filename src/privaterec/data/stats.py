@@ -310,7 +310,11 @@ def _check_split(name: str, directory: Path, drop_missing: bool, errors: list[st
     if stats["impressions_without_click"]:
         warnings.append(f"{name}: {stats['impressions_without_click']} labelled impressions "
                         "have no clicked candidate")
-    if stats["impressions"] == 0:
+    if stats["impressions"] == 0 and name == "train":
+        errors.append(str(DataFormatError(directory / BEHAVIORS_FILE, None,
+                                          "the training split has no impressions: there is "
+                                          "nothing to train on")))
+    elif stats["impressions"] == 0:
         warnings.append(f"{name}: no impressions")
     if name == "train" and stats["impressions"] and stats["labelled_impressions"] == 0:
         warnings.append("train: no impression is labelled; training needs NID-0/NID-1 labels")

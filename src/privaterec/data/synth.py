@@ -677,8 +677,13 @@ def summarize(dataset: MindDataset) -> dict[str, Any]:
 
 
 def write_synthetic(out_dir: str | Path, config: SynthConfig,
-                    news_pool: Mapping[str, NewsRecord] | None = None) -> dict[str, Any]:
+                    news_pool: Mapping[str, NewsRecord] | None = None, *,
+                    overwrite: bool = True) -> dict[str, Any]:
     """Generate a dataset and write ``out_dir/train`` and ``out_dir/test`` in MIND format.
+
+    ``overwrite=False`` refuses an ``out_dir`` that exists and is not empty (``privaterec
+    data synth`` without ``--overwrite``): runs trained on the data set there would no longer
+    match it.
 
     Each split directory holds ``news.tsv`` (the news its behaviors reference) and
     ``behaviors.tsv``. Same config (seed included) → byte-identical files, the same bytes as
@@ -690,6 +695,14 @@ def write_synthetic(out_dir: str | Path, config: SynthConfig,
     dict
         :func:`summarize` of the dataset, plus ``"config"`` and ``"path"``.
     """
+    out = Path(out_dir)
+    if not overwrite and out.exists() and (not out.is_dir() or any(out.iterdir())):
+        held = (sorted(p.name + ("/" if p.is_dir() else "") for p in out.iterdir())
+                if out.is_dir() else [])
+        raise ConfigError(f"{out}: exists and is not empty"
+                          + (f" (holds {', '.join(held[:5])})" if held else " (a file)")
+                          + "; pass --overwrite to replace the data set there (runs trained "
+                            "on it will then refuse to resume), or choose another --out")
     c = config
     records, latent, rng = _prepare(c, news_pool)
     histories = _histories(latent, rng)

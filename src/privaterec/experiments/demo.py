@@ -71,7 +71,8 @@ def demo_entries(quick: bool) -> list[DemoEntry]:
                   TrainConfig(method="dp-fedavg"),
                   fed_config("dp-fedavg", rounds=rounds, target_epsilon=DEMO_CENTRAL_EPSILON)),
         DemoEntry("privaterec eps_t=10 / nrms", nrms, TrainConfig(method="privaterec"),
-                  fed_config("privaterec", rounds=rounds, epsilon_train=10.0),
+                  fed_config("privaterec", rounds=rounds, epsilon_train=10.0,
+                             privacy_mode="paper"),
                   serve=(ServingConfig(kind="privaterec", epsilon=DEMO_SERVE_EPSILON),
                          ServingConfig(kind="local"))),
     ]

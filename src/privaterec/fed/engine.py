@@ -68,10 +68,29 @@ def check_engine(method: ClientMethod, clients: ClientDataset, *, engine: str) -
     method.check_population(len(method.population(clients)))
 
 
+def check_sampling(fed: FedConfig, population: int) -> None:
+    """Refuse ``clients_per_round`` above the ``population`` a round samples from (it would
+    be cut to the population silently, and the saved configuration would state a number no
+    round used).
+
+    Raises
+    ------
+    ConfigError
+        Naming both numbers.
+    """
+    if fed.clients_per_round is not None and fed.clients_per_round > population:
+        raise ConfigError(f"'fed.clients_per_round' (--clients-per-round) is "
+                          f"{fed.clients_per_round}, but only {population} training users can "
+                          f"take part in a round: pass at most {population}, or "
+                          f"--client-fraction")
+
+
 def check_run(config: RunConfig, clients: ClientDataset) -> None:
-    """:func:`check_engine` of a ranking run configuration."""
+    """:func:`check_engine` and :func:`check_sampling` of a ranking run configuration."""
     config = resolve_run_config(config)
-    check_engine(method_from_config(config), clients, engine=config.fed.engine)
+    method = method_from_config(config)
+    check_engine(method, clients, engine=config.fed.engine)
+    check_sampling(config.fed, len(method.population(clients)))
 
 
 @dataclass

@@ -31,6 +31,7 @@ from privaterec.config import FedConfig
 from privaterec.data.clients import ClientDataset
 from privaterec.errors import CheckpointError, TrainingDivergedError
 from privaterec.fed.client import client_update
+from privaterec.fed.interrupt import RoundInterrupted
 from privaterec.fed.methods.base import ClientMethod, RoundContext, RoundOutput
 from privaterec.fed.rng import client_generator
 from privaterec.fed.sampling import (clients_per_round, eligible_clients, poisson_round,
@@ -274,8 +275,14 @@ def _train(task: FederatedTask[Any], clients: ClientDataset, fed: FedConfig,
         # every user, whatever their data) with a zero update (the round function's part).
         selected = method.select(population, m, seed=seed, round_index=t,
                                  source=sampling_source)
-        result = (round_fn(state.params, selected, t, server_state=dict(state.server_state))
-                  if state.server_state else round_fn(state.params, selected, t))
+        try:
+            result = (round_fn(state.params, selected, t,
+                               server_state=dict(state.server_state))
+                      if state.server_state else round_fn(state.params, selected, t))
+        except RoundInterrupted:  # Ctrl-C while the clients computed (fed/interrupt.py)
+            if rounds_run and state.round_index % fed.checkpoint_every:
+                checkpoint()  # the rounds completed since the last checkpoint
+            raise
         params, strategy_state = strategy.step(state.params, state.strategy_state,
                                                result.direction)
         if not bool(torch.isfinite(params).all()):

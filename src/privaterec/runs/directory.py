@@ -5,23 +5,31 @@ A ranking run directory holds ``config.yaml`` (the :class:`~privaterec.config.Ru
 ``state_dict`` under key ``model`` plus optimizer/RNG state for resuming) and
 ``metrics.json``; federated runs also ``privacy.json`` (the privacy ledger and its
 report). The popularity baseline writes ``popularity.json`` instead of a checkpoint.
+``data.json`` is the fingerprint of the data the run trained on
+(:mod:`privaterec.runs.fingerprint`): resuming, or evaluating on the run's own data, refuses
+data that changed since. ``train.lock`` exists while a training holds the directory
+(:mod:`privaterec.runs.lock`).
 
 A Uni-FedRec run directory (:mod:`privaterec.runs.recall`) holds ``recall.yaml`` (its
 :class:`~privaterec.runs.recall_setup.RecallRunConfig`) instead of ``config.yaml`` and
-``vocab.json``, and the same ``checkpoint.pt``, ``privacy.json`` and ``metrics.json``.
+``vocab.json``, and the same ``checkpoint.pt``, ``privacy.json``, ``metrics.json`` and
+``data.json``.
 :class:`RunDirectory` names the files of both kinds.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, Self, overload
+from typing import Any, Iterator, Protocol, Self, overload
 
 from privaterec.config import RunConfig
 from privaterec.errors import CheckpointError
+from privaterec.runs.fingerprint import differences, read_fingerprint, write_fingerprint
+from privaterec.runs.lock import LOCK_FILE, run_lock
 
 CONFIG_FILE = "config.yaml"
 RECALL_CONFIG_FILE = "recall.yaml"
@@ -84,6 +92,8 @@ class RunDirectory:
     metrics_path = RunFile("metrics.json")
     privacy_path = RunFile("privacy.json")
     popularity_path = RunFile("popularity.json")
+    data_fingerprint_path = RunFile("data.json")
+    lock_path = RunFile(LOCK_FILE)
 
     @property
     def is_recall(self) -> bool:
@@ -121,19 +131,66 @@ class RunDirectory:
                 f"delete the directory, or train with the run's values")
         return True
 
-    def start(self, config: SavedConfig) -> bool:
-        """Create the directory for ``config``; return ``True`` when resuming a previous run.
+    def check_data(self, data: str | Path, *,
+                   remedy: str = "Restore the data, or train a new run with another --out"
+                   ) -> None:
+        """Refuse ``data`` unless it is the data this run trained on (``data.json``; a run
+        without one, written by an earlier version, is not checked). ``remedy`` ends the
+        message: what to do instead.
 
         Raises
         ------
         CheckpointError
-            If the directory holds a run with a different configuration (see :meth:`check`).
+            Naming every file that changed (:func:`privaterec.runs.fingerprint.differences`).
+        """
+        recorded = read_fingerprint(self.data_fingerprint_path)
+        if recorded is None:
+            return
+        changes = differences(recorded, data)
+        if changes:
+            raise CheckpointError(
+                f"{self.path}: {data} is not the data this run trained on, it changed since "
+                f"({'; '.join(changes)}). {remedy}")
+
+    def start(self, config: SavedConfig, *, data: str | Path | None = None) -> bool:
+        """Create the directory for ``config``; return ``True`` when resuming a previous run.
+
+        ``data``: the run's data set. A new run records its fingerprint (``data.json``); a
+        resumed run must still have the same data (:meth:`check_data`).
+
+        Raises
+        ------
+        CheckpointError
+            If the directory holds a run with a different configuration (see :meth:`check`)
+            or the data changed since it trained.
         """
         if self.check(config):
+            if data is not None:
+                self.check_data(data)
             return True
         self.path.mkdir(parents=True, exist_ok=True)
+        if data is not None:
+            write_fingerprint(self.data_fingerprint_path, data)
         config.to_yaml(self.config_file(config))
         return False
+
+    def record_data(self, data: str | Path) -> None:
+        """Record the fingerprint of ``data`` for a run that has none (written by an earlier
+        version), once the run's own checks passed; from then on it is checked."""
+        if read_fingerprint(self.data_fingerprint_path) is None:
+            write_fingerprint(self.data_fingerprint_path, data)
+
+    @contextlib.contextmanager
+    def lock(self) -> Iterator[None]:
+        """Hold this directory's training lock (:func:`privaterec.runs.lock.run_lock`).
+
+        Raises
+        ------
+        CheckpointError
+            If another training holds it, naming its process id.
+        """
+        with run_lock(self.path):
+            yield
 
     def config(self) -> RunConfig:
         if not self.config_path.exists():

@@ -22,10 +22,10 @@ import yaml
 
 from privaterec.config import FEDERATED_METHODS, RunConfig
 from privaterec.data.features import NewsFeatures, build_news_features
-from privaterec.data.mind import load_dataset
+from privaterec.data.mind import BEHAVIORS_FILE, load_dataset
 from privaterec.data.records import MindDataset, MindSplit
 from privaterec.data.text import TextVocabularies
-from privaterec.errors import CheckpointError, ConfigError
+from privaterec.errors import CheckpointError, ConfigError, DataFormatError
 from privaterec.eval.basis import basis_diagnostics
 from privaterec.eval.evaluate import evaluate_model
 from privaterec.eval.serving import private_user_encoder
@@ -103,14 +103,56 @@ def _train_run(config: RunConfig, out: str | Path, *, drop_missing: bool, progre
                evaluate_each_epoch: bool, grid: Any,
                seeded_rehearsal: bool) -> dict[str, Any]:
     run = RunDirectory(Path(out))
-    run.check(config)  # refuse a different run before loading anything
+    if run.check(config):  # refuse a different run, or changed data, before loading anything
+        run.check_data(config.data)
     # load and validate the data before the run directory exists: a bad --data must not
     # leave behind a run that later retries are refused by
     prepared = prepare_data(config, drop_missing=drop_missing)
+    check_training_data(prepared)
     if config.train.method in FEDERATED_METHODS:
         check_run(config, prepared.train_clients)  # e.g. central DP's delta < 1/N
-    run.start(config)
-    prepared.vocabs.save(run.vocab_path)
+    with run.lock():
+        return _train_locked(config, run, prepared, progress=progress,
+                             evaluate_each_epoch=evaluate_each_epoch, grid=grid,
+                             seeded_rehearsal=seeded_rehearsal)
+
+
+def check_training_data(prepared: PreparedData) -> None:
+    """Refuse a training split without a single training sample, before anything is written.
+
+    A sample is a clicked candidate of a labelled impression that also has a non-clicked one
+    (:func:`privaterec.data.clients.build_client_dataset`); every method needs at least one.
+
+    Raises
+    ------
+    DataFormatError
+        Naming the training split's ``behaviors.tsv`` and what it holds.
+    """
+    clients = prepared.train_clients
+    if clients.num_samples > 0:
+        return
+    split = prepared.dataset.train
+    where = (split.path / BEHAVIORS_FILE if split.path is not None
+             else prepared.dataset.path or "the training split")
+    skipped = ", ".join(f"{count} {what.replace('_', ' ')}"
+                        for what, count in clients.skipped.items() if count)
+    raise DataFormatError(
+        where, None,
+        f"the training split has no training sample ({len(split.behaviors)} impressions of "
+        f"{clients.num_users} users" + (f"; skipped: {skipped}" if skipped else "") + "); "
+        f"training needs labelled impressions (candidates as NID-1/NID-0) with a clicked and "
+        f"a non-clicked candidate. Check the data with 'privaterec data check'")
+
+
+def _train_locked(config: RunConfig, run: RunDirectory, prepared: PreparedData, *,
+                  progress: bool, evaluate_each_epoch: bool, grid: Any,
+                  seeded_rehearsal: bool) -> dict[str, Any]:
+    """:func:`_train_run` once the run directory's training lock is held."""
+    if run.start(config, data=config.data):
+        _check_vocabularies(run, prepared.vocabs)
+        run.record_data(config.data)
+    else:
+        prepared.vocabs.save(run.vocab_path)
     test = prepared.dataset.test
     started = time.perf_counter()
     if config.train.method == "popularity":
@@ -159,6 +201,27 @@ def _train_run(config: RunConfig, out: str | Path, *, drop_missing: bool, progre
         if basis is not None:
             metrics = run.update_metrics(basis=basis)
     return metrics
+
+
+def _check_vocabularies(run: RunDirectory, vocabs: TextVocabularies) -> None:
+    """A resumed run's ``vocab.json`` must be the one its data gives (it is never rewritten:
+    the model's embedding tables are sized by it).
+
+    Raises
+    ------
+    CheckpointError
+        If the vocabularies differ (the training news changed since the run started).
+    """
+    if not run.vocab_path.exists():
+        vocabs.save(run.vocab_path)  # a run interrupted before it saved them
+        return
+    saved = TextVocabularies.load(run.vocab_path)
+    if saved != vocabs:
+        raise CheckpointError(
+            f"{run.vocab_path}: the run's vocabularies ({len(saved.words.tokens)} words) differ "
+            f"from those of its data now ({len(vocabs.words.tokens)} words): the training news "
+            f"changed since the run started. Restore the data, or train a new run with "
+            f"another --out")
 
 
 def _basis_diagnostics(model: Recommender, split: MindSplit, features: NewsFeatures,
@@ -232,6 +295,11 @@ def evaluate_run(run_dir: str | Path, data_dir: str | Path | None = None, *,
                               f"missing): its training never reached a checkpoint; run "
                               f"'privaterec train --out {run.path}' with the same options to "
                               f"train it")
+    if data_dir is None or split == "train":  # the run's data, or its training split
+        run.check_data(data_dir or config.data,
+                       remedy=("Evaluate other data with --data DIR --split test" if split ==
+                               "test" else "--split train evaluates on the training data; "
+                               "evaluate other data with --data DIR --split test"))
     dataset = load_dataset(data_dir or config.data, drop_missing=drop_missing)
     target = evaluation_split(dataset, split)
     if config.train.method == "popularity":

@@ -76,16 +76,35 @@ def load_run_model(run_dir: str | Path) -> tuple[RunConfig, TextVocabularies, Re
     try:
         model.load_state_dict(state["model"])
     except RuntimeError as exc:
-        hint = ""
-        if (config.model.basis_attention == "centered"
-                and not any(k.startswith("basis.reference.") for k in state["model"])):
-            hint = ("; the run was trained with the published dot-product basis attention "
-                    "(before 'model.basis_attention' existed): add 'basis_attention: dot' "
-                    "under 'model:' in its config.yaml")
         raise CheckpointError(f"{run.checkpoint_path}: does not match the model in "
-                              f"{run.config_path} ({exc}){hint}") from None
+                              f"{run.config_path} ({exc})"
+                              f"{_mismatch_cause(run, model, state['model'])}") from None
     model.eval()
     return config, vocabs, model
+
+
+def _mismatch_cause(run: RunDirectory, model: Recommender,
+                    saved: dict[str, torch.Tensor]) -> str:
+    """Why a checkpoint does not load into the model its run directory describes: parameters
+    of other shapes come from ``vocab.json`` not being the one the model was trained with; a
+    basis without the centred attention's reference was trained with the dot-product
+    attention of earlier versions. Empty when neither is the case."""
+    expected = model.state_dict()
+    resized = [f"{key} {tuple(value.shape)} in the checkpoint, {tuple(expected[key].shape)} "
+               f"from {run.vocab_path.name}" for key, value in saved.items()
+               if key in expected and tuple(value.shape) != tuple(expected[key].shape)]
+    if resized:
+        return (f"; the vocabularies in {run.vocab_path} are not those the model was trained "
+                f"with ({'; '.join(resized)}): the file was replaced after training (earlier "
+                f"versions rewrote it when a run's train command was run again on changed "
+                f"data). Restore the run's own vocab.json, or train the run again")
+    has_basis = any(k.startswith("basis.") for k in saved)
+    if (has_basis and any(k.startswith("basis.reference.") for k in expected)
+            and not any(k.startswith("basis.reference.") for k in saved)):
+        return ("; the run was trained with the published dot-product basis attention "
+                "(before 'model.basis_attention' existed): add 'basis_attention: dot' under "
+                "'model:' in its config.yaml")
+    return ""
 
 
 __all__ = ["PreparedData", "build_run_model", "load_run_model", "prepare_data"]

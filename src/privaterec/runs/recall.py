@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from privaterec.errors import CheckpointError, ConfigError
+from privaterec.errors import CheckpointError, ConfigError, DataFormatError
 from privaterec.recall.interest import CHANNEL_NOTE, channel_event
 from privaterec.recall.model import UniFedRecRecall
 from privaterec.runs.directory import RunDirectory
@@ -110,21 +110,42 @@ def train_recall_run(config: RecallRunConfig, out: str | Path, *, progress: bool
         If ``out`` holds a different run.
     """
     from privaterec.data.mind import load_dataset
-    from privaterec.privacy.report import write_privacy_json
-    from privaterec.recall.task import train_recall
-    from privaterec.runs.engines import build_engine
+    from privaterec.fed.engine import check_sampling
+    from privaterec.fed.sampling import eligible_clients
 
     run = RunDirectory(Path(out))
     ranker_config = RunDirectory(Path(config.ranker)).config()
     data = config.data or ranker_config.data
     config = dataclasses.replace(config, data=data).resolved()
-    if run.check(config) and run.metrics_path.exists():  # raises if it holds another run
-        # Finished: nothing to train, and privacy.json may hold recorded queries since.
-        return run.read_metrics()
+    if run.check(config):  # raises if it holds another run
+        run.check_data(data)
+        if run.metrics_path.exists():
+            # Finished: nothing to train, and privacy.json may hold recorded queries since.
+            return run.read_metrics()
     # load (and validate) the data and the ranker before the run directory exists
     dataset = load_dataset(data, drop_missing=drop_missing)
     setup = recall_setup(config, dataset, progress=progress)
-    run.start(config)
+    if len(eligible_clients(setup.clients)) == 0:
+        raise DataFormatError(
+            dataset.train.path or data, None,
+            f"the training split has no user with a training click "
+            f"({len(dataset.train.behaviors)} impressions): nothing to train the recall model "
+            f"on. Training needs labelled impressions (candidates as NID-1/NID-0); check the "
+            f"data with 'privaterec data check'")
+    check_sampling(config.fed, len(eligible_clients(setup.clients)))
+    with run.lock():
+        return _train_recall_locked(config, run, setup, data, progress=progress)
+
+
+def _train_recall_locked(config: RecallRunConfig, run: RunDirectory, setup: RecallSetup,
+                         data: str, *, progress: bool) -> dict[str, Any]:
+    """:func:`train_recall_run` once the run directory's training lock is held."""
+    from privaterec.privacy.report import write_privacy_json
+    from privaterec.recall.task import train_recall
+    from privaterec.runs.engines import build_engine
+
+    run.start(config, data=data)
+    run.record_data(data)
     engine = build_engine(config.fed.engine,
                           run_files={RECALL_CONFIG_FILE: run.recall_config_path.read_text()})
     state = train_recall(setup.model, setup.vectors, setup.clients, config.fed, config.train,

@@ -18,6 +18,8 @@ likely when both timeouts are equal, as uvicorn's and httpx's defaults of 5 s ar
 
 from __future__ import annotations
 
+import errno
+import socket
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +27,7 @@ from typing import Any, Callable
 
 from fastapi import FastAPI
 
+from privaterec.errors import ConfigError
 from privaterec.serving.app import DEFAULT_MAX_BODY_BYTES, create_app
 from privaterec.serving.bundle import ServingModels
 from privaterec.serving.store import NewsStore, StoreError, read_articles
@@ -137,8 +140,15 @@ def serve(run: str | Path, news: str | Path | None = None, *, host: str = DEFAUL
     def say(message: str) -> None:
         print(message, file=sys.stderr, flush=True)
 
-    service = build_service(run, news, store_path=store_path, max_body_bytes=max_body_bytes,
-                            write_token=write_token, write_limits=write_limits, progress=say)
+    listener = bind(host, port)  # before anything else: a busy port fails at once
+    port = int(listener.getsockname()[1])  # the port bound (--port 0: one the OS chose)
+    try:
+        service = build_service(run, news, store_path=store_path,
+                                max_body_bytes=max_body_bytes, write_token=write_token,
+                                write_limits=write_limits, progress=say)
+    except BaseException:
+        listener.close()
+        raise
     try:
         say(f"serving {len(service.store)} news ({service.added} added now) with model "
             f"{service.models.model_version} ({service.models.method}, B = "
@@ -147,11 +157,12 @@ def serve(run: str | Path, news: str | Path | None = None, *, host: str = DEFAUL
             + ("need the write token" if write_token is not None else "disabled"))
         config = uvicorn_config(service.app, host=host, port=port, log_level=log_level)
         server = uvicorn.Server(config)
-        server.run()
+        server.run(sockets=[listener])
         if not server.started:
             raise StoreError(f"could not serve on {host}:{port} (is the port in use? pass "
                              f"another --port)")
     finally:
+        listener.close()
         service.close()
 
 
@@ -165,5 +176,25 @@ def uvicorn_config(app: FastAPI, *, host: str, port: int, log_level: str = "warn
                           timeout_keep_alive=KEEP_ALIVE_TIMEOUT_S)
 
 
+def bind(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on ``host``:``port`` for uvicorn.
+
+    Raises
+    ------
+    ConfigError
+        If the address cannot be bound (the port is in use, the host is not local, ...),
+        naming it and what to pass instead.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        return socket.create_server((host, port), family=family, backlog=2048)
+    except OSError as exc:
+        reason = ("the port is in use by another process" if exc.errno == errno.EADDRINUSE
+                  else exc.strerror or str(exc))
+        raise ConfigError(f"cannot serve on {host}:{port}: {reason}; pass another --port "
+                          f"(or --host)") from None
+
+
 __all__ = ["DEFAULT_HOST", "DEFAULT_PORT", "KEEP_ALIVE_TIMEOUT_S", "STORE_DIR", "Service",
-           "build_service", "default_store_path", "open_store", "serve", "uvicorn_config"]
+           "bind", "build_service", "default_store_path", "open_store", "serve",
+           "uvicorn_config"]

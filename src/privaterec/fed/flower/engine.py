@@ -7,6 +7,7 @@ run layer passes to train on Flower — on a given Grid (a ``flwr run`` ServerAp
 from __future__ import annotations
 
 import logging
+import threading
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -18,6 +19,7 @@ from privaterec.data.clients import ClientDataset
 from privaterec.errors import PrivateRecError
 from privaterec.fed.flower.client_app import DeviceLoader, make_client_app
 from privaterec.fed.flower.server_app import ROUND_TIMEOUT, serve
+from privaterec.fed.interrupt import sigint_sets, stop_grid_on
 from privaterec.fed.methods.base import ClientMethod
 from privaterec.fed.methods.dp_fedavg import CentralDP
 from privaterec.fed.simulator import FederatedState, RoundCallback
@@ -94,25 +96,42 @@ class FlowerEngine:
             nodes = self.num_supernodes or clients.num_users  # one user per SuperNode
         results: list[FederatedState] = []
         server = ServerApp()
+        # Ctrl-C sets both; stop also ends the ServerApp's waits when the runtime ended
+        interrupted, stop = threading.Event(), threading.Event()
+        server_threads: list[threading.Thread] = []
 
         @server.main()
         def main(grid: Grid, context: Context) -> None:
+            # Ctrl-C: every wait of the server on its grid raises (fed/interrupt.py)
+            server_threads.append(threading.current_thread())
+            stop_grid_on(grid, stop)
             results.append(serve(grid, task, clients, fed, method, strategy, **kwargs))
 
-        flwr_logger = logging.getLogger("flwr")
-        level = flwr_logger.level
+        loggers = [logging.getLogger(name) for name in ("flwr", "ray")]
+        levels = [logger.level for logger in loggers]
         if not progress:  # e.g. run_simulation's deprecation notice
-            flwr_logger.setLevel(logging.ERROR)
+            loggers[0].setLevel(logging.ERROR)
         try:
-            run_simulation(server_app=server, client_app=make_client_app(self.load_device),
-                           num_supernodes=nodes,
-                           backend_config={
-                               "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
-                               "init_args": {"num_cpus": SIMULATION_CPUS, "num_gpus": 0,
-                                             "logging_level": "ERROR",
-                                             "log_to_driver": False}})
+            with sigint_sets(interrupted, stop):
+                run_simulation(server_app=server,
+                               client_app=make_client_app(self.load_device),
+                               num_supernodes=nodes,
+                               backend_config={
+                                   "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+                                   "init_args": {"num_cpus": SIMULATION_CPUS, "num_gpus": 0,
+                                                 "logging_level": "ERROR",
+                                                 "log_to_driver": False}})
+        except Exception:
+            if not interrupted.is_set():
+                raise
         finally:
-            flwr_logger.setLevel(level)
+            stop.set()
+            for thread in server_threads:  # it leaves at its next call on the grid
+                thread.join()
+            for logger, level in zip(loggers, levels):
+                logger.setLevel(level)
+        if interrupted.is_set():  # the rounds completed are checkpointed (train_federated)
+            raise KeyboardInterrupt
         if not results:
             raise PrivateRecError("the Flower simulation ended without a trained model; see "
                                   "the Flower log above")
