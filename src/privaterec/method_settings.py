@@ -19,7 +19,7 @@ method                settings                        method class
 ``fednewsrec``        :class:`FedNewsRecSettings`     ``fed.methods.ranking.FedNewsRec``
 ``dp-fedrec``         :class:`DPFedRecSettings`       ``fed.methods.ranking.DPFedRec``
 ``privaterec``        :class:`PrivateRecSettings`     ``fed.methods.privaterec.PrivateRec``
-``dp-fedavg``         :class:`DPFedAvgSettings`       ``fed.methods.central.CentralDP``
+``dp-fedavg``         :class:`DPFedAvgSettings`       ``fed.methods.dp_fedavg.CentralDP``
 ``unifedrec``         :class:`UniFedRecSettings`      ``recall.task.UniFedRecLDP``
 ====================  ==============================  ==========================================
 """
