@@ -179,3 +179,14 @@ def test_the_secagg_view_is_refused_without_secure_aggregation(world):
         play(game(world, "dp-fedavg", "replace"), runs=100, view="secagg")
     with pytest.raises(ConfigError, match="simulator only"):
         play(game(world, "dp-fedavg-adaptive", "replace"), runs=100, view="deployed")
+
+
+def test_cli_audits_the_secagg_view_with_distributed_noise(capsys):
+    from privaterec.cli import main
+
+    code = main(["privacy", "audit", "--method", "dp-fedavg", "--adjacency", "user",
+                 "--epsilon", "1", "--runs", "32", "--canary-runs", "4000",
+                 "--canary-view", "secagg", "--noise-placement", "distributed", "--json"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert '"mode": "secagg"' in out and '"pair": "canary +C u vs -C u"' in out

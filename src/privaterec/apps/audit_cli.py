@@ -99,7 +99,9 @@ def _canary_audits(args: argparse.Namespace) -> list[Any]:
     for method in args.method:
         if method in CANARY_METHODS:
             out += run_canary_audit(method, epsilon=args.epsilon, runs=args.canary_runs,
-                                    seed=args.seed, alpha=args.alpha, power=args.power)
+                                    seed=args.seed, alpha=args.alpha, power=args.power,
+                                    view=args.canary_view,
+                                    noise_placement=args.noise_placement)
     return out
 
 
@@ -137,6 +139,17 @@ def add_audit_parser(privacy_sub: Any) -> None:
                             "of the worst-case canary audit (a client clipped to exactly C "
                             "along a known direction; default 200000, adaptive 60000; 0: "
                             "no canary audit)")
+    audit.add_argument("--canary-view", default="simulator",
+                       choices=["simulator", "deployed", "secagg", "secagg-deployed"],
+                       help="which release the canary game audits: the simulator's seeded "
+                            "noise (default), a deployed server's float-safe SecureNoise, "
+                            "or the server's view of a SecAgg+ round (seeded, or "
+                            "SecureNoise); deployed draws about 1e5 coordinates a second: "
+                            "pass a smaller --canary-runs")
+    audit.add_argument("--noise-placement", default="central",
+                       choices=["central", "distributed"],
+                       help="--canary-view secagg*: the server adds the noise, or each "
+                            "client adds its share before masking")
     audit.add_argument("--power", action="store_true",
                        help="also run each canary audit with the central noise cut 2x, "
                             "4x, 8x, 16x and report the smallest cut it catches")

@@ -425,18 +425,27 @@ class CanaryAudit:
 
 
 def audit_power(game: CanaryGame, *, runs: int, seed: int = 0,
-                alpha: float = 0.05, factors: Sequence[float] = POWER_FACTORS) -> CanaryAudit:
+                alpha: float = 0.05, factors: Sequence[float] = POWER_FACTORS,
+                view: str = "simulator") -> CanaryAudit:
     """The canary audit of the correct method, then of its broken variants with the noise
-    scaled by each of ``factors`` (:func:`~privaterec.audit.broken.scaled_gaussian_noise`),
-    stopping at the first one caught."""
+    scaled by each of ``factors`` (:func:`~privaterec.audit.broken.scaled_gaussian_noise`;
+    the deployed views: :func:`~privaterec.audit.broken.scaled_secure_noise`; distributed
+    noise: :func:`~privaterec.audit.broken.scaled_noise_shares`), stopping at the first one
+    caught."""
     from privaterec.audit import broken
 
-    audit = play(game, runs=runs, seed=seed, alpha=alpha)
+    audit = play(game, runs=runs, seed=seed, alpha=alpha, view=view)
     cuts = []
     detected = None
     for factor in factors:
-        with broken.scaled_gaussian_noise(factor):
-            result = play(game, runs=runs, seed=seed, alpha=alpha)
+        if getattr(game.aggregator, "distributed", False) and view.startswith("secagg"):
+            variant = broken.scaled_noise_shares(factor)
+        elif view in ("deployed", "secagg-deployed"):
+            variant = broken.scaled_secure_noise(factor)
+        else:
+            variant = broken.scaled_gaussian_noise(factor)
+        with variant:
+            result = play(game, runs=runs, seed=seed, alpha=alpha, view=view)
         cuts.append((1 / factor, result.epsilon_lower_bound))
         if result.violated:
             detected = 1 / factor
@@ -447,17 +456,21 @@ def audit_power(game: CanaryGame, *, runs: int, seed: int = 0,
 def run_canary_audit(method: str, *, epsilon: float, runs: int | None = None,
                      seed: int = 0, alpha: float = 0.05, power: bool = False,
                      adjacencies: Sequence[str] = CANARY_ADJACENCIES,
-                     world: AuditWorld | None = None) -> list[CanaryAudit]:
-    """The canary audits of a central-DP method (with ``power``: and its power)."""
+                     world: AuditWorld | None = None, view: str = "simulator",
+                     noise_placement: str = "central") -> list[CanaryAudit]:
+    """The canary audits of a central-DP method (with ``power``: and its power) on
+    ``view`` (:func:`noised_statistics`; the SecAgg+ views with ``noise_placement``)."""
     world = make_world() if world is None else world
-    games = canary_games(method, world, epsilon=epsilon, adjacencies=adjacencies)
+    games = canary_games(method, world, epsilon=epsilon, adjacencies=adjacencies,
+                         secure_aggregation=(noise_placement if view.startswith("secagg")
+                                             else None))
     runs = DEFAULT_CANARY_RUNS[method] if runs is None else runs
     out = []
     for game in games:
         if power:
-            out.append(audit_power(game, runs=runs, seed=seed, alpha=alpha))
+            out.append(audit_power(game, runs=runs, seed=seed, alpha=alpha, view=view))
         else:
-            out.append(CanaryAudit(play(game, runs=runs, seed=seed, alpha=alpha)))
+            out.append(CanaryAudit(play(game, runs=runs, seed=seed, alpha=alpha, view=view)))
     return out
 
 
