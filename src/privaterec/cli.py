@@ -20,8 +20,9 @@ from privaterec import __version__
 from privaterec.config import (BASIS_ATTENTION_KINDS, EMBEDDINGS, ENGINES, FEDERATED_METHODS,
                                METHODS, NEWS_ENCODERS, NOISE_KINDS, NOISE_PLACEMENTS,
                                PRIVACY_MODES, SECURE_AGGREGATIONS, SENSITIVITY_MODES,
-                               SERVING_KINDS, STRATEGIES, USER_ENCODERS, ModelConfig, RunConfig,
-                               TrainConfig, fed_with_changes, replace)
+                               SERVING_KINDS, STRATEGIES, USER_ENCODERS, MODEL_PRESETS,
+                               ModelConfig, RunConfig, TrainConfig, fed_with_changes,
+                               model_preset, replace)
 from privaterec.errors import PrivateRecError
 
 EXIT_OK, EXIT_CHECK_FAILED, EXIT_USAGE = 0, 1, 2
@@ -148,9 +149,12 @@ def _fed_flags(args: argparse.Namespace) -> dict[str, Any]:
 def run_config_from_args(args: argparse.Namespace) -> RunConfig:
     """The run configuration: ``--config`` YAML (if any) overridden by explicit flags."""
     config = RunConfig.from_yaml(args.config) if args.config else RunConfig()
+    if args.preset is not None:  # on top of --config; the flags below override it
+        config = replace(config, model=model_preset(args.preset, config.model))
     model_changes = {k: v for k, v in {
         "news_encoder": args.model, "user_encoder": args.user_encoder,
-        "embeddings": args.embeddings, "history_len": args.history_len,
+        "embeddings": args.embeddings, "word_dim": args.word_dim,
+        "history_len": args.history_len,
         "basis_size": args.basis, "plm_trainable_layers": args.plm_layers,
         "basis_attention": args.basis_attention, "basis_scale": args.basis_scale,
     }.items() if v is not None}
@@ -183,8 +187,8 @@ def _flag(key: str) -> str:
 
 # Flags of the ranking training that recall training does not read (a ranking method's
 # settings are refused by Uni-FedRec's settings, naming the flags it has).
-_RECALL_IGNORED = ("model", "user_encoder", "embeddings", "history_len", "epochs", "lr",
-                   "batch_size", "local_steps", "local_lr", "eval_every", "basis",
+_RECALL_IGNORED = ("model", "preset", "user_encoder", "embeddings", "word_dim", "history_len",
+                   "epochs", "lr", "batch_size", "local_steps", "local_lr", "eval_every", "basis",
                    "basis_attention", "basis_scale")
 
 
@@ -566,6 +570,13 @@ def _add_serve_parser(sub: Any) -> None:
     serve.set_defaults(func=cmd_serve)
 
 
+def _add_device_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--device", default="auto", metavar="DEVICE",
+                        help="where models, rounds and evaluation run: auto (CUDA when "
+                             "PyTorch sees a GPU, else the CPU), cpu, cuda or cuda:N "
+                             "(default auto; docs/gpu.md)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from privaterec.method_settings import (CLIP_SPACES, DEFAULT_CLIP_LR, GRADIENT_CLIPPINGS,
                                             PRIVATEREC_STRICT_CLIP, DPFedAvgSettings,
@@ -630,6 +641,14 @@ def build_parser() -> argparse.ArgumentParser:
                        help="user encoder (default: the news encoder's own)")
     train.add_argument("--embeddings", choices=EMBEDDINGS, default=None,
                        help=f"word vectors (default {model_defaults.embeddings})")
+    train.add_argument("--word-dim", type=int, default=None,
+                       help="size of the word vectors of --embeddings random or corpus "
+                            "(default 64; glove50 and minilm have their own)")
+    train.add_argument("--preset", choices=sorted(MODEL_PRESETS), default=None,
+                       help="a named model size: nrms-published = NRMS at its published "
+                            "size (300-d corpus word vectors, 20 heads x 20, additive "
+                            "attention 200, titles of 30 words; about 1.0M trained "
+                            "parameters); other model flags override it (default: none)")
     train.add_argument("--history-len", type=int, default=None,
                        help=f"H, clicks of a user's history used (default "
                             f"{model_defaults.history_len})")
@@ -784,6 +803,7 @@ def build_parser() -> argparse.ArgumentParser:
                                            f"({UniFedRecSettings.clipping})")
     recall.add_argument("--score-clip", action=argparse.BooleanOptionalAction, default=None,
                         help="clip decomposition scores in training as in serving (on)")
+    _add_device_flag(train)
     train.add_argument("--config", default=None, help="YAML run configuration; flags override it")
     train.add_argument("--out", required=True, help="run directory (resumed if it exists)")
     train.add_argument("--drop-missing", action="store_true",
@@ -844,6 +864,7 @@ def build_parser() -> argparse.ArgumentParser:
                                "run's (epsilon per channel = 2*delta*B/lambda_I)")
     evaluate.add_argument("--no-serve-noise", action="store_true",
                           help="--recall unifedrec: no noise on the released scores (ablation)")
+    _add_device_flag(evaluate)
     evaluate.set_defaults(func=cmd_evaluate)
 
     experiment = sub.add_parser(
@@ -894,6 +915,7 @@ def build_parser() -> argparse.ArgumentParser:
     central.add_argument("--report-only", action="store_true",
                          help="train and evaluate nothing: write the table from the runs "
                               "that have finished")
+    _add_device_flag(experiment)
     experiment.set_defaults(func=cmd_experiment)
 
     demo = sub.add_parser("demo", help="synthesise data, train, evaluate, print a table")
@@ -905,6 +927,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="worker processes, one training run each at a time (default: one "
                            "per core, at most 4; 1 runs everything in this process with "
                            "progress bars)")
+    _add_device_flag(demo)
     demo.set_defaults(func=cmd_demo)
 
     _add_privacy_parser(sub)
@@ -917,7 +940,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        code = int(args.func(args))
+        if getattr(args, "device", None) is None:
+            code = int(args.func(args))
+        else:
+            from privaterec.runtime.device import using_device
+
+            with using_device(args.device):
+                code = int(args.func(args))
         sys.stdout.flush()  # a closed pipe fails here, inside the handler, not at exit
         return code
     except PrivateRecError as exc:

@@ -117,6 +117,14 @@ class NewsFeatures:
         return {"title": self.title, "abstract": self.abstract, "category": self.category,
                 "subcategory": self.subcategory, "news_index": self.news_index}
 
+    def to(self, device: torch.device | str) -> "NewsFeatures":
+        """This table with its tensors on ``device`` (itself when they already are)."""
+        device = torch.device(device)
+        if self.title.device == device:
+            return self
+        return NewsFeatures(self.news_ids,
+                            **{name: t.to(device) for name, t in self.tensors().items()})
+
     def select(self, rows: torch.Tensor) -> dict[str, torch.Tensor]:
         """Features of ``rows`` (any shape S): each tensor gets shape ``S + feature shape``."""
         return {name: t[rows] for name, t in self.tensors().items()}

@@ -47,8 +47,11 @@ def basis_diagnostics(model: Recommender, split: MindSplit, features: NewsFeatur
         with torch.no_grad():
             center = model.reference_user() if basis.centered else None
             used, inverse = torch.unique(rows, return_inverse=True)  # each news encoded once
-            cache = torch.cat([model.encode_features(features.select(chunk))
+            device = next(iter(model.parameters()), torch.zeros(0)).device
+            table = features.to(device)
+            cache = torch.cat([model.encode_features(table.select(chunk.to(device)))
                                for chunk in used.split(batch_size)])  # [U, d]
+            inverse, mask = inverse.to(device), mask.to(device)
             for start in range(0, rows.shape[0], batch_size):
                 idx, m = inverse[start: start + batch_size], mask[start: start + batch_size]
                 u = model.interest(cache[idx], m)  # [b, d]
@@ -59,8 +62,8 @@ def basis_diagnostics(model: Recommender, split: MindSplit, features: NewsFeatur
                 scored.append(basis.reconstruct(alpha))
     finally:
         model.train(was_training)
-    return attention_diagnostics(torch.cat(alphas), torch.cat(users), torch.cat(scored),
-                                 attention_input=torch.cat(inputs))
+    return attention_diagnostics(torch.cat(alphas).cpu(), torch.cat(users).cpu(),
+                                 torch.cat(scored).cpu(), attention_input=torch.cat(inputs).cpu())
 
 
 __all__ = ["basis_diagnostics"]

@@ -110,13 +110,20 @@ def _check_batch_size(batch_size: int) -> None:
         raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
 
 
+def _device(model: Recommender) -> torch.device:
+    """The device of the model's parameters (the CPU for a model without any)."""
+    return next(iter(model.parameters()), torch.zeros(0)).device
+
+
 def _encode_news(model: Recommender, features: NewsFeatures, rows: torch.Tensor,
                  batch_size: int, progress: bool) -> torch.Tensor:
     """Θ_N of each of ``rows`` (distinct table rows, ``[U]``) once → ``Tensor[U, d]``."""
     chunks = []
+    device = _device(model)
+    table = features.to(device)  # one copy of the table, not one per batch
     for chunk in tqdm(rows.split(batch_size), desc="encoding news", unit="batch",
                       disable=not progress):
-        chunks.append(model.encode_features(features.select(chunk)))
+        chunks.append(model.encode_features(table.select(chunk.to(device))))
     return torch.cat(chunks)
 
 
@@ -201,8 +208,10 @@ def score_impressions(model: Recommender, split: MindSplit, features: NewsFeatur
         with torch.no_grad():
             cache = _encode_news(model, features, used, batch_size, progress)  # [U, d]
             scored = cache if candidate_transform is None else candidate_transform(cache)
-            hist_idx = compact[hist_rows]
-            cand_idx = compact[cand_rows]
+            device = cache.device  # the model's: the users are scored there too
+            hist_idx = compact[hist_rows].to(device)
+            cand_idx = compact[cand_rows].to(device)
+            hist_mask, counts = hist_mask.to(device), counts.to(device)
             n = len(labelled)
             bar = tqdm(total=n, desc="scoring impressions", unit="imp", disable=not progress)
             for start in range(0, n, batch_size):
@@ -219,9 +228,11 @@ def score_impressions(model: Recommender, split: MindSplit, features: NewsFeatur
                         raise ValueError(f"user_transform must return a tensor of shape "
                                          f"{tuple(user.shape)}, got {tuple(transformed.shape)}")
                     user = transformed
-                owners = torch.repeat_interleave(torch.arange(end - start), counts[start:end])
+                owners = torch.repeat_interleave(torch.arange(end - start, device=device),
+                                                 counts[start:end])
                 cands = scored[cand_idx[offsets[start]:offsets[end]]]  # [Σ C_i, d or D]
-                all_scores[offsets[start]:offsets[end]] = (user[owners] * cands).sum(dim=-1)
+                all_scores[offsets[start]:offsets[end]] = (
+                    (user[owners] * cands).sum(dim=-1).cpu())
                 bar.update(end - start)
             bar.close()
     finally:

@@ -28,6 +28,7 @@ from privaterec.experiments.demo_summary import (DemoFacts, DemoRow, chance_auc_
                                                  format_main_table, format_recall_footnote)
 from privaterec.experiments.settings import DEMO_ROUNDS, demo_synth_config
 from privaterec.runs.ranking import evaluate_run, train_run
+from privaterec.runtime.device import current_device, set_current_device
 from privaterec.ondevice.release import ServingConfig
 
 
@@ -238,7 +239,7 @@ def _run_jobs(jobs: list[_Job], workers: int) -> Iterator[tuple[str, Any]]:
     threads = max(1, (os.cpu_count() or 1) // workers)
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker,
-                             initargs=(threads,)) as pool:
+                             initargs=(threads, str(current_device()))) as pool:
         running: dict[Future[Any], tuple[str, float]] = {}
         while waiting or running:
             while len(running) < workers and (job := ready()) is not None:
@@ -254,10 +255,11 @@ def _run_jobs(jobs: list[_Job], workers: int) -> Iterator[tuple[str, Any]]:
                 yield name, result
 
 
-def _init_worker(threads: int) -> None:
+def _init_worker(threads: int, device: str = "cpu") -> None:
     import torch
 
     torch.set_num_threads(threads)
+    set_current_device(device)  # the parent's --device (a spawned worker starts on the CPU)
 
 
 def _train_entry(entry: DemoEntry, data_dir: str, root: str,

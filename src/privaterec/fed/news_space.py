@@ -67,7 +67,8 @@ class _UserSideLoss(nn.Module):
                 weights: torch.Tensor) -> torch.Tensor:
         user = self.recommender.encode_user(history[None], mask[None])[0]  # [d]
         logits = torch.einsum("d,scd->sc", user, candidates)
-        losses = F.cross_entropy(logits, torch.zeros(logits.shape[0], dtype=torch.long),
+        losses = F.cross_entropy(logits, torch.zeros(logits.shape[0], dtype=torch.long,
+                                                     device=logits.device),
                                  reduction="none")
         return (losses * weights).sum() / weights.sum().clamp_min(
             torch.finfo(weights.dtype).tiny)
@@ -117,7 +118,9 @@ class NewsSpaceClipping:
                              "cache)")
         self._user_loss = _UserSideLoss(model)
         self._encode = _EncodeRows(model)
-        news = torch.cat([torch.full((n,), name.startswith(NEWS_ENCODER_PREFIX))
+        self.device = objective.device
+        news = torch.cat([torch.full((n,), name.startswith(NEWS_ENCODER_PREFIX),
+                                     device=self.device)
                           for name, n in zip(objective.parameter_names(),
                                              objective.spec.numels)])
         self.news_mask = news
@@ -145,7 +148,7 @@ class NewsSpaceClipping:
                              f"coordinates, got shape {tuple(vector.shape)}")
         user_coords = ~self.news_mask
         d_user = int(user_coords.sum())
-        user = torch.zeros(user_coords.shape[0], dtype=vector.dtype)
+        user = torch.zeros(user_coords.shape[0], dtype=vector.dtype, device=vector.device)
         user[user_coords] = vector[:d_user]
         return user, vector[d_user:].reshape(self.pool_size, self.dim)
 
@@ -166,21 +169,23 @@ class NewsSpaceClipping:
         chunk_clients: clients per ``vmap`` call (memory: the user side of a chunk).
         """
         m = batch.num_clients
+        device = flat.device
         user_total = torch.zeros_like(flat)
-        news_total = torch.zeros(self.pool_size, self.dim)
-        norms = torch.zeros(m)
-        losses = torch.zeros(m)
+        news_total = torch.zeros(self.pool_size, self.dim, device=device)
+        norms = torch.zeros(m, device=device)
+        losses = torch.zeros(m, device=device)
         if m == 0:
             return NewsSpaceSum(user_total, news_total, norms, losses)
         real = batch.weights > 0
         used = torch.unique(torch.cat([batch.history.reshape(-1),
-                                       batch.candidates[real].reshape(-1)]))
+                                       batch.candidates[real].reshape(-1)])).to(device)
         with torch.no_grad():
-            vectors = torch.zeros(self.pool_size, self.dim)
+            vectors = torch.zeros(self.pool_size, self.dim, device=device)
             vectors[used] = self.objective._call(flat, used, module=self._encode)
         per_client = vmap(self._client_fn, in_dims=(None, 0, 0, 0, 0))
         user_coords = ~self.news_mask
         for index, chunk in batch.chunks(chunk_clients):
+            index, chunk = index.to(device), chunk.to(device)
             c, h = chunk.history.shape
             (g, v_hist, v_cand), loss = per_client(
                 flat, vectors[chunk.history], chunk.history_mask, vectors[chunk.candidates],
@@ -188,9 +193,9 @@ class NewsSpaceClipping:
             g_user = g[:, user_coords]                                   # [c, D_U]
             rows = torch.cat([chunk.history, chunk.candidates.reshape(c, -1)], 1)  # [c, L]
             cot = torch.cat([v_hist, v_cand.reshape(c, -1, self.dim)], 1)          # [c, L, d]
-            owner = torch.arange(c)[:, None].expand_as(rows)
+            owner = torch.arange(c, device=device)[:, None].expand_as(rows)
             keys, inverse = torch.unique(owner * self.pool_size + rows, return_inverse=True)
-            pair_v = torch.zeros(int(keys.shape[0]), self.dim).index_add_(
+            pair_v = torch.zeros(int(keys.shape[0]), self.dim, device=device).index_add_(
                 0, inverse.reshape(-1), cot.reshape(-1, self.dim))        # [pairs, d]
             pair_owner = keys // self.pool_size
             pair_row = keys % self.pool_size
@@ -213,7 +218,7 @@ class NewsSpaceClipping:
         theta = flat.detach().requires_grad_(True)
         total = torch.zeros_like(flat)
         for lo in range(0, self.pool_size, chunk_rows):
-            rows = torch.arange(lo, min(lo + chunk_rows, self.pool_size))
+            rows = torch.arange(lo, min(lo + chunk_rows, self.pool_size), device=flat.device)
             encoded = self.objective._call(theta, rows, module=self._encode)
             (g,) = torch.autograd.grad(encoded, theta, grad_outputs=cotangents[rows])
             total += g

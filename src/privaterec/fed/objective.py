@@ -33,6 +33,7 @@ from privaterec.fed.task import ModuleTask, ParamSpec, per_client_gradients
 from privaterec.models.recommender import Recommender
 from privaterec.privacy.dpa import relu_normalize
 from privaterec.privacy.randomness import Randomness, randperm
+from privaterec.runtime.device import module_device
 
 
 class _RoundLoss(nn.Module):
@@ -80,7 +81,8 @@ class _RoundLoss(nn.Module):
                            detach_attention, released_attention)
         news = vectors[m * h:].reshape(s, c, vectors.shape[-1])
         logits = torch.einsum("sd,scd->sc", users[sample_client], news)
-        losses = F.cross_entropy(logits, torch.zeros(s, dtype=torch.long), reduction="none")
+        losses = F.cross_entropy(logits, torch.zeros(s, dtype=torch.long, device=logits.device),
+                                 reduction="none")
         # A client without samples (every impression dropped by the label release) has
         # loss and gradient 0.
         return (losses * weights).sum() / weights.sum().clamp_min(torch.finfo(weights.dtype).tiny)
@@ -144,6 +146,14 @@ class ClientBatch:
             yield idx, ClientBatch(self.history[idx, -hist:], self.history_mask[idx, -hist:],
                                    self.candidates[idx, :width], self.weights[idx, :width],
                                    noise)
+
+    def to(self, device: torch.device) -> "ClientBatch":
+        """This batch on ``device`` (itself when it already is there)."""
+        if self.history.device == device:
+            return self
+        noise = None if self.attention_noise is None else self.attention_noise.to(device)
+        return ClientBatch(self.history.to(device), self.history_mask.to(device),
+                           self.candidates.to(device), self.weights.to(device), noise)
 
     @classmethod
     def stack(cls, history: list[torch.Tensor], history_mask: list[torch.Tensor],
@@ -210,6 +220,8 @@ class LocalObjective(ModuleTask):
         model.eval()
         model.prepare_news_table()  # before reading supports_vmap (PLM: needs the table)
         self.model = model
+        self.device = module_device(model)
+        """Where θ, the model and the round's computation live (the model's device)."""
         super().__init__(_RoundLoss(model), prefix="recommender")
         self._attention_module = _Attention(model)
         self.supports_vmap = bool(getattr(model.news_encoder, "supports_vmap", True))
@@ -224,8 +236,8 @@ class LocalObjective(ModuleTask):
     def pretrained_mask(self) -> torch.Tensor:
         """``BoolTensor[D]``: the coordinates of θ fine-tuned from a pre-trained model."""
         pretrained = set(self.model.pretrained_parameter_names())
-        return torch.cat([torch.full((n,), name in pretrained) for name, n in
-                          zip(self.parameter_names(), self.spec.numels)])
+        return torch.cat([torch.full((n,), name in pretrained, device=self.device)
+                          for name, n in zip(self.parameter_names(), self.spec.numels)])
 
     def public_state(self) -> dict[str, torch.Tensor]:
         """The model's tensors outside θ (frozen parameters and buffers)."""
@@ -274,7 +286,7 @@ class LocalObjective(ModuleTask):
                      released_attention: bool = False) -> torch.Tensor:
         """One client's mean loss: history ``[H]``, mask ``[H]``, candidates ``[n, 1+k]``,
         optional DPA noise ``[B]`` (or, with ``released_attention``, the released α̃)."""
-        owner = torch.zeros(candidates.shape[0], dtype=torch.long)
+        owner = torch.zeros(candidates.shape[0], dtype=torch.long, device=candidates.device)
         noise = None if attention_noise is None else attention_noise[None]
         return self._call(flat, history[None], mask[None], candidates, owner, weights, False,
                           noise, detach_attention, released_attention)
@@ -284,6 +296,7 @@ class LocalObjective(ModuleTask):
         """α ``[B]`` of one client's history ``[H]`` at θ = ``flat`` (no gradient): the value a
         device releases with DPA (PrivateRec Alg. 2 lines 6-9)."""
         keep = int(mask.sum()) or int(mask.shape[0])
+        history, mask = history.to(self.device), mask.to(self.device)
         with torch.no_grad():
             alpha = self._call(flat, history[None, -keep:], mask[None, -keep:],
                                module=self._attention_module)
@@ -311,7 +324,11 @@ class LocalObjective(ModuleTask):
         -------
         (``Tensor[D]`` or ``Tensor[2, D]``, loss)
         """
-        weights = torch.ones(candidates.shape[0])
+        history, mask = history.to(self.device), mask.to(self.device)
+        candidates = candidates.to(self.device)
+        if attention_noise is not None:
+            attention_noise = attention_noise.to(self.device)
+        weights = torch.ones(candidates.shape[0], device=self.device)
         # Left padding carries no weight (see ClientBatch.chunks), except in an empty history.
         keep = int(mask.sum()) or int(mask.shape[0])
         fn = self._split_grad if split_history else grad_and_value(self._client_loss)
@@ -354,7 +371,8 @@ class LocalObjective(ModuleTask):
         noise_dim = None if batch.attention_noise is None else 0
         chunks = ((part, (chunk.history, chunk.history_mask, chunk.candidates, chunk.weights,
                           chunk.attention_noise))
-                  for part, chunk in batch.chunks(chunk_clients))
+                  for part, chunk in ((p, c.to(self.device))
+                                      for p, c in batch.chunks(chunk_clients)))
         return per_client_gradients(fn, flat, chunks, num_clients=batch.num_clients,
                                     shape=shape, in_dims=(0, 0, 0, 0, noise_dim),
                                     vectorize=self.supports_vmap)
@@ -374,12 +392,14 @@ class LocalObjective(ModuleTask):
         client equally; a client without samples contributes 0): each sample is weighted
         1/n_u.
         """
+        batch = batch.to(self.device)
         real = batch.weights > 0
-        sample_client = torch.arange(batch.num_clients)[:, None].expand_as(real)[real]
+        sample_client = torch.arange(batch.num_clients,
+                                     device=self.device)[:, None].expand_as(real)[real]
         candidates = batch.candidates[real]
         if candidates.shape[0] == 0:
             return torch.zeros_like(flat), 0.0
-        weights = torch.ones(candidates.shape[0])
+        weights = torch.ones(candidates.shape[0], device=self.device)
         scale = 1.0
         if uniform_clients:
             per_client = real.sum(1)
@@ -403,7 +423,7 @@ class LocalObjective(ModuleTask):
                   candidates: torch.Tensor, weights: torch.Tensor,
                   attention_noise: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
             start = theta
-            first_loss = torch.zeros(())
+            first_loss = torch.zeros((), device=theta.device)
             for step in range(steps):
                 g, loss = grad_and_value(self._client_loss)(theta, history, mask, candidates,
                                                             weights, attention_noise)

@@ -169,8 +169,11 @@ class FederatedState:
 
     def to_checkpoint(self, task: FederatedTask[Any], method: str) -> dict[str, Any]:
         task.load(self.params)
-        out = {"model": task.model.state_dict(), "params": self.params,
-               "strategy_state": self.strategy_state, "round": self.round_index,
+        # On the CPU whatever the training device, so any machine loads it.
+        out = {"model": {k: v.cpu() for k, v in task.model.state_dict().items()},
+               "params": self.params.cpu(),
+               "strategy_state": {k: v.cpu() for k, v in self.strategy_state.items()},
+               "round": self.round_index,
                "ledger": self.ledger.to_dict(), "log": self.log, "method": method,
                "rng": {"derived_from": "(seed, round, client)",
                        "next_round": self.round_index}}
@@ -245,6 +248,9 @@ def _train(task: FederatedTask[Any], clients: ClientDataset, fed: FedConfig,
         saved = load_checkpoint(checkpoint_path)
         task.model.load_state_dict(saved["model"])  # frozen parameters too
         state = FederatedState.from_checkpoint(saved)
+        device = task.parameters().device  # the checkpoint's tensors are on the CPU
+        state.params = state.params.to(device)
+        state.strategy_state = {k: v.to(device) for k, v in state.strategy_state.items()}
         missing = sorted(set(method.server_state()) - set(state.server_state))
         if missing:
             raise CheckpointError(f"{checkpoint_path}: the checkpoint lacks the server state "

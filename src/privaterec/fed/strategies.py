@@ -38,7 +38,7 @@ def weighted_mean(payloads: torch.Tensor, num_examples: torch.Tensor) -> torch.T
     """
     if payloads.shape[0] == 0:
         raise ValueError("cannot aggregate an empty round")
-    weights = num_examples.to(payloads.dtype)
+    weights = num_examples.to(payloads.device, payloads.dtype)
     if bool((weights <= 0).any()):
         raise ValueError("every client update needs num_examples > 0")
     return (weights / weights.sum()) @ payloads
@@ -133,7 +133,7 @@ def with_pretrained_lr(strategy: Strategy, pretrained: torch.Tensor, lr: float) 
     """
     if not isinstance(strategy, FedAdam) or not bool(pretrained.any()):
         return strategy
-    rates = torch.full(pretrained.shape, float(strategy.lr))
+    rates = torch.full(pretrained.shape, float(strategy.lr), device=pretrained.device)
     rates[pretrained] = lr
     return replace(strategy, lr=rates)
 

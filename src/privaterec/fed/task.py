@@ -228,8 +228,8 @@ def per_client_gradients(fn: Callable[..., tuple[torch.Tensor, torch.Tensor]],
     -------
     (``Tensor[m, *shape]`` values, ``Tensor[m]`` losses)
     """
-    values = torch.empty(num_clients, *shape)
-    losses = torch.empty(num_clients)
+    values = torch.empty(num_clients, *shape, device=flat.device)
+    losses = torch.empty(num_clients, device=flat.device)
     batched = vmap(fn, in_dims=(None, *in_dims))
     for index, args in chunks:
         if vectorize:
@@ -240,6 +240,7 @@ def per_client_gradients(fn: Callable[..., tuple[torch.Tensor, torch.Tensor]],
                     for i in range(size)]
             value = torch.stack([o[0] for o in outs])
             loss = torch.stack([o[1] for o in outs])
+        index = index.to(flat.device)
         values[index], losses[index] = value, loss
     return values, losses
 

@@ -7,7 +7,7 @@ news r₀); ``history_mask`` is ``True`` for real clicks.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Callable, Protocol
 
 import torch
 from torch import nn
@@ -78,8 +78,23 @@ class Recommender(nn.Module):
         return int(self.news_encoder.dim)
 
     def attach(self, features: NewsFeatures) -> None:
-        """Use ``features`` as the news table for row indices."""
-        self.features = features
+        """Use ``features`` as the news table for row indices (moved to the model's
+        device; the model's :meth:`to` moves an attached table with it)."""
+        self.features = features.to(self._device())
+
+    def _device(self) -> torch.device:
+        for tensor in self.parameters():
+            return tensor.device
+        return torch.device("cpu")
+
+    def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor],
+               recurse: bool = True) -> "Recommender":
+        """``nn.Module._apply`` (``to``, ``cuda``, ``cpu``), then the attached table follows
+        the parameters' device."""
+        out = super()._apply(fn, recurse)
+        if self.features is not None:
+            self.features = self.features.to(self._device())
+        return out
 
     def encode_features(self, features: dict[str, torch.Tensor]) -> torch.Tensor:
         """Θ_N on raw features with leading shape ``[n]`` → ``Tensor[n, d]``."""
@@ -174,7 +189,8 @@ class Recommender(nn.Module):
             with torch.no_grad():
                 mean_news = self.news_encoder(reference.features()).mean(0)  # [d]
                 history = mean_news.expand(1, reference.length, mean_news.shape[-1])
-                mask = torch.ones(1, reference.length, dtype=torch.bool)
+                mask = torch.ones(1, reference.length, dtype=torch.bool,
+                                  device=history.device)
                 center = self.user_encoder(history, mask)[0]
         finally:
             self.train(was_training)

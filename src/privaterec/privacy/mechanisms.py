@@ -147,12 +147,16 @@ def add_noise(x: Tensor, calibration: Calibration, *, generator: Generators) -> 
     """``x`` + the noise of ``calibration`` (same shape and dtype); ``x`` itself without noise.
 
     ``x`` must already be clipped (:func:`apply_clip`) so that the calibration's sensitivity holds.
-    With one generator per row, row i's noise comes from generator i.
+    With one generator per row, row i's noise comes from generator i; the noise is drawn on
+    the generators' device and moved to ``x``'s.
     """
     if not calibration.noisy:
         return x
-    return x + calibrated_noise(x.shape, calibration, generator=generator, dtype=x.dtype,
-                                device=x.device)
+    # Drawn on the generators' device (a simulation's seeded CPU generators), then moved to
+    # ``x``'s: the same numbers whatever device the updates live on (docs/gpu.md).
+    noise = calibrated_noise(x.shape, calibration, generator=generator, dtype=x.dtype,
+                             device=generator_device(generator, None))
+    return x + noise.to(x.device)
 
 
 def clip_and_noise(x: Tensor, calibration: Calibration, *, generator: Generators) -> Tensor:

@@ -85,6 +85,7 @@ from privaterec.recall.channels import ChannelBatch, cluster_batch
 from privaterec.recall.interest import perturb_scores
 from privaterec.recall.model import NUM_NEGATIVES, UniFedRecRecall, unified_score
 from privaterec.runtime.checkpoint import load_checkpoint
+from privaterec.runtime.device import module_device
 from privaterec.validators import fail
 
 Clipping = GradientClipping
@@ -216,7 +217,8 @@ class _RecallLoss(nn.Module):
         if not model.use_bie:  # no-BIE ablation: r_i scored directly
             logits = unified_score(interests, quotas.to(interests.dtype),
                                    candidates.reshape(1, n * c, d)).reshape(n, c)
-            losses = F.cross_entropy(logits, torch.zeros(n, dtype=torch.long),
+            losses = F.cross_entropy(logits, torch.zeros(n, dtype=torch.long,
+                                                         device=logits.device),
                                      reduction="none")
             return (losses * weights).sum() / weights.sum()
         scores = model.interest.decompose(interests)
@@ -227,7 +229,8 @@ class _RecallLoss(nn.Module):
         protected = model.interest.aggregate(model.weights(scores))  # [1, M, d]
         logits = unified_score(protected, quotas.to(protected.dtype),
                                candidates.reshape(1, n * c, d)).reshape(n, c)
-        losses = F.cross_entropy(logits, torch.zeros(n, dtype=torch.long), reduction="none")
+        losses = F.cross_entropy(logits, torch.zeros(n, dtype=torch.long, device=logits.device),
+                                 reduction="none")
         return (losses * weights).sum() / weights.sum()
 
 
@@ -274,8 +277,10 @@ class RecallTask(ModuleTask):
             raise ConfigError("news_vectors contain NaN or inf")
         model.eval()
         self.model = model
+        self.device = module_device(model)
+        """Where θ, the model, the news vectors and the round's computation live."""
         self.options = options or RecallTrainConfig()
-        self.news_vectors = news_vectors.detach().float()
+        self.news_vectors = news_vectors.detach().float().to(self.device)
         n = news_vectors.shape[0]
         pool = torch.arange(1, n) if pool_rows is None else torch.as_tensor(pool_rows).long()
         if pool.ndim != 1 or pool.numel() < 2 or bool((pool < 0).any() | (pool >= n).any()):
@@ -292,7 +297,7 @@ class RecallTask(ModuleTask):
 
     def pretrained_mask(self) -> Tensor:
         """No coordinate of the recall model is pre-trained: ``BoolTensor[D]`` of False."""
-        return torch.zeros(self.dimension, dtype=torch.bool)
+        return torch.zeros(self.dimension, dtype=torch.bool, device=self.device)
 
     def public_state(self) -> dict[str, Tensor]:
         """The model's frozen tensors, the news vectors and the pool rows."""
@@ -303,6 +308,7 @@ class RecallTask(ModuleTask):
     @torch.no_grad()
     def channels(self, flat: Tensor, history: Tensor, mask: Tensor) -> ChannelBatch:
         """Interest channels under θ of histories ``LongTensor[b, H]`` (rows), ``[b, H]``."""
+        history, mask = history.to(self.device), mask.to(self.device)
         context = self._call(flat.detach(), self.news_vectors[history], mask)
         return cluster_batch(context, mask, **self.model.cluster_options)
 
@@ -353,10 +359,12 @@ class RecallTask(ModuleTask):
     def gradient(self, flat: Tensor, inputs: RecallClientInputs) -> tuple[Tensor, float]:
         """∇θ of one client's loss ``[D]`` and the loss (no ``vmap``: the reference)."""
         batch = self.channels(flat, inputs.history[None], inputs.history_mask[None])
-        weights = torch.ones(inputs.candidates.shape[0])
+        weights = torch.ones(inputs.candidates.shape[0], device=self.device)
+        noise = None if inputs.score_noise is None else inputs.score_noise.to(self.device)
         g, loss = grad_and_value(self.client_loss)(
-            flat, inputs.history, inputs.history_mask, batch.channel_ids[0], batch.quotas[0],
-            inputs.candidates, weights, inputs.score_noise, self.options.score_clip)
+            flat, inputs.history.to(self.device), inputs.history_mask.to(self.device),
+            batch.channel_ids[0], batch.quotas[0], inputs.candidates.to(self.device), weights,
+            noise, self.options.score_clip)
         return g, float(loss)
 
     def gradients(self, flat: Tensor, inputs: Sequence[RecallClientInputs], *,
@@ -379,8 +387,8 @@ class RecallTask(ModuleTask):
         with_noise = inputs[0].score_noise is not None if m else False
         for lo in range(0, m, chunk_clients):
             part = inputs[lo: lo + chunk_clients]
-            history = torch.stack([x.history for x in part])
-            mask = torch.stack([x.history_mask for x in part])
+            history = torch.stack([x.history for x in part]).to(self.device)
+            mask = torch.stack([x.history_mask for x in part]).to(self.device)
             batch = self.channels(flat, history, mask)
             width = max(x.candidates.shape[0] for x in part)
             cands = torch.zeros(len(part), width, part[0].candidates.shape[1], dtype=torch.long)
@@ -391,7 +399,8 @@ class RecallTask(ModuleTask):
             noise = (torch.stack([x.score_noise for x in part if x.score_noise is not None])
                      if with_noise else None)
             yield (torch.arange(lo, lo + len(part)),
-                   (history, mask, batch.channel_ids, batch.quotas, cands, weights, noise,
+                   (history, mask, batch.channel_ids, batch.quotas, cands.to(self.device),
+                    weights.to(self.device), None if noise is None else noise.to(self.device),
                     self.options.score_clip))
 
 

@@ -39,6 +39,7 @@ from privaterec.runs.ranking_setup import (PreparedData, build_run_model, load_r
                                           prepare_data)
 from privaterec.runs.report import release_description
 from privaterec.runtime.determinism import flush_denormals
+from privaterec.runtime.device import run_device
 from privaterec.ondevice.release import ServingConfig, serving_event
 from privaterec.training.centralized import train_centralized
 from privaterec.training.popularity import PopularityModel, evaluate_popularity
@@ -58,8 +59,13 @@ def evaluation_split(dataset: MindDataset, split: str) -> MindSplit:
 
 def train_run(config: RunConfig, out: str | Path, *, drop_missing: bool = False,
               progress: bool = True, evaluate_each_epoch: bool = False,
-              grid: Any = None, seeded_rehearsal: bool = False) -> dict[str, Any]:
+              grid: Any = None, seeded_rehearsal: bool = False,
+              device: str | torch.device | None = None) -> dict[str, Any]:
     """Train ``config`` into the run directory ``out`` (resuming if it holds this run).
+
+    ``device``: where the model, the rounds and the evaluation run (``"auto"``, ``"cpu"``,
+    ``"cuda"``, ``"cuda:N"``; ``None``: :func:`~privaterec.runtime.device.current_device`,
+    the CPU unless set; docs/gpu.md). The Flower engine trains on the CPU whatever it says.
 
     ``grid``: a Flower Grid to send the rounds through (a ``flwr run`` ServerApp,
     :mod:`privaterec.apps.flower_app`); ``None``: the engine ``config.fed.engine`` names.
@@ -71,10 +77,12 @@ def train_run(config: RunConfig, out: str | Path, *, drop_missing: bool = False,
     with flush_denormals():
         return _train_run(resolve_run_config(config), out, drop_missing=drop_missing,
                           progress=progress, evaluate_each_epoch=evaluate_each_epoch,
-                          grid=grid, seeded_rehearsal=seeded_rehearsal)
+                          grid=grid, seeded_rehearsal=seeded_rehearsal,
+                          device=run_device(device))
 
 
-def evaluate_untrained(config: RunConfig, *, progress: bool = False) -> dict[str, Any]:
+def evaluate_untrained(config: RunConfig, *, progress: bool = False,
+                       device: str | torch.device | None = None) -> dict[str, Any]:
     """Test metrics of the initial model θ₀ of ``config``'s run, without any training.
 
     θ₀ is the model :func:`train_run` starts from (:func:`build_run_model`, seeded with
@@ -92,7 +100,7 @@ def evaluate_untrained(config: RunConfig, *, progress: bool = False) -> dict[str
         config = resolve_run_config(config)
         prepared = prepare_data(config)
         test = evaluation_split(prepared.dataset, "test")
-        model = build_run_model(config, prepared)
+        model = build_run_model(config, prepared).to(run_device(device))
         return dict(evaluate_model(model, test, prepared.features,
                                    history_len=config.model.history_len,
                                    batch_size=config.train.eval_batch_size,
@@ -101,7 +109,7 @@ def evaluate_untrained(config: RunConfig, *, progress: bool = False) -> dict[str
 
 def _train_run(config: RunConfig, out: str | Path, *, drop_missing: bool, progress: bool,
                evaluate_each_epoch: bool, grid: Any,
-               seeded_rehearsal: bool) -> dict[str, Any]:
+               seeded_rehearsal: bool, device: torch.device) -> dict[str, Any]:
     run = RunDirectory(Path(out))
     if run.check(config):  # refuse a different run, or changed data, before loading anything
         run.check_data(config.data)
@@ -114,7 +122,7 @@ def _train_run(config: RunConfig, out: str | Path, *, drop_missing: bool, progre
     with run.lock():
         return _train_locked(config, run, prepared, progress=progress,
                              evaluate_each_epoch=evaluate_each_epoch, grid=grid,
-                             seeded_rehearsal=seeded_rehearsal)
+                             seeded_rehearsal=seeded_rehearsal, device=device)
 
 
 def check_training_data(prepared: PreparedData) -> None:
@@ -146,7 +154,7 @@ def check_training_data(prepared: PreparedData) -> None:
 
 def _train_locked(config: RunConfig, run: RunDirectory, prepared: PreparedData, *,
                   progress: bool, evaluate_each_epoch: bool, grid: Any,
-                  seeded_rehearsal: bool) -> dict[str, Any]:
+                  seeded_rehearsal: bool, device: torch.device) -> dict[str, Any]:
     """:func:`_train_run` once the run directory's training lock is held."""
     if run.start(config, data=config.data):
         _check_vocabularies(run, prepared.vocabs)
@@ -165,6 +173,8 @@ def _train_locked(config: RunConfig, run: RunDirectory, prepared: PreparedData, 
         return metrics
 
     model = build_run_model(config, prepared)
+    if config.fed.engine == "simulator" or config.train.method not in FEDERATED_METHODS:
+        model.to(device)  # the Flower engine's devices are phones: it stays on the CPU
 
     def test_auc() -> dict[str, Any] | None:
         if test is None:
@@ -274,8 +284,12 @@ def run_files(run: RunDirectory, config: RunConfig) -> dict[str, str]:
 
 def evaluate_run(run_dir: str | Path, data_dir: str | Path | None = None, *,
                  split: str = "test", drop_missing: bool = False,
-                 progress: bool = True, serving: ServingConfig | None = None) -> dict[str, Any]:
+                 progress: bool = True, serving: ServingConfig | None = None,
+                 device: str | torch.device | None = None) -> dict[str, Any]:
     """Evaluate a run directory on ``split`` of ``data_dir`` (default: the training data).
+
+    ``device``: as in :func:`train_run` (a checkpoint trained on any device loads on any;
+    with ``serving`` the simulated devices' releases run on the CPU).
 
     With ``serving`` every labelled impression is a private query (PrivateRec Alg. 1-2, VDP,
     or local ranking at ε_s = 0): the metrics are those of the released representations, and
@@ -305,6 +319,8 @@ def evaluate_run(run_dir: str | Path, data_dir: str | Path | None = None, *,
     if config.train.method == "popularity":
         return evaluate_popularity(PopularityModel.load(run.popularity_path), target)
     config, vocabs, model = load_run_model(run_dir)
+    if serving is None:
+        model.to(run_device(device))
     with flush_denormals():
         result = _evaluate_model_run(run, config, vocabs, model, dataset, target,
                                      progress=progress, serving=serving,

@@ -32,6 +32,7 @@ import torch
 from privaterec.errors import CheckpointError, ConfigError, DataFormatError
 from privaterec.recall.interest import CHANNEL_NOTE, channel_event
 from privaterec.recall.model import UniFedRecRecall
+from privaterec.runtime.device import run_device
 from privaterec.runs.directory import RunDirectory
 from privaterec.runs.report import SIMULATION_TRUST
 from privaterec.runs.recall_setup import (HEAD_DIM, METHOD, RECALL_CONFIG_FILE, REPORT_DELTA,
@@ -97,8 +98,12 @@ def load_recall_run(path: str | Path) -> RecallRun:
 
 
 def train_recall_run(config: RecallRunConfig, out: str | Path, *, progress: bool = True,
-                     drop_missing: bool = False) -> dict[str, Any]:
+                     drop_missing: bool = False,
+                     device: str | torch.device | None = None) -> dict[str, Any]:
     """Train the recall model of ``config`` into the run directory ``out`` (resumable).
+
+    ``device``: where the recall model and its rounds run (as in
+    :func:`privaterec.runs.ranking.train_run`; the Flower engine stays on the CPU).
 
     The news vectors are the ranker's encodings of every news of the data set (train and
     test splits); the clients are the training split's users (histories and clicks as rows
@@ -133,6 +138,8 @@ def train_recall_run(config: RecallRunConfig, out: str | Path, *, progress: bool
             f"on. Training needs labelled impressions (candidates as NID-1/NID-0); check the "
             f"data with 'privaterec data check'")
     check_sampling(config.fed, len(eligible_clients(setup.clients)))
+    if config.fed.engine == "simulator":
+        setup.model.to(run_device(device))
     with run.lock():
         return _train_recall_locked(config, run, setup, data, progress=progress)
 

@@ -26,7 +26,8 @@ EpochCallback = Callable[[int, dict[str, float]], dict[str, Any] | None]
 
 def info_nce_loss(logits: torch.Tensor) -> torch.Tensor:
     """Mean InfoNCE loss of logits ``[b, 1 + k]`` whose column 0 is the clicked news."""
-    return F.cross_entropy(logits, torch.zeros(logits.shape[0], dtype=torch.long))
+    return F.cross_entropy(logits, torch.zeros(logits.shape[0], dtype=torch.long,
+                                               device=logits.device))
 
 
 def epoch_generator(seed: int, epoch: int) -> torch.Generator:
@@ -102,14 +103,16 @@ def _train(model: Recommender, clients: ClientDataset, config: TrainConfig, *,
 
     def checkpoint() -> None:
         if checkpoint_path is not None:
-            save_checkpoint(checkpoint_path, {
-                "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+            save_checkpoint(checkpoint_path, {  # on the CPU whatever the training device
+                "model": {k: v.cpu() for k, v in model.state_dict().items()},
+                "optimizer": optimizer.state_dict(),
                 "epoch": epoch, "step_in_epoch": step_in_epoch, "log": log,
                 "loss_sum": loss_sum, "loss_count": loss_count,
                 "torch_rng": torch.get_rng_state(), "method": "centralized",
             })
 
     steps_run = 0
+    device = next(iter(model.parameters()), torch.zeros(0)).device
     n = clients.num_samples
     steps_per_epoch = (n + config.batch_size - 1) // config.batch_size
     while epoch < config.epochs:
@@ -127,7 +130,8 @@ def _train(model: Recommender, clients: ClientDataset, config: TrainConfig, *,
         while step_in_epoch < steps_per_epoch:
             batch = order[step_in_epoch * config.batch_size:(step_in_epoch + 1) * config.batch_size]
             users = clients.sample_user[batch]
-            logits = model(clients.history[users], clients.history_mask[users], candidates[batch])
+            logits = model(clients.history[users].to(device),
+                           clients.history_mask[users].to(device), candidates[batch].to(device))
             loss = info_nce_loss(logits)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()

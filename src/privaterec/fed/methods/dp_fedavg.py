@@ -165,8 +165,8 @@ class CentralDP(ClientMethod[FederatedTask[Any]]):
         so the low bits of the release carry nothing of it;
         docs/privacy.md#deployed-central-noise), then cast to float32 (post-processing).
         """
-        if isinstance(source, torch.Generator):
-            return total + self.central_noise(int(total.shape[0]), source)
+        if isinstance(source, torch.Generator):  # drawn on the CPU, moved to the sum's device
+            return total + self.central_noise(int(total.shape[0]), source).to(total.device)
         return float_safe_sum_release(total, sigma=self.central_calibration().scale,
                                       source=as_source(source)).to(torch.float32)
 
@@ -399,7 +399,7 @@ class CentralDP(ClientMethod[FederatedTask[Any]]):
         if self.clip_space == "news_vectors":
             return self._news_space_round(task, params, inputs, context)
         dimension = task.dimension
-        total = torch.zeros(dimension)
+        total = torch.zeros(dimension, device=params.device)
         indicator_sum = 0.0
         losses: list[float] = []
         if inputs:
@@ -473,7 +473,7 @@ class CentralDP(ClientMethod[FederatedTask[Any]]):
             total = space.pack(sums.user, sums.news)
             losses = [float(x) for x in sums.losses]
         else:
-            total, losses = torch.zeros(space.release_dimension), []
+            total, losses = torch.zeros(space.release_dimension, device=params.device), []
         user, news = space.unpack(self.release_sum(total, generator))
         return user, news, losses
 
@@ -511,7 +511,8 @@ class CentralDP(ClientMethod[FederatedTask[Any]]):
         first, then the count's.
         """
         if self.adaptive is None:
-            return total + self.central_noise(int(total.shape[0]), generator), None
+            noise = self.central_noise(int(total.shape[0]), generator)
+            return total + noise.to(total.device), None
         z_update, sigma_b = self.noise_split(expected_clients(self.sampling_rate,
                                                               max(1, population)))
         assert sigma_b is not None
@@ -519,7 +520,7 @@ class CentralDP(ClientMethod[FederatedTask[Any]]):
                                generator=generator)
         count_noise = gaussian_noise((1,), sigma=sigma_b, generator=generator,
                                      dtype=torch.float64)
-        return total + noise, indicator_sum + float(count_noise[0])
+        return total + noise.to(total.device), indicator_sum + float(count_noise[0])
 
     def aggregate(self, total: torch.Tensor, indicator_sum: float, *, population: int,
                   generator: torch.Generator, losses: list[float] | None = None
