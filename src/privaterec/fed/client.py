@@ -72,7 +72,7 @@ def client_update(task: FederatedTask[Any], params: torch.Tensor, data: ClientDa
         one.
     """
     if not method.has_update(data):
-        payload = method.idle_release(task.dimension, [generator])[0]
+        payload = method.idle_release(task.dimension, [generator])[0].to(params.device)
         return ClientUpdate(payload=payload, num_examples=0,
                             privacy_events=method.events(task.dimension),
                             metrics={"loss": math.nan}, weight=method.aggregation_weight(0),

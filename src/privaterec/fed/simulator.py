@@ -106,7 +106,8 @@ def simulate_round(task: FederatedTask[Any], params: torch.Tensor, clients: Clie
     # which enters the uniform mean like any release.
     data = {u: clients.client(u) for u in selected}
     active = [u for u in selected if method.has_update(data[u])]
-    idle = [u for u in selected if u not in set(active)]
+    taking_part = set(active)
+    idle = [u for u in selected if u not in taking_part]
     local_idle = bool(idle) and not method.trusted_aggregator
     generators = [client_generator(seed, round_index, u) for u in active]
     inputs = [method.inputs(task, data[u], generator=g) for u, g in zip(active, generators)]
@@ -117,12 +118,13 @@ def simulate_round(task: FederatedTask[Any], params: torch.Tensor, clients: Clie
     if active or not local_idle:
         out = method.round(task, params, inputs, generators, context)
     else:
-        out = RoundOutput(torch.zeros(task.dimension), [])
+        out = RoundOutput(torch.zeros(task.dimension, device=params.device), [])
     direction = out.direction
     if local_idle and not method.sends_metadata:  # (fedrec weighs a client by its samples: 0)
         released = method.idle_release(task.dimension, [client_generator(seed, round_index, u)
                                                         for u in idle])
-        direction = (direction * len(active) + released.sum(0)) / len(selected)
+        direction = (direction * len(active) + released.sum(0).to(direction.device)
+                     ) / len(selected)
     counts = [method.num_examples(x) for x in inputs]
     events = method.events(task.dimension)
     return RoundResult(direction, counts, out.losses, [events] * len(selected),
@@ -147,7 +149,8 @@ def sequential_round(task: FederatedTask[Any], params: torch.Tensor, clients: Cl
                if method.has_update(data[u]) or not method.trusted_aggregator}
     summed = [x for x in updates.values() if x.weight > 0]  # fedrec weighs an idle one 0
     done = [updates[u] for u in selected if u in updates and method.has_update(data[u])]
-    return RoundResult(aggregate(summed) if summed else torch.zeros(task.dimension),
+    return RoundResult(aggregate(summed) if summed
+                       else torch.zeros(task.dimension, device=params.device),
                        [u.num_examples for u in done],
                        [float(u.metrics["loss"]) for u in done],
                        [updates[u].privacy_events if u in updates
