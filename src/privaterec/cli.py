@@ -23,6 +23,7 @@ from privaterec.config import (BASIS_ATTENTION_KINDS, EMBEDDINGS, ENGINES, FEDER
                                SERVING_KINDS, STRATEGIES, USER_ENCODERS, MODEL_PRESETS,
                                ModelConfig, RunConfig, TrainConfig, fed_with_changes,
                                model_preset, replace)
+from privaterec.data.synth import SYNTH_PRESETS
 from privaterec.errors import PrivateRecError
 
 EXIT_OK, EXIT_CHECK_FAILED, EXIT_USAGE = 0, 1, 2
@@ -105,7 +106,8 @@ def cmd_data_synth(args: argparse.Namespace) -> int:
 
     overrides = {k: getattr(args, k) for k in ("users", "news", "topics", "days", "seed")
                  if getattr(args, k) is not None}
-    config = SynthConfig(**overrides)
+    preset = SYNTH_PRESETS[args.preset] if args.preset is not None else {}
+    config = SynthConfig(**{**preset, **overrides})
     pool = None
     if args.news_from is not None:
         from privaterec.data.mind import read_news
@@ -605,6 +607,11 @@ def build_parser() -> argparse.ArgumentParser:
     synth.add_argument("--out", required=True, help="output directory (gets train/ and test/)")
     for name, text in SYNTH_FLAG_HELP.items():  # None: the generator's default (in the help)
         synth.add_argument(f"--{name}", type=int, default=None, help=text)
+    synth.add_argument("--preset", choices=sorted(SYNTH_PRESETS), default=None,
+                       help="a named population: mind-small = 50,000 users and 51,000 news "
+                            "(MIND-small's size; 68 s of CPU time and 210 MB peak, written as it "
+                            "is simulated; BENCHMARKS.md); --users etc. override it (default: "
+                            "none)")
     synth.add_argument("--news-from", default=None,
                        help="a news.tsv whose real news form the pool, clicked by simulated "
                             "users (default: synthetic news)")

@@ -443,3 +443,18 @@ def test_a_larger_population_keeps_the_default_calibration():
     assert 24 <= summary["train"]["candidates_mean"] <= 26
     assert 1.18 <= summary["train"]["clicks_per_impression_mean"] <= 1.22
     assert summary["history_length_quantiles"][50] == pytest.approx(22, abs=2)
+
+
+def test_the_mind_small_preset_and_its_overrides(monkeypatch, tmp_path):
+    import privaterec.data.synth as synth
+    from privaterec.cli import main
+
+    seen = []
+    monkeypatch.setattr(synth, "write_synthetic",
+                        lambda out, config, news_pool=None: seen.append(config) or {})
+    assert main(["data", "synth", "--preset", "mind-small", "--out", str(tmp_path)]) == 0
+    assert main(["data", "synth", "--preset", "mind-small", "--users", "70", "--out",
+                 str(tmp_path)]) == 0
+    assert (seen[0].users, seen[0].news) == (50_000, 51_000)
+    assert (seen[1].users, seen[1].news) == (70, 51_000)
+    assert seen[0].seed == synth.SynthConfig().seed

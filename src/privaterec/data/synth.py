@@ -90,8 +90,15 @@ from privaterec.data.records import (
 from privaterec.data.synth_writer import Histories, ImpressionChunk, write_streaming
 from privaterec.errors import ConfigError
 
-__all__ = ["SYNTH_FLAG_HELP", "SynthConfig", "format_synth_summary", "generate",
-           "write_synthetic", "summarize", "TOPIC_NAMES"]
+__all__ = ["SYNTH_FLAG_HELP", "SYNTH_PRESETS", "SynthConfig", "format_synth_summary",
+           "generate", "write_synthetic", "summarize", "TOPIC_NAMES"]
+
+SYNTH_PRESETS: dict[str, dict[str, int]] = {
+    # MIND-small's population (Wu et al., ACL 2020): 50,000 users, 51,282 news.
+    "mind-small": {"users": 50_000, "news": 51_000},
+}
+"""Named population sizes of ``data synth --preset`` (:class:`SynthConfig` fields; flags
+given next to it override them)."""
 
 SECONDS_PER_DAY = 86_400
 
