@@ -452,9 +452,10 @@ def test_the_mind_small_preset_and_its_overrides(monkeypatch, tmp_path):
     seen = []
     monkeypatch.setattr(synth, "write_synthetic",
                         lambda out, config, news_pool=None: seen.append(config) or {})
-    assert main(["data", "synth", "--preset", "mind-small", "--out", str(tmp_path)]) == 0
+    assert main(["data", "synth", "--preset", "mind-small", "--out", str(tmp_path),
+                 "--json"]) == 0
     assert main(["data", "synth", "--preset", "mind-small", "--users", "70", "--out",
-                 str(tmp_path)]) == 0
+                 str(tmp_path), "--json"]) == 0
     assert (seen[0].users, seen[0].news) == (50_000, 51_000)
     assert (seen[1].users, seen[1].news) == (70, 51_000)
     assert seen[0].seed == synth.SynthConfig().seed
