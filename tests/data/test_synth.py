@@ -451,7 +451,7 @@ def test_the_mind_small_preset_and_its_overrides(monkeypatch, tmp_path):
 
     seen = []
     monkeypatch.setattr(synth, "write_synthetic",
-                        lambda out, config, news_pool=None: seen.append(config) or {})
+                        lambda out, config, **options: seen.append(config) or {})
     assert main(["data", "synth", "--preset", "mind-small", "--out", str(tmp_path),
                  "--json"]) == 0
     assert main(["data", "synth", "--preset", "mind-small", "--users", "70", "--out",
