@@ -4,8 +4,8 @@ The model, θ, the simulator's round (per-client gradients, clipping, the noise 
 the updates), the server's strategy and the evaluation run on one device. Every seeded
 random draw of a simulation stays on the CPU (the clients' and the server's
 ``torch.Generator``\\ s, :mod:`privaterec.fed.rng`) and its result is moved to the device, so
-a run draws the same numbers on every device; on the CPU every number is bitwise what it
-was before devices existed. Deployed releases (a device's :class:`SecureNoise`, the Flower
+a run draws the same numbers on every device; on the CPU a tensor already there is never
+copied, so CPU runs stay bitwise reproducible. Deployed releases (a device's :class:`SecureNoise`, the Flower
 engine, the device SDK) run on the CPU.
 """
 
