@@ -5,8 +5,8 @@ the updates), the server's strategy and the evaluation run on one device. Every 
 random draw of a simulation stays on the CPU (the clients' and the server's
 ``torch.Generator``\\ s, :mod:`privaterec.fed.rng`) and its result is moved to the device, so
 a run draws the same numbers on every device; on the CPU a tensor already there is never
-copied, so CPU runs stay bitwise reproducible. Deployed releases (a device's :class:`SecureNoise`, the Flower
-engine, the device SDK) run on the CPU.
+copied, so CPU runs stay bitwise reproducible. Deployed releases (a device's
+:class:`SecureNoise`, the Flower engine, the device SDK) run on the CPU.
 """
 
 from __future__ import annotations
