@@ -131,6 +131,21 @@ def cmd_data_convert(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_data_public_dir(args: argparse.Namespace) -> int:
+    from privaterec.data.roster import ROSTER_FILE, write_public_dir
+
+    users = write_public_dir(args.data, args.out)
+    summary = {"out": str(args.out), "news": "news.tsv", "roster": ROSTER_FILE,
+               "users": len(users)}
+    if args.json:
+        _print_json(summary)
+    else:
+        print(f"wrote {args.out}: news.tsv (the public catalogue) and {ROSTER_FILE} "
+              f"({len(users)} enrolled user ids); start the Flower server with "
+              f"--run-config \"public-dir='{Path(args.out).resolve()}'\"")
+    return EXIT_OK
+
+
 # ---------------------------------------------------------------------------- train
 _FED_FLAGS = ("rounds", "client_fraction", "clients_per_round", "strategy", "server_lr",
               "server_momentum",
@@ -634,6 +649,16 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("--overwrite", action="store_true",
                          help="write into a non-empty output directory")
     convert.set_defaults(func=cmd_data_convert)
+
+    public_dir = data_sub.add_parser(
+        "public-dir", help="write a deployed Flower server's public directory: the news "
+                           "catalogue and the roster of enrolled user ids, no user data")
+    public_dir.add_argument("data", help="the data set whose train split's news.tsv is the "
+                                         "catalogue and whose users are enrolled")
+    public_dir.add_argument("--out", required=True,
+                            help="the directory to write news.tsv and roster.txt into")
+    public_dir.add_argument("--json", action="store_true", help="print JSON")
+    public_dir.set_defaults(func=cmd_data_public_dir)
 
     train = sub.add_parser("train", help="train a recommender into a run directory")
     # None defaults keep --config values unless a flag is given; the help shows the built-in

@@ -3,7 +3,8 @@
 SuperNode holding the user (``flower/pyproject.toml``, docs/flower.md).
 
 * ``server_app`` — trains the run directory ``out-dir`` with
-  :func:`privaterec.runs.ranking.train_run`, passing the SuperLink's Grid explicitly (the
+  :func:`privaterec.runs.ranking.train_run` from ``public-dir`` (the news catalogue and
+  the roster only; evaluation on the ``eval-data`` holdout or none), passing the SuperLink's Grid explicitly (the
   rounds go through :class:`privaterec.fed.flower.FlowerEngine` on that Grid);
 * ``client_app`` — :func:`privaterec.fed.flower.make_client_app` with the run layer's
   device loader (:func:`privaterec.runs.engines.load_device`).
@@ -30,7 +31,10 @@ def run_config_from_flower(run_config: Mapping[str, Any]) -> tuple[RunConfig, Pa
     """The run configuration, run directory and ``drop_missing`` of a ``flwr run``.
 
     Keys (``[tool.flwr.app.config]`` in ``flower/pyproject.toml``, overridden by
-    ``--run-config``): ``data-dir`` and ``out-dir`` (absolute paths, required), ``config``
+    ``--run-config``): ``out-dir`` and one of ``public-dir`` (a public directory holding
+    only the news catalogue and the roster, :mod:`privaterec.data.roster`: the server holds
+    no user data) or ``data-dir`` (a data directory the server reads, for a rehearsal on
+    public data) (absolute paths, required), ``config``
     (a privaterec YAML, optional), ``method``, ``rounds``, ``clients-per-round``,
     ``seed``, ``eval-every``, and for ``dp-fedavg`` ``secure-aggregation``,
     ``noise-placement`` and ``max-dropouts`` (``""``, ``0`` or ``-1``: keep the YAML's
@@ -43,7 +47,11 @@ def run_config_from_flower(run_config: Mapping[str, Any]) -> tuple[RunConfig, Pa
         If a path is missing or relative, or the method is not federated.
     """
     paths = {}
-    for key in ("data-dir", "out-dir"):
+    public, data = str(run_config.get("public-dir", "")), str(run_config.get("data-dir", ""))
+    if public and data:
+        raise ConfigError("run config: give public-dir (the catalogue and roster: the server "
+                          "holds no user data) or data-dir, not both")
+    for key in ("public-dir" if public else "data-dir", "out-dir"):
         value = str(run_config.get(key, ""))
         if not value or not Path(value).is_absolute():
             raise ConfigError(f"run config '{key}' must be an absolute path, got {value!r}; "
@@ -73,10 +81,27 @@ def run_config_from_flower(run_config: Mapping[str, Any]) -> tuple[RunConfig, Pa
         raise ConfigError(f"run config 'method' must be one of {', '.join(FEDERATED_METHODS)}"
                           f" (got {method!r}); pass --run-config "
                           f"\"method='fednewsrec'\" or set train.method in the YAML")
-    config = replace(config, data=paths["data-dir"], train=replace(config.train, **train),
+    config = replace(config, data=paths.get("public-dir") or paths["data-dir"], train=replace(config.train, **train),
                      fed=fed_with_changes(config.fed, method, {"engine": "flower", **fed}))
     return (resolve_run_config(config), Path(paths["out-dir"]),
             bool(run_config.get("drop-missing", False)))
+
+
+def eval_data_from_flower(run_config: Mapping[str, Any]) -> Path | None:
+    """The run-config key ``eval-data``: the absolute path of a public or consented
+    holdout the server evaluates on (with ``public-dir``); ``None`` when empty.
+
+    Raises
+    ------
+    ConfigError
+        If the path is relative.
+    """
+    value = str(run_config.get("eval-data", ""))
+    if not value:
+        return None
+    if not Path(value).is_absolute():
+        raise ConfigError(f"run config 'eval-data' must be an absolute path, got {value!r}")
+    return Path(value)
 
 
 def seeded_rehearsal(run_config: Mapping[str, Any]) -> bool:
@@ -103,7 +128,8 @@ def _flwr_run_main(grid: Grid, context: Context) -> None:
     """``flwr run flower/``: train the run directory ``out-dir`` like ``privaterec train``."""
     config, out, drop_missing = run_config_from_flower(context.run_config)
     metrics = train_run(config, out, drop_missing=drop_missing, progress=False, grid=grid,
-                        seeded_rehearsal=seeded_rehearsal(context.run_config))
+                        seeded_rehearsal=seeded_rehearsal(context.run_config),
+                        eval_data=eval_data_from_flower(context.run_config))
     test = metrics.get("test") or {}
     summary = ", ".join(f"{k}={v:.4f}" for k, v in test.items() if isinstance(v, float))
     logging.getLogger("flwr").info("privaterec: run written to %s %s", out, summary)
@@ -111,4 +137,5 @@ def _flwr_run_main(grid: Grid, context: Context) -> None:
 
 client_app = make_client_app(load_device)
 
-__all__ = ["client_app", "run_config_from_flower", "seeded_rehearsal", "server_app"]
+__all__ = ["client_app", "eval_data_from_flower", "run_config_from_flower", "seeded_rehearsal",
+           "server_app"]

@@ -10,6 +10,7 @@ contiguous slice, which the federated simulator relies on.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 
@@ -61,6 +62,7 @@ class ClientDataset:
     impression_clicks: torch.Tensor | None = None
     impression_counts: torch.Tensor | None = None
     impression_offsets: torch.Tensor | None = None
+    roster_only: bool = False
 
     @property
     def num_users(self) -> int:
@@ -183,6 +185,24 @@ def draw_candidates(positives: torch.Tensor, pool: torch.Tensor, counts: torch.T
     else:
         choice = torch.where((counts >= negatives)[:, None], without, with_repl)
     return torch.cat([positives[:, None], pool.gather(1, choice)], dim=1)
+
+
+def roster_clients(user_ids: Sequence[str], *, history_len: int) -> ClientDataset:
+    """The clients a deployed server knows: the roster of enrolled user ids, ``U`` rows with
+    no sample, an empty history ``[U, H]`` and no impression (``roster_only``), so that
+    whom a round samples cannot depend on anyone's data (docs/privacy.md#threat-model)."""
+    users = len(user_ids)
+    empty = torch.zeros(0, dtype=torch.long)
+    return ClientDataset(
+        user_ids=list(user_ids),
+        history=torch.zeros(users, history_len, dtype=torch.long),
+        history_mask=torch.zeros(users, history_len, dtype=torch.bool),
+        sample_user=empty, positives=empty, negatives=torch.zeros(0, 1, dtype=torch.long),
+        negative_counts=empty, impression_size=empty,
+        offsets=torch.zeros(users + 1, dtype=torch.long), skipped={},
+        impression_rows=torch.zeros(0, 1, dtype=torch.long),
+        impression_clicks=torch.zeros(0, 1, dtype=torch.bool), impression_counts=empty,
+        impression_offsets=torch.zeros(users + 1, dtype=torch.long), roster_only=True)
 
 
 def build_client_dataset(split: MindSplit, features: NewsFeatures, *,

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from privaterec.data.mind import BEHAVIORS_FILE, NEWS_FILE, split_directories
+from privaterec.data.roster import ROSTER_FILE, is_public_dir
 
 FINGERPRINT_VERSION = 1
 _CHUNK = 1 << 20
@@ -48,7 +49,8 @@ def _sha256(path: Path) -> str:
 
 def data_files(data: str | Path) -> dict[str, Path]:
     """The files of the data set ``data`` a run reads, by their path relative to ``data``
-    (``train/news.tsv``, ..., or ``news.tsv`` for a single split).
+    (``train/news.tsv``, ..., or ``news.tsv`` for a single split; ``news.tsv`` and
+    ``roster.txt`` for a deployed server's public directory, :mod:`privaterec.data.roster`).
 
     Raises
     ------
@@ -57,6 +59,8 @@ def data_files(data: str | Path) -> dict[str, Path]:
     """
     root = Path(data)
     files: dict[str, Path] = {}
+    if is_public_dir(root):  # a deployed server's catalogue and roster, no behaviors
+        return {name: root / name for name in (NEWS_FILE, ROSTER_FILE)}
     found = split_directories(root)
     for directory in (found["train"], found["test"]):
         if directory is None:

@@ -24,6 +24,7 @@ from privaterec.config import FEDERATED_METHODS, RunConfig
 from privaterec.data.features import NewsFeatures, build_news_features
 from privaterec.data.mind import BEHAVIORS_FILE, load_dataset
 from privaterec.data.records import MindDataset, MindSplit
+from privaterec.data.roster import is_public_dir
 from privaterec.data.text import TextVocabularies
 from privaterec.errors import CheckpointError, ConfigError, DataFormatError
 from privaterec.eval.basis import basis_diagnostics
@@ -36,7 +37,7 @@ from privaterec.privacy.events import PrivacyEvent
 from privaterec.runs.directory import RunDirectory
 from privaterec.runs.engines import build_engine
 from privaterec.runs.ranking_setup import (PreparedData, build_run_model, load_run_model,
-                                          prepare_data)
+                                          prepare_data, prepare_public_data)
 from privaterec.runs.report import release_description
 from privaterec.runtime.determinism import flush_denormals
 from privaterec.runtime.device import run_device
@@ -60,7 +61,8 @@ def evaluation_split(dataset: MindDataset, split: str) -> MindSplit:
 def train_run(config: RunConfig, out: str | Path, *, drop_missing: bool = False,
               progress: bool = True, evaluate_each_epoch: bool = False,
               grid: Any = None, seeded_rehearsal: bool = False,
-              device: str | torch.device | None = None) -> dict[str, Any]:
+              device: str | torch.device | None = None,
+              eval_data: str | Path | None = None) -> dict[str, Any]:
     """Train ``config`` into the run directory ``out`` (resuming if it holds this run).
 
     ``device``: where the model, the rounds and the evaluation run (``"auto"``, ``"cpu"``,
@@ -72,13 +74,17 @@ def train_run(config: RunConfig, out: str | Path, *, drop_missing: bool = False,
     ``seeded_rehearsal`` (with ``grid``): seed the server's sample and noise and send the
     seed to the SuperNodes, as a simulation does, to check a deployment against the
     simulator; never with real users (:func:`privaterec.fed.flower.serve`, ``deployed``).
+    ``config.data`` a server's public directory (:mod:`privaterec.data.roster`: the news
+    catalogue and the roster, with ``grid`` only): the server holds no user data
+    (:func:`~privaterec.runs.ranking_setup.prepare_public_data`) and evaluates only on the
+    public or consented holdout ``eval_data``, or not at all.
     Returns the metrics written to ``metrics.json`` (test metrics when a test split exists).
     """
     with flush_denormals():
         return _train_run(resolve_run_config(config), out, drop_missing=drop_missing,
                           progress=progress, evaluate_each_epoch=evaluate_each_epoch,
                           grid=grid, seeded_rehearsal=seeded_rehearsal,
-                          device=run_device(device))
+                          device=run_device(device), eval_data=eval_data)
 
 
 def evaluate_untrained(config: RunConfig, *, progress: bool = False,
@@ -108,21 +114,35 @@ def evaluate_untrained(config: RunConfig, *, progress: bool = False,
 
 
 def _train_run(config: RunConfig, out: str | Path, *, drop_missing: bool, progress: bool,
-               evaluate_each_epoch: bool, grid: Any,
-               seeded_rehearsal: bool, device: torch.device) -> dict[str, Any]:
+               evaluate_each_epoch: bool, grid: Any, seeded_rehearsal: bool,
+               device: torch.device, eval_data: str | Path | None) -> dict[str, Any]:
+    public = is_public_dir(config.data)
+    if public and (grid is None or config.train.method not in FEDERATED_METHODS):
+        raise ConfigError(f"{config.data}: holds a roster (a deployed server's public "
+                          f"directory, no user data); only a federated method on a Flower "
+                          f"deployment (flwr run, run config public-dir) trains from it; "
+                          f"train other runs on a data directory")
+    if eval_data is not None and not public:
+        raise ConfigError("eval-data (a public or consented holdout) is for a server started "
+                          "with a public directory (public-dir); a server given a data "
+                          "directory evaluates on its test split")
     run = RunDirectory(Path(out))
     if run.check(config):  # refuse a different run, or changed data, before loading anything
         run.check_data(config.data)
     # load and validate the data before the run directory exists: a bad --data must not
     # leave behind a run that later retries are refused by
-    prepared = prepare_data(config, drop_missing=drop_missing)
-    check_training_data(prepared)
+    if public:  # the catalogue and the roster only: nothing to check of anyone's samples
+        prepared = prepare_public_data(config, eval_data=eval_data, drop_missing=drop_missing)
+    else:
+        prepared = prepare_data(config, drop_missing=drop_missing)
+        check_training_data(prepared)
     if config.train.method in FEDERATED_METHODS:
         check_run(config, prepared.train_clients)  # e.g. central DP's delta < 1/N
     with run.lock():
         return _train_locked(config, run, prepared, progress=progress,
                              evaluate_each_epoch=evaluate_each_epoch, grid=grid,
-                             seeded_rehearsal=seeded_rehearsal, device=device)
+                             seeded_rehearsal=seeded_rehearsal, device=device,
+                             eval_data=None if eval_data is None else str(eval_data))
 
 
 def check_training_data(prepared: PreparedData) -> None:
@@ -154,7 +174,8 @@ def check_training_data(prepared: PreparedData) -> None:
 
 def _train_locked(config: RunConfig, run: RunDirectory, prepared: PreparedData, *,
                   progress: bool, evaluate_each_epoch: bool, grid: Any,
-                  seeded_rehearsal: bool, device: torch.device) -> dict[str, Any]:
+                  seeded_rehearsal: bool, device: torch.device,
+                  eval_data: str | None = None) -> dict[str, Any]:
     """:func:`_train_run` once the run directory's training lock is held."""
     if run.start(config, data=config.data):
         _check_vocabularies(run, prepared.vocabs)
@@ -190,17 +211,19 @@ def _train_locked(config: RunConfig, run: RunDirectory, prepared: PreparedData, 
     if config.train.method in FEDERATED_METHODS:
         log = _train_federated(config, run, model, prepared, progress=progress,
                                evaluate=test_auc, grid=grid,
-                               seeded_rehearsal=seeded_rehearsal)
+                               seeded_rehearsal=seeded_rehearsal, eval_data=eval_data)
         log_key = "rounds"
     else:
         log = train_centralized(model, prepared.train_clients, config.train,
                                 checkpoint_path=run.checkpoint_path, progress=progress,
                                 on_epoch_end=validate)
         log_key = "epochs"
-    metrics = run.update_metrics(method=config.train.method, **{log_key: log},
-                                 train_samples=prepared.train_clients.num_samples,
+    known = ({"server_data": "public (catalogue and roster)"}
+             if prepared.train_clients.roster_only else  # a server without the samples
+             {"train_samples": prepared.train_clients.num_samples,
+              "skipped": prepared.train_clients.skipped})
+    metrics = run.update_metrics(method=config.train.method, **{log_key: log}, **known,
                                  train_users=prepared.train_clients.num_users,
-                                 skipped=prepared.train_clients.skipped,
                                  train_seconds=time.perf_counter() - started)
     if test is not None:
         result = evaluate_model(model, test, prepared.features,
@@ -246,8 +269,10 @@ def _basis_diagnostics(model: Recommender, split: MindSplit, features: NewsFeatu
 def _train_federated(config: RunConfig, run: RunDirectory, model: Recommender,
                      prepared: PreparedData, *, progress: bool,
                      evaluate: Callable[[], dict[str, Any] | None],
-                     grid: Any, seeded_rehearsal: bool) -> list[dict[str, Any]]:
-    """Federated training with ``privacy.json`` kept current at every checkpoint."""
+                     grid: Any, seeded_rehearsal: bool,
+                     eval_data: str | None = None) -> list[dict[str, Any]]:
+    """Federated training with ``privacy.json`` kept current at every checkpoint; its
+    release states what the server held and what it evaluated on."""
     from privaterec.privacy.report import write_privacy_json
 
     clients = prepared.train_clients
@@ -259,7 +284,9 @@ def _train_federated(config: RunConfig, run: RunDirectory, model: Recommender,
                                   client_fraction=m / max(1, clients.num_users),
                                   population=len(job.method.population(clients)),
                                   deployed=(config.fed.engine == "flower" and grid is not None
-                                            and not seeded_rehearsal))
+                                            and not seeded_rehearsal),
+                                  public_server=clients.roster_only)
+    release["evaluation"] = evaluation_source(prepared, eval_data)
 
     def write_privacy(state: Any) -> None:
         write_privacy_json(run.privacy_path, state.ledger, release=release,
@@ -271,6 +298,17 @@ def _train_federated(config: RunConfig, run: RunDirectory, model: Recommender,
                       progress=progress, on_evaluate=lambda t, _: evaluate(),
                       on_checkpoint=write_privacy)
     return list(state.log)
+
+
+def evaluation_source(prepared: PreparedData, eval_data: str | None) -> str:
+    """What the server evaluated on, for ``privacy.json``: the public or consented holdout
+    ``eval_data``, the test split of the data it was given, or nothing."""
+    if prepared.dataset.test is None:
+        return "none: the server holds no evaluation data (no eval-data holdout given)"
+    if eval_data is not None:
+        return f"server-side on the public or consented holdout {eval_data}"
+    return (f"server-side on the test split of {prepared.dataset.path}, which the server "
+            f"reads")
 
 
 def run_files(run: RunDirectory, config: RunConfig) -> dict[str, str]:

@@ -13,10 +13,12 @@ from pathlib import Path
 import torch
 
 from privaterec.config import RunConfig
-from privaterec.data.clients import ClientDataset, build_client_dataset
+from privaterec.data.clients import ClientDataset, build_client_dataset, roster_clients
 from privaterec.data.features import NewsFeatures, build_news_features, build_vocabularies
-from privaterec.data.mind import load_dataset
-from privaterec.data.records import MindDataset
+from privaterec.data.mind import (NEWS_FILE, load_dataset, read_news, read_split,
+                                  split_directories)
+from privaterec.data.records import MindDataset, MindSplit
+from privaterec.data.roster import ROSTER_FILE, read_roster
 from privaterec.data.text import TextVocabularies
 from privaterec.errors import CheckpointError
 from privaterec.models.factory import build_recommender, vocabulary_kind
@@ -51,6 +53,38 @@ def prepare_data(config: RunConfig, *, drop_missing: bool = False,
     features = build_news_features(dataset.all_news(), vocabs, title_len=model.title_len,
                                    abstract_len=model.abstract_len)
     clients = build_client_dataset(dataset.train, features, history_len=model.history_len)
+    return PreparedData(dataset, vocabs, features, clients)
+
+
+def prepare_public_data(config: RunConfig, *, eval_data: str | Path | None = None,
+                        drop_missing: bool = False) -> PreparedData:
+    """What a deployed server holding no user data builds its run from: ``config.data`` is a
+    public directory (:mod:`privaterec.data.roster`), whose ``news.tsv`` (the public
+    catalogue) gives the vocabularies and news table and whose ``roster.txt`` the users
+    (:func:`~privaterec.data.clients.roster_clients`: no sample, no history). No behaviors
+    file is opened, except the explicit public or consented holdout ``eval_data`` (its
+    ``test/`` split, or its single split), which becomes the data set's test split: the
+    server evaluates on it and on nothing else (docs/privacy.md#threat-model).
+
+    Raises
+    ------
+    DataFormatError
+        If the catalogue, the roster or the holdout is missing or malformed.
+    """
+    public = Path(config.data)
+    catalogue = read_news(public / NEWS_FILE)
+    holdout = None
+    if eval_data is not None:
+        dirs = split_directories(eval_data)
+        holdout = read_split(dirs["test"] or dirs["train"], drop_missing=drop_missing)
+    dataset = MindDataset(train=MindSplit(news=catalogue, behaviors=[], path=public),
+                          test=holdout, path=public)
+    model = config.model
+    vocabs = build_vocabularies(catalogue.values(), kind=vocabulary_kind(model),
+                                min_count=model.min_word_count)
+    features = build_news_features(dataset.all_news(), vocabs, title_len=model.title_len,
+                                   abstract_len=model.abstract_len)
+    clients = roster_clients(read_roster(public / ROSTER_FILE), history_len=model.history_len)
     return PreparedData(dataset, vocabs, features, clients)
 
 
@@ -107,4 +141,5 @@ def _mismatch_cause(run: RunDirectory, model: Recommender,
     return ""
 
 
-__all__ = ["PreparedData", "build_run_model", "load_run_model", "prepare_data"]
+__all__ = ["PreparedData", "build_run_model", "load_run_model", "prepare_data",
+           "prepare_public_data"]

@@ -27,9 +27,11 @@ SIMULATION_TRUST = ("simulation: noise seeded from config.yaml; not a guarantee 
 runtime, a seeded rehearsal): anyone holding the run's seed regenerates every draw."""
 
 
-def trust_model(method: ClientMethod, *, deployed: bool) -> dict[str, str]:
+def trust_model(method: ClientMethod, *, deployed: bool,
+                public_server: bool = False) -> dict[str, str]:
     """The run's ``mode`` and ``trust`` for ``privacy.json``: whose randomness the ε rests on
-    and whom it holds against (docs/privacy.md#threat-model)."""
+    and whom it holds against (docs/privacy.md#threat-model). ``public_server``: the server
+    was started with a public directory (the catalogue and the roster, no user data)."""
     if not deployed:
         return {"mode": "simulation", "trust": SIMULATION_TRUST}
     if isinstance(method, CentralDP):
@@ -44,16 +46,22 @@ def trust_model(method: ClientMethod, *, deployed: bool) -> dict[str, str]:
         "deployed (Flower): every client release drawn on its device from the OS CSPRNG "
         "with float-safe noise; the sample (and central DP's noise) drawn by the server "
         "from its OS CSPRNG; a device started with user-id pins the run's privacy policy, "
-        "answers each round once and keeps a finite budget; " + against + ". Not covered: "
-        "the server process reads the training and test splits it is given (sampling, "
-        "evaluation), so against whoever runs it the guarantee holds only if that data is "
-        "public; the server sees when each device answers and the roster")}
+        "answers each round once and keeps a finite budget; " + against + ". " + (
+            "The server process holds only public material: the news catalogue, the run "
+            "configuration and the roster of enrolled user ids (and an explicit public or "
+            "consented eval-data holdout, if given); it opens no user's behaviors. Not "
+            "covered: " if public_server else
+            "Not covered: the server process reads the training and test splits it is "
+            "given (sampling, evaluation), so against whoever runs it the guarantee holds "
+            "only if that data is public (start it with public-dir instead); ")
+        + "the server sees when each device answers and the roster")}
 
 
 def release_description(method: ClientMethod, *, dimension: int,
                         noised_parameters: Sequence[str], clients_per_round: int,
                         client_fraction: float, population: int | None = None,
-                        deployed: bool = False) -> dict[str, Any]:
+                        deployed: bool = False, public_server: bool = False
+                        ) -> dict[str, Any]:
     """Description of one client's per-round release, for ``privacy.json``.
 
     Parameters
@@ -64,7 +72,8 @@ def release_description(method: ClientMethod, *, dimension: int,
     population: N, the users the rounds sample from (written as ``population``; the report's
         δ < 1/N check uses it rather than the users the ledger has seen so far).
     deployed: a deployment (``mode`` and ``trust``: :func:`trust_model`); default a
-        simulation, whose noise is seeded.
+        simulation, whose noise is seeded. public_server: the server held only public
+        material (:func:`trust_model`).
     """
     describe = method.describe
     if isinstance(method, CentralDP):
@@ -75,7 +84,7 @@ def release_description(method: ClientMethod, *, dimension: int,
         dimension, "user")
     if population is not None:
         out["population"] = int(population)
-    out.update(trust_model(method, deployed=deployed))
+    out.update(trust_model(method, deployed=deployed, public_server=public_server))
     if "sends" not in out:  # a method whose client sends more says so itself
         out["sends"] = ("released update, sample count, loss" if method.sends_metadata
                         else "released update only")

@@ -157,7 +157,10 @@ def _round_fn(grid: Grid, clients: ClientDataset, owner: Mapping[int, int],
               method: ClientMethod, fingerprint: str, *, seed: int, timeout: float,
               deployed: bool) -> Callable[[torch.Tensor, list[int], int], RoundResult]:
     expected_samples = clients.samples_per_user().clamp(max=method.max_samples)
-    with_update = set(eligible_clients(clients, by_impressions=method.by_impressions).tolist())
+    # A server holding only the roster (clients.roster_only) knows no one's samples: it asks
+    # every sampled user, and a device without a sample sends its idle release.
+    with_update = set(range(clients.num_users) if clients.roster_only else
+                      eligible_clients(clients, by_impressions=method.by_impressions).tolist())
 
     def round_fn(params: torch.Tensor, selected: list[int], t: int) -> RoundResult:
         expected_events = method.events(int(params.numel()))
@@ -191,7 +194,7 @@ def _round_fn(grid: Grid, clients: ClientDataset, owner: Mapping[int, int],
                                   f"(e.g. user {clients.user_ids[missing[0]]!r})")
         ordered = [updates[u] for u in asked]
         for u, update in zip(asked, ordered):
-            if (method.sends_metadata
+            if (method.sends_metadata and not clients.roster_only
                     and update.num_examples != int(expected_samples[u])):
                 raise PrivateRecError(
                     f"round {t + 1}: user {clients.user_ids[u]!r} used {update.num_examples} "

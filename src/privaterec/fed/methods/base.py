@@ -27,6 +27,7 @@ from typing import Any, ClassVar, Generic, Mapping, Sequence, TypeVar
 import torch
 
 from privaterec.data.clients import ClientData, ClientDataset
+from privaterec.errors import ConfigError
 from privaterec.fed.sampling import eligible_clients, roster, sample_round
 from privaterec.fed.strategies import ServerDefaults, weighted_mean
 from privaterec.fed.task import FederatedTask
@@ -120,6 +121,11 @@ class ClientMethod(ABC, Generic[TaskT]):
         (:func:`~privaterec.fed.sampling.eligible_clients`), which does not depend on
         their clicks either."""
         if self.by_impressions:
+            if clients.roster_only:
+                raise ConfigError(
+                    "this method samples from the users with a labelled impression, which a "
+                    "server holding only the roster cannot know; deploy it with a server "
+                    "data directory (data-dir) or choose a method that samples the roster")
             return eligible_clients(clients, by_impressions=True)
         return roster(clients)
 

@@ -1,0 +1,217 @@
+"""A deployed server that holds no user data (docs/flower.md, docs/privacy.md#threat-model).
+
+The ServerApp's work (:func:`privaterec.runs.ranking.train_run` with a Flower Grid) runs
+from a public directory holding only the news catalogue and the roster
+(:mod:`privaterec.data.roster`); every device is a SuperNode with node option ``user-id``
+whose data directory holds only its own user's impressions. The grid delivers each message
+in process through Flower's wire format; every file opened is recorded with the side that
+opened it, so the tests assert that the server side never opens a behaviors file (other
+than an explicit ``eval-data`` holdout).
+"""
+
+from __future__ import annotations
+
+import builtins
+import io
+import json
+import shutil
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("flwr", reason="the Flower engine needs flwr")
+
+from flwr.app import Context, Error, Message, MessageType, RecordDict  # noqa: E402
+from flwr.common.serde import message_from_proto, message_to_proto  # noqa: E402
+from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
+
+from privaterec.config import ModelConfig, RunConfig, TrainConfig, fed_config  # noqa: E402
+from privaterec.data.mind import (BEHAVIORS_FILE, load_dataset, write_split)  # noqa: E402
+from privaterec.data.records import MindSplit  # noqa: E402
+from privaterec.data.roster import (ROSTER_FILE, read_roster,  # noqa: E402
+                                    write_public_dir)
+from privaterec.data.synth import SynthConfig, write_synthetic  # noqa: E402
+from privaterec.errors import ConfigError, DataFormatError  # noqa: E402
+from privaterec.fed.flower import client_app  # noqa: E402
+from privaterec.runs.engines import load_device  # noqa: E402
+from privaterec.runs.ranking import train_run  # noqa: E402
+
+TINY = ModelConfig(word_dim=8, num_heads=2, head_dim=4, attention_dim=8, title_len=6,
+                   abstract_len=4, history_len=5)
+USERS, SEED = 8, 3
+
+
+def _wire(message: Message) -> Message:
+    return message_from_proto(message_to_proto(message))
+
+
+class DeviceGrid:
+    """A Grid whose SuperNodes each hold one user (node options ``user-id``, ``data-dir``,
+    ``state-dir``), run in process; ``on_device`` is set while a device handles a message,
+    so that the files it opens are told apart from the server's."""
+
+    def __init__(self, nodes: dict[int, dict[str, Any]]) -> None:
+        self.contexts = {n: Context(run_id=1, node_id=n, node_config=cfg, state=RecordDict(),
+                                    run_config={}) for n, cfg in nodes.items()}
+        self.on_device = threading.local()
+
+    def get_node_ids(self) -> list[int]:
+        return list(self.contexts)
+
+    def send_and_receive(self, messages: Any, *, timeout: float | None = None) -> list[Message]:
+        out = []
+        for message in messages:
+            received = _wire(message)
+            context = self.contexts[message.metadata.dst_node_id]
+            self.on_device.node = context.node_id
+            try:
+                if received.metadata.message_type == MessageType.QUERY:
+                    reply = client_app.client_query(load_device, received, context)
+                else:
+                    reply = client_app.handle_train(load_device, received, context)
+            except Exception as error:  # noqa: BLE001 - the node's failure, as Flower has it
+                reply = Message(Error(code=0, reason=repr(error)), reply_to=received)
+            finally:
+                self.on_device.node = None
+            out.append(_wire(reply))
+        return out
+
+
+@pytest.fixture(autouse=True)
+def task_identity():
+    saved = (TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id)
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
+    yield
+    TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = saved
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory: pytest.TempPathFactory):
+    """``(public dir, holdout dir, {user: own data dir})`` from one synthetic data set."""
+    root = tmp_path_factory.mktemp("public")
+    write_synthetic(root / "data", SynthConfig(users=USERS, news=60, seed=5))
+    dataset = load_dataset(root / "data")
+    users = write_public_dir(root / "data", root / "public")
+    holdout = root / "holdout"
+    assert dataset.test is not None
+    write_split(holdout, dataset.test)
+    own = {}
+    for uid in users:  # each device: the catalogue and its own user's impressions only
+        own[uid] = root / "devices" / uid
+        write_split(own[uid] / "train", MindSplit(
+            news=dataset.train.news,
+            behaviors=[imp for imp in dataset.train.behaviors if imp.user_id == uid]))
+    return root / "public", holdout, own
+
+
+def _opens(monkeypatch: pytest.MonkeyPatch, grid: DeviceGrid) -> list[tuple[str, Path]]:
+    """Record every file opened, as (``server`` or ``device``, path)."""
+    opened: list[tuple[str, Path]] = []
+    real_open, real_io_open = builtins.open, io.open
+
+    def record(file: Any) -> None:
+        if isinstance(file, (str, Path)):
+            side = "device" if getattr(grid.on_device, "node", None) else "server"
+            opened.append((side, Path(file)))
+
+    def spy_open(file: Any, *args: Any, **kwargs: Any) -> Any:
+        record(file)
+        return real_open(file, *args, **kwargs)
+
+    def spy_io_open(file: Any, *args: Any, **kwargs: Any) -> Any:
+        record(file)
+        return real_io_open(file, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", spy_open)
+    monkeypatch.setattr(io, "open", spy_io_open)
+    return opened
+
+
+def _config(public: Path, method: str) -> RunConfig:
+    noise = {"epsilon_train": 1.0} if method == "dp-fedrec" else {}
+    return RunConfig(data=str(public), model=TINY, train=TrainConfig(method=method, seed=SEED),
+                     fed=fed_config(method, rounds=2, clients_per_round=4, engine="flower",
+                                    **noise))
+
+
+def _grid(own: dict[str, Path], state: Path) -> DeviceGrid:
+    return DeviceGrid({100 + i: {"user-id": uid, "data-dir": str(path),
+                                 "state-dir": str(state / uid), "budget": 1e4}
+                       for i, (uid, path) in enumerate(sorted(own.items()))})
+
+
+@pytest.mark.parametrize("method", ["dp-fedrec", "fednewsrec"])
+def test_the_server_trains_from_the_catalogue_and_roster_and_opens_no_behaviors(
+        deployment, tmp_path, monkeypatch, method):
+    public, _, own = deployment
+    assert sorted(p.name for p in public.iterdir()) == ["news.tsv", ROSTER_FILE]
+    grid = _grid(own, tmp_path / "state")
+    opened = _opens(monkeypatch, grid)
+    out = tmp_path / "run"
+    metrics = train_run(_config(public, method), out, progress=False, grid=grid)
+    monkeypatch.undo()
+
+    server = [p for side, p in opened if side == "server"]
+    device = [p for side, p in opened if side == "device"]
+    assert not [p for p in server if p.name == BEHAVIORS_FILE], "the server read behaviors"
+    assert public / "news.tsv" in server and public / ROSTER_FILE in server
+    # the devices did train, each from its own user's data directory
+    assert {p.parent.parent for p in device if p.name == BEHAVIORS_FILE} == set(own.values())
+    assert len(metrics["rounds"]) == 2 and "test" not in metrics
+    assert "train_samples" not in metrics and metrics["train_users"] == USERS
+    release = json.loads((out / "privacy.json").read_text())["release"]
+    assert release["population"] == USERS  # the roster, whatever anyone clicked
+    assert release["mode"] == "deployed"
+    assert "holds only public material" in release["trust"]
+    assert release["evaluation"].startswith("none")
+    assert sorted(json.loads((out / "data.json").read_text())["files"]) == [
+        "news.tsv", ROSTER_FILE]
+
+
+def test_eval_data_is_the_only_behaviors_file_the_server_opens(deployment, tmp_path,
+                                                               monkeypatch):
+    public, holdout, own = deployment
+    grid = _grid(own, tmp_path / "state")
+    opened = _opens(monkeypatch, grid)
+    out = tmp_path / "run"
+    metrics = train_run(_config(public, "dp-fedrec"), out, progress=False, grid=grid,
+                        eval_data=holdout)
+    monkeypatch.undo()
+    server_behaviors = {p for side, p in opened if side == "server" and p.name == BEHAVIORS_FILE}
+    assert server_behaviors == {holdout / BEHAVIORS_FILE}
+    assert 0.0 <= metrics["test"]["auc"] <= 1.0
+    release = json.loads((out / "privacy.json").read_text())["release"]
+    assert release["evaluation"] == f"server-side on the public or consented holdout {holdout}"
+
+
+def test_a_public_directory_is_refused_outside_a_deployment_and_checked(deployment, tmp_path):
+    public, holdout, _ = deployment
+    with pytest.raises(ConfigError, match="holds a roster"):
+        train_run(_config(public, "dp-fedrec"), tmp_path / "run", progress=False)
+    data = public.parent / "data"
+    config = RunConfig(data=str(data), model=TINY, train=TrainConfig(method="dp-fedrec"),
+                       fed=fed_config("dp-fedrec", rounds=1, engine="flower"))
+    with pytest.raises(ConfigError, match="eval-data"):
+        train_run(config, tmp_path / "run2", progress=False, grid=object(),
+                  eval_data=holdout)
+    bad = tmp_path / "roster.txt"
+    bad.write_text("U1\nU2\nU1\n")
+    with pytest.raises(DataFormatError, match="repeats line 1"):
+        read_roster(bad)
+    assert read_roster(public / ROSTER_FILE) == sorted(own_ids(public))
+
+
+def own_ids(public: Path) -> list[str]:
+    data = load_dataset(public.parent / "data")
+    return list({imp.user_id for imp in data.train.behaviors})
+
+
+def test_public_dir_refuses_a_directory_holding_behaviors(deployment, tmp_path):
+    public, _, _ = deployment
+    target = tmp_path / "pub"
+    target.mkdir()
+    shutil.copyfile(public / "news.tsv", target / BEHAVIORS_FILE)
+    with pytest.raises(DataFormatError, match="no user data"):
+        write_public_dir(public.parent / "data", target)
