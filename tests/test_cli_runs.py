@@ -111,6 +111,20 @@ def test_changed_data_is_refused_naming_the_file_and_the_run_is_untouched(data, 
     assert _files(run) == saved
 
 
+def test_recall_evaluation_on_changed_data_is_refused(data, tiny, tmp_path, capsys):
+    own = tmp_path / "data"
+    shutil.copytree(data, own)
+    run = tmp_path / "run"
+    assert _fedrec(own, tiny, run) == 0
+    behaviors = own / "test" / "behaviors.tsv"
+    behaviors.write_text("".join(behaviors.read_text().splitlines(keepends=True)[:-3]))
+    capsys.readouterr()
+    assert main(["evaluate", "--run", str(run), "--recall", "youtubenet",
+                 "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "test/behaviors.tsv" in err and "Traceback" not in err
+
+
 def test_changed_news_of_a_run_without_a_fingerprint_keep_its_vocabularies(data, tiny,
                                                                             tmp_path, capsys):
     """A run written before runs recorded their data: its vocab.json is never rewritten."""

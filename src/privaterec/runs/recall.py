@@ -280,6 +280,12 @@ def evaluate_recall_run(run_dir: str | Path, *, method: str, data: str | Path | 
     ranker_run = RunDirectory(ranker_dir)
     ranker_config = ranker_run.config()
     data_dir = data or (recall.config.data if recall is not None else ranker_config.data)
+    if data is None or split == "train":  # the run's data, or its training split
+        owner = recall.directory if recall is not None else ranker_run
+        owner.check_data(data_dir, remedy=(
+            "Evaluate other data with --data DIR --split test" if split == "test" else
+            "--split train evaluates on the training data; evaluate other data with --data "
+            "DIR --split test"))
     dataset = load_dataset(data_dir, drop_missing=drop_missing)
     target = dataset.test if split == "test" else dataset.train
     if target is None:
