@@ -30,7 +30,7 @@ ROOT = "privaterec"
 # everything below it. The root name covers ``privaterec/__init__`` only. A module may import
 # from its own layer and the layers below it.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("base", (ROOT, "privaterec.errors", "privaterec.validators")),
+    ("base", ("privaterec.version", "privaterec.errors", "privaterec.validators")),
     # pure calibration math, the noise mechanisms, randomness sources, ledger, reports
     ("privacy", ("privaterec.privacy",)),
     # the configuration names the mechanisms of privacy/noise/ and checks against them
@@ -51,6 +51,9 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("experiments", ("privaterec.experiments",)),
     # the only modules that read argv and the environment, and print; the `flwr run` app
     ("apps", ("privaterec.cli", "privaterec.apps")),
+    # the public Python API: the package root re-exports it; it imports the layers below
+    # inside its functions, so `import privaterec` loads no model code
+    ("api", (ROOT, "privaterec.api")),
 )
 
 # (importer, imported, why): modules under the first name never import modules under the
@@ -288,7 +291,8 @@ def test_layer_of_a_module_is_its_longest_declared_name() -> None:
     assert names[layer_index("privaterec.runtime.checkpoint")] == "training"
     assert names[layer_index("privaterec.ondevice.release")] == "device"
     assert names[layer_index("privaterec.serving.store")] == "serving"
-    assert names[layer_index(ROOT)] == "base"
+    assert names[layer_index(ROOT)] == "api"
+    assert names[layer_index("privaterec.version")] == "base"
     assert layer_index("privaterec.somewhere_new") is None  # the root covers itself only
 
 

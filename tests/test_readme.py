@@ -74,3 +74,54 @@ def test_the_installed_metadata_requires_a_torch_range():
         pytest.skip(f"the installed privaterec comes from {origin or located}, not this "
                     f"checkout: its metadata need not match this checkout's pyproject.toml")
     _is_a_range_with_the_cpu_build(_torch_requirement(distribution.requires or []))
+
+
+def _readme_quickstart() -> str:
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## Quickstart"):]
+    block = re.search(r"```python\n(.*?)```", section, re.S)
+    assert block, "README.md's Quickstart must hold a python code block"
+    return block.group(1)
+
+
+def test_readme_quickstart_is_short_and_uses_the_top_level_api():
+    code = _readme_quickstart()
+    assert len(code.splitlines()) <= 20
+    assert code.startswith("import privaterec\n")
+    assert len((ROOT / "README.md").read_text().splitlines()) <= 150
+
+
+@pytest.mark.slow
+def test_readme_quickstart_runs(tmp_path):
+    # the README's Python block, as written, in a fresh directory and a fresh interpreter
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "quickstart.py").write_text(_readme_quickstart())
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    done = subprocess.run([sys.executable, "quickstart.py"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    auc = float(lines[0])
+    epsilon, delta = map(float, lines[1].split())
+    assert 0.0 <= auc <= 1.0
+    assert 0.9 <= epsilon <= 1.0 and delta == 1e-5  # calibrated to the target ε = 1
+    assert "user-level" in done.stdout
+    local_auc, sent = lines[-1].split()
+    assert float(local_auc) == auc and sent == "0"  # local ranking: the model's own AUC
+    assert (tmp_path / "runs" / "dp" / "privacy.json").exists()
+
+
+def test_import_privaterec_loads_no_model_code():
+    # `privaterec --help` and `import privaterec` must not pay for torch
+    import subprocess
+    import sys
+
+    code = ("import sys, privaterec\n"
+            "assert callable(privaterec.train) and privaterec.__version__\n"
+            "assert 'torch' not in sys.modules, 'torch imported'\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={"PYTHONPATH": str(ROOT / "src"), "PATH": ""}, timeout=120)
+    assert done.returncode == 0, done.stderr

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from privaterec import __version__
+from privaterec.version import __version__
 from privaterec.config import (BASIS_ATTENTION_KINDS, EMBEDDINGS, ENGINES, FEDERATED_METHODS,
                                METHODS, NEWS_ENCODERS, NOISE_KINDS, NOISE_PLACEMENTS,
                                PRIVACY_MODES, SECURE_AGGREGATIONS, SENSITIVITY_MODES,

@@ -1,4 +1,4 @@
-"""The demo's closing lines: computed from its tables, consistent with the README."""
+"""The demo's closing lines: computed from its tables, consistent with docs/demo.md."""
 
 from __future__ import annotations
 
@@ -112,30 +112,30 @@ def test_printed_output_round_trips():
 
 
 def _readme_demo_block() -> str:
-    text = (ROOT / "README.md").read_text()
+    text = (ROOT / "docs" / "demo.md").read_text()
     match = re.search(r"<!-- demo-output -->\n```text\n(.*?)```", text, re.S)
-    assert match, "README.md must show the demo's output in a ```text block after " \
+    assert match, "docs/demo.md must show the demo's output in a ```text block after " \
                   "<!-- demo-output -->"
     return match.group(1)
 
 
 def test_readme_demo_output_is_consistent_number_for_number():
-    """The README's copy of the demo's output: its closing lines are what demo_conclusion
-    computes from its tables and footnotes, and the README's prose quotes the same numbers."""
+    """docs/demo.md's copy of the demo's output: its closing lines are what demo_conclusion
+    computes from its tables and footnotes, and the docs' prose quotes the same numbers."""
     block = _readme_demo_block()
     rows, recall, facts, conclusion = parse_demo_output(block)
     assert conclusion == demo_conclusion(rows, recall, facts)
     by_name = {r.name: r for r in rows}
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "demo.md").read_text()
+    results = (ROOT / "docs" / "results.md").read_text()
     served = by_name["privaterec eps_t=10 / nrms → privaterec serving"]
     vdp = by_name["fedrec / nrms → vdp serving"]
-    # the README's prose quotes the block's numbers (one definition of bytes per query)
+    # the docs' prose quotes the block's numbers (one definition of bytes per query)
     assert f"PrivateRec B = 5 floats = {served.bytes_per_query} bytes" in readme
-    assert f"PrivateRec {served.bytes_per_query}, VDP" in readme
-    assert f"VDP\n  {vdp.bytes_per_query} (d = 128)" in readme
+    assert f"PrivateRec {served.bytes_per_query}, VDP" in results
+    assert f"VDP\n  {vdp.bytes_per_query} (d = 128)" in results
     assert facts.runs == "~/.cache/privaterec/demo/runs"  # the default --out
-    # every method has an ε (∞ when there is no guarantee), in the README's tables too
-    results = readme[readme.index("## Results"):]
+    # every method has an ε (∞ when there is no guarantee), in the results' tables too
     for line in results.splitlines():
         if line.startswith("| popularity |") or line.startswith("| centralized"):
             assert "–" not in line, line

@@ -86,7 +86,7 @@ def scaled_noise(factor: float) -> Iterator[None]:
 
 @contextmanager
 def reply_with_loss() -> Iterator[None]:
-    """:meth:`ClientUpdate.sent` also returns ``metrics["loss"]``."""
+    """:meth:`~privaterec.fed.update.ClientUpdate.sent` also returns ``metrics["loss"]``."""
     from privaterec.fed.update import ClientUpdate
 
     sent = ClientUpdate.sent
@@ -146,7 +146,8 @@ def scaled_noise_shares(factor: float) -> Iterator[None]:
 
 @contextmanager
 def unnoised_clip_count() -> Iterator[None]:
-    """:meth:`CentralDP.noised_sums` returns the exact sum of the clip indicators."""
+    """:meth:`~privaterec.fed.methods.dp_fedavg.CentralDP.noised_sums` returns the exact sum of
+    the clip indicators."""
     from privaterec.fed.methods.dp_fedavg import CentralDP
 
     original = CentralDP.noised_sums
@@ -162,9 +163,9 @@ def unnoised_clip_count() -> Iterator[None]:
 
 @contextmanager
 def noise_on_touched_news_only() -> Iterator[None]:
-    """:meth:`CentralDP.news_space_release` zeroes the noised cotangent of every news no
-    client of the round touched: a data-dependent pool, so which rows are zero names the
-    news of the users' histories and candidates."""
+    """:meth:`~privaterec.fed.methods.dp_fedavg.CentralDP.news_space_release` zeroes the noised
+    cotangent of every news no client of the round touched: a data-dependent pool, so which
+    rows are zero names the news of the users' histories and candidates."""
     from privaterec.fed.methods.dp_fedavg import CentralDP
     from privaterec.fed.news_space import NewsSpaceClipping
 

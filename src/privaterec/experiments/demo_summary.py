@@ -5,9 +5,9 @@ The demo prints a ranking table (test AUC and privacy budgets per method), a rec
 chance band of AUC, the noise of each noised upload relative to its clip bound, the recall
 pool). :func:`demo_conclusion` turns those into a few sentences, and
 :func:`parse_demo_output` reads them back from the printed text, so a test can check that
-any copy of the output (the README's) is consistent number for number.
+any copy of the output (docs/demo.md's) is consistent number for number.
 
-Definitions used everywhere in the demo and the README:
+Definitions used everywhere in the demo and its docs:
 
 * **bytes per query**: the float32 values a device sends for one query, 4 bytes each
   (PrivateRec: B floats; VDP and YoutubeNet: d floats; Uni-FedRec: C·(B + 1)). Over HTTP
@@ -466,7 +466,7 @@ def update_readme(readme: str, demo_output: str) -> str:
     return readme[:open_fence] + readme_excerpt(demo_output) + "\n" + readme[close_fence:]
 
 
-if __name__ == "__main__":  # python -m privaterec.experiments.demo_summary README.md OUTPUT
+if __name__ == "__main__":  # python -m privaterec.experiments.demo_summary docs/demo.md OUTPUT
     import sys
     from pathlib import Path
 

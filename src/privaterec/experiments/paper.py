@@ -195,8 +195,9 @@ def run_table1(out: Path, *, data: str | None = None,
     seeds:
         Training seeds; every row is trained once per seed.
     quick:
-        Smaller synthetic data and training budget (:data:`common.QUICK_ROUNDS`,
-        :data:`common.QUICK_EPOCHS`).
+        Smaller synthetic data and training budget
+        (:data:`~privaterec.experiments.common.QUICK_ROUNDS`,
+        :data:`~privaterec.experiments.common.QUICK_EPOCHS`).
     progress:
         Progress lines and bars on stderr.
 

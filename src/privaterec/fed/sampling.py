@@ -3,8 +3,9 @@
 
 In a simulation, client sampling of round t is a function of (seed, t) only
 (:func:`~privaterec.fed.rng.round_generator`), so a resumed run and every engine sample the
-same clients. A deployed server passes ``source`` (the OS CSPRNG, :class:`~privaterec.privacy.
-samplers.SecureNoise`): whoever knows the run's seed (it is in the public ``config.yaml``)
+same clients. A deployed server passes ``source`` (the OS CSPRNG,
+:class:`~privaterec.privacy.samplers.SecureNoise`): whoever knows the run's seed (it is in the
+public ``config.yaml``)
 must not be able to tell who was sampled, or central DP's amplification by sampling would not
 hold against them.
 """

@@ -123,8 +123,8 @@ class PrivacyEvent:
     substituted at its position, or the clicks of one impression changed (the news displayed
     are fixed). Padding amplification (``padding_p``) holds for that substitution only; a
     whole history replaced, or a click added to a short history, pays the base ε′
-    (``epsilon_user``). See :meth:`PrivacyLedger.user_epsilon` for how totals compose under
-    each adjacency (docs/privacy.md).
+    (``epsilon_user``). See :meth:`~privaterec.privacy.ledger.PrivacyLedger.user_epsilon` for how
+    totals compose under each adjacency (docs/privacy.md).
     """
 
     mechanism: str

@@ -6,11 +6,13 @@ the completed rounds, the ledger's report at that δ and the ledger itself, so t
 can be recomposed later at another δ or with another composition
 (:func:`recompose_privacy_summary`). :func:`format_privacy_report` renders it for people,
 stating which ε is the guarantee (docs/privacy.md#fednewsrecs-epsilon-is-per-coordinate:
-FedNewsRec's per-coordinate ε = 2δ/λ is reported next to the whole-update ε = 2δD/λ, never alone;
-docs/privacy.md#paper-and-strict-mode: parameters left uncovered by PrivateRec's paper mode are listed in a warning).
+FedNewsRec's per-coordinate ε = 2δ/λ is reported next to the whole-update ε = 2δD/λ, never
+alone; docs/privacy.md#paper-and-strict-mode: parameters left uncovered by PrivateRec's paper
+mode are listed in a warning).
 
-Non-finite floats are stored as strings (``"inf"``), as :meth:`PrivacyLedger.to_dict` does,
-so the file is strict JSON; :func:`read_privacy_json` turns them back into floats.
+Non-finite floats are stored as strings (``"inf"``), as
+:meth:`~privaterec.privacy.ledger.PrivacyLedger.to_dict` does, so the file is strict JSON;
+:func:`read_privacy_json` turns them back into floats.
 
 :func:`calibrate_noise` maps a target budget to a noise scale for one noise mechanism of
 :mod:`privaterec.privacy.noise` (the mechanism's own scale for ε), or for PrivateRec's DPA.
@@ -136,9 +138,9 @@ def build_privacy_summary(ledger: PrivacyLedger, *, release: Mapping[str, Any], 
     -------
     dict
         ``format``, ``version``, ``release``, ``delta``, ``rounds``, ``composition``,
-        ``report`` (:meth:`PrivacyLedger.report`), ``checks`` (consistency warnings of the
-        release against the ledger, see :func:`release_checks`) and ``ledger``
-        (:meth:`PrivacyLedger.to_dict`).
+        ``report`` (:meth:`~privaterec.privacy.ledger.PrivacyLedger.report`), ``checks``
+        (consistency warnings of the release against the ledger, see :func:`release_checks`) and
+        ``ledger`` (:meth:`~privaterec.privacy.ledger.PrivacyLedger.to_dict`).
     """
     _check_inputs(release, delta, rounds, composition)
     release = _decode(to_json_safe(release, where="release"))

@@ -10,7 +10,7 @@ query's events. Uni-FedRec queries draw their Laplace noise from a per-user gene
 Methods (one function, :func:`evaluate_recall`):
 
 * ``"unifedrec"`` — the paper's protocol (§3.4): the client uploads protected channel weights
-  α̃ᵢ and quotas qᵢ (:meth:`~privaterec.recall.model.UniFedRecRecall.query`); the server
+  α̃ᵢ and quotas qᵢ (:func:`~privaterec.recall.query.release_query`); the server
   scores the pool in the B-dim score space (:class:`~privaterec.recall.index.ScoreSpaceIndex`).
 * ``"no-bie"`` — ablation without basic interest embeddings: the channel interests rᵢ
   (Eq. 1) are sent as they are and the pool is searched exactly in d dims

@@ -1,10 +1,11 @@
 """A Uni-FedRec query's protected upload (Uni-FedRec §3.4), released around the recall model.
 
 The model (:class:`~privaterec.recall.model.UniFedRecRecall`) computes the clipped
-decomposition scores of each interest channel and the quotas (:meth:`query_scores`); this
-module adds the Laplace(λ_I) noise of the scores (Eq. 2) and, optionally, of the quotas, with
-the callers' generators, and states the query's privacy events
-(:func:`~privaterec.recall.interest.query_events`). The model itself draws no noise.
+decomposition scores of each interest channel and the quotas
+(:meth:`~privaterec.recall.model.UniFedRecRecall.query_scores`); this module adds the Laplace(λ_I)
+noise of the scores (Eq. 2) and, optionally, of the quotas, with the callers' generators, and
+states the query's privacy events (:func:`~privaterec.recall.interest.query_events`). The model
+itself draws no noise.
 
 Shapes: b users, M channel slots, B basic interests.
 """

@@ -9,11 +9,12 @@ scores α̃ᵀP with P = b·Rᵀ precomputed, docs/architecture.md#performance-d
 4, scores αᵢᵀP_r in the value embeddings' score space), ``POST /v1/news`` (ingest, the
 operator's write API) and ``GET /v1/news/{news_id}``.
 
-Local ranking (:mod:`.pool_format`): ``GET /v1/pool/{space}`` downloads the whole pool — P =
-b·Rᵀ (``scores``) or R (``vectors``) in float32, float16 or int8 — with its content hash as
-ETag (``If-None-Match`` → 304, no body); ``GET /v1/pool/{space}/delta?since=V&pool_id=…``
-sends only what changed since version V; ``POST /v1/news/lookup`` returns articles by id
-(title lookups of a local-ranking device, possibly with decoys).
+Local ranking (:mod:`~privaterec.ondevice.pool_format`): ``GET /v1/pool/{space}`` downloads the
+whole pool — P = b·Rᵀ (``scores``) or R (``vectors``) in float32, float16 or int8 — with its
+content hash as ETag (``If-None-Match`` → 304, no body);
+``GET /v1/pool/{space}/delta?since=V&pool_id=…`` sends only what changed since version V;
+``POST /v1/news/lookup`` returns articles by id (title lookups of a local-ranking device,
+possibly with decoys).
 
 Bad input never produces a 5xx: bodies are validated by :mod:`.schemas` (422 with
 ``{"detail": [{"loc", "msg", "type"}]}``, without echoing the input), bodies larger than
@@ -41,7 +42,7 @@ from fastapi import FastAPI, Header, HTTPException, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
-from privaterec import __version__
+from privaterec.version import __version__
 from privaterec.data.records import NewsRecord
 from privaterec.serving import schemas
 from privaterec.serving.bundle import ServingModels

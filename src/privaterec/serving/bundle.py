@@ -1,7 +1,8 @@
 """The models a server serves, and the public parameters devices download.
 
-:class:`ServingModels` holds the ranking model (a :class:`~privaterec.models.recommender.
-Recommender` with its :class:`~privaterec.config.RunConfig` and vocabularies), PrivateRec's
+:class:`ServingModels` holds the ranking model (a
+:class:`~privaterec.models.recommender.Recommender` with its
+:class:`~privaterec.config.RunConfig` and vocabularies), PrivateRec's
 basic vectors b ``[B, d]`` when the ranker has them (PrivateRec §3.2.2), and optionally a
 Uni-FedRec recall model (Uni-FedRec §3.2, §3.4) whose value embeddings eᵛ ``[B_r, d]`` live
 over the ranker's news vectors (Uni-FedRec §3.3 footnote 3).
@@ -79,7 +80,7 @@ def recall_model_config(model: "UniFedRecRecall") -> "RecallModelConfig":
     ------
     ConfigError
         If the model has no clipping (serving needs clipped scores) or heads other than the
-        16-dim heads :meth:`RecallModelConfig.build` uses.
+        16-dim heads :meth:`~privaterec.runs.recall_setup.RecallModelConfig.build` uses.
     """
     from privaterec.runs.recall import HEAD_DIM, RecallModelConfig
 

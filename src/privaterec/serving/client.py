@@ -15,7 +15,7 @@ a privatised summary of the (truncated) history:
 * :class:`VDPDevice` — the VDP baseline (§3.2.1): the d-dim user vector clipped to θ plus
   noise, POSTed to ``/v1/recommend/vdp`` (for the bytes-per-query comparison).
 * :class:`UniFedRecDevice` — Uni-FedRec §3.4: the recall model's protected channel weights
-  (:meth:`~privaterec.recall.model.UniFedRecRecall.query`, noise λ_I; quotas in the clear
+  (:func:`~privaterec.recall.query.release_query`, noise λ_I; quotas in the clear
   unless ``quota_noise_scale``) are POSTed to ``/v1/recall/unifedrec``; the returned
   candidates are ranked ON THE DEVICE with the ranking model and the full local history.
 

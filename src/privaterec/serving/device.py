@@ -175,10 +175,11 @@ class _Device(DeviceBase):
 
         The value is the vector (``list[float]``) of a ranking device, or Uni-FedRec's
         channels ``[{"weights": [B_r floats], "quota": float}]``. Spends the budget (or
-        raises :class:`PrivacyBudgetExceeded` before anything is sent) unless the same
-        truncated history was released before under the same model and parameters. A fresh
-        release of a history (the whole history given, whatever the model's history_len)
-        already released ``max_fresh_releases`` times within ``release_window`` raises :class:`~privaterec.ondevice.budget.ReleaseLimitExceeded`.
+        raises :class:`~privaterec.errors.PrivacyBudgetExceeded` before anything is sent) unless
+        the same truncated history was released before under the same model and parameters. A
+        fresh release of a history (the whole history given, whatever the model's history_len)
+        already released ``max_fresh_releases`` times within ``release_window`` raises
+        :class:`~privaterec.ondevice.budget.ReleaseLimitExceeded`.
         """
         items = check_history(history)
         kept = items[-self._model.config.model.history_len:]

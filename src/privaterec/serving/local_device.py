@@ -3,10 +3,10 @@
 PrivateRec's basic vectors make the scores of every news a B×N matrix P = b·Rᵀ
 (docs/architecture.md#performance-design), the same bytes for every user.
 :class:`LocalRankingDevice` keeps a copy of P in sync (``GET /v1/pool/scores``, then deltas since
-its version, :mod:`.pool_format`), computes α = attention(u) from its own history with the
-downloaded model — exactly, without padding or noise — and ranks α·P on the device (PrivateRec Alg.
-1 moved to the device). For a ranker without basic vectors it syncs the d-dim news vectors R
-instead (``vectors``; int8 with per-vector scales keeps them small) and ranks u·Rᵀ.
+its version, :mod:`~privaterec.ondevice.pool_format`), computes α = attention(u) from its own
+history with the downloaded model — exactly, without padding or noise — and ranks α·P on the device
+(PrivateRec Alg. 1 moved to the device). For a ranker without basic vectors it syncs the d-dim news
+vectors R instead (``vectors``; int8 with per-vector scales keeps them small) and ranks u·Rᵀ.
 
 What the server learns: that this device downloaded (or synced) the pool, and when — a
 request that does not depend on the user. Titles: ``titles="pool"`` (default) downloads every

@@ -1,5 +1,5 @@
 """Server side of the pool download: encode a :class:`~privaterec.serving.store.NewsPool`
-snapshot as a full body or as a delta since a version (:mod:`.pool_format`).
+snapshot as a full body or as a delta since a version (:mod:`~privaterec.ondevice.pool_format`).
 
 Encodings are memoised on the immutable snapshot (``pool.cache``), so the N records are
 quantised, hashed and compressed once per snapshot and dtype however many devices download
