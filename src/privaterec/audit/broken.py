@@ -116,7 +116,7 @@ def scaled_gaussian_noise(factor: float) -> Iterator[None]:
 
 @contextmanager
 def scaled_secure_noise(factor: float) -> Iterator[None]:
-    """:meth:`SecureNoise.release` of Gaussian noise at ``factor`` × σ (the deployed noise)."""
+    """:meth:`~privaterec.privacy.samplers.SecureNoise.release` of Gaussian noise at ``factor`` × σ (the deployed noise)."""
     from privaterec.privacy.samplers import SecureNoise
 
     original = SecureNoise.release
@@ -132,7 +132,7 @@ def scaled_secure_noise(factor: float) -> Iterator[None]:
 
 @contextmanager
 def scaled_noise_shares(factor: float) -> Iterator[None]:
-    """:attr:`SecAggRound.share_sigma` at ``factor`` × its value (distributed noise)."""
+    """:attr:`~privaterec.fed.secagg.SecAggRound.share_sigma` at ``factor`` × its value (distributed noise)."""
     from privaterec.fed.secagg import SecAggRound
 
     original = SecAggRound.share_sigma

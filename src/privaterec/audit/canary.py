@@ -337,12 +337,12 @@ def _secagg_view(agg: Any, side: CanarySide, n: int, source: Any) -> torch.Tenso
 def noised_statistics(game: CanaryGame, side: CanarySide, runs: int,
                       generator: torch.Generator, *, view: str = "simulator") -> np.ndarray:
     """The likelihood-ratio statistic of ``runs`` rounds of ``side`` ``[runs]`` float64: the
-    aggregator's real :meth:`noised_sums` on ``runs`` copies of the pre-noise sum (a
-    simulation's seeded noise), or with ``secure`` a deployed server's
-    :meth:`~privaterec.fed.methods.dp_fedavg.CentralDP.release_sum` from
+    aggregator's real :meth:`~privaterec.fed.methods.dp_fedavg.CentralDP.noised_sums` on
+    ``runs`` copies of the pre-noise sum (a simulation's seeded noise), or with ``secure`` a
+    deployed server's :meth:`~privaterec.fed.methods.dp_fedavg.CentralDP.release_sum` from
     :class:`~privaterec.privacy.samplers.SecureNoise` (the OS CSPRNG, float-safe: not
     reproducible, and about 10⁵ coordinates a second). ``view``: ``"simulator"``
-    (seeded :meth:`noised_sums`), ``"deployed"`` (``release_sum`` from SecureNoise),
+    (seeded ``noised_sums``), ``"deployed"`` (``release_sum`` from SecureNoise),
     ``"secagg"`` / ``"secagg-deployed"`` (the server's view of a SecAgg+ round,
     :func:`_secagg_view`, with seeded or SecureNoise noise and shares)."""
     if view not in VIEWS:

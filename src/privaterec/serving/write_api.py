@@ -15,7 +15,7 @@ read:
   of the token matched);
 * more writes than the token bucket allows: 429 with ``Retry-After``.
 
-The token is never logged, echoed or stored by the server. :func:`load_write_token` reads
+The token is never logged, echoed or stored by the server. :func:`resolve_write_token` reads
 it from a file readable by its owner only, or from :data:`WRITE_TOKEN_ENV`.
 """
 

@@ -2,9 +2,9 @@
 
 This package is the only one that imports ``flwr``, and it is only a transport: it runs the
 same rounds as the in-process simulator for any task and method
-(:class:`~privaterec.fed.task.FederatedTask`, :class:`~privaterec.fed.methods.base.
-ClientMethod`), but each client update is computed by a Flower ``ClientApp`` on the
-SuperNode that holds the client's data. Its modules:
+(:class:`~privaterec.fed.task.FederatedTask`,
+:class:`~privaterec.fed.methods.base.ClientMethod`), but each client update is computed by a
+Flower ``ClientApp`` on the SuperNode that holds the client's data. Its modules:
 
 * :mod:`~privaterec.fed.flower.messages` — what server and devices exchange: typed record
   accessors, the run's public files, the round's randomness entry, the public fingerprint;

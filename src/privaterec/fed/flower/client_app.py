@@ -10,7 +10,7 @@
   :class:`~privaterec.privacy.samplers.SecureNoise` (OS CSPRNG, float-safe releases), and
   replies with what :meth:`~privaterec.fed.update.ClientUpdate.sent` holds: the payloads
   ``[k, D]`` (plus the numbers of samples and the losses for a method that sends them) and
-  the privacy events (:meth:`PrivacyEvent.to_dict` as JSON). A SecAgg+ stage goes through
+  the privacy events (:meth:`~privaterec.privacy.events.PrivacyEvent.to_dict` as JSON). A SecAgg+ stage goes through
   ``secaggplus_mod`` around :func:`client_secure_fit`, which hands the mod the user's
   clipped update on SecAgg+'s grid (plus its noise share with distributed noise).
 

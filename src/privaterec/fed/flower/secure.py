@@ -1,7 +1,7 @@
 """SecAgg+ glue: the mask generator both sides use, and one secure-summation session.
 
-Flower's SecAgg+ (``secaggplus_mod`` on the client, :class:`flwr.server.workflow.
-SecAggPlusWorkflow` on the server) expands its mask seeds with a 32-bit-seeded Mersenne
+Flower's SecAgg+ (``secaggplus_mod`` on the client,
+:class:`flwr.server.workflow.SecAggPlusWorkflow` on the server) expands its mask seeds with a 32-bit-seeded Mersenne
 Twister; :func:`install_mask_prg` swaps in :func:`mask_prg` (SHAKE-256 over the whole seed).
 :func:`secure_sum` runs one session over a Grid and returns only the decoded sum.
 """
