@@ -246,7 +246,7 @@ def privacy_report(run: PathLike | Run, *, delta: float | None = None,
 
 @contextmanager
 def service(run: PathLike | Run, *, news: PathLike | None = None,
-            store: PathLike | None = None) -> Iterator[Service]:
+            store: PathLike | None = None, write_token: str | None = None) -> Iterator[Service]:
     """The serving API of ``run`` in this process, for tests and for embedding.
 
     Yields a :class:`privaterec.serving.server.Service`: ``service.app`` is the FastAPI
@@ -259,10 +259,11 @@ def service(run: PathLike | Run, *, news: PathLike | None = None,
     run: a ranking run (or a Uni-FedRec run) directory.
     news: a ``news.tsv`` or a MIND directory whose articles the pool lacks.
     store: the news store directory (default ``RUN/serving-store``).
+    write_token: the bearer token ``POST /v1/news`` needs (``None``: writes are refused).
     """
     from privaterec.serving.server import build_service
 
-    built = build_service(_path(run), news, store_path=store)
+    built = build_service(_path(run), news, store_path=store, write_token=write_token)
     try:
         yield built
     finally:
@@ -270,7 +271,8 @@ def service(run: PathLike | Run, *, news: PathLike | None = None,
 
 
 def serve(run: PathLike | Run, *, news: PathLike | None = None, host: str = "127.0.0.1",
-          port: int = 8000) -> None:
+          port: int = 8000, write_token_file: PathLike | None = None,
+          no_ingest: bool = False) -> None:
     """Serve ``run`` over HTTP until interrupted, as ``privaterec serve`` does.
 
     Parameters
@@ -278,10 +280,14 @@ def serve(run: PathLike | Run, *, news: PathLike | None = None, host: str = "127
     run: a ranking run (or a Uni-FedRec run) directory.
     news: a ``news.tsv`` or a MIND directory whose articles the pool lacks.
     host, port: where to listen (default: loopback only).
+    write_token_file, no_ingest: the write API's token (a file readable by its owner only;
+        else ``$PRIVATEREC_WRITE_TOKEN``), or no write API at all; one is required
+        (docs/serving.md).
     """
     from privaterec.serving.server import serve as serve_http
 
-    serve_http(_path(run), news, host=host, port=port)
+    serve_http(_path(run), news, host=host, port=port, write_token_file=write_token_file,
+               no_ingest=no_ingest)
 
 
 __all__ = ["PrivacyReport", "Run", "evaluate", "privacy_report", "run_config", "serve",
