@@ -103,7 +103,7 @@ def test_the_resolver_finds_a_broken_reference():
 
     assert resolves("~privaterec.privacy.ledger.PrivacyLedger.to_dict".lstrip("~"), report)
     assert resolves("format_privacy_report", report)
-    assert resolves(".calibration", report)
+    assert resolves(".ledger", report)
     assert not resolves("PrivacyLedger.to_dict", report)  # not imported there by that name
     assert not resolves("privaterec.privacy.ledger.PrivacyLedger.no_such_method", report)
     # a reference split over two lines is not linked by pdoc: it counts as broken
