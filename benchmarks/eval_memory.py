@@ -2,7 +2,7 @@
 
 Usage::
 
-    python benchmarks/eval_memory.py [--impressions 30000] [--save PATH]
+    python benchmarks/eval_memory.py [--impressions 30000] [--save PATH] [--smoke]
 
 Builds a synthetic data set whose test split has at least N impressions, evaluates a freshly
 initialised NRMS on the first N, and reports the process RSS before and after
@@ -43,9 +43,17 @@ def main() -> None:
     parser.add_argument("--impressions", type=int, default=30_000)
     parser.add_argument("--save", default=str(Path(__file__).resolve().parent / "results"
                                               / "eval_memory.json"))
+    parser.add_argument("--smoke", action="store_true",
+                        help="tiny data, results to a temporary directory")
     args = parser.parse_args()
+    users, news = 12000, 6000
+    if args.smoke:
+        from _smoke import smoke_dir
+
+        users, news, args.impressions = 100, 400, 200
+        args.save = str(smoke_dir("eval_memory") / "eval_memory.json")
     with tempfile.TemporaryDirectory() as tmp:
-        config = SynthConfig(users=12000, news=6000, days=8, test_days=5,
+        config = SynthConfig(users=users, news=news, days=8, test_days=5,
                              impressions_per_user=5.0, seed=0)
         write_synthetic(tmp, config)
         prepared = prepare_data(RunConfig(data=tmp, model=ModelConfig()))

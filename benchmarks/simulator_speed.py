@@ -2,7 +2,7 @@
 
 Usage::
 
-    python benchmarks/simulator_speed.py [--clients 200] [--repeats 3] [--model nrms]
+    python benchmarks/simulator_speed.py [--clients 200] [--repeats 3] [--model nrms] [--smoke]
 
 Two ratios on the default synthetic data (nrms unless ``--model``):
 
@@ -17,12 +17,14 @@ Two ratios on the default synthetic data (nrms unless ``--model``):
   centralized Adam step on exactly the same samples and candidates.
 
 Timings are medians over ``--repeats`` rounds (different client samples each). Prints JSON
-and saves ``benchmarks/results/simulator_speed.json``.
+and saves ``benchmarks/results/simulator_speed.json`` (``--smoke``: tiny data, 4 clients, one
+repeat, saved to a temporary directory).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import time
@@ -82,7 +84,15 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--model", default="nrms")
     parser.add_argument("--data", default=None, help="data directory (default: synthesised)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="tiny data, 4 clients, 1 repeat, results to a temporary directory")
     args = parser.parse_args()
+    results = RESULTS
+    if args.smoke:
+        from _smoke import smoke_data, smoke_dir
+
+        args.clients, args.repeats, args.data = 4, 1, str(smoke_data())
+        results = smoke_dir("simulator_speed")
 
     data = Path(args.data) if args.data else Path.home() / ".cache/privaterec/bench/synth-default"
     if not (data / "test" / "behaviors.tsv").exists():
@@ -99,9 +109,10 @@ def main() -> None:
     eligible = eligible_clients(clients)
 
     noisy = method_from_config(resolve_run_config(base))
-    plain_config = resolve_run_config(RunConfig(data=base.data, model=base.model,
-                                                train=TrainConfig(method="fedrec"),
-                                                fed=base.fed))
+    # the engine's settings of the same rounds, fedrec's own settings (its defaults)
+    plain_config = resolve_run_config(RunConfig(
+        data=base.data, model=base.model, train=TrainConfig(method="fedrec"),
+        fed=dataclasses.replace(base.fed, settings=None)))
     plain = method_from_config(plain_config)
     strategy = build_strategy(plain_config.fed)
 
@@ -174,8 +185,8 @@ def main() -> None:
         "fedrec_over_centralized": statistics.median(fed_times) / statistics.median(cen_times),
         "torch_threads": torch.get_num_threads(),
     }
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "simulator_speed.json").write_text(json.dumps(result, indent=2))
+    results.mkdir(parents=True, exist_ok=True)
+    (results / "simulator_speed.json").write_text(json.dumps(result, indent=2))
     print(json.dumps(result, indent=2))
 
 

@@ -1,0 +1,25 @@
+"""What every benchmark's ``--smoke`` setting shares: tiny data and a throwaway output folder.
+
+``--smoke`` runs a benchmark end to end at the smallest sizes that still exercise its code,
+so the test suite (``tests/benchmarks/test_smoke.py``) notices when a benchmark rots. Its
+numbers mean nothing and go to a temporary directory, never to ``benchmarks/results``.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+
+def smoke_dir(name: str) -> Path:
+    """A fresh temporary directory for one smoke run's outputs."""
+    return Path(tempfile.mkdtemp(prefix=f"privaterec-{name}-smoke-"))
+
+
+def smoke_data(users: int = 120, news: int = 400, seed: int = 0) -> Path:
+    """A tiny synthetic MIND-format data set (``train/``, ``test/``) in a temporary directory."""
+    from privaterec.data.synth import SynthConfig, write_synthetic
+
+    out = smoke_dir("data") / "synth"
+    write_synthetic(out, SynthConfig(users=users, news=news, seed=seed))
+    return out
