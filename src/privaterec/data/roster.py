@@ -3,8 +3,8 @@
 A deployed Flower server (``flwr run`` with ``public-dir``, docs/flower.md) holds no user
 data (docs/privacy.md#threat-model). Its directory holds only
 
-* ``news.tsv`` — the public news catalogue (MIND format, :func:`~privaterec.data.mind.
-  read_news`), from which the server fits the vocabularies it ships to the devices;
+* ``news.tsv`` — the public news catalogue (MIND format,
+  :func:`~privaterec.data.mind.read_news`), from which the server fits the vocabularies it ships to the devices;
 * ``roster.txt`` — the ids of the enrolled devices' users, one per line, sorted: who
   rounds sample from (:func:`privaterec.data.clients.roster_clients`). It says who is
   enrolled and nothing of what anyone clicked.

@@ -6,7 +6,8 @@ random draw of a simulation stays on the CPU (the clients' and the server's
 ``torch.Generator``\\ s, :mod:`privaterec.fed.rng`) and its result is moved to the device, so
 a run draws the same numbers on every device; on the CPU a tensor already there is never
 copied, so CPU runs stay bitwise reproducible. Deployed releases (a device's
-:class:`SecureNoise`, the Flower engine, the device SDK) run on the CPU.
+:class:`~privaterec.privacy.samplers.SecureNoise`, the Flower engine, the device SDK) run on
+the CPU.
 """
 
 from __future__ import annotations
