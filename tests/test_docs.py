@@ -96,3 +96,15 @@ def test_code_and_docs_carry_no_development_history():
                  if p.name not in ("README.md", "BENCHMARKS.md") and "results" not in p.parts
                  for i, line in enumerate(text.splitlines()) if pattern.search(line)]
     assert not offenders, offenders
+
+
+def test_benchmarks_open_with_a_summary_whose_links_resolve():
+    text = (ROOT / "BENCHMARKS.md").read_text()
+    summary = text[text.index("## Summary"):text.index("\n## ", text.index("## Summary") + 3)]
+    assert text.index("## Summary") < text.index("\n## ", 0) + 2  # the first section
+    assert "| figure | value | command | date |" in summary
+    rows = [line for line in summary.splitlines() if line.startswith("| [")]
+    assert len(rows) >= 10
+    anchors = _anchors(ROOT / "BENCHMARKS.md")
+    linked = re.findall(r"\]\(#([^)]+)\)", summary)
+    assert len(linked) == len(rows) and set(linked) <= anchors, set(linked) - anchors
