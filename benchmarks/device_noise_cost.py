@@ -127,7 +127,14 @@ def main() -> int:
                         help="runs per B = 5 cell and per whole-release cell")
     parser.add_argument("--repeats-large", type=int, default=7, help="runs per 91k cell")
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--smoke", action="store_true",
+                        help="2 runs per cell, results to a temporary directory")
     args = parser.parse_args()
+    if args.smoke:
+        from _smoke import smoke_dir
+
+        args.repeats_small, args.repeats_large = 2, 1
+        args.out = smoke_dir("device_noise_cost") / "device_noise_cost.json"
     torch.set_num_threads(1)
     print("noise release (median):", flush=True)
     noise = noise_cells(args.repeats_small, args.repeats_large)

@@ -61,7 +61,16 @@ def _parse() -> argparse.Namespace:
     parser.add_argument("--note", default="Measured with one thread per library; another "
                         "long training job was using one of the 2 cores at the same time.")
     parser.add_argument("--out", default=None, help="JSON output path")
-    return parser.parse_args()
+    parser.add_argument("--smoke", action="store_true",
+                        help="a 2,000-news pool, d = 64, C = 2, 10 queries, no HNSW, results "
+                             "to a temporary directory")
+    args = parser.parse_args()
+    if args.smoke:
+        from _smoke import smoke_dir
+
+        args.pool, args.dim, args.channels, args.queries, args.warmup = 2000, [64], [2], 10, 2
+        args.hnsw, args.out = False, str(smoke_dir("recall_speed") / "recall_speed.json")
+    return args
 
 
 ARGS = _parse() if __name__ == "__main__" else None

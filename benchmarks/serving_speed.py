@@ -59,7 +59,14 @@ def main() -> None:
     parser.add_argument("--run", default=None, help="take b (and d) from this trained run")
     parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" /
                                              "serving" / "serving_speed.json"))
+    parser.add_argument("--smoke", action="store_true",
+                        help="a 2,000-news pool, 20 queries, results to a temporary directory")
     args = parser.parse_args()
+    if args.smoke:
+        from _smoke import smoke_dir
+
+        args.pool, args.queries, args.warmup, args.block = 2000, 20, 2, 5
+        args.out = str(smoke_dir("serving_speed") / "serving_speed.json")
     rng = np.random.default_rng(args.seed)
     if args.run:
         from privaterec.serving.bundle import ServingModels
