@@ -8,7 +8,8 @@ Usage::
 
 ``m_<field>=v`` sets a ModelConfig field, ``serve=kind:eps[:normalization],...`` evaluates
 private serving after training, every other ``key=value`` sets a FedConfig field or a setting
-of the method. Prints one JSON line and appends it to ``benchmarks/results/privaterec_probe.jsonl``.
+of the method. Prints one JSON line and appends it to ``benchmarks/results/privaterec_probe.jsonl``
+(``--smoke``: tiny data, 2 rounds, to a temporary directory).
 """
 
 from __future__ import annotations
@@ -37,6 +38,13 @@ def _value(text: str) -> object:
 
 
 def main(argv: list[str]) -> None:
+    results = RESULTS
+    if "--smoke" in argv:  # tiny data, 2 rounds of 4 clients, one served evaluation
+        from _smoke import smoke_data, smoke_dir
+
+        argv = [a for a in argv if a != "--smoke"] + [
+            "rounds=2", "clients_per_round=4", "serve=privaterec:10", f"data={smoke_data()}"]
+        results = smoke_dir("privaterec_probe")
     kw = {k: _value(v) for k, v in (a.split("=", 1) for a in argv)}
     serve = str(kw.pop("serve", ""))
     method = str(kw.pop("method", "privaterec"))
@@ -62,8 +70,8 @@ def main(argv: list[str]) -> None:
             out[f"serve {spec}"] = round(evaluate_run(run, progress=False,
                                                       serving=serving)["auc"], 4)
     print(json.dumps(out), flush=True)
-    RESULTS.mkdir(exist_ok=True)
-    with open(RESULTS / "privaterec_probe.jsonl", "a", encoding="utf-8") as f:
+    results.mkdir(exist_ok=True)
+    with open(results / "privaterec_probe.jsonl", "a", encoding="utf-8") as f:
         f.write(json.dumps(out) + "\n")
 
 

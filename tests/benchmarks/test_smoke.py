@@ -22,7 +22,7 @@ SCRIPTS = sorted(p.name for p in BENCHMARKS.glob("*.py") if not p.name.startswit
 PENDING: frozenset[str] = frozenset({
     "central_dp_signal.py", "centralized.py", "dp_round_cost.py", "federated.py",
     "local_ranking.py", "news_space_noise.py", "plm_round_speed.py", "population_scale.py",
-    "private_training.py", "privaterec_probe.py", "secagg_round_cost.py", "serving_load.py",
+    "private_training.py", "secagg_round_cost.py", "serving_load.py",
 })
 """Scripts without a ``--smoke`` setting yet."""
 
