@@ -35,6 +35,7 @@ from privaterec.data.roster import (ROSTER_FILE, read_roster,  # noqa: E402
 from privaterec.data.synth import SynthConfig, write_synthetic  # noqa: E402
 from privaterec.errors import ConfigError, DataFormatError  # noqa: E402
 from privaterec.fed.flower import client_app  # noqa: E402
+from privaterec.privacy.report import format_privacy_report, read_privacy_json  # noqa: E402
 from privaterec.runs.engines import load_device  # noqa: E402
 from privaterec.runs.ranking import train_run  # noqa: E402
 
@@ -166,6 +167,8 @@ def test_the_server_trains_from_the_catalogue_and_roster_and_opens_no_behaviors(
     assert release["mode"] == "deployed"
     assert "holds only public material" in release["trust"]
     assert release["evaluation"].startswith("none")
+    report = format_privacy_report(read_privacy_json(out / "privacy.json"))
+    assert "Evaluation: none: the server holds no evaluation data" in report
     assert sorted(json.loads((out / "data.json").read_text())["files"]) == [
         "news.tsv", ROSTER_FILE]
 

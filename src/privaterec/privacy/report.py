@@ -480,6 +480,8 @@ def format_privacy_report(summary: Mapping[str, Any]) -> str:
                  f"completed")
     if release.get("trust"):  # whose randomness the epsilon rests on, and against whom
         lines.append(f"Mode: {release['trust']}")
+    if release.get("evaluation"):  # what the server evaluated on: a holdout, its split, none
+        lines.append(f"Evaluation: {release['evaluation']}")
     adjacency = report.get("adjacency")
     if adjacency:
         lines.append("Adjacency: every epsilon below is stated for one of")
