@@ -72,20 +72,29 @@ def summarise(results: list[dict]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("dataset", choices=["synth", "ebnerd"])
+    parser.add_argument("dataset", nargs="?", choices=["synth", "ebnerd"], default="synth")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--epochs", type=int, default=TrainConfig().epochs)
     parser.add_argument("--src", default=str(Path(__file__).resolve().parents[2] / "shared"
                                               / "data" / "ebnerd-demo" / "train"))
+    parser.add_argument("--smoke", action="store_true",
+                        help="tiny synthetic data, the first two rows, one seed, one epoch, "
+                             "results to a temporary directory")
     args = parser.parse_args()
-    RESULTS.mkdir(exist_ok=True)
+    results_dir, synth = RESULTS, SynthConfig(seed=0)
+    if args.smoke:
+        from _smoke import smoke_dir
+
+        args.dataset, args.seeds, args.epochs = "synth", [0], 1
+        results_dir, synth = smoke_dir("centralized"), SynthConfig(users=120, news=400, seed=0)
+    results_dir.mkdir(exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         extra: dict = {}
         if args.dataset == "synth":
             data = work / "synth"
-            extra["synth"] = write_synthetic(data, SynthConfig(seed=0))
-            rows = SYNTH_ROWS
+            extra["synth"] = write_synthetic(data, synth)
+            rows = SYNTH_ROWS[:2] if args.smoke else SYNTH_ROWS  # smoke: popularity, nrms
         else:
             data = work / "ebnerd"
             extra["conversion"] = convert_ebnerd(args.src, data, test_days=1, max_history=50)
@@ -97,7 +106,7 @@ def main() -> None:
         table += (f"\n\nShare of test candidate impressions whose news never appears in a "
                   f"training impression (news cold start): {cold:.3f}")
     print(table)
-    out = RESULTS / f"centralized_{args.dataset}.json"
+    out = results_dir / f"centralized_{args.dataset}.json"
     out.write_text(json.dumps({"command": " ".join(sys.argv), "results": results,
                                "table": table, **extra}, indent=2, default=str))
     print(f"saved {out}", file=sys.stderr)
