@@ -27,6 +27,8 @@ from flwr.app import Context, Error, Message, MessageType, RecordDict  # noqa: E
 from flwr.common.serde import message_from_proto, message_to_proto  # noqa: E402
 from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
 
+from privaterec.apps.flower_app import (check_server_data,  # noqa: E402
+                                        eval_data_from_flower)
 from privaterec.config import ModelConfig, RunConfig, TrainConfig, fed_config  # noqa: E402
 from privaterec.data.mind import (BEHAVIORS_FILE, load_dataset, write_split)  # noqa: E402
 from privaterec.data.records import MindSplit  # noqa: E402
@@ -218,3 +220,21 @@ def test_public_dir_refuses_a_directory_holding_behaviors(deployment, tmp_path):
     shutil.copyfile(public / "news.tsv", target / BEHAVIORS_FILE)
     with pytest.raises(DataFormatError, match="no user data"):
         write_public_dir(public.parent / "data", target)
+
+
+def test_a_deployed_flwr_run_server_is_refused_user_data(tmp_path):
+    with pytest.raises(ConfigError, match="public-dir"):
+        check_server_data({"data-dir": str(tmp_path)})
+    check_server_data({"data-dir": str(tmp_path), "seeded-rehearsal": True})  # a simulation
+    check_server_data({"public-dir": str(tmp_path)})
+    assert eval_data_from_flower({"eval-data": ""}) is None
+    assert eval_data_from_flower({"eval-data": str(tmp_path)}) == tmp_path
+    with pytest.raises(ConfigError, match="absolute"):
+        eval_data_from_flower({"eval-data": "holdout"})
+
+
+def test_privaterec_is_refused_by_a_server_holding_only_the_roster(deployment, tmp_path):
+    public, _, own = deployment
+    with pytest.raises(ConfigError, match="labelled impression"):
+        train_run(_config(public, "privaterec"), tmp_path / "run", progress=False,
+                  grid=_grid(own, tmp_path / "state"))

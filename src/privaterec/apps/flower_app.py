@@ -104,6 +104,26 @@ def eval_data_from_flower(run_config: Mapping[str, Any]) -> Path | None:
     return Path(value)
 
 
+def check_server_data(run_config: Mapping[str, Any]) -> None:
+    """Refuse a deployed server that would read user data: ``data-dir`` (a data directory
+    with the users' impressions) only with ``seeded-rehearsal = true``, a simulation or a
+    check against the simulator on public data; a deployment gives ``public-dir``
+    (docs/privacy.md#threat-model).
+
+    Raises
+    ------
+    ConfigError
+        For ``data-dir`` without ``seeded-rehearsal = true``.
+    """
+    if str(run_config.get("data-dir", "")) and not seeded_rehearsal(run_config):
+        raise ConfigError("run config 'data-dir' gives the server the users' impressions; a "
+                          "deployed server holds public data only: write its public "
+                          "directory with `privaterec data public-dir DATA --out DIR` and "
+                          "pass \"public-dir='/abs/DIR'\" (add eval-data='/abs/HOLDOUT' to "
+                          "evaluate on a public or consented holdout), or add "
+                          "seeded-rehearsal=true for a simulation on public data")
+
+
 def seeded_rehearsal(run_config: Mapping[str, Any]) -> bool:
     """The run-config key ``seeded-rehearsal``: ``true`` only as a boolean (TOML ``true``).
 
@@ -126,6 +146,7 @@ server_app = ServerApp()
 @server_app.main()
 def _flwr_run_main(grid: Grid, context: Context) -> None:
     """``flwr run flower/``: train the run directory ``out-dir`` like ``privaterec train``."""
+    check_server_data(context.run_config)
     config, out, drop_missing = run_config_from_flower(context.run_config)
     metrics = train_run(config, out, drop_missing=drop_missing, progress=False, grid=grid,
                         seeded_rehearsal=seeded_rehearsal(context.run_config),
@@ -137,5 +158,5 @@ def _flwr_run_main(grid: Grid, context: Context) -> None:
 
 client_app = make_client_app(load_device)
 
-__all__ = ["client_app", "eval_data_from_flower", "run_config_from_flower", "seeded_rehearsal",
+__all__ = ["check_server_data", "client_app", "eval_data_from_flower", "run_config_from_flower", "seeded_rehearsal",
            "server_app"]

@@ -124,8 +124,9 @@ class ClientMethod(ABC, Generic[TaskT]):
             if clients.roster_only:
                 raise ConfigError(
                     "this method samples from the users with a labelled impression, which a "
-                    "server holding only the roster cannot know; deploy it with a server "
-                    "data directory (data-dir) or choose a method that samples the roster")
+                    "server holding only the roster cannot know: it runs on Flower only as a "
+                    "simulation or seeded rehearsal (data-dir with seeded-rehearsal=true); "
+                    "deploy a method that samples the roster")
             return eligible_clients(clients, by_impressions=True)
         return roster(clients)
 
