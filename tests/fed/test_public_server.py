@@ -238,3 +238,18 @@ def test_privaterec_is_refused_by_a_server_holding_only_the_roster(deployment, t
     with pytest.raises(ConfigError, match="labelled impression"):
         train_run(_config(public, "privaterec"), tmp_path / "run", progress=False,
                   grid=_grid(own, tmp_path / "state"))
+
+
+def test_the_public_dir_command_writes_the_catalogue_and_roster(deployment, tmp_path, capsys):
+    from privaterec.cli import main
+
+    public, _, own = deployment
+    assert main(["data", "public-dir", str(public.parent / "data"), "--out",
+                 str(tmp_path / "pub"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["users"] == USERS
+    assert (tmp_path / "pub" / "news.tsv").read_bytes() == (public / "news.tsv").read_bytes()
+    assert read_roster(tmp_path / "pub" / ROSTER_FILE) == sorted(own)
+    (tmp_path / "held").mkdir()
+    (tmp_path / "held" / BEHAVIORS_FILE).write_text("")
+    assert main(["data", "public-dir", str(public.parent / "data"), "--out",
+                 str(tmp_path / "held")]) == 2  # a user error: the directory holds user data
