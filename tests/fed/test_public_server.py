@@ -133,10 +133,14 @@ def _opens(monkeypatch: pytest.MonkeyPatch, grid: DeviceGrid) -> list[tuple[str,
 
 
 def _config(public: Path, method: str) -> RunConfig:
-    noise = {"epsilon_train": 1.0} if method == "dp-fedrec" else {}
+    settings: dict[str, Any] = {"clients_per_round": 4}
+    if method == "dp-fedrec":
+        settings["epsilon_train"] = 1.0
+    if method == "dp-fedavg":  # central DP through SecAgg+, Poisson-sampled from the roster
+        settings = dict(client_fraction=0.5, noise_multiplier=1.0, target_delta=1e-3,
+                        adam_tau=1e-3, secure_aggregation="secaggplus")
     return RunConfig(data=str(public), model=TINY, train=TrainConfig(method=method, seed=SEED),
-                     fed=fed_config(method, rounds=2, clients_per_round=4, engine="flower",
-                                    **noise))
+                     fed=fed_config(method, rounds=2, engine="flower", **settings))
 
 
 def _grid(own: dict[str, Path], state: Path) -> DeviceGrid:
@@ -145,7 +149,7 @@ def _grid(own: dict[str, Path], state: Path) -> DeviceGrid:
                        for i, (uid, path) in enumerate(sorted(own.items()))})
 
 
-@pytest.mark.parametrize("method", ["dp-fedrec", "fednewsrec"])
+@pytest.mark.parametrize("method", ["dp-fedrec", "fednewsrec", "dp-fedavg"])
 def test_the_server_trains_from_the_catalogue_and_roster_and_opens_no_behaviors(
         deployment, tmp_path, monkeypatch, method):
     public, _, own = deployment
