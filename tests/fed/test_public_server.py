@@ -12,6 +12,7 @@ than an explicit ``eval-data`` holdout).
 from __future__ import annotations
 
 import builtins
+import dataclasses
 import io
 import json
 import shutil
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 pytest.importorskip("flwr", reason="the Flower engine needs flwr")
 
@@ -257,3 +259,34 @@ def test_the_public_dir_command_writes_the_catalogue_and_roster(deployment, tmp_
     (tmp_path / "held" / BEHAVIORS_FILE).write_text("")
     assert main(["data", "public-dir", str(public.parent / "data"), "--out",
                  str(tmp_path / "held")]) == 2  # a user error: the directory holds user data
+
+
+def test_devices_use_the_shipped_corpus_vectors_after_checking_their_hash(
+        deployment, tmp_path, monkeypatch):
+    from privaterec.models import factory
+    from privaterec.runs import artifacts
+
+    public, _, own = deployment
+    grid = _grid(own, tmp_path / "state")
+    fit = factory.corpus_word_vectors
+    fitted_on: list[str] = []
+
+    def spy_fit(*args: Any, **kwargs: Any) -> Any:
+        fitted_on.append("device" if getattr(grid.on_device, "node", None) else "server")
+        return fit(*args, **kwargs)
+
+    monkeypatch.setattr(factory, "corpus_word_vectors", spy_fit)
+    config = _config(public, "dp-fedrec")
+    config = dataclasses.replace(config, model=dataclasses.replace(TINY, embeddings="corpus"))
+    metrics = train_run(config, tmp_path / "run", progress=False, grid=grid)
+    assert len(metrics["rounds"]) == 2  # the devices' public fingerprint matched the server's
+    assert fitted_on == ["server"]  # fitted once, by the server; no device fitted them
+
+    table = torch.randn(5, 3)
+    text = artifacts.encode_word_vectors(table)
+    assert torch.equal(artifacts.decode_word_vectors(text), table)
+    record = json.loads(text)
+    record["data"] = record["data"][:-8] + ("A" * 8 if record["data"][-8:] != "A" * 8
+                                            else "B" * 8)
+    with pytest.raises(ConfigError, match="hash to"):
+        artifacts.decode_word_vectors(json.dumps(record))

@@ -53,10 +53,13 @@ def vocabulary_kind(model_config: ModelConfig) -> str:
 
 def build_word_embedding(model_config: ModelConfig, vocabs: TextVocabularies,
                          features: NewsFeatures | None = None, *,
-                         for_checkpoint: bool = False) -> WordEmbedding:
+                         for_checkpoint: bool = False,
+                         word_vectors: torch.Tensor | None = None) -> WordEmbedding:
     """The :class:`WordEmbedding` selected by ``model_config.embeddings`` (see module doc);
     ``features`` is the news table ``"corpus"`` vectors are fitted on, and
     ``for_checkpoint`` allows a zero placeholder without it (a checkpoint is loaded next).
+    ``word_vectors``: the ``"corpus"`` table ``[V, word_dim]`` already fitted (e.g. shipped
+    by a deployed server, :mod:`privaterec.runs.artifacts`), used instead of fitting it.
 
     Raises
     ------
@@ -71,6 +74,12 @@ def build_word_embedding(model_config: ModelConfig, vocabs: TextVocabularies,
         return WordEmbedding(num_tokens, model_config.resolved_word_dim, freeze=freeze)
     if model_config.embeddings == "corpus":
         dim = model_config.resolved_word_dim
+        if word_vectors is not None:
+            if tuple(word_vectors.shape) != (num_tokens, dim):
+                raise ConfigError(f"the corpus word vectors have shape "
+                                  f"{tuple(word_vectors.shape)}, the vocabulary and word_dim "
+                                  f"need {(num_tokens, dim)}")
+            return WordEmbedding(num_tokens, dim, pretrained=word_vectors, freeze=freeze)
         if features is None:
             if not for_checkpoint:
                 raise ConfigError("embeddings='corpus' are fitted on the news texts: build the "
@@ -90,7 +99,8 @@ def build_word_embedding(model_config: ModelConfig, vocabs: TextVocabularies,
 
 def build_news_encoder(model_config: ModelConfig, vocabs: TextVocabularies,
                        features: NewsFeatures | None = None, *,
-                       for_checkpoint: bool = False) -> NewsEncoderModule:
+                       for_checkpoint: bool = False,
+                       word_vectors: torch.Tensor | None = None) -> NewsEncoderModule:
     """The news encoder Θ_N named by ``model_config.news_encoder``, output size
     ``model_config.news_dim`` (``features``, ``for_checkpoint``: see
     :func:`build_word_embedding`)."""
@@ -101,7 +111,8 @@ def build_news_encoder(model_config: ModelConfig, vocabs: TextVocabularies,
     if c.news_encoder == "plm":
         return PLMNewsEncoder(vocabs.words, dim=c.news_dim,
                               trainable_layers=c.plm_trainable_layers, dropout=c.dropout)
-    embedding = build_word_embedding(c, vocabs, features, for_checkpoint=for_checkpoint)
+    embedding = build_word_embedding(c, vocabs, features, for_checkpoint=for_checkpoint,
+                                     word_vectors=word_vectors)
     if c.news_encoder == "nrms":
         return NRMSNewsEncoder(embedding, num_heads=c.num_heads, head_dim=c.head_dim,
                                attention_dim=c.attention_dim, dropout=c.dropout)
@@ -139,7 +150,8 @@ def build_user_encoder(model_config: ModelConfig) -> nn.Module:
 
 def build_recommender(model_config: ModelConfig, vocabs: TextVocabularies,
                       features: NewsFeatures | None = None, *,
-                      for_checkpoint: bool = False) -> Recommender:
+                      for_checkpoint: bool = False,
+                      word_vectors: torch.Tensor | None = None) -> Recommender:
     """Θ_N + Θ_U as a :class:`Recommender` (FedNewsRec §3.1).
 
     Parameters
@@ -153,6 +165,8 @@ def build_recommender(model_config: ModelConfig, vocabs: TextVocabularies,
     for_checkpoint:
         The model is the shell of a checkpoint whose ``state_dict`` is loaded next: frozen
         tables that need ``features`` may be zero placeholders.
+    word_vectors:
+        ``"corpus"`` word vectors already fitted (:func:`build_word_embedding`).
 
     With ``basis_size`` B > 0 the model carries PrivateRec's B basic vectors (built after
     the encoders, so models without a basis draw exactly the same initial parameters;
@@ -168,7 +182,8 @@ def build_recommender(model_config: ModelConfig, vocabs: TextVocabularies,
         When pre-trained embeddings or MiniLM are requested but their package is missing.
     """
     news_encoder = build_news_encoder(model_config, vocabs, features,
-                                      for_checkpoint=for_checkpoint)
+                                      for_checkpoint=for_checkpoint,
+                                      word_vectors=word_vectors)
     user_encoder = build_user_encoder(model_config)
     basis = None
     if model_config.basis_size > 0:

@@ -56,6 +56,7 @@ def _ranking_device(run: RunDirectory, data_dir: str) -> "Device":
     from privaterec.fed.flower.client_app import Device
     from privaterec.fed.methods import method_from_config, resolve_run_config
     from privaterec.fed.objective import LocalObjective
+    from privaterec.runs.artifacts import WORD_VECTORS_FILE, decode_word_vectors
     from privaterec.runs.ranking_setup import build_run_model, prepare_data
 
     config = resolve_run_config(RunConfig.from_yaml(run.config_path))
@@ -65,8 +66,11 @@ def _ranking_device(run: RunDirectory, data_dir: str) -> "Device":
     # A run that trained must have loaded its data; dropping dangling references is then a
     # no-op or what the run did (load_dataset raises on them otherwise).
     prepared = prepare_data(config, drop_missing=True, vocabs=vocabs)
-    # The public model exactly as privaterec.runs.ranking.train_run initialises it.
-    task = LocalObjective(build_run_model(config, prepared))
+    # The public model exactly as privaterec.runs.ranking.train_run initialises it, with the
+    # "corpus" word vectors the server shipped (hash-checked) instead of fitting them again.
+    shipped = run.path / WORD_VECTORS_FILE
+    vectors = decode_word_vectors(shipped.read_text()) if shipped.exists() else None
+    task = LocalObjective(build_run_model(config, prepared, word_vectors=vectors))
     return Device.of(task, method_from_config(config), prepared.train_clients)
 
 

@@ -34,6 +34,7 @@ from privaterec.fed.engine import check_run, federated_job
 from privaterec.fed.methods import resolve_run_config
 from privaterec.models.recommender import Recommender
 from privaterec.privacy.events import PrivacyEvent
+from privaterec.runs.artifacts import WORD_VECTORS_FILE, encode_word_vectors, word_vectors_of
 from privaterec.runs.directory import RunDirectory
 from privaterec.runs.engines import build_engine
 from privaterec.runs.ranking_setup import (PreparedData, build_run_model, load_run_model,
@@ -292,7 +293,7 @@ def _train_federated(config: RunConfig, run: RunDirectory, model: Recommender,
         write_privacy_json(run.privacy_path, state.ledger, release=release,
                            delta=config.fed.report_delta, rounds=state.round_index)
 
-    engine = build_engine(config.fed.engine, run_files=run_files(run, config), grid=grid,
+    engine = build_engine(config.fed.engine, run_files=run_files(run, config, model), grid=grid,
                           deployed=not seeded_rehearsal)
     state = job.train(clients, engine=engine, checkpoint_path=run.checkpoint_path,
                       progress=progress, on_evaluate=lambda t, _: evaluate(),
@@ -311,12 +312,18 @@ def evaluation_source(prepared: PreparedData, eval_data: str | None) -> str:
             f"reads")
 
 
-def run_files(run: RunDirectory, config: RunConfig) -> dict[str, str]:
+def run_files(run: RunDirectory, config: RunConfig,
+              model: Recommender | None = None) -> dict[str, str]:
     """The run's public files a Flower device rebuilds the model from: ``config.yaml`` (the
-    resolved configuration) and ``vocab.json`` when the run has one."""
+    resolved configuration), ``vocab.json`` when the run has one, and with ``"corpus"``
+    embeddings the word vectors of ``model`` (the initial model) with their SHA-256
+    (:mod:`privaterec.runs.artifacts`), which devices use instead of fitting them."""
     files = {"config.yaml": yaml.safe_dump(config.to_dict(), sort_keys=False)}
     if run.vocab_path.exists():
         files["vocab.json"] = run.vocab_path.read_text()
+    table = None if model is None else word_vectors_of(model)
+    if config.model.embeddings == "corpus" and table is not None:
+        files[WORD_VECTORS_FILE] = encode_word_vectors(table)
     return files
 
 

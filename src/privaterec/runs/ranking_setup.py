@@ -88,14 +88,16 @@ def prepare_public_data(config: RunConfig, *, eval_data: str | Path | None = Non
     return PreparedData(dataset, vocabs, features, clients)
 
 
-def build_run_model(config: RunConfig, prepared: PreparedData) -> Recommender:
+def build_run_model(config: RunConfig, prepared: PreparedData, *,
+                    word_vectors: torch.Tensor | None = None) -> Recommender:
     """The run's initial model: seeded with ``train.seed``, news table attached.
 
     Every engine builds it this way, so frozen parameters that are not trained (e.g. random
     frozen word vectors) are the same on the server and on every device.
     """
     torch.manual_seed(config.train.seed)
-    return build_recommender(config.model, prepared.vocabs, prepared.features)
+    return build_recommender(config.model, prepared.vocabs, prepared.features,
+                             word_vectors=word_vectors)
 
 
 def load_run_model(run_dir: str | Path) -> tuple[RunConfig, TextVocabularies, Recommender]:

@@ -141,7 +141,7 @@ DeviceLoader = Callable[[ClientSpec], Device]
 _DEVICE_CACHE: dict[tuple[Any, ...], Device] = {}
 
 
-PUBLIC_FILES = ("config.yaml", "vocab.json", "recall.yaml")
+PUBLIC_FILES = ("config.yaml", "vocab.json", "recall.yaml", "word_vectors.json")
 """The run-directory files a device's rebuilt task depends on (its cache key)."""
 
 
