@@ -138,7 +138,7 @@ def scaled_noise_shares(factor: float) -> Iterator[None]:
     original = SecAggRound.share_sigma
 
     def share_sigma(self: SecAggRound) -> float:
-        return float(original.fget(self)) * factor  # type: ignore[attr-defined]
+        return float(original.fget(self)) * factor  # type: ignore[attr-defined]  # a property read on the class is the property
 
     with _patched(SecAggRound, "share_sigma", property(share_sigma)):
         yield

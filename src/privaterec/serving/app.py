@@ -484,7 +484,7 @@ def _document_write_security(app: FastAPI) -> None:
             app.openapi_schema = schema
         return app.openapi_schema
 
-    app.openapi = openapi  # type: ignore[method-assign]
+    app.openapi = openapi  # type: ignore[method-assign]  # FastAPI's documented way to extend the schema
 
 
 __all__ = ["BodyLimit", "DEFAULT_MAX_BODY_BYTES", "NO_BASIS", "NO_RECALL",
