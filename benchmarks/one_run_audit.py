@@ -9,7 +9,8 @@ Writes a synthetic data set (``privaterec.data.synth``), then trains dp-fedavg o
 simulator at ε ∈ {1, 8} and at ε = 1 with the aggregator's noise cut 4× (a broken variant:
 the ledger keeps claiming ε = 1), each with K canary clients
 (:func:`privaterec.audit.one_run.one_run_audit`), and prints the estimate next to the
-ledger's ε. Saves ``benchmarks/results/one_run_audit[_smoke].md`` and ``.json``.
+ledger's ε. Saves ``benchmarks/results/one_run_audit.md`` and ``.json`` (``--smoke``: a temporary
+directory).
 """
 
 from __future__ import annotations
@@ -83,11 +84,16 @@ def main() -> int:
                      f"{r['held_out_mean']:.4f} ± {r['held_out_std']:.4f} |")
     text = "\n".join(lines) + "\n"
     print(text)
-    RESULTS.mkdir(exist_ok=True)
-    name = "one_run_audit_smoke" if args.smoke else "one_run_audit"
-    (RESULTS / f"{name}.md").write_text(text)
-    (RESULTS / f"{name}.json").write_text(json.dumps({"command": command, "rows": rows},
-                                                     indent=2))
+    if args.smoke:  # a smoke run's numbers mean nothing: never into benchmarks/results
+        from _smoke import smoke_dir
+        results = smoke_dir("one_run_audit")
+    else:
+        results = RESULTS
+    results.mkdir(exist_ok=True)
+    (results / "one_run_audit.md").write_text(text)
+    (results / "one_run_audit.json").write_text(json.dumps({"command": command, "rows": rows},
+                                                           indent=2))
+    print(f"saved {results / 'one_run_audit.md'}")
     return 0
 
 

@@ -29,7 +29,6 @@ PENDING: frozenset[str] = frozenset({
 NOT_YET: dict[str, str] = {
     "e2e_audit.py": "its --smoke applies to --canary only and writes e2e_audit_canary_smoke.* "
                     "to benchmarks/results; without --canary it runs the whole audit",
-    "one_run_audit.py": "its --smoke writes one_run_audit_smoke.* to benchmarks/results",
 }
 """Scripts whose ``--smoke`` does not yet meet the rules above, and why."""
 
