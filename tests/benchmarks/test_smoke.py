@@ -26,10 +26,7 @@ PENDING: frozenset[str] = frozenset({
 })
 """Scripts without a ``--smoke`` setting yet."""
 
-NOT_YET: dict[str, str] = {
-    "e2e_audit.py": "its --smoke applies to --canary only and writes e2e_audit_canary_smoke.* "
-                    "to benchmarks/results; without --canary it runs the whole audit",
-}
+NOT_YET: dict[str, str] = {}
 """Scripts whose ``--smoke`` does not yet meet the rules above, and why."""
 
 
