@@ -194,36 +194,6 @@ def write_privacy_json(path: Path, ledger: PrivacyLedger, *, release: Mapping[st
     return summary
 
 
-def record_queries(path: Path, queries: Mapping[str, Any], description: Mapping[str, Any], *,
-                   release_if_new: Mapping[str, Any], delta_if_new: float) -> dict[str, Any]:
-    """Add serving queries' releases to ``privacy.json`` and rewrite it (phase ``serve``).
-
-    Parameters
-    ----------
-    path:
-        The ``privacy.json`` file (created when missing, e.g. for a centralized run).
-    queries:
-        User id → sequence of ``(PrivacyEvent, count)`` pairs that user's queries released.
-    description:
-        Appended to the release's ``serving`` list (what was served, how, how often).
-    release_if_new, delta_if_new:
-        The release block and target δ of a file that does not exist yet.
-    """
-    from privaterec.privacy.ledger import PrivacyLedger
-
-    if path.exists():
-        summary = read_privacy_json(path)
-        ledger = PrivacyLedger.from_dict(summary["ledger"])
-        release, delta, rounds = dict(summary["release"]), summary["delta"], summary["rounds"]
-    else:
-        ledger, release, delta, rounds = PrivacyLedger(), dict(release_if_new), delta_if_new, 0
-    for user, pairs in sorted(queries.items()):
-        for event, count in pairs:
-            ledger.record(user, event, count)
-    release["serving"] = [*release.get("serving", []), dict(description)]
-    return write_privacy_json(path, ledger, release=release, delta=delta, rounds=rounds)
-
-
 SIMULATED_SERVING_NOTE = (
     "SIMULATED serving: these queries were released offline by 'privaterec evaluate "
     "--serving', with seeded noise, on the run's test impressions; no device released them. "
