@@ -200,7 +200,7 @@ def score_impressions(model: Recommender, split: MindSplit, features: NewsFeatur
     # Scores and labels go into two preallocated flat arrays, and each impression's pair is a
     # view of them: one small score buffer per impression, kept alive between the freed
     # per-batch torch temporaries, fragmented the heap (RSS grew ~175 KB per impression on
-    # 31k impressions; BENCHMARKS.md "Synthetic data at population scale").
+    # 31k impressions; BENCHMARKS.md "Evaluation memory").
     all_scores = np.empty(int(offsets[-1]), dtype=np.float32)  # [Σ C_i]
     all_labels = np.fromiter((label for imp in labelled for label in imp.labels or ()),
                              dtype=np.int64, count=int(offsets[-1]))  # [Σ C_i]
