@@ -9,8 +9,8 @@ Writes a synthetic data set (``privaterec.data.synth``), then trains dp-fedavg o
 simulator at ε ∈ {1, 8} and at ε = 1 with the aggregator's noise cut 4× (a broken variant:
 the ledger keeps claiming ε = 1), each with K canary clients
 (:func:`privaterec.audit.one_run.one_run_audit`), and prints the estimate next to the
-ledger's ε. Saves ``benchmarks/results/one_run_audit.md`` and ``.json`` (``--smoke``: a temporary
-directory).
+ledger's ε. Saves ``benchmarks/results/one_run_audit.md`` and ``.json`` (another ``--users``
+U: ``one_run_audit_Uusers.*``; ``--smoke``: a temporary directory).
 """
 
 from __future__ import annotations
@@ -90,10 +90,11 @@ def main() -> int:
     else:
         results = RESULTS
     results.mkdir(exist_ok=True)
-    (results / "one_run_audit.md").write_text(text)
-    (results / "one_run_audit.json").write_text(json.dumps({"command": command, "rows": rows},
-                                                           indent=2))
-    print(f"saved {results / 'one_run_audit.md'}")
+    stem = "one_run_audit" if args.users == 300 else f"one_run_audit_{args.users}users"
+    (results / f"{stem}.md").write_text(text)
+    (results / f"{stem}.json").write_text(json.dumps({"command": command, "rows": rows},
+                                                     indent=2))
+    print(f"saved {results / (stem + '.md')}")
     return 0
 
 

@@ -9,11 +9,13 @@ Each is a context manager that patches the library for its duration (simulation 
 * :func:`scaled_noise` — every Laplace draw ``factor`` times its calibrated scale while the
   events still claim the calibrated ε (e.g. 0.1: noise 10x too small).
 * :func:`reply_with_loss` — the client's reply also carries its raw training loss.
+* :func:`private_reply_with_metadata` — a private method's Flower ClientApp reply also
+  carries each user's loss and sample count (``ClientMethod.sends_metadata`` true).
 * :func:`scaled_gaussian_noise` — every Gaussian draw (central DP's noise on the sum and on
   the clip count included) ``factor`` times its calibrated scale.
-* :func:`scaled_secure_noise` — every float-safe Gaussian release of
-  :class:`~privaterec.privacy.samplers.SecureNoise` (a deployed server's central noise) at
-  ``factor`` × σ.
+* :func:`scaled_secure_noise` — every float-safe Gaussian (or, with ``mechanism``, Laplace)
+  release of :class:`~privaterec.privacy.samplers.SecureNoise` (a deployed server's central
+  noise, a device's local noise) at ``factor`` × its scale.
 * :func:`scaled_noise_shares` — distributed noise: every client's SecAgg+ noise share at
   ``factor`` × its σ.
 * :func:`unnoised_clip_count` — central DP's aggregator releases the count of unclipped
@@ -115,18 +117,30 @@ def scaled_gaussian_noise(factor: float) -> Iterator[None]:
 
 
 @contextmanager
-def scaled_secure_noise(factor: float) -> Iterator[None]:
-    """:meth:`~privaterec.privacy.samplers.SecureNoise.release` of Gaussian noise at ``factor`` × σ (the deployed noise)."""
+def scaled_secure_noise(factor: float, mechanism: str = "gaussian") -> Iterator[None]:
+    """:meth:`~privaterec.privacy.samplers.SecureNoise.release` of ``mechanism`` noise at
+    ``factor`` × its scale (the deployed noise)."""
     from privaterec.privacy.samplers import SecureNoise
 
     original = SecureNoise.release
+    scaled = mechanism
 
     def release(self: SecureNoise, x: Tensor, *, mechanism: str, scale: Any,
                 **kwargs: Any) -> Tensor:
-        factor_here = factor if mechanism == "gaussian" else 1.0
+        factor_here = factor if mechanism == scaled else 1.0
         return original(self, x, mechanism=mechanism, scale=scale * factor_here, **kwargs)
 
     with _patched(SecureNoise, "release", release):
+        yield
+
+
+@contextmanager
+def private_reply_with_metadata() -> Iterator[None]:
+    """Every client method's ``sends_metadata`` is true: the Flower ClientApp's reply of a
+    private method also carries each user's loss and number of samples."""
+    from privaterec.fed.methods.base import ClientMethod
+
+    with _patched(ClientMethod, "sends_metadata", property(lambda self: True)):
         yield
 
 
@@ -183,5 +197,6 @@ def noise_on_touched_news_only() -> Iterator[None]:
         yield
 
 
-__all__ = ["noise_on_touched_news_only", "published_dpl", "published_dpl_labels", "reply_with_loss", "scaled_gaussian_noise",
+__all__ = ["noise_on_touched_news_only", "private_reply_with_metadata", "published_dpl",
+           "published_dpl_labels", "reply_with_loss", "scaled_gaussian_noise",
            "scaled_noise", "scaled_noise_shares", "scaled_secure_noise", "unnoised_clip_count"]
