@@ -329,7 +329,7 @@ def test_train_evaluate_demo_flags_all_have_help_and_defaults(capsys):
     for flag, default in (("--method", "centralized"), ("--model", "nrms"),
                           ("--epochs", "3"), ("--lr", "0.005"), ("--batch-size", "32")):
         assert f"(default {default})" in text.split(flag, 2)[2].split(" --", 1)[0], flag
-    assert "dp-fedrec, dp-fedavg, privaterec; unset" in text
+    assert "dp-fedrec, privaterec, dp-fedavg; unset" in text
     assert "--epsilon-train EPSILON_TRAIN dp-fedrec, privaterec:" in text
 
 
@@ -382,3 +382,78 @@ def test_basis_line_warns_only_on_a_collapsed_attention():
     diverse = torch.eye(b).repeat(n // b, 1)
     healthy = _basis_line(attention_diagnostics(diverse, user, user).to_dict())
     assert "WARNING" not in healthy and "spread 0.800" in healthy
+
+
+# --- every method setting is a flag ---------------------------------------------------------
+def _candidates(kind, f):
+    """Values of the setting ``f`` of ``kind`` other than its default, as flag text."""
+    from privaterec.method_settings import setting_flags
+
+    (flag,) = [g for g in setting_flags() if g.dest == f.name and kind.method in g.methods]
+    values = flag.choices or ((1, 2) if flag.type is int else (0.25, 0.5, 2.0, 1e-3))
+    return flag.flags[0], [v for v in values if v != f.default]
+
+
+def _example(kind, name):
+    """A valid settings object of ``kind`` whose ``name`` is not its default, with up to two
+    more settings changed where it needs them (e.g. dp-fedavg's clip_lr needs adaptive
+    clipping and a noise), and the flags that give it."""
+    import dataclasses
+    import itertools
+
+    from privaterec.errors import ConfigError
+
+    names = [f.name for f in dataclasses.fields(kind)]
+    options = {g: _candidates(kind, f) for g, f in zip(names, dataclasses.fields(kind))}
+    others = [g for g in names if g != name]
+    for size in range(3):
+        for extra in itertools.combinations(others, size):
+            keys = (name, *extra)
+            for values in itertools.product(*(options[g][1] for g in keys)):
+                try:
+                    settings = kind(**dict(zip(keys, values)))
+                except ConfigError:
+                    continue
+                return settings, [text for g, value in zip(keys, values)
+                                  for text in (options[g][0], str(value))]
+    raise AssertionError(f"no valid value of {kind.method}'s {name!r} other than its default")
+
+
+def test_every_method_setting_is_a_flag_and_round_trips_through_config_yaml(tmp_path):
+    # a method's settings are declared once (privaterec.method_settings): each field is a
+    # flag of `train`, reaches the run's configuration and is saved under its name
+    import dataclasses
+
+    import yaml
+
+    from privaterec.cli import build_parser, recall_config_from_args, run_config_from_args
+    from privaterec.config import RunConfig
+    from privaterec.method_settings import SETTINGS
+    from privaterec.runs.recall import RecallRunConfig
+
+    checked, parser = 0, build_parser()
+    for method, kind in SETTINGS.items():
+        for f in dataclasses.fields(kind):
+            expected, flags = _example(kind, f.name)
+            argv = ["train", "--data", str(tmp_path), "--out", "o", "--method", method, *flags]
+            if kind.task == "recall":
+                args = parser.parse_args([*argv, "--ranker", str(tmp_path)])
+                config, loader = recall_config_from_args(args), RecallRunConfig.from_yaml
+            else:
+                args = parser.parse_args(argv)
+                config, loader = run_config_from_args(args), RunConfig.from_yaml
+            assert config.fed.settings == expected, (method, flags)
+            path = tmp_path / f"{method}-{f.name}.yaml"
+            config.to_yaml(path)
+            saved = yaml.safe_load(path.read_text())["fed"]["settings"]
+            assert saved[f.name] == getattr(expected, f.name), (method, f.name)
+            assert loader(path) == config, (method, f.name)
+            checked += 1
+    assert checked == sum(len(dataclasses.fields(kind)) for kind in SETTINGS.values()) > 20
+
+
+def test_a_flag_of_another_method_is_refused_naming_it(tmp_path, capsys):
+    # --gradient-clipping is Uni-FedRec's: a ranking method refuses it by its flag
+    assert main(["train", "--data", str(tmp_path), "--out", str(tmp_path / "o"), "--method",
+                 "dp-fedrec", "--gradient-clipping", "none"]) == 2
+    assert "--gradient-clipping does not apply to dp-fedrec" in capsys.readouterr().err

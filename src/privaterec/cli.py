@@ -18,8 +18,7 @@ from typing import Any, Sequence
 
 from privaterec.version import __version__
 from privaterec.config import (BASIS_ATTENTION_KINDS, EMBEDDINGS, ENGINES, FEDERATED_METHODS,
-                               METHODS, NEWS_ENCODERS, NOISE_KINDS, NOISE_PLACEMENTS,
-                               PRIVACY_MODES, SECURE_AGGREGATIONS, SENSITIVITY_MODES,
+                               METHODS, NEWS_ENCODERS, NOISE_KINDS, SENSITIVITY_MODES,
                                SERVING_KINDS, STRATEGIES, USER_ENCODERS, MODEL_PRESETS,
                                ModelConfig, RunConfig, TrainConfig, fed_with_changes,
                                model_preset, replace)
@@ -147,20 +146,19 @@ def cmd_data_public_dir(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------------- train
-_FED_FLAGS = ("rounds", "client_fraction", "clients_per_round", "strategy", "server_lr",
-              "server_momentum",
-              "local_steps", "local_lr", "max_client_samples", "eval_every", "engine", "clip",
-              "noise_scale", "epsilon_train", "delta_train", "noise", "padding_p",
-              "privacy_mode", "sensitivity_mode", "history_budget", "noise_multiplier",
-              "target_epsilon", "target_delta", "adaptive_clip_quantile", "clip_lr",
-              "clip_count_stddev", "secure_aggregation", "noise_placement", "max_dropouts",
-              "clip_space")
-"""The flags of ``train`` that set a federated setting: the engine's (FedConfig's fields) and
-the methods' own (:mod:`privaterec.method_settings`), by their configuration key."""
+_ENGINE_FLAGS = ("rounds", "client_fraction", "clients_per_round", "strategy", "server_lr",
+                 "server_momentum", "local_steps", "local_lr", "max_client_samples",
+                 "eval_every", "engine")
+"""The flags of ``train`` that set an engine's setting (FedConfig's fields) by their
+configuration key; the methods' own are generated (:func:`_add_method_flags`)."""
 
 
 def _fed_flags(args: argparse.Namespace) -> dict[str, Any]:
-    return {key: getattr(args, key) for key in _FED_FLAGS}
+    """The federated settings the flags give: the engine's and the methods' own, by key."""
+    from privaterec.method_settings import setting_flags
+
+    keys = (*_ENGINE_FLAGS, *(flag.dest for flag in setting_flags()))
+    return {key: getattr(args, key) for key in keys if getattr(args, key) is not None}
 
 
 def run_config_from_args(args: argparse.Namespace) -> RunConfig:
@@ -179,7 +177,7 @@ def run_config_from_args(args: argparse.Namespace) -> RunConfig:
         "method": args.method, "epochs": args.epochs, "lr": args.lr, "plm_lr": args.plm_lr,
         "batch_size": args.batch_size, "seed": args.seed,
     }.items() if v is not None}
-    fed_changes = {k: v for k, v in _fed_flags(args).items() if v is not None}
+    fed_changes = _fed_flags(args)
     data = str(Path(args.data).resolve()) if args.data else config.data
     if not data:
         raise PrivateRecError("no training data: pass --data DIR (or 'data:' in --config)")
@@ -199,7 +197,9 @@ def run_config_from_args(args: argparse.Namespace) -> RunConfig:
 def _flag(key: str) -> str:
     """The command-line flag of a configuration key (``delta_train`` → ``--delta-train``;
     Uni-FedRec's ``clipping`` → ``--gradient-clipping``)."""
-    return "--gradient-clipping" if key == "clipping" else "--" + key.replace("_", "-")
+    from privaterec.method_settings import setting_flag
+
+    return setting_flag(key)
 
 
 # Flags of the ranking training that recall training does not read (a ranking method's
@@ -236,8 +236,7 @@ def recall_config_from_args(args: argparse.Namespace) -> Any:
         "distance_threshold": args.distance_threshold, "cluster_method": args.cluster_method,
         "cluster_metric": args.cluster_metric, "clip": args.interest_clip,
         "noise_scale": args.interest_noise}.items() if v is not None}
-    fed = {k: v for k, v in {**_fed_flags(args), "clipping": args.gradient_clipping}.items()
-           if v is not None}
+    fed = _fed_flags(args)
     train = {k: v for k, v in {"score_clip": args.score_clip}.items() if v is not None}
     return replace(config, **top, model=replace(config.model, **model),
                    fed=fed_with_changes(config.fed, "unifedrec", fed, name=_flag),
@@ -587,6 +586,25 @@ def _add_serve_parser(sub: Any) -> None:
     serve.set_defaults(func=cmd_serve)
 
 
+def _add_method_flags(train: argparse.ArgumentParser,
+                      shared: Any) -> dict[str, Any]:
+    """The flags of the methods' own settings, generated from their declaration
+    (:func:`privaterec.method_settings.setting_flags`): a flag of several methods goes into
+    ``shared``, one method's into its own group. Returns the groups by method name."""
+    from privaterec.method_settings import SETTINGS, setting_flags
+
+    groups = {}
+    for flag in setting_flags():
+        (method,) = flag.methods if len(flag.methods) == 1 else (None,)
+        if method is not None and method not in groups:
+            title = SETTINGS[method].title
+            groups[method] = train.add_argument_group(f"{title} (--method {method})")
+        group = shared if method is None else groups[method]
+        group.add_argument(*flag.flags, dest=flag.dest, type=flag.type, choices=flag.choices,
+                           default=None, help=flag.help)
+    return groups
+
+
 def _add_device_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="auto", metavar="DEVICE",
                         help="where models, rounds and evaluation run: auto (CUDA when "
@@ -595,10 +613,7 @@ def _add_device_flag(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from privaterec.method_settings import (CLIP_SPACES, DEFAULT_CLIP_LR, GRADIENT_CLIPPINGS,
-                                            PRIVATEREC_STRICT_CLIP, DPFedAvgSettings,
-                                            DPFedRecSettings, FedNewsRecSettings,
-                                            PrivateRecSettings, UniFedRecSettings)
+    from privaterec.method_settings import CLIP_SPACES, SETTINGS
 
     parser = argparse.ArgumentParser(
         prog="privaterec",
@@ -665,7 +680,8 @@ def build_parser() -> argparse.ArgumentParser:
     # default, read from the configuration dataclasses so that it stays true
     model_defaults, train_defaults = ModelConfig(), TrainConfig()
     train.add_argument("--data", help="data directory (train/ and test/)")
-    train.add_argument("--method", choices=(*METHODS, "unifedrec"), default=None,
+    train.add_argument("--method", choices=(*METHODS, *(m for m in SETTINGS if m not in METHODS)),
+                       default=None,
                        help=f"training method (default {train_defaults.method})")
     train.add_argument("--model", choices=NEWS_ENCODERS, default=None,
                        help=f"news encoder (default {model_defaults.news_encoder})")
@@ -698,8 +714,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--seed", type=int, default=None,
                        help=f"seed of every random draw (default {train_defaults.seed})")
     fed = train.add_argument_group(
-        "federated training (fedrec, fednewsrec, dp-fedrec, dp-fedavg, privaterec; unset = the "
-        "method's default; a flag that is not a setting of the method is refused)")
+        f"federated training ({', '.join(FEDERATED_METHODS)}; unset = the method's default; a "
+        f"flag that is not a setting of the method is refused)")
     fed.add_argument("--rounds", type=int, default=None, help="T communication rounds")
     fed.add_argument("--client-fraction", type=float, default=None,
                      help="r, fraction of users sampled per round (default 0.02); dp-fedavg: "
@@ -717,74 +733,14 @@ def build_parser() -> argparse.ArgumentParser:
     fed.add_argument("--local-steps", type=int, default=None,
                      help="E local SGD steps per client (FedAvg; default 1 = FedSGD)")
     fed.add_argument("--local-lr", type=float, default=None, help="clients' local SGD rate")
-    fed.add_argument("--clip", type=float, default=None,
-                     help=f"fednewsrec: element-wise bound delta ({FedNewsRecSettings.clip:g}); "
-                          f"dp-fedrec: norm bound theta ({DPFedRecSettings.clip:g}); privaterec "
-                          f"strict mode: history-path bound ({PRIVATEREC_STRICT_CLIP:g}); "
-                          f"dp-fedavg: L2 bound C ({DPFedAvgSettings.clip:g})")
-    fed.add_argument("--noise-scale", type=float, default=None,
-                     help=f"fednewsrec: Laplace scale lambda "
-                          f"({FedNewsRecSettings.noise_scale:g})")
-    fed.add_argument("--epsilon-train", type=float, default=None,
-                     help="dp-fedrec, privaterec: per-round epsilon of a client's upload "
-                          "(default inf: no noise)")
-    fed.add_argument("--delta-train", "--delta", dest="delta_train", type=float, default=None,
-                     help=f"dp-fedrec, privaterec with gaussian noise: per-round delta "
-                          f"({DPFedRecSettings.delta_train:g})")
-    fed.add_argument("--noise", choices=NOISE_KINDS, default=None,
-                     help="dp-fedrec, privaterec: laplace (L1 clipping) or gaussian (L2, "
-                          "analytic)")
     fed.add_argument("--max-client-samples", type=int, default=None,
                      help="samples a client uses per round at most (64)")
     fed.add_argument("--eval-every", type=int, default=None,
                      help="evaluate on the test split every N rounds (0: at the end)")
     fed.add_argument("--engine", choices=ENGINES, default=None,
                      help="simulator (vectorized, default) or flower")
-    central = train.add_argument_group(
-        "central DP (--method dp-fedavg: user-level DP-FedAvg; Poisson sampling at rate "
-        f"--client-fraction, each update clipped to L2 norm --clip (default "
-        f"{DPFedAvgSettings.clip:g}), Gaussian noise on the sum)")
-    central.add_argument("--target-epsilon", type=float, default=None,
-                         help="user-level epsilon of the whole run; the noise multiplier is "
-                              "calibrated from it (PLD accountant)")
-    central.add_argument("--noise-multiplier", type=float, default=None,
-                         help="z: noise std z*clip on the sum (instead of --target-epsilon; "
-                              "the report gives the epsilon)")
-    central.add_argument("--target-delta", type=float, default=None,
-                         help=f"delta of the run's guarantee (default "
-                              f"{DPFedAvgSettings.target_delta:g}; must be < 1/N)")
-    central.add_argument("--adaptive-clip-quantile", type=float, default=None,
-                         help="adaptive clipping (Andrew et al. 2021): the clip starts at "
-                              "--clip and follows this quantile of the update norms, e.g. "
-                              "0.5 (default: off, a fixed clip); the run's epsilon is "
-                              "unchanged, the count's noise is taken from the update's")
-    central.add_argument("--clip-lr", type=float, default=None,
-                         help="adaptive clipping: geometric learning rate of the clip "
-                              f"(default {DEFAULT_CLIP_LR:g})")
-    central.add_argument("--clip-count-stddev", type=float, default=None,
-                         help="adaptive clipping: noise std on the count of unclipped "
-                              "clients, > z/2 (default: expected clients per round / 20)")
-    central.add_argument("--secure-aggregation", choices=SECURE_AGGREGATIONS, default=None,
-                         help="--engine flower only: secaggplus sums the clipped updates "
-                              "with Flower's SecAgg+, so the server sees only the sum "
-                              "(default none: it sees each update; simulator)")
-    central.add_argument("--noise-placement", choices=NOISE_PLACEMENTS, default=None,
-                         help="with secaggplus: central (the server adds the noise to the "
-                              "sum, default) or distributed (each client adds its share "
-                              "before masking)")
-    central.add_argument("--max-dropouts", type=int, default=None,
-                         help="with secaggplus: k clients a round may lose; the sum decodes "
-                              "only with at least n - k of the n sampled clients (and their "
-                              "noise shares) in it (default 0)")
-    central.add_argument("--clip-space", choices=CLIP_SPACES, default=None,
-                         help="what a client clips: parameters (its gradient, default) or "
-                              "news_vectors (its user-side gradient and the cotangents of "
-                              "the news vectors; the server forms the news-encoder gradient "
-                              "in one shared pass: a round costs about a non-private one; "
-                              "--local-steps 1, fixed --clip; on Flower through SecAgg+, "
-                              "each device then uploads D_U + (news in the table) x d "
-                              "coordinates)")
-    private = train.add_argument_group("PrivateRec (--method privaterec)")
+    groups = _add_method_flags(train, fed)
+    private = groups["privaterec"]
     private.add_argument("--basis", type=basis_arg, default=None,
                          help="B basic vectors, an integer >= 2 (default 5)")
     private.add_argument("--basis-attention", choices=BASIS_ATTENTION_KINDS, default=None,
@@ -794,26 +750,10 @@ def build_parser() -> argparse.ArgumentParser:
                               "docs/privaterec.md)")
     private.add_argument("--basis-scale", type=float, default=None,
                          help="s of centered attention (default 5.0)")
-    private.add_argument("--padding-p", type=float, default=None,
-                         help=f"behaviour padding probability p (default "
-                              f"{PrivateRecSettings.padding_p:g})")
-    private.add_argument("--privacy-mode", choices=PRIVACY_MODES, default=None,
-                         help=f"strict (default {PrivateRecSettings.privacy_mode}): the "
-                              f"history-path gradient is clipped and noised too, so epsilon "
-                              f"is a guarantee; paper: Alg. 3 as published, to reproduce its "
-                              f"tables (that gradient is uploaded raw: NOT a guarantee, "
-                              f"user-level epsilon = inf)")
-    private.add_argument("--sensitivity-mode", choices=SENSITIVITY_MODES, default=None,
-                         help="DPA sensitivity: true (simplex, default) or paper (invalid, "
-                              "reproduction only)")
-    private.add_argument("--history-budget", type=float, default=None,
-                         help=f"strict mode: share of epsilon_t for the history-path gradient "
-                              f"(default {PrivateRecSettings.history_budget:g})")
-    recall = train.add_argument_group(
-        "Uni-FedRec (--method unifedrec; also --rounds --client-fraction --clients-per-round "
-        f"--strategy sgd|fedadam --server-lr --clip (theta, default {UniFedRecSettings.clip:g}) "
-        f"--noise-scale (lambda_g, default {UniFedRecSettings.noise_scale:g}) "
-        f"--max-client-samples --seed --data)")
+    recall = groups["unifedrec"]
+    recall.description = ("also --rounds --client-fraction --clients-per-round --strategy "
+                          "sgd|fedadam --server-lr --clip --noise-scale --max-client-samples "
+                          "--seed --data")
     recall.add_argument("--ranker", default=None,
                         help="ranking run (trained by another method) whose news encoder "
                              "gives the news vectors and whose model ranks the candidates")
@@ -830,9 +770,6 @@ def build_parser() -> argparse.ArgumentParser:
     recall.add_argument("--cluster-method", default=None,
                         help="scipy linkage method (average)")
     recall.add_argument("--cluster-metric", default=None, help="distance metric (cosine)")
-    recall.add_argument("--gradient-clipping", choices=GRADIENT_CLIPPINGS,
-                        default=None, help=f"how uploads are clipped to theta "
-                                           f"({UniFedRecSettings.clipping})")
     recall.add_argument("--score-clip", action=argparse.BooleanOptionalAction, default=None,
                         help="clip decomposition scores in training as in serving (on)")
     _add_device_flag(train)

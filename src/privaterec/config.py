@@ -18,8 +18,9 @@ import yaml
 
 from privaterec.errors import ConfigError
 from privaterec.method_settings import (LEGACY_FLAT_KEYS, NOISE_KINDS, NOISE_PLACEMENTS,
-                                        PRIVACY_MODES, SECURE_AGGREGATIONS, SENSITIVITY_MODES,
-                                        SETTINGS, MethodSettings, NoiseKind, NoisePlacement,
+                                        PRIVACY_MODES, RANKING_METHODS, SECURE_AGGREGATIONS,
+                                        SENSITIVITY_MODES, SETTINGS, MethodSettings, NoiseKind,
+                                        NoisePlacement,
                                         PrivacyMode, SecureAggregation, SensitivityMode,
                                         settings_type)
 from privaterec.validators import check as _check
@@ -36,9 +37,6 @@ S = TypeVar("S", bound=MethodSettings)
 NewsEncoder = Literal["nrms", "naml", "fednewsrec", "plm", "id"]
 UserEncoder = Literal["nrms", "naml", "lstur", "fednewsrec"]
 Embeddings = Literal["random", "corpus", "glove50", "minilm"]
-FederatedMethod = Literal["fedrec", "fednewsrec", "dp-fedrec", "privaterec", "dp-fedavg"]
-Method = Literal["centralized", "popularity", "fedrec", "fednewsrec", "dp-fedrec",
-                 "privaterec", "dp-fedavg"]
 ServingKind = Literal["none", "privaterec", "vdp", "local"]
 Strategy = Literal["sgd", "fedavg", "fedavgm", "fedadam"]
 Engine = Literal["simulator", "flower"]
@@ -50,9 +48,18 @@ EMBEDDINGS: tuple[Embeddings, ...] = get_args(Embeddings)
 # Size of the word vectors each embedding kind brings (random and corpus vectors: ``word_dim``).
 PRETRAINED_WORD_DIM: dict[Embeddings, int] = {"glove50": 50, "minilm": 384}
 DEFAULT_RANDOM_WORD_DIM = 64
-FEDERATED_METHODS: tuple[FederatedMethod, ...] = get_args(FederatedMethod)
+FEDERATED_METHODS: tuple[str, ...] = RANKING_METHODS
+"""The federated methods of a ranking run, from their declaration
+(:data:`privaterec.method_settings.SETTINGS`)."""
+METHODS: tuple[str, ...] = ("centralized", "popularity", *FEDERATED_METHODS)
+"""``train.method``'s choices: the centralized baselines and the federated methods."""
+if TYPE_CHECKING:
+    FederatedMethod = str
+    Method = str
+else:  # a Literal of the declared methods: a config.yaml's value is checked against it
+    FederatedMethod = Literal[FEDERATED_METHODS]
+    Method = Literal[METHODS]
 SERVING_KINDS: tuple[ServingKind, ...] = get_args(ServingKind)
-METHODS: tuple[Method, ...] = get_args(Method)
 STRATEGIES: tuple[Strategy, ...] = get_args(Strategy)
 ENGINES: tuple[Engine, ...] = get_args(Engine)
 BASIS_ATTENTION_KINDS: tuple[BasisAttention, ...] = get_args(BasisAttention)

@@ -12,6 +12,13 @@ The method classes of :mod:`privaterec.fed.methods` (and Uni-FedRec's
 the configuration layer, so that a ``config.yaml`` is read and checked without importing the
 engine.
 
+A method is declared here once: :data:`SETTINGS` (its settings classes by name) is the list of the federated methods that ``config.py`` (``train.method``'s choices), the CLI
+(``--method``) and the registry of method classes derive theirs from. Each field is a
+:func:`setting`: its key in ``config.yaml`` (``fed.settings.<field>``) is its name, and its
+command-line flag (``--`` and the name with dashes unless given) and help are declared with it;
+``privaterec train``'s method flags are generated from them (:func:`setting_flags`), and
+its help is the field's documentation.
+
 ====================  ==============================  ==========================================
 method                settings                        method class
 ====================  ==============================  ==========================================
@@ -27,8 +34,10 @@ method                settings                        method class
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
-from typing import ClassVar, Literal, get_args
+import types
+import typing
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar, Literal, NamedTuple, get_args
 
 from privaterec.errors import ConfigError
 from privaterec.privacy.adaptive_clip import DEFAULT_CLIP_LR
@@ -57,6 +66,11 @@ PRIVATEREC_STRICT_CLIP = 1e-4
 norm 2CD/ε, does not depend on C, but the noise it adds to the raw candidate-path gradient grows
 with C: a small C is better
 (measured: 0.5349 test AUC at C = 1e-4 vs 0.5172 at DP-FedRec's 0.005; BENCHMARKS.md)."""
+
+
+_NOISE_HELP = "laplace (L1 clipping) or gaussian (L2, analytic)"
+_EPSILON_TRAIN_HELP = "per-round epsilon of a client's upload (inf: no noise)"
+_DELTA_TRAIN_HELP = "per-round delta, with gaussian noise (laplace is pure epsilon-DP)"
 
 
 def _check_delta(value: float, name: str, hint: str = "") -> None:
@@ -94,14 +108,33 @@ def check_secure_aggregation(*, secure_aggregation: str, noise_placement: str,
                           "use a fixed --clip")
 
 
+def setting(default: Any, help: str, *, flag: str | None = None,
+            aliases: tuple[str, ...] = (), choices: tuple[str, ...] | None = None) -> Any:
+    """A field of a method's settings with its command-line flag.
+
+    Parameters
+    ----------
+    default: the field's default (a real one: every setting has a default).
+    help: the flag's help, without the default (it is appended unless ``None``).
+    flag: the flag (default ``--`` and the field's name with dashes); aliases: other flags.
+    choices: the accepted values of a ``str`` field (a ``Literal`` field's are its type's).
+    """
+    return field(default=default, metadata={"help": help, "flag": flag, "aliases": aliases,
+                                            "choices": choices})
+
+
 @dataclass(frozen=True, kw_only=True)
 class MethodSettings:
     """The settings of one federated method (a subclass per method; this base has none).
 
-    ``method`` names the method (``TrainConfig.method``, or ``unifedrec``).
+    ``method`` names the method (``TrainConfig.method``, or ``unifedrec``); ``task`` is the
+    model it trains: ``ranking`` (``train.method`` of a :class:`~privaterec.config.RunConfig`)
+    or ``recall`` (Uni-FedRec's recall model); ``title`` heads its flags in ``train --help``.
     """
 
     method: ClassVar[str] = ""
+    task: ClassVar[Literal["ranking", "recall"]] = "ranking"
+    title: ClassVar[str] = ""
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:
@@ -114,23 +147,21 @@ class FedRecSettings(MethodSettings):
     """FedRec: plain federated learning, raw updates (no setting of its own)."""
 
     method: ClassVar[str] = "fedrec"
+    title: ClassVar[str] = "FedRec"
 
 
 @dataclass(frozen=True, kw_only=True)
 class FedNewsRecSettings(MethodSettings):
     """FedNewsRec (Qi et al. 2020, Eq. 4-5): element-wise clip to [−δ, δ] and Laplace(λ) per
     coordinate; the paper's δ = 0.005 and λ = 0.015.
-
-    Attributes
-    ----------
-    clip: δ, the element-wise bound. noise_scale: λ, the Laplace scale (> 0: the whole D-dim
-        update is 2δD/λ-DP; use ``fedrec`` for no noise).
     """
 
     method: ClassVar[str] = "fednewsrec"
+    title: ClassVar[str] = "FedNewsRec"
 
-    clip: float = 0.005
-    noise_scale: float = 0.015
+    clip: float = setting(0.005, "element-wise bound delta")
+    noise_scale: float = setting(0.015, "Laplace scale lambda > 0 (the D-dim update is "
+                                        "2*delta*D/lambda-DP; fedrec for no noise)")
 
     def __post_init__(self) -> None:
         check_positive(self.clip, "clip")
@@ -143,21 +174,15 @@ class FedNewsRecSettings(MethodSettings):
 class DPFedRecSettings(MethodSettings):
     """DP-FedRec (PrivateRec §4's baseline): clip a client's whole update to norm θ and noise
     it at (ε_t, δ_t) per round.
-
-    Attributes
-    ----------
-    clip: θ, the L1 (Laplace) or L2 (Gaussian) norm bound.
-    noise: ``laplace`` (L1 clipping) or ``gaussian`` (L2 clipping, analytic calibration).
-    epsilon_train: ε_t per round of one client's upload (``inf``: no noise).
-    delta_train: δ_t per round (Gaussian only; Laplace releases are pure ε-DP).
     """
 
     method: ClassVar[str] = "dp-fedrec"
+    title: ClassVar[str] = "DP-FedRec"
 
-    clip: float = 0.005
-    noise: NoiseKind = "laplace"
-    epsilon_train: float = math.inf
-    delta_train: float = 1e-5
+    clip: float = setting(0.005, "L1 (laplace) or L2 (gaussian) norm bound theta")
+    noise: NoiseKind = setting("laplace", _NOISE_HELP, choices=NOISE_KINDS)
+    epsilon_train: float = setting(math.inf, _EPSILON_TRAIN_HELP)
+    delta_train: float = setting(1e-5, _DELTA_TRAIN_HELP, aliases=("--delta",))
 
     def __post_init__(self) -> None:
         check_positive(self.clip, "clip")
@@ -170,36 +195,28 @@ class DPFedRecSettings(MethodSettings):
 class PrivateRecSettings(MethodSettings):
     """PrivateRec (Alg. 2-3): DPA on the user's attention, the label release, and in strict
     mode the history-path gradient clipped and noised too.
-
-    Attributes
-    ----------
-    privacy_mode: ``strict`` (the default: the history-path gradient is clipped to ``clip``
-        and noised too, so the stated guarantee holds; docs/privacy.md#paper-and-strict-mode)
-        or ``paper`` (Alg. 3 as published, for reproducing the published tables: the
-        history-path gradient is uploaded raw and is not covered, so the stated ε is not a
-        guarantee).
-    noise: DPA's mechanism, ``laplace`` or ``gaussian``.
-    epsilon_train, delta_train: (ε_t, δ_t) per round (δ_t: Gaussian only; ε_t = inf: no noise).
-    padding_p: behaviour padding probability p (Alg. 2; it only buys amplification, so a run
-        without noise pads nothing).
-    sensitivity_mode: DPA's ``true`` simplex sensitivity, or ``paper`` (S = 1, NOT a valid
-        guarantee; reproduction only).
-    clip: strict mode's bound C of the history-path gradient (default
-        :data:`PRIVATEREC_STRICT_CLIP`); ``None`` in paper mode, which clips nothing.
-    history_budget: strict mode's share of ε_t (and δ_t) spent on the history-path gradient;
-        DPA gets the rest, so one round's upload is (ε_t, δ_t)-DP for the history.
     """
 
     method: ClassVar[str] = "privaterec"
+    title: ClassVar[str] = "PrivateRec"
 
-    privacy_mode: PrivacyMode = "strict"
-    noise: NoiseKind = "laplace"
-    epsilon_train: float = math.inf
-    delta_train: float = 1e-5
-    padding_p: float = 0.5
-    sensitivity_mode: SensitivityMode = "true"
-    clip: float | None = None
-    history_budget: float = 0.5
+    privacy_mode: PrivacyMode = setting(
+        "strict", "strict: the history-path gradient is clipped and noised too, so epsilon "
+                  "is a guarantee; paper: Alg. 3 as published, to reproduce its tables (that "
+                  "gradient is uploaded raw: NOT a guarantee, user-level epsilon = inf)")
+    noise: NoiseKind = setting("laplace", _NOISE_HELP, choices=NOISE_KINDS)
+    epsilon_train: float = setting(math.inf, _EPSILON_TRAIN_HELP)
+    delta_train: float = setting(1e-5, _DELTA_TRAIN_HELP, aliases=("--delta",))
+    padding_p: float = setting(0.5, "behaviour padding probability p (Alg. 2; it only buys "
+                                      "amplification: a run without noise pads nothing)")
+    sensitivity_mode: SensitivityMode = setting(
+        "true", "DPA sensitivity: true (simplex) or paper (invalid, reproduction only)")
+    clip: float | None = setting(None, f"strict mode: bound C of the history-path gradient "
+                                       f"(default {PRIVATEREC_STRICT_CLIP:g}; paper mode "
+                                       f"clips nothing)")
+    history_budget: float = setting(
+        0.5, "strict mode: share of epsilon_t (and delta_t) for the history-path gradient; "
+             "DPA gets the rest")
 
     def __post_init__(self) -> None:
         check_choice(self.privacy_mode, "privacy_mode", PRIVACY_MODES)
@@ -226,50 +243,47 @@ class DPFedAvgSettings(MethodSettings):
     """DP-FedAvg (McMahan et al. 2018): central, user-level DP. Every user joins a round with
     probability q (``FedConfig.client_fraction``); each sampled update is clipped to L2 norm
     C and the server adds Gaussian noise of standard deviation z·C to the sum.
-
-    Attributes
-    ----------
-    clip: C (see BENCHMARKS.md for 0.1).
-    noise_multiplier: z. ``None``: calibrated from ``target_epsilon`` when the run is resolved
-        (:func:`privaterec.fed.methods.resolve_run_config`), so a saved configuration states it.
-    target_epsilon: the user-level ε of the whole run (``None``: z is given and the report
-        states the ε it reaches). One of the two is required; with both, z must reach it.
-    target_delta: δ of the run's guarantee (it must be below 1/N for N training users).
-    adaptive_clip_quantile, clip_lr, clip_count_stddev: adaptive clipping (Andrew et al.,
-        NeurIPS 2021), one group: the clip starts at ``clip`` and follows the quantile
-        γ = ``adaptive_clip_quantile`` of the clients' update norms (``None``: a fixed clip),
-        with geometric learning rate η_C = ``clip_lr`` (default :data:`DEFAULT_CLIP_LR`,
-        stated once adaptive clipping is on) and noise σ_b = ``clip_count_stddev`` on the
-        count of unclipped clients (``None``: the expected clients per round / 20, which
-        depends on the population); the run's ε is unchanged (docs/privacy.md).
-    secure_aggregation, noise_placement, max_dropouts: the Flower engine only, one group
-        (:func:`check_secure_aggregation`): ``secaggplus`` sums the clipped updates with
-        Flower's SecAgg+ so the server sees only the sum (``none``: it sees each one); the
-        noise is added to the sum by the server (``central``) or in shares by the clients
-        before masking (``distributed``); ``max_dropouts`` k: SecAgg+'s threshold is n − k,
-        so a sum decodes only with at least n − k of the n sampled clients (and their noise
-        shares) in it.
-    clip_space: what each client clips and the aggregator noises. ``parameters`` (default):
-        the gradient (DP-FedAvg). ``news_vectors``: the user-side gradient and the
-        cotangents of the news vectors of the whole news table, turned into the
-        news-encoder gradient by the server with one shared backward pass
-        (:mod:`privaterec.fed.news_space`; the simulator, or Flower through SecAgg+; one
-        local step, fixed clip).
     """
 
     method: ClassVar[str] = "dp-fedavg"
+    title: ClassVar[str] = ("central DP, user-level DP-FedAvg: Poisson sampling at rate "
+                            "--client-fraction, each update clipped to L2 norm --clip, "
+                            "Gaussian noise on the sum")
 
-    clip: float = 0.1
-    noise_multiplier: float | None = None
-    target_epsilon: float | None = None
-    target_delta: float = 1e-5
-    adaptive_clip_quantile: float | None = None
-    clip_lr: float | None = None
-    clip_count_stddev: float | None = None
-    secure_aggregation: SecureAggregation = "none"
-    noise_placement: NoisePlacement = "central"
-    max_dropouts: int = 0
-    clip_space: ClipSpace = "parameters"
+    clip: float = setting(0.1, "L2 norm bound C of each update")
+    noise_multiplier: float | None = setting(
+        None, "z: noise std z*clip on the sum (instead of --target-epsilon; the report gives "
+              "the epsilon; unset: calibrated from --target-epsilon and saved in the run's "
+              "configuration)")
+    target_epsilon: float | None = setting(
+        None, "user-level epsilon of the whole run; the noise multiplier is calibrated from "
+              "it (PLD accountant)")
+    target_delta: float = setting(1e-5, "delta of the run's guarantee (must be < 1/N)")
+    adaptive_clip_quantile: float | None = setting(
+        None, "adaptive clipping (Andrew et al. 2021): the clip starts at --clip and follows "
+              "this quantile of the update norms, e.g. 0.5 (default: off, a fixed clip); the "
+              "run's epsilon is unchanged, the count's noise is taken from the update's")
+    clip_lr: float | None = setting(None, f"adaptive clipping: geometric learning rate of "
+                                          f"the clip (default {DEFAULT_CLIP_LR:g})")
+    clip_count_stddev: float | None = setting(
+        None, "adaptive clipping: noise std on the count of unclipped clients, > z/2 "
+              "(default: expected clients per round / 20)")
+    secure_aggregation: SecureAggregation = setting(
+        "none", "--engine flower only: secaggplus sums the clipped updates with Flower's "
+                "SecAgg+, so the server sees only the sum (none: it sees each update)")
+    noise_placement: NoisePlacement = setting(
+        "central", "with secaggplus: central (the server adds the noise to the sum) or "
+                   "distributed (each client adds its share before masking)")
+    max_dropouts: int = setting(
+        0, "with secaggplus: k clients a round may lose; the sum decodes only with at least "
+           "n - k of the n sampled clients (and their noise shares) in it")
+    clip_space: ClipSpace = setting(
+        "parameters", "what a client clips: parameters (its gradient) or news_vectors (its "
+                      "user-side gradient and the cotangents of the news vectors; the server "
+                      "forms the news-encoder gradient in one shared pass: a round costs about "
+                      "a non-private one; --local-steps 1, fixed --clip; on Flower through "
+                      "SecAgg+, each device then uploads D_U + (news in the table) x d "
+                      "coordinates)")
 
     def __post_init__(self) -> None:
         check_positive(self.clip, "clip")
@@ -309,20 +323,20 @@ class DPFedAvgSettings(MethodSettings):
 class UniFedRecSettings(MethodSettings):
     """Uni-FedRec's LDP upload of the recall model's gradient (Eq. 8; §4.1's θ = 0.1,
     λ_g = 0.01).
-
-    Attributes
-    ----------
-    clipping: ``l1`` (scale the gradient to L1 norm θ: ε = 2θ/λ_g per round), ``elementwise``
-        (clamp every coordinate to [−θ, θ] as FedNewsRec: ε = 2θD/λ_g) or ``none`` (the raw
-        gradient: no guarantee, needs λ_g = 0).
-    clip: θ. noise_scale: λ_g, the Laplace scale per coordinate (0: no noise).
     """
 
     method: ClassVar[str] = "unifedrec"
+    task: ClassVar[Literal["ranking", "recall"]] = "recall"
+    title: ClassVar[str] = "Uni-FedRec"
 
-    clipping: GradientClipping = "l1"
-    clip: float = 0.1
-    noise_scale: float = 0.01
+    clipping: GradientClipping = setting(
+        "l1", "how uploads are clipped to theta (--clip): l1 (epsilon = 2*theta/lambda_g per "
+              "round), elementwise (every coordinate to [-theta, theta]: 2*theta*D/lambda_g) "
+              "or none (no guarantee; needs --noise-scale 0)",
+        flag="--gradient-clipping")
+    clip: float = setting(0.1, "theta of the upload's clipping")
+    noise_scale: float = setting(0.01, "lambda_g, the Laplace scale per coordinate of the "
+                                       "upload (0: no noise)")
 
     def __post_init__(self) -> None:
         check_choice(self.clipping, "clipping", GRADIENT_CLIPPINGS)
@@ -338,7 +352,87 @@ class UniFedRecSettings(MethodSettings):
 SETTINGS: dict[str, type[MethodSettings]] = {
     cls.method: cls for cls in (FedRecSettings, FedNewsRecSettings, DPFedRecSettings,
                                 PrivateRecSettings, DPFedAvgSettings, UniFedRecSettings)}
-"""Every federated method's name → its settings class (from the classes' ``method``)."""
+"""Every federated method's name → its settings class (from the classes' ``method``): the one
+list of the federated methods."""
+
+RANKING_METHODS: tuple[str, ...] = tuple(m for m, s in SETTINGS.items() if s.task == "ranking")
+"""The federated methods that train the ranking model (``train.method`` of a run)."""
+
+
+class SettingFlag(NamedTuple):
+    """The command-line flag of the setting ``dest`` of one or more ``methods``: its
+    ``flags`` (the first, then aliases), the ``type`` and ``choices`` of its value, and its
+    ``help`` (each method's meaning and default)."""
+
+    dest: str
+    flags: tuple[str, ...]
+    type: type
+    choices: tuple[str, ...] | None
+    help: str
+    methods: tuple[str, ...]
+
+
+def setting_flags() -> tuple[SettingFlag, ...]:
+    """The flag of every method setting (:func:`setting`), in declaration order; a setting of
+    several methods (e.g. ``clip``) is one flag whose help gives each method's meaning.
+
+    Raises
+    ------
+    TypeError
+        If two methods declare a setting of one name with different flags or types.
+    """
+    declared: dict[str, list[tuple[str, Any, Any]]] = {}
+    for kind in SETTINGS.values():
+        hints = typing.get_type_hints(kind)
+        for f in fields(kind):
+            if "help" not in f.metadata:
+                raise TypeError(f"{kind.__name__}.{f.name} has no command-line flag: declare "
+                                f"it with setting(default, help)")
+            declared.setdefault(f.name, []).append((kind.method, f, hints[f.name]))
+    flags = []
+    for name, entries in declared.items():
+        forms = {(_flags(name, f), *_value_type(name, hint, f)) for _, f, hint in entries}
+        if len(forms) != 1:
+            raise TypeError(f"the setting {name!r} has different flags or types: {forms}")
+        ((names, kind, choices),) = forms
+        texts: dict[str, list[str]] = {}
+        for method, f, _ in entries:
+            default = f.default
+            text = f.metadata["help"] if default is None else (
+                f"{f.metadata['help']} (default "
+                f"{f'{default:g}' if isinstance(default, float) else default})")
+            texts.setdefault(text, []).append(method)
+        help = (next(iter(texts)) if len(entries) == 1 else
+                "; ".join(f"{', '.join(methods)}: {text}" for text, methods in texts.items()))
+        flags.append(SettingFlag(name, names, kind, choices, help,
+                                 tuple(method for method, _, _ in entries)))
+    return tuple(flags)
+
+
+def _flags(name: str, f: Any) -> tuple[str, ...]:
+    return (f.metadata.get("flag") or "--" + name.replace("_", "-"),
+            *f.metadata.get("aliases", ()))
+
+
+def _value_type(name: str, hint: Any, f: Any) -> tuple[type, tuple[str, ...] | None]:
+    """The type of a setting's command-line value (``None`` stripped) and its choices."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        (hint,) = [a for a in get_args(hint) if a is not type(None)]
+    if typing.get_origin(hint) is Literal:
+        return str, get_args(hint)
+    if hint in (float, int) or (hint is str and f.metadata.get("choices")):
+        return hint, f.metadata.get("choices")
+    raise TypeError(f"the setting {name!r} has no command-line form ({hint!r}): declare a "
+                    f"float, an int, a Literal or a str with choices")
+
+
+def setting_flag(name: str) -> str:
+    """The command-line flag of the method setting ``name`` (``clipping`` →
+    ``--gradient-clipping``), or ``--`` and ``name`` with dashes for any other key."""
+    for flag in setting_flags():
+        if flag.dest == name:
+            return flag.flags[0]
+    return "--" + name.replace("_", "-")
 
 LEGACY_FLAT_KEYS: frozenset[str] = frozenset({
     "clip", "noise_scale", "epsilon_train", "delta_train", "noise", "padding_p",
@@ -370,5 +464,6 @@ __all__ = ["DPFedAvgSettings", "DPFedRecSettings", "FedNewsRecSettings", "FedRec
            "NoisePlacement", "SECURE_AGGREGATIONS", "SecureAggregation",
            "check_secure_aggregation", "LEGACY_FLAT_KEYS", "MethodSettings",
            "NOISE_KINDS", "NoiseKind", "PRIVACY_MODES", "PRIVATEREC_STRICT_CLIP",
-           "PrivacyMode", "PrivateRecSettings", "SENSITIVITY_MODES", "SETTINGS",
-           "SensitivityMode", "UniFedRecSettings", "settings_type"]
+           "PrivacyMode", "PrivateRecSettings", "RANKING_METHODS", "SENSITIVITY_MODES",
+           "SETTINGS", "SensitivityMode", "SettingFlag", "UniFedRecSettings", "setting",
+           "setting_flag", "setting_flags", "settings_type"]
