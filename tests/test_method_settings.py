@@ -210,3 +210,26 @@ def test_a_run_saved_before_the_basis_attention_option_loads_as_the_published_at
     current = RunConfig.from_dict(saved).to_dict()  # saved by this version: kept as written
     current["model"]["basis_attention"] = "centered"
     assert RunConfig.from_dict(current).model.basis_attention == "centered"
+
+
+def test_every_declared_method_has_one_class_in_the_registry(monkeypatch):
+    # a method is its settings (method_settings.SETTINGS) and one class in fed/methods/,
+    # found there by the registry; a declared method without a class is refused
+    import dataclasses
+
+    from privaterec import method_settings
+    from privaterec.fed.methods import CLASSES, METHODS
+    from privaterec.fed.methods.registry import _method_classes
+    from privaterec.method_settings import RANKING_METHODS, SETTINGS, MethodSettings
+
+    assert list(CLASSES) == list(SETTINGS) and list(METHODS) == list(RANKING_METHODS)
+    assert all(cls.settings_type is SETTINGS[name] for name, cls in CLASSES.items())
+    assert CLASSES["unifedrec"].settings_type.task == "recall"
+
+    @dataclasses.dataclass(frozen=True, kw_only=True)
+    class Orphan(MethodSettings):
+        method = "orphan"
+
+    monkeypatch.setitem(method_settings.SETTINGS, "orphan", Orphan)
+    with pytest.raises(TypeError, match="orphan"):
+        _method_classes()

@@ -6,13 +6,14 @@ run's method: one of the classes below, chosen by the method's name (:func:`sett
 Every field has a real default; a class validates its own fields and the rules between them
 on construction, and raises :class:`~privaterec.errors.ConfigError` naming the field.
 
-The method classes of :mod:`privaterec.fed.methods` (and Uni-FedRec's
-:class:`~privaterec.recall.task.UniFedRecLDP`) declare the class they read
-(``settings_type``) and are built from it (``from_config``). These dataclasses live here, in
+The method classes of :mod:`privaterec.fed.methods` declare the class they read
+(``settings_type``) and are built from it; the registry finds them there
+(:data:`privaterec.fed.methods.registry.CLASSES`). These dataclasses live here, in
 the configuration layer, so that a ``config.yaml`` is read and checked without importing the
 engine.
 
-A method is declared here once: :data:`SETTINGS` (its settings classes by name) is the list of the federated methods that ``config.py`` (``train.method``'s choices), the CLI
+A method is declared here once: :data:`SETTINGS` (its settings classes by name) is the list
+of the federated methods that ``config.py`` (``train.method``'s choices), the CLI
 (``--method``) and the registry of method classes derive theirs from. Each field is a
 :func:`setting`: its key in ``config.yaml`` (``fed.settings.<field>``) is its name, and its
 command-line flag (``--`` and the name with dashes unless given) and help are declared with it;
@@ -27,7 +28,7 @@ method                settings                        method class
 ``dp-fedrec``         :class:`DPFedRecSettings`       ``fed.methods.ranking.DPFedRec``
 ``privaterec``        :class:`PrivateRecSettings`     ``fed.methods.privaterec.PrivateRec``
 ``dp-fedavg``         :class:`DPFedAvgSettings`       ``fed.methods.dp_fedavg.CentralDP``
-``unifedrec``         :class:`UniFedRecSettings`      ``recall.task.UniFedRecLDP``
+``unifedrec``         :class:`UniFedRecSettings`      ``fed.methods.unifedrec.UniFedRecLDP``
 ====================  ==============================  ==========================================
 """
 

@@ -3,7 +3,7 @@
 The recall model trains on the same engine as the ranking methods
 (:func:`privaterec.fed.simulator.train_federated`, the simulator or Flower):
 :class:`RecallTask` is its :class:`~privaterec.fed.task.FederatedTask` and
-:class:`UniFedRecLDP` its :class:`~privaterec.fed.methods.base.ClientMethod`. The engine's
+:class:`~privaterec.fed.methods.unifedrec.UniFedRecLDP` its method. The engine's
 settings (rounds, sampling, server strategy, samples per client) are a
 :class:`~privaterec.config.FedConfig` whose ``settings`` are the upload's
 (:class:`~privaterec.method_settings.UniFedRecSettings`: clipping, θ, λ_g);
@@ -59,7 +59,7 @@ import math
 import numbers
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Literal, Sequence
+from typing import Any, Callable, Literal, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -70,14 +70,12 @@ from privaterec.config import FedConfig, fed_with_changes, replace
 from privaterec.data.clients import ClientData, ClientDataset, draw_candidates
 from privaterec.errors import CheckpointError, ConfigError
 from privaterec.fed.engine import Engine, SimulatorEngine, check_engine
-from privaterec.fed.methods.base import ClientMethod
+from privaterec.fed.methods.unifedrec import UniFedRecLDP
 from privaterec.fed.sampling import eligible_clients
 from privaterec.fed.simulator import FederatedState
-from privaterec.fed.strategies import ServerDefaults, build_strategy
+from privaterec.fed.strategies import build_strategy
 from privaterec.fed.task import ModuleTask, per_client_gradients
-from privaterec.method_settings import GradientClipping, UniFedRecSettings
-from privaterec.privacy.calibrate import Calibration, clipped_release, no_noise
-from privaterec.privacy.events import PrivacyEvent
+from privaterec.method_settings import UniFedRecSettings
 from privaterec.privacy.noise.laplace import laplace_noise
 from privaterec.privacy.randomness import (Randomness, is_secure, randint, randperm,
                                            seeded_generator)
@@ -88,11 +86,10 @@ from privaterec.runtime.checkpoint import load_checkpoint
 from privaterec.runtime.device import module_device
 from privaterec.validators import fail
 
-Clipping = GradientClipping
 NegativeSource = Literal["impression", "pool"]
 
 CHECKPOINT_KIND = "unifedrec-recall"
-METHOD = "unifedrec"
+METHOD = UniFedRecSettings.method
 
 RECALL_ROUNDS = 200
 """Default rounds of a recall run (the paper converges in ≤ 200, Fig. 7)."""
@@ -402,70 +399,6 @@ class RecallTask(ModuleTask):
                    (history, mask, batch.channel_ids, batch.quotas, cands.to(self.device),
                     weights.to(self.device), None if noise is None else noise.to(self.device),
                     self.options.score_clip))
-
-
-# ------------------------------------------------------------------------------ the method
-@dataclass(frozen=True, kw_only=True)
-class UniFedRecLDP(ClientMethod):
-    """Uni-FedRec's client: clip its gradient (Eq. 8's f_θ: ``clipping`` to θ = ``clip``)
-    and add Laplace(λ_g = ``noise_scale``) per coordinate (module docstring)."""
-
-    name: ClassVar[str] = METHOD
-    settings_type: ClassVar[type[UniFedRecSettings]] = UniFedRecSettings
-    # Uni-FedRec §4.1: plain SGD at ω = 0.05, r = 2%.
-    server_defaults: ClassVar[ServerDefaults] = ServerDefaults(strategy="sgd",
-                                                               server_lr=0.05)
-
-    clipping: Clipping = "l1"
-    clip: float = 0.1
-    noise_scale: float = 0.01
-
-    @classmethod
-    def of(cls, fed: FedConfig, train: RecallTrainConfig) -> "UniFedRecLDP":
-        """The method of a recall FedConfig (its ``settings``) and recall's own settings."""
-        settings = fed.settings_as(UniFedRecSettings)
-        return cls(negatives=train.negatives, max_samples=fed.max_client_samples,
-                   clipping=settings.clipping, clip=settings.clip,
-                   noise_scale=settings.noise_scale)
-
-    @property
-    def sends_metadata(self) -> bool:
-        """An upload that is not private also sends its count and loss (Eq. 9's weights); a
-        private one's stay on the device and the server weighs clients equally."""
-        return not self.event(1).is_private
-
-    def upload_event(self, dimension: int) -> PrivacyEvent:
-        """The privacy event of ONE client's upload of a D-dim gradient (module docstring)."""
-        return self.calibration(dimension).event
-
-    def _calibrate(self, dimension: int) -> Calibration:
-        """ONE client's upload of a D-dim gradient, calibrated (Eq. 8, module docstring):
-        Laplace at the given λ_g on the clipped gradient (Δ₁ = 2θ for an L1 clip, 2θD
-        element-wise)."""
-        if not (_is_int(dimension) and dimension >= 1):
-            _fail("dimension", dimension, "an integer >= 1")
-        lam = float(self.noise_scale)
-        if self.clipping == "none":
-            return no_noise(dimension=dimension, note="Uni-FedRec recall: raw gradient, no "
-                                                      "clipping or noise (no guarantee)")
-        if self.clipping == "l1":
-            note = (f"Uni-FedRec Eq. 8: recall gradient L1-clipped to theta={self.clip}, "
-                    f"Laplace(lambda_g={lam}) per coordinate; L1 sensitivity 2*theta, so "
-                    f"epsilon = 2*theta/lambda_g per round for the whole update")
-        else:
-            note = (f"Uni-FedRec Eq. 8 read as FedNewsRec's element-wise clip to [-theta, "
-                    f"theta] (theta={self.clip}) + Laplace(lambda_g={lam}): epsilon = "
-                    f"2*theta*D/lambda_g for the whole update (2*theta/lambda_g per coordinate)")
-        return clipped_release(clipping=self.clipping, clip=self.clip, dimension=dimension,
-                               noise_scale=lam, note=note)
-
-    def describe(self, *, dimension: int, parameters: Sequence[str], clients_per_round: int,
-                 client_fraction: float) -> dict[str, Any]:
-        event = self.upload_event(1)
-        return {"method": self.name, "mechanism": "laplace" if self.noise_scale else "none",
-                "clipping": self.clipping, "clip": self.clip, "noise_scale": self.noise_scale,
-                "epsilon_per_round": event.epsilon if self.clipping == "l1" else None,
-                "note": event.note}
 
 
 # ----------------------------------------------------------------------------- training

@@ -34,7 +34,7 @@ from privaterec.recall.task import (RecallTrainConfig, UniFedRecLDP, recall_fed_
 from privaterec.runs.directory import RECALL_CONFIG_FILE
 from privaterec.runs.ranking_setup import load_run_model
 
-METHOD = "unifedrec"
+METHOD = UniFedRecSettings.method
 REPORT_DELTA = 1e-5  # target δ of privacy.json's composed ε (FedConfig.report_delta's default)
 HEAD_DIM = 16
 

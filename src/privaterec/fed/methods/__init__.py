@@ -5,11 +5,11 @@
   for one client, ``round`` for a round's clients at once);
 * :mod:`.ranking` — FedRec, FedNewsRec, DP-FedRec; :mod:`.privaterec` — PrivateRec paper and
   strict mode; :mod:`.dp_fedavg` — central DP (DP-FedAvg) as a wrapper around any method;
-  Uni-FedRec's LDP upload lives with its task (:mod:`privaterec.recall.task`);
-* :mod:`.registry` — the methods by name, :func:`resolve_run_config` and
-  :func:`method_from_config`. Each class owns its settings (``settings_type``, from
-  :mod:`privaterec.method_settings`) and its defaults of the engine's settings
-  (``server_defaults``).
+  :mod:`.unifedrec` — Uni-FedRec's LDP upload (the recall task's method);
+* :mod:`.registry` — the methods by name (every class of these modules that declares its
+  ``settings_type``), :func:`resolve_run_config` and :func:`method_from_config`. Each class
+  owns its settings (``settings_type``, from :mod:`privaterec.method_settings`) and its
+  defaults of the engine's settings (``server_defaults``).
 """
 
 from __future__ import annotations
@@ -20,10 +20,11 @@ from privaterec.fed.methods.privaterec import (PAPER_MODE_NOTE, PRIVATEREC_BASIS
                                                PrivateRecStrict, privaterec_train_events,
                                                uncovered_groups)
 from privaterec.fed.methods.ranking import DPFedRec, FedNewsRec, FedRec, RankingMethod
-from privaterec.fed.methods.registry import (METHODS, RunMethod, method_from_config,
+from privaterec.fed.methods.registry import (CLASSES, METHODS, RunMethod, method_from_config,
                                              resolve_run_config)
+from privaterec.fed.methods.unifedrec import UniFedRecLDP
 
-__all__ = ["CentralDP", "ClientMethod", "DPFedRec", "FedNewsRec", "FedRec", "METHODS",
+__all__ = ["CLASSES", "CentralDP", "ClientMethod", "DPFedRec", "FedNewsRec", "FedRec", "METHODS",
            "PAPER_MODE_NOTE", "PRIVATEREC_BASIS", "PrivateRec", "PrivateRecStrict",
            "RankingMethod", "RoundContext", "RoundOutput", "RunMethod", "method_from_config",
-           "privaterec_train_events", "resolve_run_config", "uncovered_groups"]
+           "privaterec_train_events", "resolve_run_config", "uncovered_groups", "UniFedRecLDP"]

@@ -1,23 +1,25 @@
-"""The registry of the federated ranking methods: a run configuration → its method.
+"""The registry of the federated methods: a run configuration → its method.
 
 Each method class owns its configuration: its settings (``settings_type``, read from
 ``FedConfig.settings``), its defaults of the engine settings a configuration leaves open
-(``server_defaults``), its rules (``resolve``) and how it is built (``from_config``). Adding a
-method is an entry in :data:`METHODS`, not a branch here or in the engine.
+(``server_defaults``), its rules (``resolve``) and how it is built (``from_config``). The
+registry finds every class of this package's modules that declares its own
+``settings_type``: adding a method is its settings (:mod:`privaterec.method_settings`) and
+its class in a module here, not an entry here or a branch in the engine.
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+import importlib
+import pkgutil
+from pathlib import Path
+from typing import Any, Protocol, cast
 
 from privaterec.config import RunConfig
 from privaterec.errors import ConfigError
 from privaterec.fed.methods.base import ClientMethod
-from privaterec.fed.methods.dp_fedavg import CentralDP
-from privaterec.fed.methods.privaterec import PrivateRec
-from privaterec.fed.methods.ranking import DPFedRec, FedNewsRec, FedRec
 from privaterec.fed.strategies import ServerDefaults
-from privaterec.method_settings import MethodSettings
+from privaterec.method_settings import SETTINGS, MethodSettings
 
 
 class RunMethod(Protocol):
@@ -38,9 +40,38 @@ class RunMethod(Protocol):
     def from_config(self, config: RunConfig) -> ClientMethod[Any]: ...
 
 
+def _method_classes() -> dict[str, type[ClientMethod[Any]]]:
+    """Every method class of this package's modules by its name, in the order of
+    :data:`~privaterec.method_settings.SETTINGS`: a class that declares its own
+    ``settings_type`` (a subclass such as ``PrivateRecStrict`` inherits its parent's).
+
+    Raises
+    ------
+    TypeError
+        If a declared method has no class or two, or a class's name is not its settings'.
+    """
+    found: dict[str, list[type[ClientMethod[Any]]]] = {}
+    for name in sorted(m.name for m in pkgutil.iter_modules([str(Path(__file__).parent)])):
+        module = importlib.import_module(f"{__package__}.{name}")
+        for value in vars(module).values():
+            if (isinstance(value, type) and issubclass(value, ClientMethod)
+                    and "settings_type" in vars(value) and value.__module__ == module.__name__):
+                found.setdefault(value.settings_type.method, []).append(value)
+    wrong = {m: c for m, c in found.items() if len(c) != 1 or c[0].name != m}
+    if set(found) != set(SETTINGS) or wrong:
+        raise TypeError(f"every method of privaterec.method_settings.SETTINGS needs one class "
+                        f"of its name in privaterec.fed.methods: declared {sorted(SETTINGS)}, "
+                        f"found {sorted(found)}{f', wrong {wrong}' if wrong else ''}")
+    return {method: found[method][0] for method in SETTINGS}
+
+
+CLASSES: dict[str, type[ClientMethod[Any]]] = _method_classes()
+"""Every federated method: its name → its class (Uni-FedRec's included)."""
+
 METHODS: dict[str, RunMethod] = {
-    cls.name: cls for cls in (FedRec, FedNewsRec, DPFedRec, PrivateRec, CentralDP)}
-"""Every federated ranking method: its name → its class."""
+    name: cast(RunMethod, cls) for name, cls in CLASSES.items()
+    if cls.settings_type.task == "ranking"}
+"""Every federated ranking method: its name → its class (built from a run configuration)."""
 
 
 def resolve_run_config(config: RunConfig) -> RunConfig:
@@ -70,4 +101,4 @@ def method_from_config(config: RunConfig) -> ClientMethod[Any]:
     return METHODS[name].from_config(config)
 
 
-__all__ = ["METHODS", "RunMethod", "method_from_config", "resolve_run_config"]
+__all__ = ["CLASSES", "METHODS", "RunMethod", "method_from_config", "resolve_run_config"]
