@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from privaterec.version import __version__
-from privaterec.config import (BASIS_ATTENTION_KINDS, EMBEDDINGS, ENGINES, FEDERATED_METHODS,
+from privaterec.config import (BASIS_ATTENTION_KINDS, EMBEDDINGS, ENGINES, EVALUATIONS,
+                               FEDERATED_METHODS,
                                METHODS, NEWS_ENCODERS, NOISE_KINDS, SENSITIVITY_MODES,
                                SERVING_KINDS, STRATEGIES, USER_ENCODERS, MODEL_PRESETS,
                                ModelConfig, RunConfig, TrainConfig, fed_with_changes,
@@ -148,7 +149,8 @@ def cmd_data_public_dir(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------- train
 _ENGINE_FLAGS = ("rounds", "client_fraction", "clients_per_round", "strategy", "server_lr",
                  "server_momentum", "local_steps", "local_lr", "max_client_samples",
-                 "eval_every", "engine")
+                 "eval_every", "engine", "evaluation", "eval_epsilon", "eval_clip",
+                 "eval_fraction")
 """The flags of ``train`` that set an engine's setting (FedConfig's fields) by their
 configuration key; the methods' own are generated (:func:`_add_method_flags`)."""
 
@@ -279,6 +281,12 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(_metrics_table([(f"{config.train.method}/{config.model.news_encoder}", test)]))
         if "basis" in metrics:
             print(_basis_line(metrics["basis"]))
+    if not args.json and metrics.get("test_federated"):
+        found = metrics["test_federated"]
+        print("federated evaluation (accounted in privacy.json; +- the noise's std): "
+              + ", ".join(f"{name} {found[name]:.4f} +- {found['std'][name]:.4f}"
+                          for name in ("auc", "mrr", "ndcg@5", "ndcg@10"))
+              + f" ({found['devices']} devices)")
     print(f"run written to {args.out}", file=sys.stderr)
     return EXIT_OK
 
@@ -739,6 +747,19 @@ def build_parser() -> argparse.ArgumentParser:
                      help="evaluate on the test split every N rounds (0: at the end)")
     fed.add_argument("--engine", choices=ENGINES, default=None,
                      help="simulator (vectorized, default) or flower")
+    fed.add_argument("--eval", dest="evaluation", choices=EVALUATIONS, default=None,
+                     help="server: the server evaluates the test data it holds (default); "
+                          "federated: sampled devices evaluate on their own test "
+                          "impressions and release clipped, noised metric sums, each in "
+                          "the ledger (docs/privacy.md#federated-evaluation)")
+    fed.add_argument("--eval-epsilon", type=float, default=None,
+                     help="--eval federated: user-level epsilon of one device's release "
+                          "in one evaluation (1; Gaussian, delta 1e-6)")
+    fed.add_argument("--eval-clip", type=float, default=None,
+                     help="--eval federated: K, test impressions one user's release "
+                          "counts at most (1: each user's mean metrics)")
+    fed.add_argument("--eval-fraction", type=float, default=None,
+                     help="--eval federated: probability that a device is asked (1)")
     groups = _add_method_flags(train, fed)
     private = groups["privaterec"]
     private.add_argument("--basis", type=basis_arg, default=None,

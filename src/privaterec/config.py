@@ -8,6 +8,7 @@ raises :class:`privaterec.errors.ConfigError` naming the parameter and the accep
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass, field, fields
@@ -40,6 +41,7 @@ Embeddings = Literal["random", "corpus", "glove50", "minilm"]
 ServingKind = Literal["none", "privaterec", "vdp", "local"]
 Strategy = Literal["sgd", "fedavg", "fedavgm", "fedadam"]
 Engine = Literal["simulator", "flower"]
+Evaluation = Literal["server", "federated"]
 BasisAttention = Literal["dot", "centered"]
 
 NEWS_ENCODERS: tuple[NewsEncoder, ...] = get_args(NewsEncoder)
@@ -62,6 +64,7 @@ else:  # a Literal of the declared methods: a config.yaml's value is checked aga
 SERVING_KINDS: tuple[ServingKind, ...] = get_args(ServingKind)
 STRATEGIES: tuple[Strategy, ...] = get_args(Strategy)
 ENGINES: tuple[Engine, ...] = get_args(Engine)
+EVALUATIONS: tuple[Evaluation, ...] = get_args(Evaluation)
 BASIS_ATTENTION_KINDS: tuple[BasisAttention, ...] = get_args(BasisAttention)
 
 # The user encoder each news model pairs with when --user-encoder is not given.
@@ -262,6 +265,17 @@ class FedConfig:
     checkpoint_every: checkpoint every N rounds.
     report_delta: target δ of the privacy report's composed ε.
     engine: ``simulator`` (vectorized, in process) or ``flower``.
+    evaluation: ``server``: the server evaluates on the test data it holds (the test split
+        of a simulation, a deployed server's public or consented holdout, or nothing);
+        ``federated``: the sampled devices evaluate on their own test impressions and
+        release clipped, noised metric sums, accounted in the ledger every time
+        (:mod:`privaterec.eval.federated`; docs/privacy.md#federated-evaluation), at every
+        ``eval_every`` rounds and after the last round.
+    eval_epsilon, eval_delta: (ε, δ) of one device's release in one federated evaluation
+        (user-level; Gaussian noise).
+    eval_clip: K, the most test impressions one user's release counts (L2 sensitivity
+        K·√5; 1: each user's mean metrics).
+    eval_fraction: probability that an enrolled device is asked in a federated evaluation.
     settings: the method's own settings (:mod:`privaterec.method_settings`; in YAML the
         ``fed.settings`` mapping). ``None`` only until a :class:`RunConfig` (or a Uni-FedRec
         run's configuration) fills in its method's defaults.
@@ -284,6 +298,11 @@ class FedConfig:
     checkpoint_every: int = 10
     report_delta: float = 1e-5
     engine: Engine = "simulator"
+    evaluation: Evaluation = "server"
+    eval_epsilon: float = 1.0
+    eval_delta: float = 1e-6
+    eval_clip: float = 1.0
+    eval_fraction: float = 1.0
     settings: MethodSettings | None = None
 
     def __post_init__(self) -> None:
@@ -304,6 +323,15 @@ class FedConfig:
         if self.strategy is not None:
             _check_choice(self.strategy, "strategy", STRATEGIES)
         _check_choice(self.engine, "engine", ENGINES)
+        _check_choice(self.evaluation, "evaluation", EVALUATIONS)
+        _check(isinstance(self.eval_epsilon, (int, float)) and 0 < self.eval_epsilon < math.inf,
+               "eval_epsilon", f"got {self.eval_epsilon!r}, expected a finite number > 0")
+        _check(isinstance(self.eval_delta, (int, float)) and 0 < self.eval_delta < 1,
+               "eval_delta", f"got {self.eval_delta!r}, expected 0 < delta < 1")
+        _check(isinstance(self.eval_clip, (int, float)) and 0 < self.eval_clip < math.inf,
+               "eval_clip", f"got {self.eval_clip!r}, expected a finite number > 0")
+        _check(isinstance(self.eval_fraction, (int, float)) and 0 < self.eval_fraction <= 1,
+               "eval_fraction", f"got {self.eval_fraction!r}, expected 0 < q <= 1")
         if self.server_lr is not None:
             _check_positive(self.server_lr, "server_lr")
         _check_positive(self.local_lr, "local_lr")

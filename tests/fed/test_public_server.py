@@ -74,6 +74,8 @@ class DeviceGrid:
             try:
                 if received.metadata.message_type == MessageType.QUERY:
                     reply = client_app.client_query(load_device, received, context)
+                elif received.metadata.message_type == MessageType.EVALUATE:
+                    reply = client_app.client_evaluate(load_device, received, context)
                 else:
                     reply = client_app.handle_train(load_device, received, context)
             except Exception as error:  # noqa: BLE001 - the node's failure, as Flower has it
@@ -290,3 +292,54 @@ def test_devices_use_the_shipped_corpus_vectors_after_checking_their_hash(
                                             else "B" * 8)
     with pytest.raises(ConfigError, match="hash to"):
         artifacts.decode_word_vectors(json.dumps(record))
+
+
+def test_federated_evaluation_by_devices_that_hold_their_own_test_impressions(
+        deployment, tmp_path, monkeypatch):
+    """evaluation: federated on a server that holds only the catalogue and the roster: the
+    devices score their own test impressions and send clipped, noised sums from the OS
+    CSPRNG; every asked user's release is in the ledger and in its device's own budget,
+    and a device answers each evaluation once."""
+    from privaterec.fed.device_guard import DeviceGuard, RoundRefused
+
+    public, _, own = deployment
+    dataset = load_dataset(public.parent / "data")
+    assert dataset.test is not None
+    devices = {}
+    for uid, path in own.items():  # the device's own training and test impressions
+        devices[uid] = tmp_path / "devices" / uid
+        shutil.copytree(path, devices[uid])
+        write_split(devices[uid] / "test", MindSplit(
+            news=dataset.test.news,
+            behaviors=[imp for imp in dataset.test.behaviors if imp.user_id == uid]))
+    grid = _grid(devices, tmp_path / "state")
+    opened = _opens(monkeypatch, grid)
+    config = _config(public, "dp-fedrec")
+    config = dataclasses.replace(config, fed=dataclasses.replace(
+        config.fed, evaluation="federated", eval_epsilon=4.0, eval_every=1, rounds=1))
+    out = tmp_path / "run"
+    metrics = train_run(config, out, progress=False, grid=grid)
+    monkeypatch.undo()
+    assert not [p for side, p in opened if side == "server" and p.name == BEHAVIORS_FILE]
+    assert {p.parent.parent for side, p in opened
+            if side == "device" and p.name == BEHAVIORS_FILE and p.parent.name == "test"
+            } == set(devices.values())
+    estimate = metrics["test_federated"]
+    assert estimate["devices"] == USERS and "test" not in metrics
+    assert [e["round"] for e in metrics["rounds"] if "federated_eval" in e] == [1]
+    privacy = json.loads((out / "privacy.json").read_text())
+    assert privacy["release"]["evaluation"].startswith("federated")
+    assert privacy["release"]["federated_evaluation"]["evaluations"] == 1
+    report = format_privacy_report(read_privacy_json(out / "privacy.json"))
+    assert "Evaluation: federated" in report and "federated evaluations run: 1" in report
+    uid = sorted(devices)[0]
+    guard = DeviceGuard(tmp_path / "state" / uid, budget=1e4)
+    assert guard.answered_evaluations() == [(1, 0)]
+    charged = [e for e, _ in guard._budget([]).events() if "federated evaluation" in e.note]
+    assert len(charged) == 1 and charged[0].epsilon == 4.0
+    # asked again for the same evaluation, the device refuses and releases nothing
+    policy = guard.policy
+    assert policy is not None and policy["evaluation.epsilon"] == "4.0"
+    with pytest.raises(RoundRefused, match="already answered"):
+        guard.admit(run=1, round_index=0, policy=policy, secure_message=False,
+                    secure_required=False, events=[], kind="evaluate")

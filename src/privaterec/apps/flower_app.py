@@ -37,8 +37,10 @@ def run_config_from_flower(run_config: Mapping[str, Any]) -> tuple[RunConfig, Pa
     public data) (absolute paths, required), ``config``
     (a privaterec YAML, optional), ``method``, ``rounds``, ``clients-per-round``,
     ``seed``, ``eval-every``, and for ``dp-fedavg`` ``secure-aggregation``,
-    ``noise-placement`` and ``max-dropouts`` (``""``, ``0`` or ``-1``: keep the YAML's
-    value or the default), ``drop-missing``. The ServerApp also reads ``seeded-rehearsal``
+    ``noise-placement`` and ``max-dropouts``, ``evaluation`` (``federated``: the devices
+    evaluate, docs/privacy.md#federated-evaluation) with ``eval-epsilon``, ``eval-clip``
+    and ``eval-fraction`` (``""``, ``0`` or ``-1``: keep the YAML's value or the default),
+    ``drop-missing``. The ServerApp also reads ``seeded-rehearsal``
     (:func:`~privaterec.runs.ranking.train_run`).
 
     Raises
@@ -76,6 +78,11 @@ def run_config_from_flower(run_config: Mapping[str, Any]) -> tuple[RunConfig, Pa
             fed[key.replace("-", "_")] = str(run_config[key])
     if int(run_config.get("max-dropouts", -1)) != -1:
         fed["max_dropouts"] = int(run_config["max-dropouts"])
+    if str(run_config.get("evaluation", "")):  # server | federated
+        fed["evaluation"] = str(run_config["evaluation"])
+    for key in ("eval-epsilon", "eval-clip", "eval-fraction"):
+        if float(run_config.get(key, 0)) != 0:
+            fed[key.replace("-", "_")] = float(run_config[key])
     method = train.get("method", config.train.method)
     if method not in FEDERATED_METHODS:
         raise ConfigError(f"run config 'method' must be one of {', '.join(FEDERATED_METHODS)}"

@@ -207,6 +207,19 @@ def recall_at_k(relevant_ids: Iterable[str], ranked_ids: Sequence[str], k: int) 
     return len(relevant & top) / len(relevant)
 
 
+def impression_metrics(labels: Sequence[int] | np.ndarray,
+                       scores: Sequence[float] | np.ndarray) -> list[float] | None:
+    """``[AUC, MRR, nDCG@5, nDCG@10]`` of one impression (each as :func:`auc`, :func:`mrr`,
+    :func:`ndcg`), or ``None`` when it lacks a clicked or a non-clicked candidate (AUC is
+    then undefined). Validates the impression once."""
+    y, s = _check_impression(labels, scores)
+    if not 0 < int(y.sum()) < y.size:
+        return None
+    ranked = _ranked_labels(y, s)
+    return [_auc(y, s), _mrr_ranked(ranked), *(_ndcg_ranked(y, ranked, k)
+                                                for k in NDCG_CUTOFFS)]
+
+
 ImpressionPair = tuple[Sequence[int] | np.ndarray, Sequence[float] | np.ndarray]
 """``(labels [n], scores [n])`` of one impression."""
 

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from privaterec.errors import PrivacyBudgetExceeded, PrivateRecError
+from privaterec.eval.federated import EvaluationPolicy
 from privaterec.fed.methods.base import ClientMethod
 from privaterec.fed.methods.dp_fedavg import CentralDP
 from privaterec.ondevice.budget import (DEFAULT_DEVICE_BUDGET, DEFAULT_GAUSSIAN_DELTA,
@@ -48,10 +49,15 @@ class RoundRefused(PrivateRecError):
     """A device refused a round: nothing was computed or sent for it."""
 
 
-def privacy_policy(method: ClientMethod) -> dict[str, str]:
+def privacy_policy(method: ClientMethod,
+                   evaluation: EvaluationPolicy | None = None) -> dict[str, str]:
     """The method's name and every setting of it, flattened (nested methods as
-    ``inner.<field>``), each value as its ``repr``: what a device pins at enrolment."""
+    ``inner.<field>``), each value as its ``repr``, and the federated evaluation's policy
+    (``evaluation.<field>``; absent without one): what a device pins at enrolment."""
     out: dict[str, str] = {"method": method.name}
+    if evaluation is not None:
+        for field in dataclasses.fields(evaluation):
+            out[f"evaluation.{field.name}"] = repr(getattr(evaluation, field.name))
 
     def walk(prefix: str, obj: Any) -> None:
         for field in dataclasses.fields(obj):
@@ -190,10 +196,16 @@ class DeviceGuard:
             self._write(state)
 
     def answered(self) -> list[tuple[int, int]]:
-        """The (run, round) pairs this device has answered."""
+        """The (run, round) pairs whose training round this device has answered."""
         handle = self._lock()
         with handle:
-            return [(int(r), int(t)) for r, t in self._read()["answered"]]
+            return [(int(k[0]), int(k[1])) for k in self._read()["answered"] if len(k) == 2]
+
+    def answered_evaluations(self) -> list[tuple[int, int]]:
+        """The (run, round) pairs whose federated evaluation this device has answered."""
+        handle = self._lock()
+        with handle:
+            return [(int(k[0]), int(k[1])) for k in self._read()["answered"] if len(k) == 3]
 
     def spent(self) -> float:
         """The ledger's total ε at the budget's δ (0 before any release)."""
@@ -204,8 +216,12 @@ class DeviceGuard:
         return self._budget(events).spent()
 
     def admit(self, *, run: int, round_index: int, policy: dict[str, str],
-              secure_message: bool, secure_required: bool, events: Events) -> None:
+              secure_message: bool, secure_required: bool, events: Events,
+              kind: str = "train") -> None:
         """Record round ``round_index`` of ``run`` and charge ``events``, or refuse.
+
+        ``kind``: ``"train"`` (the round's update) or ``"evaluate"`` (the federated
+        evaluation after that round): each is answered at most once per (run, round).
 
         Raises
         ------
@@ -214,7 +230,11 @@ class DeviceGuard:
             policy, the (run, round) was already answered, or the budget would be exceeded.
             Nothing is recorded.
         """
-        what = f"round {round_index + 1} of run {run}"
+        if kind not in ("train", "evaluate"):
+            raise PrivateRecError(f"invalid round kind {kind!r}")
+        what = (f"round {round_index + 1} of run {run}" if kind == "train" else
+                f"the federated evaluation after round {round_index + 1} of run {run}")
+        key: list[Any] = [run, round_index] if kind == "train" else [run, round_index, kind]
         handle = self._lock()
         with handle:
             state = self._read()
@@ -222,14 +242,14 @@ class DeviceGuard:
             if secure_required and not secure_message:
                 raise self._refuse(what, "the policy sends updates through SecAgg+ only, and "
                                          "the server asked for a plain (unmasked) update")
-            if [run, round_index] in state["answered"]:
+            if key in state["answered"]:
                 raise self._refuse(what, "this device already answered that round (a server "
                                          "asking again could average the noise away)")
             try:
                 self._budget([*self._budget([]).events(), *events]).spend(events)
             except PrivacyBudgetExceeded as exc:
                 raise self._refuse(what, f"its privacy budget is spent ({exc})") from None
-            state["answered"].append([run, round_index])
+            state["answered"].append(key)
             self._write(state)
 
 

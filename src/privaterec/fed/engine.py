@@ -17,6 +17,7 @@ from typing import Any, Callable, Protocol
 from privaterec.config import FedConfig, RunConfig
 from privaterec.data.clients import ClientDataset
 from privaterec.errors import ConfigError
+from privaterec.fed.evaluation import FederatedEvaluation
 from privaterec.fed.methods import ClientMethod, method_from_config, resolve_run_config
 from privaterec.fed.objective import LocalObjective
 from privaterec.fed.sampling import clients_per_round
@@ -42,7 +43,8 @@ class Engine(Protocol):
               on_evaluate: RoundCallback | None = None,
               on_checkpoint: CheckpointCallback | None = None, progress: bool = True,
               stop_after_rounds: int | None = None,
-              checkpoint_extra: dict[str, Any] | None = None) -> FederatedState: ...
+              checkpoint_extra: dict[str, Any] | None = None,
+              evaluation: FederatedEvaluation | None = None) -> FederatedState: ...
 
 
 class SimulatorEngine:
@@ -111,9 +113,11 @@ class FederatedJob:
               checkpoint_path: str | Path | None = None, progress: bool = True,
               on_evaluate: RoundCallback | None = None,
               on_checkpoint: CheckpointCallback | None = None,
-              stop_after_rounds: int | None = None) -> FederatedState:
+              stop_after_rounds: int | None = None,
+              evaluation: FederatedEvaluation | None = None) -> FederatedState:
         """Run the job on ``engine`` (default: the simulator; ``fed.engine = "flower"``
-        needs the Flower engine passed in)."""
+        needs the Flower engine passed in); ``evaluation``: federated evaluation
+        (:func:`~privaterec.fed.simulator.train_federated`)."""
         fed = self.config.fed
         check_engine(self.method, clients, engine=fed.engine)
         if engine is None:
@@ -124,7 +128,8 @@ class FederatedJob:
         return engine.train(self.task, clients, fed, self.method, self.strategy,
                             seed=self.config.train.seed, checkpoint_path=checkpoint_path,
                             on_evaluate=on_evaluate, on_checkpoint=on_checkpoint,
-                            progress=progress, stop_after_rounds=stop_after_rounds)
+                            progress=progress, stop_after_rounds=stop_after_rounds,
+                            evaluation=evaluation)
 
 
 def federated_job(config: RunConfig, model: Recommender, *,

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-_SERVER, _CLIENT, _CENTRAL_NOISE = 0, 1, 2
+_SERVER, _CLIENT, _CENTRAL_NOISE, _EVAL_SAMPLE, _EVAL_CLIENT = 0, 1, 2, 3, 4
 
 
 def _derived_seed(*words: int) -> int:
@@ -38,3 +38,16 @@ def central_noise_generator(seed: int, round_index: int) -> torch.Generator:
     """The aggregator's generator of round ``round_index`` in a simulated central-DP run (the
     noise on the sum). Simulation only: a deployed aggregator draws from the OS CSPRNG."""
     return torch.Generator().manual_seed(_derived_seed(seed, _CENTRAL_NOISE, round_index))
+
+
+def evaluation_generator(seed: int, round_index: int) -> torch.Generator:
+    """The server's generator of the federated evaluation after round ``round_index`` (who
+    is asked), apart from the training rounds' streams. Simulation only."""
+    return torch.Generator().manual_seed(_derived_seed(seed, _EVAL_SAMPLE, round_index))
+
+
+def evaluation_client_generator(seed: int, round_index: int, client: int) -> torch.Generator:
+    """Client ``client``'s generator in the federated evaluation after round
+    ``round_index`` (its release's noise). Simulation only."""
+    return torch.Generator().manual_seed(_derived_seed(seed, _EVAL_CLIENT, round_index,
+                                                       client))

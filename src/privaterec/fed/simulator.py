@@ -29,8 +29,13 @@ from tqdm.auto import tqdm
 
 from privaterec.config import FedConfig
 from privaterec.data.clients import ClientDataset
-from privaterec.errors import CheckpointError, TrainingDivergedError
+from privaterec.errors import (CheckpointError, ConfigError, PrivateRecError,
+                               TrainingDivergedError)
+from privaterec.eval.federated import DIMENSION as EVAL_DIMENSION
+from privaterec.eval.federated import aggregate as aggregate_evaluation
 from privaterec.fed.client import client_update
+from privaterec.fed.evaluation import (EvaluateFn, FederatedEvaluation, evaluation_sample,
+                                       local_evaluate_fn)
 from privaterec.fed.interrupt import RoundInterrupted
 from privaterec.fed.methods.base import ClientMethod, RoundContext, RoundOutput
 from privaterec.fed.rng import client_generator
@@ -205,7 +210,9 @@ def train_federated(task: FederatedTask[Any], clients: ClientDataset, fed: FedCo
                     progress: bool = True,
                     stop_after_rounds: int | None = None,
                     checkpoint_extra: dict[str, Any] | None = None,
-                    sampling_source: NoiseSource | None = None) -> FederatedState:
+                    sampling_source: NoiseSource | None = None,
+                    evaluation: FederatedEvaluation | None = None,
+                    evaluate_fn: EvaluateFn | None = None) -> FederatedState:
     """Run ``fed.rounds`` rounds from θ = the model's parameters; resume from a checkpoint.
 
     Parameters
@@ -225,7 +232,19 @@ def train_federated(task: FederatedTask[Any], clients: ClientDataset, fed: FedCo
     sampling_source: where a deployed server draws who takes part in a round (the OS
         CSPRNG, :class:`~privaterec.privacy.samplers.SecureNoise`); ``None``: seeded by
         (seed, round), a simulation (:meth:`ClientMethod.select`).
+    evaluation: federated evaluation (:mod:`privaterec.fed.evaluation`): after every
+        ``fed.eval_every`` rounds and after the last round, a sample of the roster releases
+        clipped, noised metric sums; each asked user's release is recorded in the ledger and
+        the estimate logged (``federated_eval``). evaluate_fn: computes the releases
+        (default: in process from ``evaluation.local``, the simulator; the Flower ServerApp
+        passes one that asks the SuperNodes).
     """
+    if evaluation is not None and evaluate_fn is None:
+        if evaluation.local is None:
+            raise ConfigError("federated evaluation on the simulator needs the devices' test "
+                              "impressions (a test split)")
+        evaluate_fn = local_evaluate_fn(task, clients.user_ids, evaluation.local,
+                                        evaluation.policy, seed=seed)
     if round_fn is None:
         def round_fn(params: torch.Tensor, selected: list[int], t: int, *,
                      server_state: Mapping[str, float] | None = None) -> RoundResult:
@@ -238,7 +257,8 @@ def train_federated(task: FederatedTask[Any], clients: ClientDataset, fed: FedCo
                       on_checkpoint=on_checkpoint, progress=progress,
                       stop_after_rounds=stop_after_rounds,
                       checkpoint_extra=checkpoint_extra or {},
-                      sampling_source=sampling_source)
+                      sampling_source=sampling_source, evaluation=evaluation,
+                      evaluate_fn=evaluate_fn)
 
 
 def _train(task: FederatedTask[Any], clients: ClientDataset, fed: FedConfig,
@@ -246,7 +266,9 @@ def _train(task: FederatedTask[Any], clients: ClientDataset, fed: FedConfig,
            checkpoint_path: str | Path | None, on_evaluate: RoundCallback | None,
            on_checkpoint: Callable[[FederatedState], None] | None, progress: bool,
            stop_after_rounds: int | None, checkpoint_extra: dict[str, Any],
-           sampling_source: NoiseSource | None) -> FederatedState:
+           sampling_source: NoiseSource | None,
+           evaluation: FederatedEvaluation | None = None,
+           evaluate_fn: EvaluateFn | None = None) -> FederatedState:
     if checkpoint_path is not None and Path(checkpoint_path).exists():
         saved = load_checkpoint(checkpoint_path)
         task.model.load_state_dict(saved["model"])  # frozen parameters too
@@ -325,6 +347,11 @@ def _train(task: FederatedTask[Any], clients: ClientDataset, fed: FedConfig,
                 and state.round_index % fed.eval_every == 0):
             task.load(state.params)
             entry.update(on_evaluate(state.round_index, state) or {})
+        if evaluation is not None and evaluate_fn is not None and (
+                last or (fed.eval_every and state.round_index % fed.eval_every == 0)):
+            entry["federated_eval"] = _evaluate_federated(
+                state, clients, evaluation, evaluate_fn, seed=seed, round_index=t,
+                source=sampling_source)
         state.log.append(entry)
         bar.update(1)
         if "loss" in entry:
@@ -337,6 +364,23 @@ def _train(task: FederatedTask[Any], clients: ClientDataset, fed: FedConfig,
     bar.close()
     task.load(state.params)
     return state
+
+
+def _evaluate_federated(state: FederatedState, clients: ClientDataset,
+                        evaluation: FederatedEvaluation, evaluate_fn: EvaluateFn, *,
+                        seed: int, round_index: int,
+                        source: NoiseSource | None) -> dict[str, Any]:
+    """One federated evaluation of θ after round ``round_index``: ask a sample of the
+    roster, record each asked user's release in the ledger, return the estimate."""
+    policy = evaluation.policy
+    asked = evaluation_sample(clients.num_users, policy.fraction, seed=seed,
+                              round_index=round_index, source=source)
+    released = evaluate_fn(state.params, asked, round_index)
+    if tuple(released.shape) != (len(asked), EVAL_DIMENSION):
+        raise PrivateRecError(f"federated evaluation: {tuple(released.shape)} releases for "
+                          f"{len(asked)} asked devices")
+    state.ledger.record_many([clients.user_ids[u] for u in asked], policy.event)
+    return aggregate_evaluation(released, sigma=policy.sigma).to_dict()
 
 
 __all__ = ["FederatedState", "RoundCallback", "RoundFn", "RoundResult", "clients_per_round",

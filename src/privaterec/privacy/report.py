@@ -452,6 +452,13 @@ def format_privacy_report(summary: Mapping[str, Any]) -> str:
         lines.append(f"Mode: {release['trust']}")
     if release.get("evaluation"):  # what the server evaluated on: a holdout, its split, none
         lines.append(f"Evaluation: {release['evaluation']}")
+    federated = release.get("federated_evaluation")
+    if federated:  # its releases are in the ledger; this is their share, composed alone
+        lines.append(f"  federated evaluations run: {federated['evaluations']}; a user asked in "
+                     f"every one spent epsilon = "
+                     f"{_fmt(federated['epsilon_all_evaluations'])} on them (user-level, "
+                     f"delta = {_fmt(federated['epsilon_delta'])}; included in the totals "
+                     f"below)")
     adjacency = report.get("adjacency")
     if adjacency:
         lines.append("Adjacency: every epsilon below is stated for one of")

@@ -53,6 +53,7 @@ def load_device(spec: "ClientSpec") -> "Device":
 def _ranking_device(run: RunDirectory, data_dir: str) -> "Device":
     from privaterec.config import RunConfig, replace
     from privaterec.data.text import TextVocabularies
+    from privaterec.fed.evaluation import TestImpressions, evaluation_policy
     from privaterec.fed.flower.client_app import Device
     from privaterec.fed.methods import method_from_config, resolve_run_config
     from privaterec.fed.objective import LocalObjective
@@ -71,7 +72,15 @@ def _ranking_device(run: RunDirectory, data_dir: str) -> "Device":
     shipped = run.path / WORD_VECTORS_FILE
     vectors = decode_word_vectors(shipped.read_text()) if shipped.exists() else None
     task = LocalObjective(build_run_model(config, prepared, word_vectors=vectors))
-    return Device.of(task, method_from_config(config), prepared.train_clients)
+    # Federated evaluation: the device's own policy (from its copy of the configuration)
+    # and its own test impressions, if its data directory has a test/ split.
+    policy = evaluation_policy(config.fed)
+    test = prepared.dataset.test
+    return Device.of(task, method_from_config(config), prepared.train_clients,
+                     evaluation=policy,
+                     test=None if policy is None or test is None else TestImpressions(
+                         test, prepared.features, history_len=config.model.history_len,
+                         batch_size=config.train.eval_batch_size))
 
 
 def _recall_device(run: RunDirectory, data_dir: str) -> "Device":

@@ -31,6 +31,8 @@ from privaterec.eval.basis import basis_diagnostics
 from privaterec.eval.evaluate import evaluate_model
 from privaterec.eval.serving import private_user_encoder
 from privaterec.fed.engine import check_run, federated_job
+from privaterec.fed.evaluation import (FederatedEvaluation, TestImpressions,
+                                       evaluation_policy)
 from privaterec.fed.methods import resolve_run_config
 from privaterec.models.recommender import Recommender
 from privaterec.privacy.events import PrivacyEvent
@@ -226,6 +228,10 @@ def _train_locked(config: RunConfig, run: RunDirectory, prepared: PreparedData, 
     metrics = run.update_metrics(method=config.train.method, **{log_key: log}, **known,
                                  train_users=prepared.train_clients.num_users,
                                  train_seconds=time.perf_counter() - started)
+    federated = [entry["federated_eval"] for entry in log
+                 if isinstance(entry, dict) and "federated_eval" in entry]
+    if federated:  # the accounted estimate of the last federated evaluation
+        metrics = run.update_metrics(test_federated=federated[-1])
     if test is not None:
         result = evaluate_model(model, test, prepared.features,
                                 history_len=config.model.history_len,
@@ -287,9 +293,13 @@ def _train_federated(config: RunConfig, run: RunDirectory, model: Recommender,
                                   deployed=(config.fed.engine == "flower" and grid is not None
                                             and not seeded_rehearsal),
                                   public_server=clients.roster_only)
-    release["evaluation"] = evaluation_source(prepared, eval_data)
+    evaluation = _federated_evaluation(config, prepared)
+    release["evaluation"] = evaluation_source(prepared, eval_data, evaluation=evaluation)
 
     def write_privacy(state: Any) -> None:
+        if evaluation is not None:
+            release["federated_evaluation"] = federated_evaluation_record(
+                evaluation, state.log, delta=config.fed.report_delta)
         write_privacy_json(run.privacy_path, state.ledger, release=release,
                            delta=config.fed.report_delta, rounds=state.round_index)
 
@@ -297,13 +307,71 @@ def _train_federated(config: RunConfig, run: RunDirectory, model: Recommender,
                           deployed=not seeded_rehearsal)
     state = job.train(clients, engine=engine, checkpoint_path=run.checkpoint_path,
                       progress=progress, on_evaluate=lambda t, _: evaluate(),
-                      on_checkpoint=write_privacy)
+                      on_checkpoint=write_privacy, evaluation=evaluation)
     return list(state.log)
 
 
-def evaluation_source(prepared: PreparedData, eval_data: str | None) -> str:
-    """What the server evaluated on, for ``privacy.json``: the public or consented holdout
-    ``eval_data``, the test split of the data it was given, or nothing."""
+def _federated_evaluation(config: RunConfig, prepared: PreparedData
+                          ) -> FederatedEvaluation | None:
+    """The run's federated evaluation (``fed.evaluation: federated``), with the devices'
+    test impressions when the simulator computes their releases in process.
+
+    Raises
+    ------
+    ConfigError
+        If the simulator is asked to evaluate federatedly without a test split.
+    """
+    policy = evaluation_policy(config.fed)
+    if policy is None:
+        return None
+    if config.fed.engine == "flower":  # the SuperNodes hold the test impressions
+        return FederatedEvaluation(policy)
+    test = prepared.dataset.test
+    if test is None:
+        raise ConfigError(f"{config.data}: has no test/ split, so the simulated devices have "
+                          f"no test impressions for --eval federated; give a directory with "
+                          f"train/ and test/, or --eval server")
+    return FederatedEvaluation(policy, TestImpressions(
+        test, prepared.features, history_len=config.model.history_len,
+        batch_size=config.train.eval_batch_size))
+
+
+def federated_evaluation_record(evaluation: FederatedEvaluation,
+                                log: list[dict[str, Any]], *, delta: float) -> dict[str, Any]:
+    """``privacy.json``'s ``release.federated_evaluation``: the policy, how many evaluations
+    ran, and the ε they cost a user asked in every one (their releases composed alone, PLD,
+    at ``delta``; the ledger's totals compose them with training)."""
+    from privaterec.privacy.ledger import PrivacyLedger
+
+    policy = evaluation.policy
+    count = sum(1 for entry in log if "federated_eval" in entry)
+    spent = PrivacyLedger()
+    spent.record("user", policy.event, count)
+    return {**policy.to_dict(), "adjacency": "user", "mechanism": "gaussian",
+            "evaluations": count,
+            "epsilon_all_evaluations": spent.user_epsilon("user", delta=delta,
+                                                          adjacency="user") if count else 0.0,
+            "epsilon_delta": delta}
+
+
+def evaluation_source(prepared: PreparedData, eval_data: str | None, *,
+                      evaluation: FederatedEvaluation | None = None) -> str:
+    """What the run evaluated on, for ``privacy.json``: federated evaluation by the devices,
+    or what the server evaluated on (the public or consented holdout ``eval_data``, the
+    test split of the data it was given, or nothing)."""
+    if evaluation is not None:
+        policy = evaluation.policy
+        text = (f"federated: sampled devices (each enrolled device with probability "
+                f"{policy.fraction:g}) evaluated on their own test impressions and released "
+                f"clipped metric sums with Gaussian noise (epsilon = {policy.epsilon:g}, "
+                f"delta = {policy.delta:g} per release, user-level; sigma = "
+                f"{policy.sigma:.4g}), each release in the ledger")
+        if eval_data is not None:
+            text += f"; the server also evaluated on the public or consented holdout {eval_data}"
+        elif prepared.dataset.test is not None:
+            text += (f"; the server also evaluated on the test split of "
+                     f"{prepared.dataset.path}, which it reads (a simulation, for comparison)")
+        return text
     if prepared.dataset.test is None:
         return "none: the server holds no evaluation data (no eval-data holdout given)"
     if eval_data is not None:

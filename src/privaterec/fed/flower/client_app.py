@@ -3,6 +3,9 @@
 * ``query`` (:func:`client_query`): keeps the run's public files (e.g. ``config.yaml`` and
   ``vocab.json``, or ``recall.yaml``, as text, in the node's ``Context.state``) and replies
   with the ids of the users this node holds.
+* ``evaluate`` (:func:`client_evaluate`): federated evaluation: each requested user's
+  clipped metric sums over its own test impressions plus the run's Gaussian noise
+  (:func:`privaterec.fed.evaluation.device_release`), from the OS CSPRNG on a real device.
 * ``train`` (:func:`handle_train`): a plain round (:func:`client_train`) calls
   :func:`privaterec.fed.client.client_update` for each requested user — the same function
   the simulator's reference round calls — with ``client_generator(seed, round, user)`` in a
@@ -48,7 +51,9 @@ from flwr.compat.common import recorddict_compat as compat
 
 from privaterec.data.clients import ClientDataset
 from privaterec.errors import ConfigError, PrivateRecError
+from privaterec.eval.federated import EvaluationPolicy
 from privaterec.fed.client import client_update
+from privaterec.fed.evaluation import TestImpressions, device_release, score_users
 from privaterec.fed.device_guard import (DeviceGuard, RoundRefused, device_events,
                                          privacy_policy, secure_aggregation_required)
 from privaterec.fed.flower.messages import (RUN_RECORD, field_record, field_value,
@@ -56,11 +61,13 @@ from privaterec.fed.flower.messages import (RUN_RECORD, field_record, field_valu
 from privaterec.fed.flower.secure import MASK_PRG, install_mask_prg
 from privaterec.fed.methods.base import ClientMethod
 from privaterec.fed.methods.dp_fedavg import CentralDP
-from privaterec.fed.rng import client_generator
+from privaterec.fed.rng import client_generator, evaluation_client_generator
 from privaterec.fed.secagg import SecAggRound
 from privaterec.fed.task import FederatedTask
 from privaterec.ondevice.budget import DEFAULT_DEVICE_BUDGET, default_state_dir
-from privaterec.privacy.samplers import SecureNoise
+from privaterec.models.recommender import Recommender
+from privaterec.privacy.events import PrivacyEvent
+from privaterec.privacy.samplers import SecureNoise, SimulationNoise
 from privaterec.runtime.determinism import deterministic_algorithms, flush_denormals
 
 @dataclass(frozen=True)
@@ -126,12 +133,19 @@ class Device:
     clients: ClientDataset
     fingerprint: str
     index: dict[str, int]
+    evaluation: EvaluationPolicy | None = None
+    """The run's federated evaluation policy, from the device's own copy of the run
+    configuration (``None``: the run has none, and the device refuses to evaluate)."""
+    test: TestImpressions | None = None
+    """The device's own test impressions (``None``: it has none, and releases noise around
+    the zero vector when asked)."""
 
     @classmethod
-    def of(cls, task: FederatedTask[Any], method: ClientMethod,
-           clients: ClientDataset) -> "Device":
+    def of(cls, task: FederatedTask[Any], method: ClientMethod, clients: ClientDataset, *,
+           evaluation: EvaluationPolicy | None = None,
+           test: TestImpressions | None = None) -> "Device":
         return cls(task, method, clients, public_fingerprint(task, method),
-                   {uid: u for u, uid in enumerate(clients.user_ids)})
+                   {uid: u for u, uid in enumerate(clients.user_ids)}, evaluation, test)
 
 
 DeviceLoader = Callable[[ClientSpec], Device]
@@ -191,7 +205,7 @@ def client_query(load: DeviceLoader, message: Message, context: Context) -> Mess
     users = _held_users(device, context.node_config)
     guard = device_guard(context)
     if guard is not None:  # a real device pins the run's privacy policy at enrolment
-        guard.enrol(privacy_policy(device.method))
+        guard.enrol(privacy_policy(device.method, device.evaluation))
     return Message(RecordDict({"users": ConfigRecord({"ids": users})}), reply_to=message)
 
 
@@ -212,10 +226,12 @@ def device_guard(context: Context) -> DeviceGuard | None:
 
 
 def _admit(context: Context, device: Device, run: int, round_index: int, *,
-           users: int, secure_message: bool) -> None:
+           users: int, secure_message: bool, kind: str = "train") -> None:
     """Refuse a plain message under a SecAgg+ policy (every node), and let a real device's
-    guard admit the round (:meth:`DeviceGuard.admit`) before any release is computed."""
-    required = secure_aggregation_required(device.method)
+    guard admit the round (:meth:`DeviceGuard.admit`) before any release is computed.
+    ``kind`` ``"evaluate"``: a federated evaluation, whose release is noised on the device
+    (a plain message is its protocol) and charged as the run's evaluation event."""
+    required = secure_aggregation_required(device.method) and kind == "train"
     if required and not secure_message:
         logging.getLogger("privaterec").warning(
             "privaterec node %s: refused round %d of run %d: a plain (unmasked) update was "
@@ -227,10 +243,15 @@ def _admit(context: Context, device: Device, run: int, round_index: int, *,
     guard = device_guard(context)
     if guard is None:
         return
-    events = device_events(device.method, device.task.dimension)
-    guard.admit(run=run, round_index=round_index, policy=privacy_policy(device.method),
+    if kind == "evaluate":
+        assert device.evaluation is not None  # client_evaluate refuses a run without one
+        events: tuple[PrivacyEvent, ...] = (device.evaluation.event,)
+    else:
+        events = device_events(device.method, device.task.dimension)
+    guard.admit(run=run, round_index=round_index,
+                policy=privacy_policy(device.method, device.evaluation),
                 secure_message=secure_message, secure_required=required,
-                events=[(e, users) for e in events])
+                events=[(e, users) for e in events], kind=kind)
 
 
 def client_train(load: DeviceLoader, message: Message, context: Context) -> Message:
@@ -290,6 +311,54 @@ def client_train(load: DeviceLoader, message: Message, context: Context) -> Mess
         records["metrics"] = MetricRecord({"loss": losses})
     records["result"] = result
     return Message(RecordDict(records), reply_to=message)
+
+
+def client_evaluate(load: DeviceLoader, message: Message, context: Context) -> Message:
+    """Federated evaluation: each requested user's release (its clipped metric sums over
+    its own test impressions with θ, plus the noise of the device's own evaluation policy;
+    :func:`~privaterec.fed.evaluation.device_release`), after the guard admitted it."""
+    device = _load_device(load, ClientSpec.resolve(context))
+    config = field_record(message.content, "config", ConfigRecord)
+    if field_value(config, "fingerprint", str) != device.fingerprint:
+        raise ConfigError("this device's public model or client method differs from the "
+                          "server's: give the SuperNode the run's public files")
+    policy = device.evaluation
+    if policy is None:
+        raise RoundRefused("this device refused a federated evaluation: its run "
+                           "configuration has none (fed.evaluation is not 'federated'); "
+                           "nothing was released")
+    model = device.task.model
+    if not isinstance(model, Recommender):
+        raise ConfigError("federated evaluation needs a ranking run's model")
+    theta = torch.from_numpy(np.array(
+        field_record(message.content, "global", ArrayRecord)["theta"].numpy(),
+        dtype=np.float32, copy=True))
+    if theta.numel() != device.task.dimension:
+        raise ConfigError(f"received θ of dimension {theta.numel()}, the device's model has "
+                          f"{device.task.dimension}")
+    round_index = field_value(config, "round", int)
+    user_ids = field_values(config, "users", str)
+    held = set(_held_users(device, context.node_config))
+    for user_id in user_ids:
+        if user_id not in held:
+            raise PrivateRecError(f"the server asked this SuperNode for user {user_id!r}, "
+                                  f"which it does not hold")
+    _admit(context, device, context.run_id, round_index, users=len(user_ids),
+           secure_message=False, kind="evaluate")
+    secure = secure_source(context, config)
+    seed = field_value(config, "seed", int) if secure is None else 0
+    with deterministic_algorithms(), flush_denormals():
+        device.task.load(theta)
+        scored = ({} if device.test is None else score_users(model, device.test, user_ids))
+        rows = [device_release(scored.get(user_id, []), policy,
+                               secure if secure is not None else SimulationNoise(
+                                   evaluation_client_generator(seed, round_index, int(user))))
+                for user_id, user in zip(user_ids, field_values(config, "user-indices", int))]
+    event = json.dumps([policy.event.to_dict()])
+    return Message(RecordDict({
+        "releases": ArrayRecord({"releases": Array(torch.stack(rows).numpy())}),
+        "result": ConfigRecord({"users": user_ids, "events": [event] * len(user_ids)})}),
+        reply_to=message)
 
 
 def _os_entropy(context: Context) -> bool:
@@ -408,9 +477,9 @@ def handle_train(load: DeviceLoader, message: Message, context: Context) -> Mess
 
 
 def make_client_app(load_device: DeviceLoader) -> ClientApp:
-    """The ClientApp: ``query`` (which users a node holds) and ``train`` (their updates, or
-    a SecAgg+ stage); ``load_device`` rebuilds the run's public task, method and the
-    device's clients."""
+    """The ClientApp: ``query`` (which users a node holds), ``train`` (their updates, or
+    a SecAgg+ stage) and ``evaluate`` (their federated evaluation releases);
+    ``load_device`` rebuilds the run's public task, method and the device's clients."""
     install_mask_prg()
     app = ClientApp()
 
@@ -422,9 +491,13 @@ def make_client_app(load_device: DeviceLoader) -> ClientApp:
     def train(message: Message, context: Context) -> Message:
         return handle_train(load_device, message, context)
 
+    @app.evaluate()
+    def evaluate(message: Message, context: Context) -> Message:
+        return client_evaluate(load_device, message, context)
+
     return app
 
 
-__all__ = ["ClientSpec", "Device", "DeviceLoader", "PUBLIC_FILES", "client_query",
-           "client_secure_fit", "client_train", "handle_train", "make_client_app",
+__all__ = ["ClientSpec", "Device", "DeviceLoader", "PUBLIC_FILES", "client_evaluate",
+           "client_query", "client_secure_fit", "client_train", "handle_train", "make_client_app",
            "secure_source"]

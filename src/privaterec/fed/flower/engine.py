@@ -17,6 +17,7 @@ from flwr.serverapp import Grid, ServerApp
 from privaterec.config import FedConfig
 from privaterec.data.clients import ClientDataset
 from privaterec.errors import PrivateRecError
+from privaterec.fed.evaluation import FederatedEvaluation
 from privaterec.fed.flower.client_app import DeviceLoader, make_client_app
 from privaterec.fed.flower.server_app import ROUND_TIMEOUT, serve
 from privaterec.fed.interrupt import sigint_sets, stop_grid_on
@@ -71,15 +72,18 @@ class FlowerEngine:
               on_evaluate: RoundCallback | None = None,
               on_checkpoint: Callable[[FederatedState], None] | None = None,
               progress: bool = True, stop_after_rounds: int | None = None,
-              checkpoint_extra: dict[str, Any] | None = None) -> FederatedState:
+              checkpoint_extra: dict[str, Any] | None = None,
+              evaluation: FederatedEvaluation | None = None) -> FederatedState:
         """Run :func:`~privaterec.fed.simulator.train_federated` with rounds sent to the
-        SuperNodes; checkpoints, ledger and evaluation are the server's. The final θ is
+        SuperNodes; checkpoints, ledger and evaluation are the server's (federated
+        evaluation: the SuperNodes' releases, ``evaluate`` messages). The final θ is
         loaded into the task's model; the devices' public task must be built as the
         server's (checked by fingerprint)."""
         kwargs: dict[str, Any] = dict(
             seed=seed, run_files=self.run_files, checkpoint_path=checkpoint_path,
             on_evaluate=on_evaluate, on_checkpoint=on_checkpoint, progress=progress,
-            stop_after_rounds=stop_after_rounds, checkpoint_extra=checkpoint_extra)
+            stop_after_rounds=stop_after_rounds, checkpoint_extra=checkpoint_extra,
+            evaluation=evaluation)
         if self.grid is not None:
             return serve(self.grid, task, clients, fed, method, strategy,
                          deployed=self.deployed, **kwargs)

@@ -35,6 +35,8 @@ from flwr.serverapp import Grid
 from privaterec.config import FedConfig, replace
 from privaterec.data.clients import ClientDataset
 from privaterec.errors import CheckpointError, PrivateRecError
+from privaterec.eval.federated import DIMENSION as EVAL_DIMENSION
+from privaterec.fed.evaluation import EvaluateFn, FederatedEvaluation
 from privaterec.fed.flower.messages import (field_record, field_values, public_fingerprint,
                                             reply_error, run_record, seed_entry)
 from privaterec.fed.flower.secure import MASK_PRG, secure_sum
@@ -261,6 +263,69 @@ def _secure_round_fn(grid: Grid, task: FederatedTask[Any], clients: ClientDatase
     return round_fn
 
 
+def _evaluate_fn(grid: Grid, clients: ClientDataset, owner: Mapping[int, int],
+                 evaluation: FederatedEvaluation, fingerprint: str, *, seed: int,
+                 timeout: float, deployed: bool) -> EvaluateFn:
+    """Federated evaluation over the Grid: each asked user's SuperNode gets θ in an
+    ``evaluate`` message and replies with its release (:func:`~privaterec.fed.flower.
+    client_app.client_evaluate`); the server checks that every asked user answered once,
+    with the run's event, and returns the releases in the order asked."""
+    expected = evaluation.policy.event
+
+    def evaluate(params: torch.Tensor, asked: list[int], t: int) -> torch.Tensor:
+        by_node: dict[int, list[int]] = {}
+        for u in asked:
+            if u not in owner:
+                raise PrivateRecError(f"federated evaluation: user {clients.user_ids[u]!r} "
+                                      f"is held by no connected SuperNode")
+            by_node.setdefault(owner[u], []).append(u)
+        theta = ArrayRecord({"theta": Array(params.detach().float().contiguous().numpy())})
+        messages = [
+            Message(RecordDict({
+                "global": theta,
+                "config": ConfigRecord({
+                    "round": t, **seed_entry(seed, deployed), "fingerprint": fingerprint,
+                    "users": [clients.user_ids[u] for u in users], "user-indices": users}),
+            }), dst_node_id=node, message_type=MessageType.EVALUATE, group_id=f"eval-{t}")
+            for node, users in by_node.items()]
+        rows: dict[int, torch.Tensor] = {}
+        index = {clients.user_ids[u]: u for u in asked}
+        for reply in grid.send_and_receive(messages, timeout=timeout):
+            if reply.has_error():
+                raise PrivateRecError(reply_error(reply))
+            node = reply.metadata.src_node_id
+            result = field_record(reply.content, "result", ConfigRecord)
+            released = torch.from_numpy(np.array(
+                field_record(reply.content, "releases", ArrayRecord)["releases"].numpy(),
+                dtype=np.float64, copy=True))
+            users = field_values(result, "users", str)
+            events = field_values(result, "events", str)
+            if (tuple(released.shape) != (len(users), EVAL_DIMENSION)
+                    or len(events) != len(users)):
+                raise PrivateRecError(f"SuperNode {node}: {tuple(released.shape)} evaluation "
+                                      f"releases for {len(users)} users")
+            for row, (uid, event) in enumerate(zip(users, events)):
+                user = index.get(uid)
+                if user is None or owner[user] != node or user in rows:
+                    raise PrivateRecError(f"SuperNode {node} sent an evaluation release for "
+                                          f"user {uid!r}, which it was not asked for")
+                got = tuple(PrivacyEvent.from_dict(e) for e in json.loads(event))
+                if got != (expected,):
+                    raise PrivateRecError(f"evaluation after round {t + 1}: user {uid!r} "
+                                          f"reported privacy events {got}, the run's "
+                                          f"evaluation releases {expected}")
+                rows[user] = released[row]
+        missing = [u for u in asked if u not in rows]
+        if missing:
+            raise PrivateRecError(f"evaluation after round {t + 1}: {len(missing)} of "
+                                  f"{len(asked)} devices did not reply within {timeout:.0f} s "
+                                  f"(e.g. user {clients.user_ids[missing[0]]!r})")
+        return (torch.stack([rows[u] for u in asked]) if asked
+                else torch.zeros(0, EVAL_DIMENSION, dtype=torch.float64))
+
+    return evaluate
+
+
 def serve(grid: Grid, task: FederatedTask[Any], clients: ClientDataset, fed: FedConfig,
           method: ClientMethod, strategy: Strategy, *, seed: int,
           run_files: Mapping[str, str],
@@ -271,7 +336,8 @@ def serve(grid: Grid, task: FederatedTask[Any], clients: ClientDataset, fed: Fed
           checkpoint_extra: dict[str, Any] | None = None,
           discovery_timeout: float = DISCOVERY_TIMEOUT,
           round_timeout: float = ROUND_TIMEOUT,
-          deployed: bool = True) -> FederatedState:
+          deployed: bool = True,
+          evaluation: FederatedEvaluation | None = None) -> FederatedState:
     """The ServerApp's work on a connected ``grid``: discover nodes, then train.
 
     Parameters: see :meth:`~privaterec.fed.flower.engine.FlowerEngine.train`; ``run_files``
@@ -283,7 +349,8 @@ def serve(grid: Grid, task: FederatedTask[Any], clients: ClientDataset, fed: Fed
     (:func:`~privaterec.fed.flower.client_app.secure_source`); the run is checkpointed every
     round (a resume re-runs the rounds after the last checkpoint, with fresh draws the
     ledger would miss) and a checkpoint records the mode, which a resume must match.
-    ``False``: a simulation, seeded like the simulator (equal to it).
+    ``False``: a simulation, seeded like the simulator (equal to it). ``evaluation``:
+    federated evaluation, asked of the SuperNodes (:func:`_evaluate_fn`).
     """
     if deployed:  # e.g. central DP only through secure aggregation (the run layer checks
         method.check_engine("flower")  # too; benchmarks time the other path in simulation)
@@ -306,12 +373,16 @@ def serve(grid: Grid, task: FederatedTask[Any], clients: ClientDataset, fed: Fed
     else:
         round_fn = _round_fn(grid, clients, owner, method, fingerprint, seed=seed,
                              timeout=round_timeout, deployed=deployed)
+    evaluate_fn = (None if evaluation is None else
+                   _evaluate_fn(grid, clients, owner, evaluation, fingerprint, seed=seed,
+                                timeout=round_timeout, deployed=deployed))
     return train_federated(task, clients, fed, method, strategy, seed=seed, round_fn=round_fn,
                            checkpoint_path=checkpoint_path, on_evaluate=on_evaluate,
                            on_checkpoint=on_checkpoint, progress=progress,
                            stop_after_rounds=stop_after_rounds,
                            checkpoint_extra=checkpoint_extra,
-                           sampling_source=SecureNoise() if deployed else None)
+                           sampling_source=SecureNoise() if deployed else None,
+                           evaluation=evaluation, evaluate_fn=evaluate_fn)
 
 
 __all__ = ["DISCOVERY_TIMEOUT", "ROUND_TIMEOUT", "discover_nodes", "serve"]
