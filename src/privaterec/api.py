@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 from privaterec.errors import ConfigError
 
 if TYPE_CHECKING:
-    from privaterec.config import RunConfig, ServingKind
+    from privaterec.config import RunConfig
     from privaterec.privacy.ledger import Composition
     from privaterec.serving.server import Service
 
@@ -194,7 +194,7 @@ def train(data: PathLike, *, out: PathLike, method: str = "dp-fedavg", progress:
 
 
 def evaluate(run: PathLike | Run, *, data: PathLike | None = None, split: str = "test",
-             serving: ServingKind = "none", epsilon: float = math.inf, delta: float = 0.0,
+             serving: str = "none", epsilon: float = math.inf, delta: float = 0.0,
              padding_p: float = 0.5, seed: int = 0, progress: bool = False) -> dict[str, Any]:
     """Test metrics of a run, optionally through private serving.
 

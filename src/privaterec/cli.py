@@ -20,11 +20,12 @@ from privaterec.version import __version__
 from privaterec.config import (BASIS_ATTENTION_KINDS, EMBEDDINGS, ENGINES, EVALUATIONS,
                                FEDERATED_METHODS,
                                METHODS, NEWS_ENCODERS, NOISE_KINDS, SENSITIVITY_MODES,
-                               SERVING_KINDS, STRATEGIES, USER_ENCODERS, MODEL_PRESETS,
+                               STRATEGIES, USER_ENCODERS, MODEL_PRESETS,
                                ModelConfig, RunConfig, TrainConfig, fed_with_changes,
                                model_preset, replace)
 from privaterec.data.synth import SYNTH_PRESETS
 from privaterec.errors import PrivateRecError
+from privaterec.ondevice.release import QUERY_MODES, SERVING_KINDS, SERVING_MODES
 
 EXIT_OK, EXIT_CHECK_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -314,9 +315,9 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
                                 mechanism=args.noise, sensitivity_mode=args.sensitivity_mode,
                                 vdp_clip=args.vdp_clip, seed=args.seed,
                                 normalization=args.normalization)
-    elif args.epsilon_serve != math.inf and args.recall not in ("privaterec", "vdp"):
-        raise PrivateRecError("--epsilon-serve needs --serving privaterec|vdp or --recall "
-                              "privaterec|vdp")
+    elif args.epsilon_serve != math.inf and args.recall not in QUERY_MODES:
+        modes = "|".join(QUERY_MODES)
+        raise PrivateRecError(f"--epsilon-serve needs --serving {modes} or --recall {modes}")
     if args.recall is not None:
         return cmd_evaluate_recall(args, serving)
     result = evaluate_run(args.run, args.data, split=args.split,
@@ -329,7 +330,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     print(_metrics_table([(label, result)]))
     if "basis" in result:
         print(_basis_line(result["basis"]))
-    if serving is not None and serving.kind == "local":
+    if serving is not None and serving.mode.on_device:
         info = result["serving"]
         print(f"local ranking: epsilon_s = 0 ({info['queries']} queries of {info['users']} "
               f"users, 0 bytes sent per query; the device downloads the pool of "
@@ -350,7 +351,7 @@ def cmd_evaluate_recall(args: argparse.Namespace, serving: Any) -> int:
     from privaterec.runs.recall import evaluate_recall_run
     from privaterec.ondevice.release import ServingConfig
 
-    if args.recall in ("privaterec", "vdp"):
+    if args.recall in QUERY_MODES:
         if serving is not None and serving.kind != args.recall:
             raise PrivateRecError(f"--serving {serving.kind} contradicts --recall {args.recall}")
         serving = ServingConfig(kind=args.recall, epsilon=args.epsilon_serve,
@@ -817,9 +818,8 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--no-progress", action="store_true", help="no progress bars")
     evaluate.add_argument("--serving", choices=SERVING_KINDS, default=None,
                           help="private serving: each test impression is a query (PrivateRec "
-                               "Alg. 1) released under --epsilon-serve; local: the device "
-                               "ranks the downloaded score matrix itself and sends nothing "
-                               "(epsilon_s = 0)")
+                               "Alg. 1) released under --epsilon-serve. " + "; ".join(
+                                   f"{m.name}: {m.help}" for m in SERVING_MODES.values()))
     evaluate.add_argument("--epsilon-serve", type=float, default=math.inf,
                           help="epsilon_s per query (default inf: no noise)")
     evaluate.add_argument("--delta-serve", type=float, default=0.0,
@@ -841,7 +841,7 @@ def build_parser() -> argparse.ArgumentParser:
                                "(Alg. 2 line 10), relu (the training normalisation) or "
                                "simplex (Euclidean projection); post-processing, no extra ε")
     evaluate.add_argument("--recall", choices=["unifedrec", "youtubenet", "no-bie",
-                                               "privaterec", "vdp"], default=None,
+                                               *QUERY_MODES], default=None,
                           help="recall evaluation (Uni-FedRec Tables 2-4): R@100..400 of "
                                "future and history clicks and the AUC of ranking R = 400 "
                                "recalled candidates")

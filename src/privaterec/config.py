@@ -38,7 +38,6 @@ S = TypeVar("S", bound=MethodSettings)
 NewsEncoder = Literal["nrms", "naml", "fednewsrec", "plm", "id"]
 UserEncoder = Literal["nrms", "naml", "lstur", "fednewsrec"]
 Embeddings = Literal["random", "corpus", "glove50", "minilm"]
-ServingKind = Literal["none", "privaterec", "vdp", "local"]
 Strategy = Literal["sgd", "fedavg", "fedavgm", "fedadam"]
 Engine = Literal["simulator", "flower"]
 Evaluation = Literal["server", "federated"]
@@ -61,7 +60,6 @@ if TYPE_CHECKING:
 else:  # a Literal of the declared methods: a config.yaml's value is checked against it
     FederatedMethod = Literal[FEDERATED_METHODS]
     Method = Literal[METHODS]
-SERVING_KINDS: tuple[ServingKind, ...] = get_args(ServingKind)
 STRATEGIES: tuple[Strategy, ...] = get_args(Strategy)
 ENGINES: tuple[Engine, ...] = get_args(Engine)
 EVALUATIONS: tuple[Evaluation, ...] = get_args(Evaluation)

@@ -68,7 +68,7 @@ def test_none_and_infinite_epsilon_are_the_model_itself(model_and_features):
 
 @pytest.mark.parametrize("mechanism, delta", [("laplace", 0.0), ("gaussian", 1e-5)])
 def test_vdp_user_encoder_draws_what_vdp_release_draws(model_and_features, mechanism, delta):
-    """The offline VDP runs the device's function (serving.release.vdp_user_release); with a
+    """The offline VDP runs the device's function (the vdp mode's release); with a
     seeded generator it equals the reference mechanism privacy.dpa.vdp_release bitwise."""
     from privaterec.privacy.dpa import vdp_calibration, vdp_release
 

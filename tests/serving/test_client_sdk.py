@@ -85,12 +85,12 @@ class FakeServer:
             return httpx.Response(200, content=w.recall_parameters)
         version = self.served_version or self.version
         if url == "/v1/recommend/privaterec":
-            query = self.schemas.privaterec.model_validate_json(content)
+            query = self.schemas.query["privaterec"].model_validate_json(content)
             scores = np.asarray(query.alpha, np.float32) @ w.score_matrix
             return httpx.Response(200, json={"model_version": version,
                                              "items": w.items(scores, query.k)})
         if url == "/v1/recommend/vdp":
-            query = self.schemas.vdp.model_validate_json(content)
+            query = self.schemas.query["vdp"].model_validate_json(content)
             scores = w.news_vectors @ np.asarray(query.embedding, np.float32)
             return httpx.Response(200, json={"model_version": version,
                                              "items": w.items(scores, query.k)})
@@ -193,7 +193,7 @@ def test_dpa_noise_has_the_laplace_scale_of_the_amplified_simplex_budget(world):
     out = dpa_release(world.model, world.model.encode_rows(torch.tensor([0]))[0].detach(),
                       vectors.expand(m, -1, -1), mask.expand(m, -1),
                       ServingConfig(kind="privaterec", epsilon=eps, padding_p=p),
-                      generator=torch.Generator().manual_seed(1))
+                      noise=SimulationNoise(torch.Generator().manual_seed(1)))
     noise = out.noise.flatten().double().numpy()
     # Independent calibration: ε′ = ln((e^ε − p)/(1 − p)) (padding), L1 sensitivity 2.
     scale = 2.0 / math.log((math.exp(eps) - p) / (1 - p))
@@ -218,7 +218,7 @@ def test_dpa_gaussian_noise_is_the_analytic_gaussian_of_sensitivity_sqrt2(world)
                       mask.expand(m, -1),
                       ServingConfig(kind="privaterec", epsilon=eps, delta=delta, padding_p=p,
                                     mechanism="gaussian"),
-                      generator=torch.Generator().manual_seed(2))
+                      noise=SimulationNoise(torch.Generator().manual_seed(2)))
     sigma = out.event.noise_scale
     eps_base, delta_base = amplified_budget(epsilon=eps, delta=delta, padding_p=p)
     # dp_accounting's exact ε of a Gaussian with multiplier σ/Δ₂ at δ′ is the base ε′.

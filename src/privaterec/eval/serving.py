@@ -3,24 +3,13 @@
 Each labelled test impression is one recommendation query: the device computes its user
 representation from its history and releases it under ε_s, the server scores the impression's
 candidates with it. :func:`private_user_encoder` returns the device side as the
-``user_encoder`` seam of :func:`privaterec.eval.evaluate.score_impressions`:
-
-* ``none`` — the model's user vector, sent in the clear (ε_s = ∞);
-* ``privaterec`` — Alg. 2: pad each clicked news to r₀ with probability p, u = Θ_U(history),
-  α = attention(u), α̃ = softplus-normalised α + DPA noise at the amplified budget
-  (true simplex sensitivity), server ũ = Σ α̃ᵢ bᵢ (Alg. 1 line 3). The device computation is
-  :func:`privaterec.ondevice.release.dpa_release`, the one the device SDK runs
-  (:mod:`privaterec.serving.device`);
-* ``vdp`` — §3.2.1: clip the d-dim user vector to θ and add noise calibrated to ε_s
-  (:func:`privaterec.ondevice.release.vdp_user_release`, the device SDK's computation too);
-* ``local`` — local ranking: the device holds the pool's score matrix P = b·Rᵀ
-  (or, without basic vectors, the news vectors R) and ranks with its exact α (or u); nothing
-  is sent, ε_s = 0. :func:`local_ranking_seams` scores candidates as the device does, α·P with
-  P computed like the server's store.
-
-ε_s = ∞ means no noise (and no padding for ``privaterec``: padding only buys amplification).
-Every query is one release; :func:`privaterec.ondevice.release.serving_event` is its privacy
-event.
+``user_encoder`` seam of :func:`privaterec.eval.evaluate.score_impressions`, for any mode of
+:data:`privaterec.ondevice.release.SERVING_MODES`: its release, then what the server scores,
+the device SDK's own computation (:meth:`~privaterec.ondevice.release.ServingMode.release`).
+Local ranking (``local``) sends nothing: the device holds the pool's score matrix P = b·Rᵀ
+(or, without basic vectors, the news vectors R) and ranks with its exact α (or u);
+:func:`local_ranking_seams` scores candidates as the device does. Every query is one
+release; :func:`privaterec.ondevice.release.serving_event` is its privacy event.
 """
 
 from __future__ import annotations
@@ -33,7 +22,8 @@ import torch
 from privaterec.data.features import ANONYMOUS_NEWS, NewsFeatures
 from privaterec.errors import ConfigError
 from privaterec.models.recommender import Recommender
-from privaterec.ondevice.release import ServingConfig, dpa_release, vdp_user_release
+from privaterec.ondevice.release import ServingConfig
+from privaterec.privacy.samplers import SimulationNoise
 
 UserEncoder = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 CandidateTransform = Callable[[torch.Tensor], torch.Tensor]
@@ -59,28 +49,23 @@ def private_user_encoder(model: Recommender, features: NewsFeatures, config: Ser
     ConfigError
         ``privaterec`` serving of a model without basic vectors.
     """
-    if config.kind == "none":
-        return model.encode_user
-    if config.kind == "local":
-        raise ConfigError("local ranking scores candidates on the device: use "
-                          "local_ranking_seams(model)")
-    if config.kind == "vdp":
-        def vdp(vectors: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-            return vdp_user_release(model.encode_user(vectors, mask), config,
-                                    generator=generator)
-        return vdp
-    basis = model.basis
-    if basis is None:
-        raise ConfigError("serving 'privaterec' needs a model with basic vectors: train it "
-                          "with --method privaterec (or --basis B); use --serving vdp or none "
-                          "for this run")
-    with torch.no_grad():
-        r0 = model.encode_features(features.select(torch.tensor([ANONYMOUS_NEWS])))[0]
+    mode = config.mode
+    if mode.on_device:
+        raise ConfigError(f"{mode.name} serving scores candidates on the device: use "
+                          f"local_ranking_seams(model)")
+    if mode.needs_basis and model.basis is None:
+        raise ConfigError(f"serving {mode.name!r} needs a model with basic vectors: train it "
+                          f"with --method privaterec (or --basis B); use --serving vdp or "
+                          f"none for this run")
+    r0 = torch.zeros(0)
+    if mode.padded:
+        with torch.no_grad():
+            r0 = model.encode_features(features.select(torch.tensor([ANONYMOUS_NEWS])))[0]
+    source = SimulationNoise(generator)
 
-    def privaterec(vectors: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        out = dpa_release(model, r0, vectors, mask, config, generator=generator)
-        return basis.reconstruct(out.released)
-    return privaterec
+    def release(vectors: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return mode.server_user(model, mode.release(model, r0, vectors, mask, config, source))
+    return release
 
 
 def _store_scores(vectors: torch.Tensor, basis: torch.Tensor) -> torch.Tensor:

@@ -1,25 +1,23 @@
-"""The device-side release of one query (PrivateRec Alg. 1-2, §3.2.1).
+"""The serving modes and the device-side release of one query (PrivateRec Alg. 1-2, §3.2.1).
 
 What a device computes and sends for one recommendation query, shared by the device SDK
-(:mod:`privaterec.serving.device`, :mod:`privaterec.serving.client`) and the offline
-evaluation that simulates the devices (:mod:`privaterec.eval.serving`):
+(:mod:`privaterec.serving.device`) and the offline evaluation that simulates the devices
+(:mod:`privaterec.eval.serving`):
 
-* :class:`ServingConfig` — how a device releases its user representation per query
-  (``none``, ``privaterec``, ``vdp`` or ``local``; ε_s, δ_s, padding p, mechanism);
+* :data:`SERVING_MODES` — every serving mode, declared once as a :class:`ServingMode`: the
+  CLI's ``--serving`` and ``--recall`` choices, :class:`ServingConfig`'s checks, the offline
+  evaluation, the device SDK and the server's query endpoints all read it
+  (docs/architecture.md, "How to add a serving mode");
+* :class:`ServingConfig` — a mode and its parameters (ε_s, δ_s, padding p, mechanism);
 * :func:`serving_event` — the privacy event of one query under a configuration;
 * :func:`dpa_release` — Alg. 2 on a batch of clicked-news vectors: pad each clicked news to
   r₀ with probability p, u = Θ_U(history), α = attention(u), α̃ = normalised α + DPA
   noise at the amplified budget (true simplex sensitivity); the server computes
-  ũ = Σ α̃ᵢ bᵢ (Alg. 1 line 3);
-* :func:`vdp_user_release` — VDP (§3.2.1) on a batch of user vectors: each clipped to θ
-  plus noise with Δ = 2θ (as :func:`privaterec.privacy.dpa.vdp_release`, from either source);
-* a release's draws come from one :class:`~privaterec.privacy.samplers.NoiseSource`
-  (:func:`privaterec.privacy.randomness.source_release`);
-* :func:`noise_source` — the randomness of a release: a device's ``SecureNoise`` or a
-  simulation's seeded generator.
+  ũ = Σ α̃ᵢ bᵢ (Alg. 1 line 3).
 
-ε_s = ∞ means no noise (and no padding for ``privaterec``: padding only buys amplification).
-Every query is one release; :func:`serving_event` is its privacy event.
+A release draws from one :class:`~privaterec.privacy.samplers.NoiseSource`: a device's
+``SecureNoise`` or a simulation's ``SimulationNoise(generator)``. ε_s = ∞ means no noise (and
+no padding: padding only buys amplification). Every query is one release.
 """
 
 from __future__ import annotations
@@ -27,12 +25,11 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import ClassVar, Literal, get_args
 
 import torch
 
-from privaterec.config import (SENSITIVITY_MODES, SERVING_KINDS, NoiseKind,
-                               SensitivityMode, ServingKind, _check, _check_choice)
+from privaterec.config import SENSITIVITY_MODES, NoiseKind, SensitivityMode, _check, _check_choice
 from privaterec.errors import ConfigError
 from privaterec.models.recommender import Recommender
 from privaterec.privacy.calibrate import Calibration, no_noise
@@ -53,13 +50,147 @@ _NORMALIZERS = {"softplus": softplus_normalize, "relu": relu_normalize,
                 "simplex": simplex_project}
 
 
+class ServingMode:
+    """One serving mode, an object of a subclass listed in :data:`SERVING_MODES`.
+
+    Declared by its class attributes: ``name`` (the ``--serving`` value) and ``help``;
+    ``sends``, what one query sends (``""``: nothing); the server's ``endpoint`` and the JSON
+    ``field`` of the release (``""``: no request per query); ``score_space``, the server's
+    score space it is scored in (``""``: the d-dim news vectors); whether the release lies on
+    the ``simplex``, ``needs_basis`` (basic vectors), is ``padded`` (padding p),
+    ``takes_epsilon`` (``False``: nothing sent, ε_s = 0) or is ranked ``on_device``;
+    ``cache_params``, the release-cache keys and the :class:`ServingConfig` fields they hold.
+    Its accounting is :meth:`calibration` (the event of one query, with its adjacency).
+    """
+
+    name: ClassVar[str] = ""
+    help: ClassVar[str] = ""
+    sends: ClassVar[str] = ""
+    endpoint: ClassVar[str] = ""
+    field: ClassVar[str] = ""
+    score_space: ClassVar[str] = ""
+    simplex: ClassVar[bool] = False
+    needs_basis: ClassVar[bool] = False
+    padded: ClassVar[bool] = False
+    takes_epsilon: ClassVar[bool] = True
+    on_device: ClassVar[bool] = False
+    cache_params: ClassVar[tuple[tuple[str, str], ...]] = ()
+
+    def calibration(self, config: ServingConfig, *, basis_size: int, dim: int) -> Calibration:
+        """How one query is released under ``config``: its noise and its privacy event."""
+        raise NotImplementedError
+
+    def width(self, *, basis_size: int, dim: int) -> int:
+        """Floats one query sends: d unless the mode says otherwise."""
+        return dim
+
+    def release(self, model: Recommender, anonymous: torch.Tensor, vectors: torch.Tensor,
+                mask: torch.Tensor, config: ServingConfig,
+                source: NoiseSource) -> torch.Tensor:
+        """The device's release ``Tensor[m, width]`` of a batch of histories (``vectors
+        [m, H, d]``, ``mask [m, H]``; ``anonymous``: r₀ ``[d]``), every draw from ``source``."""
+        raise ConfigError(f"{self.name} serving sends nothing per query: {self.help}")
+
+    def server_user(self, model: Recommender, released: torch.Tensor) -> torch.Tensor:
+        """The user vector ``Tensor[m, d]`` the server scores with a release ``[m, width]``."""
+        return released
+
+
+class NoServing(ServingMode):
+    name = "none"
+    help = "the model's user vector, sent in the clear (not private)"
+    sends = "u [d], in the clear"
+
+    def calibration(self, config: ServingConfig, *, basis_size: int, dim: int) -> Calibration:
+        return no_noise(phase="serve", dimension=max(1, dim),
+                        note="user vector sent in the clear")
+
+    def release(self, model: Recommender, anonymous: torch.Tensor, vectors: torch.Tensor,
+                mask: torch.Tensor, config: ServingConfig,
+                source: NoiseSource) -> torch.Tensor:
+        return model.encode_user(vectors, mask)
+
+
+class PrivateRecServing(ServingMode):
+    name = "privaterec"
+    help = ("PrivateRec Alg. 1-2: alpha over the basic vectors with padding and DPA noise "
+            "at --epsilon-serve")
+    sends = "α̃ [B] on the simplex"
+    endpoint, field, score_space = "/v1/recommend/privaterec", "alpha", "privaterec"
+    simplex = needs_basis = padded = True
+    cache_params = (("epsilon", "epsilon"), ("delta", "delta"), ("padding_p", "padding_p"),
+                    ("mechanism", "mechanism"), ("normalization", "normalization"))
+
+    def calibration(self, config: ServingConfig, *, basis_size: int, dim: int) -> Calibration:
+        return dpa_calibration(epsilon=config.epsilon, delta=config.delta,
+                               padding_p=config.effective_padding, mechanism=config.mechanism,
+                               sensitivity=config.sensitivity_mode, phase="serve",
+                               dimension=max(1, basis_size))
+
+    def width(self, *, basis_size: int, dim: int) -> int:
+        return basis_size
+
+    def release(self, model: Recommender, anonymous: torch.Tensor, vectors: torch.Tensor,
+                mask: torch.Tensor, config: ServingConfig,
+                source: NoiseSource) -> torch.Tensor:
+        return dpa_release(model, anonymous, vectors, mask, config, noise=source).released
+
+    def server_user(self, model: Recommender, released: torch.Tensor) -> torch.Tensor:
+        assert model.basis is not None
+        return model.basis.reconstruct(released)
+
+
+class VDPServing(ServingMode):
+    name = "vdp"
+    help = "PrivateRec §3.2.1's baseline: the user vector clipped to --vdp-clip, plus noise"
+    sends = "u [d], clipped to θ, plus noise"
+    endpoint, field = "/v1/recommend/vdp", "embedding"
+    cache_params = (("epsilon", "epsilon"), ("delta", "delta"), ("clip", "vdp_clip"),
+                    ("mechanism", "mechanism"))
+
+    def calibration(self, config: ServingConfig, *, basis_size: int, dim: int) -> Calibration:
+        return vdp_calibration(clip=config.vdp_clip, epsilon=config.epsilon,
+                               delta=config.delta, mechanism=config.mechanism,
+                               dimension=max(1, dim), phase="serve")
+
+    def release(self, model: Recommender, anonymous: torch.Tensor, vectors: torch.Tensor,
+                mask: torch.Tensor, config: ServingConfig,
+                source: NoiseSource) -> torch.Tensor:
+        """u clipped to θ plus noise (what :func:`privaterec.privacy.dpa.vdp_release` draws)."""
+        user = model.encode_user(vectors, mask)
+        calibration = serving_calibration(config, basis_size=0, dim=int(user.shape[-1]))
+        return source_release(user, calibration, source)
+
+
+class LocalServing(ServingMode):
+    name = "local"
+    help = ("local ranking: the device ranks the downloaded score matrix itself and sends "
+            "nothing (epsilon_s = 0)")
+    takes_epsilon, on_device = False, True
+
+    def calibration(self, config: ServingConfig, *, basis_size: int, dim: int) -> Calibration:
+        return no_noise(epsilon=0.0, phase="serve", note=LOCAL_NOTE)
+
+
+SERVING_MODES: dict[str, ServingMode] = {m.name: m for m in (
+    NoServing(), PrivateRecServing(), VDPServing(), LocalServing())}
+"""Name → serving mode: the one declaration of the serving modes."""
+
+SERVING_KINDS: tuple[str, ...] = tuple(SERVING_MODES)
+"""The modes' names: the choices of ``--serving``."""
+
+QUERY_MODES: tuple[str, ...] = tuple(n for n, m in SERVING_MODES.items() if m.endpoint)
+"""The modes whose release the server searches, one request per query (``--recall`` too)."""
+
+
 @dataclass(frozen=True)
 class ServingConfig:
     """How a device releases its user representation per query.
 
     Attributes
     ----------
-    kind: ``none``, ``privaterec``, ``vdp`` or ``local`` (nothing sent: ε_s = 0).
+    kind: the serving mode's name, one of :data:`SERVING_MODES` (``none``, ``privaterec``,
+        ``vdp`` or ``local``: nothing sent, ε_s = 0).
     epsilon: ε_s of one query (``inf``: no noise; ``local`` takes no ε).
     delta: δ_s (0 with Laplace; in (0, 1) with Gaussian).
     padding_p: PrivateRec's padding probability p (ignored by ``vdp`` and ``none``).
@@ -74,7 +205,7 @@ class ServingConfig:
         guarantee is the same.
     """
 
-    kind: ServingKind = "none"
+    kind: str = "none"
     epsilon: float = math.inf
     delta: float = 0.0
     padding_p: float = 0.5
@@ -86,13 +217,13 @@ class ServingConfig:
 
     def __post_init__(self) -> None:
         _check_choice(self.kind, "serving", SERVING_KINDS)
+        mode = self.mode
         noise = noise_mechanism(self.mechanism, "serving mechanism")
         _check_choice(self.sensitivity_mode, "sensitivity_mode", SENSITIVITY_MODES)
         _check_choice(self.normalization, "serving normalization", NORMALIZATIONS)
         _check(self.epsilon > 0, "epsilon_serve", f"got {self.epsilon!r}, expected > 0")
-        _check(self.kind != "local" or math.isinf(self.epsilon), "epsilon_serve",
-               f"got {self.epsilon!r}; local ranking sends nothing (epsilon_s = 0) and adds "
-               f"no noise: drop --epsilon-serve")
+        _check(mode.takes_epsilon or math.isinf(self.epsilon), "epsilon_serve",
+               f"got {self.epsilon!r}; {mode.help}, adding no noise: drop --epsilon-serve")
         _check(0 <= self.padding_p < 1, "padding_p",
                f"got {self.padding_p!r}, expected a probability 0 <= p < 1")
         _check(0 < self.vdp_clip < math.inf, "vdp_clip",
@@ -106,9 +237,14 @@ class ServingConfig:
                    f"mechanism")
 
     @property
+    def mode(self) -> ServingMode:
+        """The serving mode ``kind`` names."""
+        return SERVING_MODES[self.kind]
+
+    @property
     def effective_padding(self) -> float:
-        """p actually applied: 0 unless PrivateRec serving with finite ε_s."""
-        if self.kind != "privaterec" or math.isinf(self.epsilon):
+        """p actually applied: 0 unless a padded mode (PrivateRec) with finite ε_s."""
+        if not self.mode.padded or math.isinf(self.epsilon):
             return 0.0
         return self.padding_p
 
@@ -120,20 +256,7 @@ def serving_calibration(config: ServingConfig, *, basis_size: int, dim: int) -> 
 
     ``basis_size``: B (``privaterec``); ``dim``: d, the size of the user vector.
     """
-    if config.kind == "local":
-        return no_noise(epsilon=0.0, phase="serve", note=LOCAL_NOTE)
-    if config.kind == "none":
-        return no_noise(phase="serve", dimension=max(1, dim),
-                        note="user vector sent in the clear")
-    if config.kind == "privaterec":
-        return dpa_calibration(epsilon=config.epsilon, delta=config.delta,
-                               padding_p=config.effective_padding,
-                               mechanism=config.mechanism,
-                               sensitivity=config.sensitivity_mode,
-                               phase="serve", dimension=max(1, basis_size))
-    return vdp_calibration(clip=config.vdp_clip, epsilon=config.epsilon, delta=config.delta,
-                           mechanism=config.mechanism,
-                           dimension=max(1, dim), phase="serve")
+    return config.mode.calibration(config, basis_size=basis_size, dim=dim)
 
 
 def serving_event(config: ServingConfig, *, basis_size: int, dim: int) -> PrivacyEvent:
@@ -163,9 +286,7 @@ class DpaRelease:
 
 @torch.no_grad()
 def dpa_release(model: Recommender, anonymous: torch.Tensor, vectors: torch.Tensor,
-                mask: torch.Tensor, config: ServingConfig, *,
-                generator: torch.Generator | None = None,
-                noise: NoiseSource | None = None) -> DpaRelease:
+                mask: torch.Tensor, config: ServingConfig, *, noise: NoiseSource) -> DpaRelease:
     """PrivateRec Alg. 2 on clicked-news vectors: padding, α, DPA noise, normalisation.
 
     The device computation of one query batch, shared by the offline evaluation
@@ -173,9 +294,6 @@ def dpa_release(model: Recommender, anonymous: torch.Tensor, vectors: torch.Tens
     ``basis.reconstruct(released)``) and the device SDK
     (:class:`privaterec.serving.device.PrivateRecDevice`): the same random draws in the same
     order (padding first, then the noise), so both agree exactly for the same source state.
-    A device passes ``noise=SecureNoise()`` (OS CSPRNG, float-safe release of α + n); the
-    offline evaluation passes its seeded ``generator`` (equivalent to
-    ``noise=SimulationNoise(generator)``, :mod:`privaterec.privacy.samplers`).
 
     Parameters
     ----------
@@ -190,11 +308,10 @@ def dpa_release(model: Recommender, anonymous: torch.Tensor, vectors: torch.Tens
     config:
         ``ServingConfig(kind="privaterec", epsilon=ε_s, delta, padding_p, mechanism,
         normalization)``; its sensitivity mode must be ``"true"`` on a device.
-    generator:
-        Seeded randomness of a simulation (padding first, then the noise).
     noise:
-        A :class:`~privaterec.privacy.samplers.NoiseSource` instead of ``generator``
-        (exactly one of the two).
+        Every draw's source (padding first, then the noise): ``SecureNoise()`` on a device
+        (OS CSPRNG, float-safe release of α + n), ``SimulationNoise(generator)`` in a
+        simulation (:mod:`privaterec.privacy.samplers`).
 
     Returns
     -------
@@ -203,8 +320,7 @@ def dpa_release(model: Recommender, anonymous: torch.Tensor, vectors: torch.Tens
     Raises
     ------
     ConfigError
-        The model has no basic vectors, ``config`` is not a ``privaterec`` configuration, or
-        not exactly one of ``generator`` / ``noise`` was given.
+        The model has no basic vectors, or ``config`` is not a ``privaterec`` configuration.
     """
     if config.kind != "privaterec":
         raise ConfigError(f"dpa_release needs ServingConfig(kind='privaterec'), got "
@@ -212,10 +328,9 @@ def dpa_release(model: Recommender, anonymous: torch.Tensor, vectors: torch.Tens
     basis = model.basis
     if basis is None:
         raise ConfigError("this model has no basic vectors; train with --method privaterec")
-    source = noise_source(generator, noise)
     p = config.effective_padding
     # Alg. 2 lines 2-5 (as padding_mask: one float64 uniform per position; none when p = 0).
-    pad = (source.uniform(mask.shape) < p) & mask if p > 0 else torch.zeros_like(mask)
+    pad = (noise.uniform(mask.shape) < p) & mask if p > 0 else torch.zeros_like(mask)
     if p > 0:
         vectors = torch.where(pad[..., None], anonymous.expand_as(vectors), vectors)
     alpha = model.attention(vectors, mask)
@@ -224,62 +339,12 @@ def dpa_release(model: Recommender, anonymous: torch.Tensor, vectors: torch.Tens
     if config.epsilon == math.inf:
         return DpaRelease(alpha=alpha, noise=torch.zeros_like(alpha), released=alpha,
                           padded=pad, event=event)
-    noisy = source_release(alpha, calibration, source)  # DPA does not clip: α is on the simplex
+    noisy = source_release(alpha, calibration, noise)  # DPA does not clip: α is on the simplex
     normalize = _NORMALIZERS[config.normalization]
     return DpaRelease(alpha=alpha, noise=noisy - alpha, released=normalize(noisy), padded=pad,
                       event=event)
 
 
-def vdp_user_release(user: torch.Tensor, config: ServingConfig, *,
-                     generator: torch.Generator | None = None,
-                     noise: NoiseSource | None = None) -> torch.Tensor:
-    """VDP (PrivateRec §3.2.1) of user vectors: each clipped to θ, plus noise calibrated to ε_s.
-
-    L1 clip + Laplace(2θ/ε_s), or L2 clip + the analytic Gaussian of Δ₂ = 2θ
-    (:func:`serving_calibration` of ``config``). The device computation of one query, shared
-    by the device SDK (:class:`privaterec.serving.device.VDPDevice`, ``noise=SecureNoise()``)
-    and the offline evaluation (:func:`~privaterec.eval.serving.private_user_encoder`, its
-    seeded ``generator``); with a generator it draws exactly what
-    :func:`privaterec.privacy.dpa.vdp_release` draws.
-
-    Parameters
-    ----------
-    user:
-        ``Tensor[m, d]`` user vectors u = Θ_U(history), one release per row.
-    config:
-        ``ServingConfig(kind="vdp", epsilon=ε_s, delta, vdp_clip=θ, mechanism)``.
-    generator, noise:
-        Exactly one randomness source (as in :func:`dpa_release`).
-
-    Returns
-    -------
-    ``Tensor[m, d]`` released vectors.
-
-    Raises
-    ------
-    ConfigError
-        ``config`` is not a ``vdp`` configuration, or not exactly one source was given.
-    """
-    if config.kind != "vdp":
-        raise ConfigError(f"vdp_user_release needs ServingConfig(kind='vdp'), got "
-                          f"kind={config.kind!r}")
-    calibration = serving_calibration(config, basis_size=0, dim=int(user.shape[-1]))
-    return source_release(user, calibration, noise_source(generator, noise))
-
-
-def noise_source(generator: torch.Generator | None, noise: NoiseSource | None) -> NoiseSource:
-    """``noise``, or ``SimulationNoise(generator)``: exactly one of the two must be given."""
-    if (generator is None) == (noise is None):
-        raise ConfigError("pass exactly one randomness source: noise=SecureNoise() on a device, "
-                          "or generator=<seeded torch.Generator> in a simulation")
-    if generator is not None:
-        return SimulationNoise(generator)
-    if not isinstance(noise, NoiseSource):
-        raise ConfigError(f"'noise' must be a NoiseSource (SecureNoise() or "
-                          f"SimulationNoise(generator)), got {type(noise).__name__}")
-    return noise
-
-
-__all__ = ["LOCAL_NOTE", "SERVING_KINDS", "DpaRelease", "ServingConfig", "dpa_release",
-           "noise_source", "serving_calibration", "serving_event",
-           "vdp_user_release"]
+__all__ = ["LOCAL_NOTE", "QUERY_MODES", "SERVING_KINDS", "SERVING_MODES", "DpaRelease",
+           "ServingConfig", "ServingMode", "dpa_release", "serving_calibration",
+           "serving_event"]

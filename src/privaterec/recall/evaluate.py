@@ -62,7 +62,7 @@ from __future__ import annotations
 import math
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Iterator, Literal, Protocol, Sequence, get_args
+from typing import Callable, Iterator, Protocol, Sequence
 
 import numpy as np
 import torch
@@ -76,6 +76,7 @@ from privaterec.errors import ConfigError, DataFormatError
 from privaterec.eval.metrics import auc as impression_auc
 from privaterec.eval.metrics import recall_at_k
 from privaterec.models.layers import attend_all_if_empty
+from privaterec.ondevice.release import QUERY_MODES
 from privaterec.privacy.events import PrivacyEvent
 from privaterec.privacy.ledger import PrivacyLedger
 from privaterec.recall.index import (DenseIndex, ScoreSpaceIndex, allocate_quotas,
@@ -89,8 +90,8 @@ RECALL_KS = (100, 200, 300, 400)
 AUC_RECALL_SIZE = 400
 """R of the end-to-end evaluation (Uni-FedRec §4.3)."""
 
-RecallMethod = Literal["unifedrec", "no-bie", "youtubenet", "privaterec", "vdp"]
-RECALL_METHODS: tuple[RecallMethod, ...] = get_args(RecallMethod)
+RECALL_METHODS: tuple[str, ...] = ("unifedrec", "no-bie", "youtubenet", *QUERY_MODES)
+"""Uni-FedRec, its ablation, YoutubeNet, and every serving mode that sends one query."""
 UserEncoder = Callable[[Tensor, Tensor], Tensor]
 
 _QUERY_STREAM = 2  # distinct from fed.rng's server (0) and client (1) streams
@@ -249,7 +250,7 @@ def _check_ks(ks: Sequence[int], auc_recall_size: int) -> tuple[int, ...]:
 
 @torch.no_grad()
 def evaluate_recall(split: MindSplit, features: NewsFeatures, news_vectors: Tensor, *,
-                    method: RecallMethod, history_len: int,
+                    method: str, history_len: int,
                     model: UniFedRecRecall | None = None, ks: Sequence[int] = RECALL_KS,
                     pool_rows: Tensor | np.ndarray | None = None,
                     ranker: Ranker | None = None, auc_recall_size: int = AUC_RECALL_SIZE,
@@ -312,7 +313,7 @@ def evaluate_recall(split: MindSplit, features: NewsFeatures, news_vectors: Tens
                           f"{RECALL_METHODS}")
     if method in ("unifedrec", "no-bie") and model is None:
         raise ConfigError(f"method {method!r} needs the trained recall model (model=...)")
-    if method in ("privaterec", "vdp") and (user_encoder is None or user_events is None):
+    if method in QUERY_MODES and (user_encoder is None or user_events is None):
         raise ConfigError(f"method {method!r} needs the device's release (user_encoder=...) "
                           f"and its events (user_events=...)")
     ks = _check_ks(ks, auc_recall_size)

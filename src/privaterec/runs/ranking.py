@@ -474,7 +474,7 @@ def _evaluate_model_run(run: RunDirectory, config: RunConfig, vocabs: TextVocabu
         if diagnostics is not None:
             plain["basis"] = diagnostics
         return plain
-    if serving.kind == "local":  # the device ranks P = b·Rᵀ itself, sends nothing
+    if serving.mode.on_device:  # the device ranks P = b·Rᵀ itself, sends nothing
         from privaterec.eval.serving import local_ranking_seams
         encoder, candidates = local_ranking_seams(model)
     else:
@@ -495,14 +495,14 @@ def _evaluate_model_run(run: RunDirectory, config: RunConfig, vocabs: TextVocabu
     total_user = summary["report"].get("phases_user", {}).get("total", {})
     result["serving"] = {**dataclasses.asdict(serving), "event": event.to_dict(),
                          "queries": sum(queries.values()), "users": len(queries),
-                         "bytes_per_query": 4 * (basis if serving.kind == "privaterec"
-                                                 else model.dim),
+                         "bytes_per_query": 4 * serving.mode.width(basis_size=basis,
+                                                                   dim=model.dim),
                          "epsilon_serve_user_max": serve["epsilon_max"],
                          "epsilon_user_max": total["epsilon_max"],
                          "epsilon_user_max_user_level": total_user.get("epsilon_max"),
                          "privacy_delta": summary["delta"], "simulated": True,
                          "record": str(record)}
-    if serving.kind == "local":
+    if serving.mode.on_device:
         from privaterec.eval.serving import local_download_bytes
         ids = list(dataset.all_news())
         rows = basis or model.dim

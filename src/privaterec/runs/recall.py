@@ -24,12 +24,13 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 
 from privaterec.errors import CheckpointError, ConfigError, DataFormatError
+from privaterec.ondevice.release import QUERY_MODES, SERVING_MODES, ServingConfig, serving_event
 from privaterec.recall.interest import CHANNEL_NOTE, channel_event
 from privaterec.recall.model import UniFedRecRecall
 from privaterec.runtime.device import run_device
@@ -39,8 +40,6 @@ from privaterec.runs.recall_setup import (HEAD_DIM, METHOD, RECALL_CONFIG_FILE, 
                                           RankerNews, RecallModelConfig, RecallRunConfig,
                                           RecallSetup, load_ranker_news, recall_setup)
 
-if TYPE_CHECKING:
-    from privaterec.ondevice.release import ServingConfig
 
 @dataclass
 class RecallRun:
@@ -204,14 +203,15 @@ def query_bytes(method: str, *, channels: float, num_basis: int, dim: int) -> fl
         return 4.0 * channels * (num_basis + 1)
     if method == "no-bie":
         return 4.0 * channels * (dim + 1)
-    return 4.0 * (num_basis if method == "privaterec" else dim)
+    mode = SERVING_MODES.get(method)
+    return 4.0 * (dim if mode is None else mode.width(basis_size=num_basis, dim=dim))
 
 
 def evaluate_recall_run(run_dir: str | Path, *, method: str, data: str | Path | None = None,
                         split: str = "test", seed: int = 0, serve_noise: bool = True,
                         quota_noise_scale: float | None = None,
                         interest_noise: float | None = None,
-                        serving: "ServingConfig | None" = None,
+                        serving: ServingConfig | None = None,
                         ks: tuple[int, ...] | None = None, auc_recall_size: int | None = None,
                         record: bool = True, drop_missing: bool = False,
                         progress: bool = True) -> dict[str, Any]:
@@ -253,7 +253,6 @@ def evaluate_recall_run(run_dir: str | Path, *, method: str, data: str | Path | 
 
     from privaterec.data.mind import load_dataset
     from privaterec.eval.serving import private_user_encoder
-    from privaterec.ondevice.release import ServingConfig, serving_event
     from privaterec.recall.evaluate import (AUC_RECALL_SIZE, RECALL_KS, RECALL_METHODS,
                                             evaluate_recall)
     from privaterec.runs.ranking import (SERVING_RECORDS, evaluation_key, record_serving,
@@ -293,7 +292,7 @@ def evaluate_recall_run(run_dir: str | Path, *, method: str, data: str | Path | 
     ranker = load_ranker_news(ranker_dir, dataset.all_news(), progress=progress)
     dim = int(ranker.vectors.shape[-1])
     user_encoder = user_events = None
-    if recall_method == "privaterec" or recall_method == "vdp":
+    if recall_method in QUERY_MODES:
         serving = serving or ServingConfig(kind=recall_method)
         if serving.kind != method:
             raise ConfigError(f"--recall {method} needs serving kind {method!r}, got "
@@ -346,7 +345,7 @@ def evaluate_recall_run(run_dir: str | Path, *, method: str, data: str | Path | 
             "quota_noise_scale": quota_noise_scale, "queries": len(events),
             "note": "quotas sent in the clear (no guarantee)" if quota_noise_scale is None
             else "quotas noised"})
-    elif record and method in ("privaterec", "vdp") and serving is not None:
+    elif record and method in QUERY_MODES and serving is not None:
         assert user_events is not None
         path = serving_record_path(ranker_run, serving, f"recall-{key}")
         result["record"] = str(path)

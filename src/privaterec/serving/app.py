@@ -44,6 +44,7 @@ from fastapi.responses import JSONResponse, Response
 
 from privaterec.version import __version__
 from privaterec.data.records import NewsRecord
+from privaterec.ondevice.release import SERVING_MODES, ServingMode
 from privaterec.serving import schemas
 from privaterec.serving.bundle import ServingModels
 from privaterec.serving.pool_download import VersionError, delta_pool, full_pool
@@ -249,11 +250,9 @@ def create_app(store: NewsStore, models: ServingModels, *,
         recall_basis_size=0 if recall is None else int(recall.num_basis),
         max_channels=5 if recall is None else int(recall.max_channels))
     if TYPE_CHECKING:  # the per-app bodies subclass these (same fields, exact lengths)
-        from privaterec.serving.schemas import PrivateRecQueryBody as PrivateRecQuery
         from privaterec.serving.schemas import RecallQueryBody as RecallQuery
-        from privaterec.serving.schemas import VDPQueryBody as VDPQuery
     else:  # FastAPI reads the annotations: the per-app bodies carry the vector lengths
-        PrivateRecQuery, VDPQuery, RecallQuery = bodies.privaterec, bodies.vdp, bodies.recall
+        RecallQuery = bodies.recall
     version = models.model_version
 
     app = FastAPI(title="privaterec", version=__version__,
@@ -303,30 +302,29 @@ def create_app(store: NewsStore, models: ServingModels, *,
         return Response(payload, media_type="application/octet-stream",
                         headers={"ETag": f'"{version}"'})
 
-    @app.post("/v1/recommend/privaterec", response_model=schemas.RecommendResponse,
-              responses=ERRORS)
-    async def recommend_privaterec(query: PrivateRecQuery) -> Response:
-        if models.basis is None:
+    def recommend(mode: ServingMode, query: schemas.QueryBody) -> Response:
+        """A ranking query of ``mode``: score its release over the pool, return the top k."""
+        if mode.needs_basis and models.basis is None:
             raise HTTPException(404, NO_BASIS)
         pool = store.pool
         k = _check_count(query.k, pool, "k")
-        alpha = np.asarray(query.alpha, dtype=np.float32)
-        scores = pool.space_scores("privaterec", alpha)
-        _finite_or_422(scores, "alpha")
+        with np.errstate(over="ignore", invalid="ignore"):
+            values = np.asarray(getattr(query, mode.field), dtype=np.float64).astype(np.float32)
+            scores = (pool.space_scores(mode.score_space, values) if mode.score_space
+                      else pool.dense_scores(values))
+        _finite_or_422(scores, mode.field)
         top = top_k_positions(scores, k)
         return json_response({"model_version": version, "items": items(pool, top, scores)})
 
-    @app.post("/v1/recommend/vdp", response_model=schemas.RecommendResponse,
-              responses=ERRORS)
-    async def recommend_vdp(query: VDPQuery) -> Response:
-        pool = store.pool
-        k = _check_count(query.k, pool, "k")
-        user = np.asarray(query.embedding, dtype=np.float64)
-        with np.errstate(over="ignore", invalid="ignore"):
-            scores = pool.dense_scores(user.astype(np.float32))
-        _finite_or_422(scores, "embedding")
-        top = top_k_positions(scores, k)
-        return json_response({"model_version": version, "items": items(pool, top, scores)})
+    def route(mode: ServingMode, body: type[schemas.QueryBody]) -> Callable[..., Any]:
+        async def handler(query: Any) -> Response:
+            return recommend(mode, query)
+        handler.__annotations__["query"] = body  # FastAPI reads the body model from it
+        return handler
+
+    for name, body in bodies.query.items():  # one endpoint per serving mode that sends
+        app.post(SERVING_MODES[name].endpoint, response_model=schemas.RecommendResponse,
+                 responses=ERRORS, name=f"recommend_{name}")(route(SERVING_MODES[name], body))
 
     if recall is not None:
         from privaterec.recall.index import allocate_quotas, merge_rankings

@@ -8,6 +8,9 @@ query releases only a privatised summary of the (truncated) history:
   to ``/v1/recommend/privaterec``; the server scores ũ = Σ α̃ᵢ bᵢ over its pool (Alg. 1).
 * :class:`VDPDevice` — the VDP baseline (§3.2.1): the clipped, noised user vector [d] to
   ``/v1/recommend/vdp``.
+* :class:`ServingDevice` — any serving mode that sends one vector per query
+  (:data:`privaterec.ondevice.release.SERVING_MODES`); the two above are its ``privaterec``
+  and ``vdp`` modes.
 * :class:`UniFedRecDevice` — Uni-FedRec §3.4-3.5: protected channel weights [C, B_r] (and
   quotas) to ``/v1/recall/unifedrec``, then local ranking of the returned candidates.
 
@@ -68,8 +71,7 @@ from privaterec.ondevice.budget import (DEFAULT_DEVICE_BUDGET, DEFAULT_GAUSSIAN_
                                        history_digest, release_key)
 from privaterec.serving.device_common import MAX_K, DeviceBase, check_count, check_history
 from privaterec.serving.download import RecallBuilder, build_recall_model, download_recall_model
-from privaterec.ondevice.release import (Normalization, ServingConfig, dpa_release,
-                                        serving_event, vdp_user_release)
+from privaterec.ondevice.release import Normalization, ServingConfig, serving_event
 from privaterec.serving.transport import (ModelChangedError, ServerError, Transport, json_body,
                                           json_floats)
 
@@ -210,18 +212,25 @@ class _Device(DeviceBase):
         return response, body
 
 
-class _RankingDevice(_Device):
-    """A device that queries ``/v1/recommend/*`` with one released vector (``field``)."""
+class ServingDevice(_Device):
+    """A device of any serving mode that sends one vector per query: it POSTs its mode's
+    release to the mode's endpoint (:class:`~privaterec.ondevice.release.ServingMode`:
+    ``endpoint``, ``field``, ``cache_params``, ``release``). The other parameters are those
+    of :class:`PrivateRecDevice`."""
 
-    field = ""
     _cache_field = "values"
 
-    def __init__(self, base_url: str | None, config: ServingConfig, *, budget: float,
-                 budget_delta: float | None, composition: Composition,
-                 cache_dir: str | Path | None, transport: Transport | None, timeout: float,
-                 max_fresh_releases: int | None, release_window: float,
-                 insecure_simulation_noise: SimulationNoise | None) -> None:
-        self.config = config
+    def __init__(self, base_url: str | None, config: ServingConfig, *,
+                 budget: float = DEFAULT_DEVICE_BUDGET, budget_delta: float | None = None,
+                 composition: Composition = "pld", cache_dir: str | Path | None = None,
+                 transport: Transport | None = None, timeout: float = 30.0,
+                 max_fresh_releases: int | None = DEFAULT_MAX_FRESH_RELEASES,
+                 release_window: float = DEFAULT_RELEASE_WINDOW,
+                 insecure_simulation_noise: SimulationNoise | None = None) -> None:
+        self.config, self.mode = config, config.mode
+        if not self.mode.endpoint:
+            raise ConfigError(f"{config.kind} serving sends no query: {self.mode.help}")
+        self.kind, self.endpoint, self.field = config.kind, self.mode.endpoint, self.mode.field
         budget_delta = _budget_delta(budget_delta, config.mechanism)
         _check_gaussian_budget(config.mechanism, budget, budget_delta)
         super().__init__(base_url, budget=budget, budget_delta=budget_delta,
@@ -230,11 +239,30 @@ class _RankingDevice(_Device):
                          release_window=release_window,
                          insecure_simulation_noise=insecure_simulation_noise)
 
-    def _event(self) -> PrivacyEvent:
-        raise NotImplementedError
+    def _check_info(self, info: Mapping[str, Any]) -> None:
+        if self.mode.needs_basis and not info.get("basis_size"):
+            raise ConfigError(f"the server's model {info.get('model_version')!r} has no basic "
+                              f"vectors (basis_size = 0): {self.mode.name} serving needs a "
+                              f"model trained with --method privaterec; use VDPDevice "
+                              f"otherwise")
 
+    @property
+    def basis_size(self) -> int:
+        return int(self._model.config.model.basis_size)
+
+    def _params(self) -> dict[str, Any]:
+        return {key: getattr(self.config, name) for key, name in self.mode.cache_params}
+
+    def _event(self) -> PrivacyEvent:
+        return serving_event(self.config, basis_size=self.basis_size,
+                             dim=self._model.model.dim)
+
+    @torch.no_grad()
     def _draw(self, history: Sequence[NewsRecord]) -> Tensor:
-        raise NotImplementedError
+        """The release ``Tensor[width]`` of the history, from the device's noise source."""
+        vectors, mask, r0 = self._model.history_tensors(history)
+        return self.mode.release(self._model.model, r0, vectors, mask, self.config,
+                                 self.noise)[0]
 
     def _new_release(self, history: Sequence[NewsRecord], digest: str) -> list[float]:
         self._charge([(self._event(), 1)], digest)  # raises before anything is drawn or sent
@@ -272,7 +300,7 @@ class _RankingDevice(_Device):
         return items
 
 
-class PrivateRecDevice(_RankingDevice):
+class PrivateRecDevice(ServingDevice):
     """A PrivateRec device: releases α̃ (B floats) per query (Alg. 1-2; docs/privacy.md).
 
     Alg. 2 on the device (:func:`privaterec.ondevice.release.dpa_release`): each clicked news is
@@ -324,10 +352,6 @@ class PrivateRecDevice(_RankingDevice):
         Invalid privacy parameters, or the server's model has no basic vectors.
     """
 
-    kind = "privaterec"
-    endpoint = "/v1/recommend/privaterec"
-    field = "alpha"
-
     def __init__(self, base_url: str | None = None, *, epsilon: float, delta: float = 0.0,
                  padding_p: float = 0.5, mechanism: NoiseKind = "laplace",
                  normalization: Normalization = "softplus", budget: float = DEFAULT_DEVICE_BUDGET,
@@ -345,43 +369,14 @@ class PrivateRecDevice(_RankingDevice):
                          max_fresh_releases=max_fresh_releases, release_window=release_window,
                          insecure_simulation_noise=insecure_simulation_noise)
 
-    def _check_info(self, info: Mapping[str, Any]) -> None:
-        if not info.get("basis_size"):
-            raise ConfigError(f"the server's model {info.get('model_version')!r} has no basic "
-                              f"vectors (basis_size = 0): PrivateRec serving needs a model "
-                              f"trained with --method privaterec; use VDPDevice otherwise")
 
-    @property
-    def basis_size(self) -> int:
-        return int(self._model.config.model.basis_size)
-
-    def _params(self) -> dict[str, Any]:
-        c = self.config
-        return {"epsilon": c.epsilon, "delta": c.delta, "padding_p": c.padding_p,
-                "mechanism": c.mechanism, "normalization": c.normalization}
-
-    def _event(self) -> PrivacyEvent:
-        return serving_event(self.config, basis_size=self.basis_size,
-                             dim=self._model.model.dim)
-
-    def _draw(self, history: Sequence[NewsRecord]) -> Tensor:
-        """α̃ ``Tensor[B]`` of the history (Alg. 2)."""
-        vectors, mask, r0 = self._model.history_tensors(history)
-        out = dpa_release(self._model.model, r0, vectors, mask, self.config, noise=self.noise)
-        return out.released[0]
-
-
-class VDPDevice(_RankingDevice):
+class VDPDevice(ServingDevice):
     """The VDP baseline device (PrivateRec §3.2.1): sends the d-dim user vector, clipped to
     θ (L1 for Laplace, L2 for Gaussian) plus noise with Δ = 2θ, to ``/v1/recommend/vdp``.
 
     Parameters are those of :class:`PrivateRecDevice`, with ``clip`` (θ, the paper's 0.001)
     instead of ``padding_p``/``normalization``.
     """
-
-    kind = "vdp"
-    endpoint = "/v1/recommend/vdp"
-    field = "embedding"
 
     def __init__(self, base_url: str | None = None, *, epsilon: float, delta: float = 0.0,
                  clip: float = 0.001, mechanism: NoiseKind = "laplace",
@@ -397,24 +392,6 @@ class VDPDevice(_RankingDevice):
                          cache_dir=cache_dir, transport=transport, timeout=timeout,
                          max_fresh_releases=max_fresh_releases, release_window=release_window,
                          insecure_simulation_noise=insecure_simulation_noise)
-
-    def _params(self) -> dict[str, Any]:
-        c = self.config
-        return {"epsilon": c.epsilon, "delta": c.delta, "clip": c.vdp_clip,
-                "mechanism": c.mechanism}
-
-    def _event(self) -> PrivacyEvent:
-        return serving_event(self.config, basis_size=0, dim=self._model.model.dim)
-
-    @torch.no_grad()
-    def _draw(self, history: Sequence[NewsRecord]) -> Tensor:
-        """The clipped, noised user vector ``Tensor[d]`` (§3.2.1,
-        :func:`~privaterec.ondevice.release.vdp_user_release` with the device's noise source):
-        L1 clip to θ + Laplace(2θ/ε), or L2 clip to θ + the analytic Gaussian of Δ₂ = 2θ.
-        """
-        vectors, mask, _ = self._model.history_tensors(history)
-        user = self._model.model.encode_user(vectors, mask)
-        return vdp_user_release(user, self.config, noise=self.noise)[0]
 
 
 @torch.no_grad()
@@ -646,4 +623,5 @@ class UniFedRecDevice(_Device):
                  "channel": candidates[i].get("channel")} for i in order]
 
 
-__all__ = ["MAX_K", "PrivateRecDevice", "UniFedRecDevice", "VDPDevice", "recall_release"]
+__all__ = ["MAX_K", "PrivateRecDevice", "ServingDevice", "UniFedRecDevice", "VDPDevice",
+           "recall_release"]

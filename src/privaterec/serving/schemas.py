@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from types import GenericAlias
 from typing import Annotated, Any, Sequence
 
+from privaterec.ondevice.release import SERVING_MODES
 from pydantic import (AllowInfNan, BaseModel, ConfigDict, Field, StrictBool, StrictFloat,
                       StrictInt, StrictStr, create_model, field_validator, model_validator)
 
@@ -143,22 +144,9 @@ class IngestResponse(_Response):
 # ---------------------------------------------------------------------------- queries
 # The query bodies' fields and rules, with vectors of any length. request_models() subclasses
 # each one per served model to fix the vector lengths in the schema; handlers see these types.
-class PrivateRecQueryBody(_Request):
-    """``POST /v1/recommend/privaterec``: α̃ (B weights on the simplex) and k."""
+class QueryBody(_Request):
+    """A ranking query: a serving mode's release (its ``field``, added per mode) and k."""
 
-    alpha: list[FiniteFloat]
-    k: Annotated[StrictInt, Field(ge=1, le=MAX_K)] = 10
-
-    @field_validator("alpha")
-    @classmethod
-    def _simplex(cls, alpha: list[float]) -> list[float]:
-        return check_simplex(alpha, "alpha")
-
-
-class VDPQueryBody(_Request):
-    """``POST /v1/recommend/vdp``: a noised d-dim user embedding and k."""
-
-    embedding: list[FiniteFloat]
     k: Annotated[StrictInt, Field(ge=1, le=MAX_K)] = 10
 
 
@@ -192,8 +180,8 @@ class RecallQueryBody(_Request):
 class RequestModels:
     """The request bodies whose vector sizes depend on the served model."""
 
-    privaterec: type[PrivateRecQueryBody]
-    vdp: type[VDPQueryBody]
+    query: dict[str, type[QueryBody]]
+    """Serving mode name → its query body (the modes with an endpoint)."""
     recall: type[RecallQueryBody]
     channel: type[RecallChannelBody]
 
@@ -204,6 +192,13 @@ def _vector(size: int, description: str) -> Any:
                                                   description=description)]
     return Annotated[list[FiniteFloat], Field(min_length=1, max_length=MAX_K,
                                               description=description)]
+
+
+def _simplex(field: str) -> dict[str, Any]:
+    """The validator of a release on the probability simplex (:func:`check_simplex`)."""
+    def simplex(cls: type, weights: list[float]) -> list[float]:
+        return check_simplex(weights, field)
+    return {"simplex": field_validator(field)(simplex)}
 
 
 def _list_of(item: type[BaseModel], *, max_length: int) -> Any:
@@ -221,23 +216,24 @@ def request_models(*, basis_size: int, dim: int, recall_basis_size: int = 0,
 
     Each is a subclass of the matching ``*Body`` model (same fields and validators) whose
     vector fields carry the exact lengths."""
-    alpha_type = _vector(basis_size, "α̃: B attention weights over the basic vectors, on the "
-                                     "probability simplex")
-    embedding_type = _vector(dim, "the device's noised user vector (d numbers)")
     weights_type = _vector(recall_basis_size, "α_i: B_r weights over the basic interests, on "
                                               "the probability simplex")
 
     # the docstrings become the OpenAPI descriptions
-    PrivateRecQuery = create_model("PrivateRecQuery", __base__=PrivateRecQueryBody,
-                                   __doc__=PrivateRecQueryBody.__doc__, alpha=alpha_type)
-    VDPQuery = create_model("VDPQuery", __base__=VDPQueryBody, __doc__=VDPQueryBody.__doc__,
-                            embedding=embedding_type)
+    query = {}
+    for mode in SERVING_MODES.values():
+        if mode.endpoint:
+            doc = f"``POST {mode.endpoint}``: {mode.sends}, and k."
+            query[mode.name] = create_model(
+                f"{type(mode).__name__}Query", __base__=QueryBody, __doc__=doc,
+                __validators__=_simplex(mode.field) if mode.simplex else {},
+                **{mode.field: _vector(mode.width(basis_size=basis_size, dim=dim), mode.sends)})
     RecallChannel = create_model("RecallChannel", __base__=RecallChannelBody,
                                  __doc__=RecallChannelBody.__doc__, weights=weights_type)
     RecallQuery = create_model(
         "RecallQuery", __base__=RecallQueryBody, __doc__=RecallQueryBody.__doc__,
         channels=_list_of(RecallChannel, max_length=max(1, max_channels)))
-    return RequestModels(PrivateRecQuery, VDPQuery, RecallQuery, RecallChannel)
+    return RequestModels(query, RecallQuery, RecallChannel)
 
 
 class RecommendedItem(_Response):
@@ -301,7 +297,7 @@ class ErrorResponse(_Response):
 
 __all__ = ["Article", "ErrorResponse", "FiniteFloat", "HealthResponse", "IngestRequest",
            "IngestResponse", "LookupRequest", "LookupResponse", "MAX_K",
-           "MAX_NEWS_PER_REQUEST", "ModelInfo", "NewsItem", "PrivateRecQueryBody",
+           "MAX_NEWS_PER_REQUEST", "ModelInfo", "NewsItem", "QueryBody",
            "RecallCandidate", "RecallChannelBody", "RecallInfo", "RecallQueryBody",
            "RecallResponse", "RecommendResponse", "RecommendedItem", "RequestModels",
-           "SIMPLEX_TOLERANCE", "VDPQueryBody", "check_simplex", "request_models"]
+           "SIMPLEX_TOLERANCE", "check_simplex", "request_models"]
