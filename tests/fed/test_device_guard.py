@@ -106,12 +106,12 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory):
     return path
 
 
-def _dp_fedrec(data_dir: Path) -> RunConfig:
+def _dp_fedrec(data_dir: Path, epsilon_train: float = 1.0) -> RunConfig:
     from test_secagg import TINY
     return resolve_run_config(RunConfig(
         data=str(data_dir), model=TINY, train=TrainConfig(method="dp-fedrec", seed=SEED),
         fed=fed_config("dp-fedrec", rounds=2, clients_per_round=4, engine="flower",
-                       epsilon_train=1.0, clip=0.005)))
+                       epsilon_train=epsilon_train, clip=0.005)))
 
 
 def test_a_local_dp_device_answers_a_round_once(data_dir, tmp_path, caplog):
@@ -213,3 +213,40 @@ def test_a_device_budget_must_be_finite(tmp_path):
         guard = DeviceGuard(tmp_path)
         guard.enrol({"method": "dp-fedavg", "clip": "0.1"})
         guard.enrol({"method": "dp-fedavg", "clip": "0.2"})
+
+
+def test_a_local_dp_device_refuses_a_changed_epsilon_and_a_spent_budget(data_dir, tmp_path,
+                                                                         caplog):
+    """dp-fedrec over plain messages (each a release of its own, no SecAgg+ around it): the
+    server changes ε, then keeps asking once the budget is spent; every refusal reaches the
+    server as an error reason without a byte of the update, and charges nothing."""
+    config = _dp_fedrec(data_dir)
+    prepared = prepare_data(config)
+    method = method_from_config(config)
+    dimension = LocalObjective(build_recommender(config.model, prepared.vocabs,
+                                                 prepared.features)).dimension
+    (event,) = device_events(method, dimension)
+    one, two = (compose_events([(event, n)], delta=0.0) for n in (1, 2))
+    assert two > one
+    d = Devices(config, tmp_path, budget=(one + two) / 2)  # one release fits, not two
+    node = d.owner[0]
+    pinned = d.guard(node).policy
+    changed = method_from_config(_dp_fedrec(data_dir, epsilon_train=2.0))
+    assert pinned is not None and pinned != privacy_policy(changed)
+    enrolled = d.device
+    d.method = changed  # the server runs ε = 2; the device rebuilds it from the run files
+    d.device = client_app.Device.of(d.new_task(), changed, d.clients)
+    client_app._DEVICE_CACHE.clear()
+    with caplog.at_level(logging.WARNING, logger="privaterec"):
+        _refusals(d.grid.send_and_receive([d.plain_message(0, 0)]),
+                  "departs from the one this device enrolled with")
+        assert d.guard(node).answered() == [] and d.guard(node).spent() == 0.0
+        d.method, d.device = method, enrolled  # the pinned policy again: one release fits
+        client_app._DEVICE_CACHE.clear()
+        first = d.grid.send_and_receive([d.plain_message(0, 0)])
+        assert not first[0].has_error() and first[0].has_content()
+        _refusals(d.grid.send_and_receive([d.plain_message(0, t) for t in (1, 2)]),
+                  "privacy budget is spent")
+    assert caplog.text.count("privacy budget is spent") == 2
+    assert d.guard(node).answered() == [(1, 0)]
+    assert d.guard(node).spent() == pytest.approx(one)

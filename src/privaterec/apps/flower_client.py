@@ -1,0 +1,67 @@
+"""The ClientApp of ``flwr run flower/`` (``flower/pyproject.toml``, docs/flower.md).
+
+A SuperNode runs every message it receives in a fresh ``flwr-clientapp`` process, which
+imports this module: it imports Flower only, and a message imports the device's code
+(torch, the model, the privacy ledger: several seconds of CPU per process) only when it
+uses it.
+
+* ``query`` and ``train`` — :func:`privaterec.fed.flower.client_app.client_query` and
+  :func:`~privaterec.fed.flower.client_app.handle_train` with the run layer's device loader
+  (:func:`privaterec.runs.engines.load_device`), as
+  :func:`~privaterec.fed.flower.client_app.make_client_app` builds them;
+* SecAgg+'s setup, share-keys and unmask stages — Flower's ``secaggplus_mod`` alone: they
+  advertise the round's keys, share them and reveal the shares that unmask the sum (SecAgg+,
+  Bell et al. 2020: every round of the protocol but masked input collection); the mod
+  calls the device's code (and expands mask seeds) only in the collect-masked-vectors
+  stage, which takes the ``train`` path above.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flwr.app import Context, Message
+from flwr.client.mod import secaggplus_mod
+from flwr.clientapp import ClientApp
+from flwr.common.secure_aggregation.secaggplus_constants import (RECORD_KEY_CONFIGS, Key,
+                                                                 Stage)
+
+
+def _device() -> tuple[Any, Any]:
+    """The device's handlers and loader (imported on first use)."""
+    from privaterec.fed.flower import client_app as handlers
+    from privaterec.runs.engines import load_device
+    return handlers, load_device
+
+
+def _keys_only_stage(message: Message) -> bool:
+    """Whether ``message`` is a SecAgg+ stage that never reaches the device's code."""
+    configs = message.content.config_records.get(RECORD_KEY_CONFIGS)
+    return configs is not None and configs.get(Key.STAGE) in (Stage.SETUP, Stage.SHARE_KEYS,
+                                                              Stage.UNMASK)
+
+
+def _not_called(message: Message, context: Context) -> Message:
+    raise AssertionError("secaggplus_mod called the device in a stage without a vector")
+
+
+client_app = ClientApp()
+
+
+@client_app.query()
+def query(message: Message, context: Context) -> Message:
+    handlers, load_device = _device()
+    reply: Message = handlers.client_query(load_device, message, context)
+    return reply
+
+
+@client_app.train()
+def train(message: Message, context: Context) -> Message:
+    if _keys_only_stage(message):
+        return secaggplus_mod(message, context, _not_called)
+    handlers, load_device = _device()
+    reply: Message = handlers.handle_train(load_device, message, context)
+    return reply
+
+
+__all__ = ["client_app"]
