@@ -36,10 +36,11 @@ The canary is a real client through the real method code:
   there, so −C·u has no client); its draws (samples, negatives) are drawn once.
 
 Each side's pre-noise sum is computed once (the canary's update is a constant) and the
-aggregator's real :meth:`~privaterec.fed.methods.dp_fedavg.CentralDP.noised_sums` noises
-``runs`` copies of it in one call (the noise is i.i.d. per coordinate, so one call on the
-concatenated copies is ``runs`` independent rounds; adaptive clipping: one call per run, for
-the count's noise), so a million runs take seconds. The norms are checked: an upload whose
+aggregator's real batched release
+:meth:`~privaterec.fed.methods.dp_fedavg.CentralDP.noised_rounds` (the code of
+:meth:`~privaterec.fed.methods.dp_fedavg.CentralDP.noised_sums`, which is its one-round
+case) noises ``runs`` copies of it, and of the clip-indicator sum, in one call: ``runs``
+independent rounds, so a million runs take seconds. The norms are checked: an upload whose
 norm is not C (to 1e-5) stops the audit.
 
 The Gaussian mechanism's guarantee holds for every value of the clipped update, so fixing the
@@ -65,11 +66,9 @@ from privaterec.fed.objective import LocalObjective
 CANARY_METHODS = ("dp-fedavg", "dp-fedavg-adaptive", "dp-fedavg-news")
 CANARY_ADJACENCIES = ("replace", "add-remove")
 DEFAULT_CANARY_RUNS = {"dp-fedavg": 200_000, "dp-fedavg-news": 200_000,
-                       "dp-fedavg-adaptive": 60_000}
+                       "dp-fedavg-adaptive": 200_000}
 """Runs per side (half select, half test): 10⁵ test runs detect a 2× noise cut at claimed
-ε = 1 under replacement and add/remove alike, 3·10⁴ under replacement
-(docs/privacy.md#power-of-the-audit); adaptive clipping's rounds are noised one call each
-(about 0.1 ms), hence fewer."""
+ε = 1 under replacement and add/remove alike (docs/privacy.md#power-of-the-audit)."""
 CANARY_SCALE = 1e3
 """|s|·‖u‖ / C of the clipped canaries: the update is 1000 C long before clipping."""
 INSIDE = 1e-3
@@ -366,19 +365,12 @@ def noised_statistics(game: CanaryGame, side: CanarySide, runs: int,
         elif view == "deployed":
             noisy = agg.release_sum(side.total.repeat(n), source)
             out.append(noisy.reshape(n, -1).to(torch.float64) @ w)
-        elif agg.adaptive is None:
-            noisy, _ = agg.noised_sums(side.total.repeat(n), side.indicator, population=1,
-                                       generator=generator)
-            out.append(noisy.reshape(n, -1).to(torch.float64) @ w)
-        else:  # one round per call: the count's noise is one draw per call
-            rows = torch.empty(n, side.total.numel())
-            counts = torch.empty(n, dtype=torch.float64)
-            for i in range(n):
-                noisy, count = agg.noised_sums(side.total, side.indicator, population=1,
-                                               generator=generator)
-                rows[i] = noisy
-                counts[i] = float(count)
-            out.append(rows.to(torch.float64) @ w + wc * counts)
+        else:  # n rounds in one call of the aggregator's batched release
+            noisy, counts = agg.noised_rounds(
+                side.total.repeat(n, 1), torch.full((n,), side.indicator, dtype=torch.float64),
+                population=1, generator=generator)
+            stat = noisy.to(torch.float64) @ w
+            out.append(stat if counts is None else stat + wc * counts)
     return torch.cat(out).numpy()
 
 

@@ -508,19 +508,34 @@ class CentralDP(ClientMethod[FederatedTask[Any]]):
         total: ``Tensor[D]``, Σ clip(Δ_u, C). indicator_sum: Σ (b_u − ½) (ignored without
         adaptive clipping). population: N (public), for the default σ_b. generator: the
         aggregator's source (a simulation's seeded generator); the update's noise is drawn
-        first, then the count's.
+        first, then the count's (:meth:`noised_rounds` of one round).
         """
+        totals, counts = self.noised_rounds(
+            total.reshape(1, -1), torch.tensor([float(indicator_sum)], dtype=torch.float64),
+            population=population, generator=generator)
+        return totals.reshape(total.shape), None if counts is None else float(counts[0])
+
+    def noised_rounds(self, totals: torch.Tensor, indicator_sums: torch.Tensor, *,
+                      population: int, generator: torch.Generator
+                      ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """:meth:`noised_sums` of ``n`` independent rounds at once (the audit's batched
+        rounds; docs/privacy.md#worst-case-canaries): ``totals`` ``Tensor[n, D]``,
+        ``indicator_sums`` ``Tensor[n]``; returns the noised sums ``Tensor[n, D]`` and, with
+        adaptive clipping, the noised indicator sums ``Tensor[n]`` float64 (else None). The
+        n·D update noises are drawn first (one draw), then the n count noises; for n = 1
+        these are exactly :meth:`noised_sums`' draws."""
         if self.adaptive is None:
-            noise = self.central_noise(int(total.shape[0]), generator)
-            return total + noise.to(total.device), None
+            noise = self.central_noise(int(totals.numel()), generator)
+            return totals + noise.reshape(totals.shape).to(totals.device), None
         z_update, sigma_b = self.noise_split(expected_clients(self.sampling_rate,
                                                               max(1, population)))
         assert sigma_b is not None
-        noise = gaussian_noise(tuple(total.shape), sigma=z_update * self.clip,
+        noise = gaussian_noise((int(totals.numel()),), sigma=z_update * self.clip,
                                generator=generator)
-        count_noise = gaussian_noise((1,), sigma=sigma_b, generator=generator,
-                                     dtype=torch.float64)
-        return total + noise.to(total.device), indicator_sum + float(count_noise[0])
+        count_noise = gaussian_noise((int(totals.shape[0]),), sigma=sigma_b,
+                                     generator=generator, dtype=torch.float64)
+        return (totals + noise.reshape(totals.shape).to(totals.device),
+                indicator_sums.to(torch.float64) + count_noise)
 
     def aggregate(self, total: torch.Tensor, indicator_sum: float, *, population: int,
                   generator: torch.Generator, losses: list[float] | None = None
