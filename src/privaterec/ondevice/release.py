@@ -25,7 +25,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
-from typing import ClassVar, Literal, get_args
+from typing import Literal, get_args
 
 import torch
 
@@ -63,18 +63,10 @@ class ServingMode:
     Its accounting is :meth:`calibration` (the event of one query, with its adjacency).
     """
 
-    name: ClassVar[str] = ""
-    help: ClassVar[str] = ""
-    sends: ClassVar[str] = ""
-    endpoint: ClassVar[str] = ""
-    field: ClassVar[str] = ""
-    score_space: ClassVar[str] = ""
-    simplex: ClassVar[bool] = False
-    needs_basis: ClassVar[bool] = False
-    padded: ClassVar[bool] = False
-    takes_epsilon: ClassVar[bool] = True
-    on_device: ClassVar[bool] = False
-    cache_params: ClassVar[tuple[tuple[str, str], ...]] = ()
+    name = help = sends = endpoint = field = score_space = ""
+    simplex = needs_basis = padded = on_device = False
+    takes_epsilon = True
+    cache_params: tuple[tuple[str, str], ...] = ()
 
     def calibration(self, config: ServingConfig, *, basis_size: int, dim: int) -> Calibration:
         """How one query is released under ``config``: its noise and its privacy event."""
@@ -85,8 +77,7 @@ class ServingMode:
         return dim
 
     def release(self, model: Recommender, anonymous: torch.Tensor, vectors: torch.Tensor,
-                mask: torch.Tensor, config: ServingConfig,
-                source: NoiseSource) -> torch.Tensor:
+                mask: torch.Tensor, config: ServingConfig, source: NoiseSource) -> torch.Tensor:
         """The device's release ``Tensor[m, width]`` of a batch of histories (``vectors
         [m, H, d]``, ``mask [m, H]``; ``anonymous``: r₀ ``[d]``), every draw from ``source``."""
         raise ConfigError(f"{self.name} serving sends nothing per query: {self.help}")
@@ -106,8 +97,7 @@ class NoServing(ServingMode):
                         note="user vector sent in the clear")
 
     def release(self, model: Recommender, anonymous: torch.Tensor, vectors: torch.Tensor,
-                mask: torch.Tensor, config: ServingConfig,
-                source: NoiseSource) -> torch.Tensor:
+                mask: torch.Tensor, config: ServingConfig, source: NoiseSource) -> torch.Tensor:
         return model.encode_user(vectors, mask)
 
 
@@ -131,8 +121,7 @@ class PrivateRecServing(ServingMode):
         return basis_size
 
     def release(self, model: Recommender, anonymous: torch.Tensor, vectors: torch.Tensor,
-                mask: torch.Tensor, config: ServingConfig,
-                source: NoiseSource) -> torch.Tensor:
+                mask: torch.Tensor, config: ServingConfig, source: NoiseSource) -> torch.Tensor:
         return dpa_release(model, anonymous, vectors, mask, config, noise=source).released
 
     def server_user(self, model: Recommender, released: torch.Tensor) -> torch.Tensor:
@@ -154,8 +143,7 @@ class VDPServing(ServingMode):
                                dimension=max(1, dim), phase="serve")
 
     def release(self, model: Recommender, anonymous: torch.Tensor, vectors: torch.Tensor,
-                mask: torch.Tensor, config: ServingConfig,
-                source: NoiseSource) -> torch.Tensor:
+                mask: torch.Tensor, config: ServingConfig, source: NoiseSource) -> torch.Tensor:
         """u clipped to θ plus noise (what :func:`privaterec.privacy.dpa.vdp_release` draws)."""
         user = model.encode_user(vectors, mask)
         calibration = serving_calibration(config, basis_size=0, dim=int(user.shape[-1]))

@@ -1,6 +1,6 @@
 """Randomness for releases: deployed (:class:`SecureNoise`) vs simulated (:class:`SimulationNoise`).
 
-A release is only as private as its randomness. Two sources share one small interface
+A release is only as private as its randomness. Two sources implement one abstract type
 (:class:`NoiseSource`), and the split between them is explicit:
 
 * :class:`SecureNoise` — for anything that leaves a real device (the serving SDK, a Flower
@@ -43,9 +43,10 @@ from __future__ import annotations
 import math
 import os
 import secrets
+from abc import ABC, abstractmethod
 from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
-from typing import Any, Protocol, Sequence, runtime_checkable
+from typing import Any, ClassVar, Sequence
 
 import numpy as np
 import torch
@@ -108,33 +109,38 @@ def grid_exponent(scale: float, dim: int) -> int:
     return max(MIN_GRID_EXPONENT, math.floor(math.log2(scale / max(1, dim))) - GRID_MARGIN_BITS)
 
 
-@runtime_checkable
-class NoiseSource(Protocol):
-    """What a mechanism needs from its randomness (see the module docstring).
+class NoiseSource(ABC):
+    """The one randomness type a mechanism takes (see the module docstring): its two kinds
+    are :class:`SecureNoise` (deployed) and :class:`SimulationNoise` (seeded).
 
     ``secure`` is ``True`` only for sources fit for a deployed release (:class:`SecureNoise`).
     """
 
-    secure: bool
+    secure: ClassVar[bool] = False
 
+    @abstractmethod
     def release(self, x: Tensor, *, mechanism: str, scale: float | Tensor) -> Tensor:
         """``x`` + i.i.d. noise of ``mechanism`` (:mod:`privaterec.privacy.noise`) at
         ``scale`` per coordinate (same shape and dtype)."""
 
     def release_laplace(self, x: Tensor, *, scale: float | Tensor) -> Tensor:
         """``x`` + i.i.d. Laplace(0, ``scale``) per coordinate (same shape and dtype)."""
+        return self.release(x, mechanism="laplace", scale=scale)
 
     def release_gaussian(self, x: Tensor, *, sigma: float | Tensor) -> Tensor:
         """``x`` + i.i.d. N(0, ``sigma``²) per coordinate (same shape and dtype)."""
+        return self.release(x, mechanism="gaussian", scale=sigma)
 
+    @abstractmethod
     def uniform(self, shape: Sequence[int]) -> Tensor:
         """Float64 uniforms in [0, 1) of ``shape``."""
 
+    @abstractmethod
     def randint(self, high: int, shape: Sequence[int]) -> Tensor:
         """Int64 uniform in [0, ``high``) of ``shape``."""
 
 
-class SimulationNoise:
+class SimulationNoise(NoiseSource):
     """Seeded torch randomness, for simulation and tests only (NOT for a deployed release).
 
     Wraps the mechanisms' seeded draws (:meth:`~privaterec.privacy.noise.base.NoiseMechanism.draw`,
@@ -149,8 +155,6 @@ class SimulationNoise:
         The seeded ``torch.Generator``.
     """
 
-    secure = False
-
     def __init__(self, generator: torch.Generator) -> None:
         if not isinstance(generator, torch.Generator):
             raise ConfigError(f"SimulationNoise needs a torch.Generator, got "
@@ -164,14 +168,6 @@ class SimulationNoise:
         """``x`` + the mechanism's seeded draw of ``x.shape`` (float64, cast)."""
         return x + noise_mechanism(mechanism).draw(x.shape, scale=scale, generator=self.generator,
                                                    dtype=x.dtype, device=x.device)
-
-    def release_laplace(self, x: Tensor, *, scale: float | Tensor) -> Tensor:
-        """``x`` + ``laplace_noise(x.shape, scale=scale, generator=...)``."""
-        return self.release(x, mechanism="laplace", scale=scale)
-
-    def release_gaussian(self, x: Tensor, *, sigma: float | Tensor) -> Tensor:
-        """``x`` + ``gaussian_noise(x.shape, sigma=sigma, generator=...)``."""
-        return self.release(x, mechanism="gaussian", scale=sigma)
 
     def uniform(self, shape: Sequence[int]) -> Tensor:
         """``torch.rand(shape, generator=..., dtype=float64)``."""
@@ -209,7 +205,7 @@ def _measurement(kind: str, size: int, scale: float, k: int) -> Any:
     return noise_mechanism(kind).measurement(_opendp(), size, scale=scale, k=k)
 
 
-class SecureNoise:
+class SecureNoise(NoiseSource):
     """Randomness for deployed releases: the OS CSPRNG and float-safe samplers.
 
     Laplace/Gaussian releases are OpenDP's ``make_laplace`` / ``make_gaussian`` on float
@@ -312,10 +308,6 @@ class SecureNoise:
         """
         noise_mechanism(mechanism)
         return _pass_gradient(x, self._release(mechanism, x, scale, name))
-
-    def release_laplace(self, x: Tensor, *, scale: float | Tensor) -> Tensor:
-        """:meth:`release` with Laplace(0, ``scale``) per coordinate."""
-        return self.release(x, mechanism="laplace", scale=scale)
 
     def release_gaussian(self, x: Tensor, *, sigma: float | Tensor) -> Tensor:
         """:meth:`release` with N(0, ``sigma``²) per coordinate."""

@@ -5,15 +5,13 @@ The public facade of the SDK: import from here. A device holds the news its user
 model once (``GET /v1/model`` and its parameters), rebuilds it, and per query releases only
 a privatised summary of the (truncated) history:
 
-* :class:`PrivateRecDevice` — Alg. 2 on the device (:func:`dpa_release`): each clicked news
-  is replaced by the anonymous news r₀ with probability p, u = Θ_U(history),
-  α = attention(u), Laplace or analytic-Gaussian noise calibrated with the TRUE simplex
-  sensitivity (L1 = 2, L2 = √2) at the padding-amplified budget, α̃ = softplus-normalised
-  α + n (docs/privacy.md#dpa-sensitivity to #gaussian-calibration). It POSTs ``{"alpha": [B
-  floats], "k"}`` to ``/v1/recommend/privaterec``; the server scores ũ = Σ α̃ᵢ bᵢ over its pool
-  (Alg. 1).
+* :class:`PrivateRecDevice` — Alg. 2 on the device (:func:`dpa_release`): α̃ [B], padded and
+  noised (docs/privacy.md#dpa-sensitivity), POSTed to ``/v1/recommend/privaterec``; the
+  server scores ũ = Σ α̃ᵢ bᵢ over its pool (Alg. 1).
 * :class:`VDPDevice` — the VDP baseline (§3.2.1): the d-dim user vector clipped to θ plus
-  noise, POSTed to ``/v1/recommend/vdp`` (for the bytes-per-query comparison).
+  noise, POSTed to ``/v1/recommend/vdp``.
+* :class:`ServingDevice` — a device of any serving mode that sends one vector per query
+  (:data:`privaterec.ondevice.release.SERVING_MODES`; the two above are two of them).
 * :class:`UniFedRecDevice` — Uni-FedRec §3.4: the recall model's protected channel weights
   (:func:`~privaterec.recall.query.release_query`, noise λ_I; quotas in the clear
   unless ``quota_noise_scale``) are POSTed to ``/v1/recall/unifedrec``; the returned
@@ -41,7 +39,7 @@ transport; the DPA computation is :mod:`privaterec.ondevice.release`'s, shared w
 evaluation):
 
 * devices (:mod:`~privaterec.serving.device`): :class:`PrivateRecDevice`, :class:`VDPDevice`,
-  :class:`UniFedRecDevice`, :data:`MAX_K`;
+  :class:`ServingDevice`, :class:`UniFedRecDevice`, :data:`MAX_K`;
 * PrivateRec Alg. 2 (:mod:`privaterec.ondevice.release`): :func:`dpa_release`,
   :class:`DpaRelease`;
 * privacy account (:mod:`~privaterec.ondevice.budget`): :class:`DeviceBudget`,
@@ -66,7 +64,8 @@ from privaterec.ondevice.release import DpaRelease, dpa_release
 from privaterec.privacy.samplers import SecureNoise, SimulationNoise
 from privaterec.ondevice.budget import (DEFAULT_DEVICE_BUDGET, DEVICE_USER, DeviceBudget,
                                        ReleaseLimitExceeded, default_state_dir)
-from privaterec.serving.device import MAX_K, PrivateRecDevice, UniFedRecDevice, VDPDevice
+from privaterec.serving.device import (MAX_K, PrivateRecDevice, ServingDevice, UniFedRecDevice,
+                                       VDPDevice)
 from privaterec.serving.download import (DeviceModel, build_recall_model, download_model,
                                          fetch_model)
 from privaterec.serving.process import ServerProcess, demo_query, free_port
@@ -74,7 +73,8 @@ from privaterec.serving.transport import ModelChangedError, ServerError, Transpo
 
 __all__ = ["DEFAULT_DEVICE_BUDGET", "DEVICE_USER", "DeviceBudget", "DeviceModel", "DpaRelease",
            "MAX_K", "ModelChangedError", "PrivateRecDevice", "ReleaseLimitExceeded",
-           "SecureNoise", "ServerError", "ServerProcess", "SimulationNoise", "Transport",
+           "SecureNoise", "ServerError", "ServerProcess", "ServingDevice", "SimulationNoise",
+           "Transport",
            "UniFedRecDevice", "VDPDevice", "build_recall_model", "default_state_dir",
            "demo_query", "download_model", "dpa_release", "fetch_model", "free_port",
            "json_body"]
