@@ -13,7 +13,9 @@ What a device computes and sends for one recommendation query, shared by the dev
 * :func:`dpa_release` — Alg. 2 on a batch of clicked-news vectors: pad each clicked news to
   r₀ with probability p, u = Θ_U(history), α = attention(u), α̃ = normalised α + DPA
   noise at the amplified budget (true simplex sensitivity); the server computes
-  ũ = Σ α̃ᵢ bᵢ (Alg. 1 line 3).
+  ũ = Σ α̃ᵢ bᵢ (Alg. 1 line 3);
+* :func:`vdp_user_release` — VDP (§3.2.1) on a batch of user vectors: each clipped to θ
+  plus noise with Δ = 2θ.
 
 A release draws from one :class:`~privaterec.privacy.samplers.NoiseSource`: a device's
 ``SecureNoise`` or a simulation's ``SimulationNoise(generator)``. ε_s = ∞ means no noise (and
@@ -144,10 +146,7 @@ class VDPServing(ServingMode):
 
     def release(self, model: Recommender, anonymous: torch.Tensor, vectors: torch.Tensor,
                 mask: torch.Tensor, config: ServingConfig, source: NoiseSource) -> torch.Tensor:
-        """u clipped to θ plus noise (what :func:`privaterec.privacy.dpa.vdp_release` draws)."""
-        user = model.encode_user(vectors, mask)
-        calibration = serving_calibration(config, basis_size=0, dim=int(user.shape[-1]))
-        return source_release(user, calibration, source)
+        return vdp_user_release(model.encode_user(vectors, mask), config, noise=source)
 
 
 class LocalServing(ServingMode):
@@ -333,6 +332,19 @@ def dpa_release(model: Recommender, anonymous: torch.Tensor, vectors: torch.Tens
                       event=event)
 
 
+def vdp_user_release(user: torch.Tensor, config: ServingConfig, *,
+                     noise: NoiseSource) -> torch.Tensor:
+    """VDP (PrivateRec §3.2.1) of user vectors ``Tensor[m, d]``, one release per row: each
+    clipped to θ plus noise calibrated to ε_s (L1 clip + Laplace(2θ/ε_s), or L2 clip + the
+    analytic Gaussian of Δ₂ = 2θ); ``Tensor[m, d]``. With ``SimulationNoise(g)`` it draws what
+    :func:`privaterec.privacy.dpa.vdp_release` draws with ``g``."""
+    if config.kind != "vdp":
+        raise ConfigError(f"vdp_user_release needs ServingConfig(kind='vdp'), got "
+                          f"kind={config.kind!r}")
+    calibration = serving_calibration(config, basis_size=0, dim=int(user.shape[-1]))
+    return source_release(user, calibration, noise)
+
+
 __all__ = ["LOCAL_NOTE", "QUERY_MODES", "SERVING_KINDS", "SERVING_MODES", "DpaRelease",
            "ServingConfig", "ServingMode", "dpa_release", "serving_calibration",
-           "serving_event"]
+           "serving_event", "vdp_user_release"]
