@@ -23,3 +23,13 @@ def smoke_data(users: int = 120, news: int = 400, seed: int = 0) -> Path:
     out = smoke_dir("data") / "synth"
     write_synthetic(out, SynthConfig(users=users, news=news, seed=seed))
     return out
+
+
+def smoke_model(**overrides):  # -> privaterec.config.ModelConfig
+    """A tiny NRMS (16-d words, 2 heads of 8, titles of 8, histories of 10): seconds per run."""
+    from dataclasses import replace
+
+    from privaterec.config import ModelConfig
+
+    return replace(ModelConfig(word_dim=16, num_heads=2, head_dim=8, attention_dim=16,
+                               title_len=8, abstract_len=4, history_len=10), **overrides)

@@ -5,6 +5,7 @@ Usage::
     OMP_NUM_THREADS=1 python benchmarks/central_dp_signal.py --data DATA [--rounds 6]
         [--target-epsilon 8 --budget-rounds 100] [--embeddings random|corpus]
         [--save benchmarks/results/<name>.json]
+    python benchmarks/central_dp_signal.py --smoke   # tiny data and model, one round, seconds
 
 Trains ``dp-fedavg`` (NRMS, the defaults: q = 0.02, C = 0.1, FedAdam) on ``DATA`` for a few
 rounds, with the z that ``--target-epsilon`` calibrates for a run of ``--budget-rounds``
@@ -31,7 +32,6 @@ import tempfile
 from pathlib import Path
 
 from privaterec.config import ModelConfig, RunConfig, TrainConfig, fed_config
-from privaterec.fed.methods import central
 from privaterec.fed.methods.dp_fedavg import CentralDP
 from privaterec.privacy.central_accounting import calibrate_noise_multiplier
 from privaterec.runs.ranking import train_run
@@ -39,7 +39,6 @@ from privaterec.runs.ranking import train_run
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--data", required=True)
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--target-epsilon", type=float, default=8.0)
     parser.add_argument("--budget-rounds", type=int, default=100)
@@ -48,11 +47,30 @@ def main() -> None:
                         help="NRMS word vectors: random (default) or corpus (fitted on the "
                              "news texts)")
     parser.add_argument("--save", default=None)
+    parser.add_argument("--data", default=None,
+                        help="a MIND-format data set (train/ and test/)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="tiny synthetic data and model, one round at q = 0.2 and ε = 0.1, "
+                             "no evaluation, results to a temporary directory")
     args = parser.parse_args()
+    model = ModelConfig(news_encoder="nrms", embeddings=args.embeddings)
+    q = CentralDP.server_defaults.client_fraction  # dp-fedavg's default q
+    if args.smoke:
+        from _smoke import smoke_data, smoke_dir, smoke_model
+
+        args.data = str(smoke_data(users=60, news=150) / "train")  # no test/: no evaluation
+        # a small ε: a large z, whose privacy-loss distribution is quick to compose
+        args.rounds, args.budget_rounds, args.target_epsilon, q = 1, 1, 0.1, 0.2
+        args.save = str(smoke_dir("central_dp_signal") / "central_dp_signal.json")
+        model = smoke_model(embeddings=args.embeddings)
+    elif args.data is None:
+        parser.error("--data is required (or --smoke)")
     rows: list[dict[str, float]] = []
-    measured_round = central.CentralDP.round
+    measured_round = CentralDP.round
 
     def round_with_measurement(self, task, params, inputs, generators, context):  # type: ignore[no-untyped-def]
+        if not inputs:  # a Poisson round that sampled nobody
+            return measured_round(self, task, params, inputs, generators, context)
         updates, _ = self.inner.client_updates(task, params, inputs, generators,
                                                 chunk_clients=context.chunk_clients)
         norms = updates.norm(dim=1)
@@ -70,12 +88,11 @@ def main() -> None:
                        for k, v in row.items()), flush=True)
         return measured_round(self, task, params, inputs, generators, context)
 
-    central.CentralDP.round = round_with_measurement  # type: ignore[method-assign]
-    q = CentralDP.server_defaults.client_fraction  # dp-fedavg's default q
+    CentralDP.round = round_with_measurement  # type: ignore[method-assign]
     z = calibrate_noise_multiplier(target_epsilon=args.target_epsilon, sampling_rate=q,
                                    rounds=args.budget_rounds, delta=1e-5)
     config = RunConfig(data=args.data,
-                       model=ModelConfig(news_encoder="nrms", embeddings=args.embeddings),
+                       model=model,
                        train=TrainConfig(method="dp-fedavg", seed=args.seed),
                        fed=fed_config("dp-fedavg", rounds=args.rounds, client_fraction=q,
                                       noise_multiplier=z))

@@ -3,6 +3,7 @@
 Usage::
 
     OMP_NUM_THREADS=1 python benchmarks/dp_round_cost.py [--repeats 3] [--model nrms]
+    python benchmarks/dp_round_cost.py --smoke   # tiny data and model, 8 clients, seconds
 
 Two settings, each in one process, side by side:
 
@@ -91,9 +92,10 @@ def _timed(fn: Any) -> tuple[Any, float]:
 
 
 def measure(data: Path, clients_per_round: int, *, model_name: str, repeats: int,
-            noise_multiplier: float) -> dict[str, Any]:
-    """Median seconds of a fedrec and a dp-fedavg round on the same clients."""
-    model_config = ModelConfig(news_encoder=model_name)
+            noise_multiplier: float, model: ModelConfig | None = None) -> dict[str, Any]:
+    """Median seconds of a fedrec and a dp-fedavg round on the same clients (``model``: the
+    default ``ModelConfig`` with ``model_name``'s news encoder unless given)."""
+    model_config = ModelConfig(news_encoder=model_name) if model is None else model
     started = time.perf_counter()
     prepared = prepare_data(RunConfig(data=str(data), model=model_config))
     prepare_seconds = time.perf_counter() - started
@@ -187,18 +189,30 @@ def main() -> None:
     parser.add_argument("--noise-multiplier", type=float, default=1.0)
     parser.add_argument("--only", choices=("large", "small"), default=None)
     parser.add_argument("--save", type=Path, default=RESULTS / "dp_round_cost.json")
+    parser.add_argument("--smoke", action="store_true",
+                        help="the small setting only, on tiny synthetic data with a tiny "
+                             "model: 8 clients, one repeat, z = 5 (quick to account), results "
+                             "to a temporary directory")
     args = parser.parse_args()
+    model = None
+    settings = {"small": (args.small_data, 2000, args.small_clients),
+                "large": (args.large_data, 50000, args.large_clients)}
+    if args.smoke:
+        from _smoke import smoke_data, smoke_dir, smoke_model
 
-    settings = {"small": (_data(args.small_data, 2000), args.small_clients),
-                "large": (_data(args.large_data, 50000), args.large_clients)}
+        settings = {"small": (smoke_data(users=60, news=150), 60, 8)}
+        args.repeats, args.noise_multiplier, model = 1, 5.0, smoke_model()
+        args.save = smoke_dir("dp_round_cost") / "dp_round_cost.json"
     result: dict[str, Any] = {"torch_threads": torch.get_num_threads(), "settings": {}}
-    for name, (data, m) in settings.items():
+    for name, (path, users, m) in settings.items():
         if args.only not in (None, name):
             continue
+        data = _data(path, users)
         print(f"{name}: {m} clients per round on {data}", flush=True)
         result["settings"][name] = measure(data, m, model_name=args.model,
                                            repeats=args.repeats,
-                                           noise_multiplier=args.noise_multiplier)
+                                           noise_multiplier=args.noise_multiplier,
+                                           model=model)
         print(json.dumps(result["settings"][name], indent=2), flush=True)
     args.save.parent.mkdir(parents=True, exist_ok=True)
     args.save.write_text(json.dumps(result, indent=2))

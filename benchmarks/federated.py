@@ -4,6 +4,7 @@ Usage::
 
     python benchmarks/federated.py synth  [--seeds 0 1 2] [--rounds 300]
     python benchmarks/federated.py ebnerd [--seeds 0 1 2] [--rounds 300]
+    python benchmarks/federated.py --smoke   # every synth row: tiny data and model, 2 rounds
 
 Rows (synth, nrms): centralized; fedrec; fednewsrec with the paper's defaults (r = 2%,
 η = 0.5, δ = 0.005, λ = 0.015); dp-fedrec at ε_t ∈ {1, 10, ∞} (Laplace, θ = 0.005).
@@ -34,8 +35,11 @@ RESULTS = Path(__file__).resolve().parent / "results"
 INF = math.inf
 
 
-def rows_for(dataset: str, rounds: int) -> list[tuple[str, ModelConfig, str, FedConfig]]:
-    model = ModelConfig(news_encoder="nrms" if dataset == "synth" else "id")
+def rows_for(dataset: str, rounds: int, model: ModelConfig | None = None
+             ) -> list[tuple[str, ModelConfig, str, FedConfig]]:
+    """The rows of ``dataset`` (module docstring); ``model``: NRMS (synth) or ``id``."""
+    if model is None:
+        model = ModelConfig(news_encoder="nrms" if dataset == "synth" else "id")
     fed = FedConfig(rounds=rounds)
     rows = [("centralized", model, "centralized", FedConfig()),
             ("fedrec", model, "fedrec", fed)]
@@ -74,27 +78,40 @@ def fmt(x: float | None) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("dataset", choices=["synth", "ebnerd"])
+    parser.add_argument("dataset", nargs="?", choices=["synth", "ebnerd"], default="synth")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--rounds", type=int, default=300)
     parser.add_argument("--src", default=str(Path(__file__).resolve().parents[2] / "shared"
                                               / "data" / "ebnerd-demo" / "train"))
+    parser.add_argument("--smoke", action="store_true",
+                        help="every synth row on tiny synthetic data with a tiny model: one "
+                             "seed, 2 rounds (centralized: 1 epoch), results to a temporary "
+                             "directory")
     args = parser.parse_args()
-    RESULTS.mkdir(exist_ok=True)
+    results_dir, synth, model, epochs = RESULTS, SynthConfig(seed=0), None, None
+    if args.smoke:
+        from _smoke import smoke_dir, smoke_model
+
+        args.dataset, args.seeds, args.rounds, epochs = "synth", [0], 2, 1
+        results_dir, synth = smoke_dir("federated"), SynthConfig(users=60, news=150, seed=0)
+        model = smoke_model()
+    results_dir.mkdir(exist_ok=True)
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         if args.dataset == "synth":
             data = work / "synth"
-            write_synthetic(data, SynthConfig(seed=0))
+            write_synthetic(data, synth)
         else:
             data = work / "ebnerd"
             convert_ebnerd(args.src, data, test_days=1, max_history=50)
-        for name, model, method, fed in rows_for(args.dataset, args.rounds):
+        for name, row_model, method, fed in rows_for(args.dataset, args.rounds, model):
             runs = []
             for seed in args.seeds:
-                config = RunConfig(data=str(data), model=model,
-                                   train=TrainConfig(method=method, seed=seed), fed=fed)
+                train = TrainConfig(method=method, seed=seed)
+                if epochs is not None:
+                    train = TrainConfig(method=method, seed=seed, epochs=epochs)
+                config = RunConfig(data=str(data), model=row_model, train=train, fed=fed)
                 run_dir = work / "runs" / f"{name}-{seed}".replace(" ", "_")
                 started = time.perf_counter()
                 metrics = train_run(config, run_dir, progress=False)
@@ -119,7 +136,7 @@ def main() -> None:
                      f"| {users} | {seconds:.0f} |")
     table = "\n".join(lines)
     print(table)
-    out = RESULTS / f"federated_{args.dataset}.json"
+    out = results_dir / f"federated_{args.dataset}.json"
     out.write_text(json.dumps({"command": " ".join(sys.argv), "results": results,
                                "table": table}, indent=2, default=str))
     print(f"saved {out}", file=sys.stderr)

@@ -4,6 +4,7 @@ Usage::
 
     python benchmarks/local_ranking.py [--pool 100000] [--devices 100] [--cycles 5]
         [--queries 500] [--run RUN] [--work DIR] [--out FILE]
+    python benchmarks/local_ranking.py --smoke   # 500 news, 3 devices, one cycle of 50 news
 
 One core: the script pins numpy/torch to one thread before importing them, and the server
 runs in its own process (``privaterec.serving.server.serve``, what ``privaterec serve`` runs).
@@ -317,7 +318,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run", default=None)
     parser.add_argument("--work", default=None)
     parser.add_argument("--out", default=str(RESULTS))
+    parser.add_argument("--smoke", action="store_true",
+                        help="a pool of 500 news, 3 devices, one cycle ingesting 50 news, 5 "
+                             "queries, everything in a temporary directory")
     args = parser.parse_args(argv)
+    if args.smoke:
+        from _smoke import smoke_dir
+
+        global INGEST
+        INGEST = 50
+        args.pool, args.devices, args.cycles, args.queries = 500, 3, 1, 5
+        args.work = str(smoke_dir("local_ranking"))
+        args.out = str(Path(args.work) / "local_ranking.json")
     work = Path(args.work or tempfile.mkdtemp(prefix="local-ranking-"))
     work.mkdir(parents=True, exist_ok=True)
     run = Path(args.run) if args.run else untrained_run(work)

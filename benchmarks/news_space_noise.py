@@ -5,6 +5,7 @@ Usage::
     OMP_NUM_THREADS=1 python benchmarks/news_space_noise.py --data DATA [--clients 1000]
         [--embeddings corpus] [--noise-multiplier 0.5508] [--clip 0.1]
         [--save benchmarks/results/news_space_noise.json]
+    python benchmarks/news_space_noise.py --smoke   # tiny data and model, 8 clients, seconds
 
 One round's clients (``sample_round``, seed 0) of ``DATA``, NRMS at its seeded θ₀, FedRec's
 inputs (4 negatives, at most 64 samples). For each clipping space, the norm of the clipped
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -47,8 +49,10 @@ def _cosine(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def measure(data: str, *, clients: int, embeddings: str, noise_multiplier: float,
-            clip: float, seed: int = 0) -> dict[str, Any]:
-    model_config = ModelConfig(news_encoder="nrms", embeddings=embeddings)
+            clip: float, seed: int = 0, model: ModelConfig | None = None) -> dict[str, Any]:
+    """One round's signal and noise norms (module docstring); ``model``: NRMS by default."""
+    model_config = (ModelConfig(news_encoder="nrms") if model is None else model)
+    model_config = replace(model_config, embeddings=embeddings)
     prepared = prepare_data(RunConfig(data=data, model=model_config))
     torch.manual_seed(seed)
     objective = LocalObjective(build_recommender(model_config, prepared.vocabs,
@@ -97,16 +101,27 @@ def measure(data: str, *, clients: int, embeddings: str, noise_multiplier: float
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--data", required=True)
+    parser.add_argument("--data", default=None)
     parser.add_argument("--clients", type=int, default=1000)
     parser.add_argument("--embeddings", default="corpus")
     parser.add_argument("--noise-multiplier", type=float, default=0.55078125,
                         help="z (default: what target epsilon 8 gives at q = 0.02, T = 100)")
     parser.add_argument("--clip", type=float, default=0.1)
     parser.add_argument("--save", type=Path, default=None)
+    parser.add_argument("--smoke", action="store_true",
+                        help="tiny synthetic data and model, 8 clients, results to a "
+                             "temporary directory")
     args = parser.parse_args()
+    model = None
+    if args.smoke:
+        from _smoke import smoke_data, smoke_dir, smoke_model
+
+        args.data, args.clients = str(smoke_data(users=60, news=150)), 8
+        args.save, model = smoke_dir("news_space_noise") / "news_space_noise.json", smoke_model()
+    elif args.data is None:
+        parser.error("--data is required (or --smoke)")
     result = measure(args.data, clients=args.clients, embeddings=args.embeddings,
-                     noise_multiplier=args.noise_multiplier, clip=args.clip)
+                     noise_multiplier=args.noise_multiplier, clip=args.clip, model=model)
     print(json.dumps(result, indent=2))
     if args.save:
         args.save.parent.mkdir(parents=True, exist_ok=True)

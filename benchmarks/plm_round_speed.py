@@ -3,6 +3,7 @@
 Usage::
 
     python benchmarks/plm_round_speed.py --data DIR [--rounds 3] [--layers 0 1]
+    python benchmarks/plm_round_speed.py --smoke   # DP-FedRec, tiny data, one round
 
 For each number of fine-tuned MiniLM layers and each method whose clients clip and noise
 their own gradient (DP-FedRec at ε_t = 10, PrivateRec strict mode at ε_t = 10), one
@@ -29,6 +30,7 @@ import json
 import math
 import statistics
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -60,11 +62,14 @@ def _rounds(objective: LocalObjective, prepared, method: ClientMethod, rounds: i
     return seconds, updates
 
 
-def measure(data: str, layers: int, name: str, rounds: int) -> dict:
+def measure(data: str, layers: int, name: str, rounds: int,
+            model: ModelConfig | None = None) -> dict:
+    """One row: ``layers`` fine-tuned MiniLM layers, method ``name`` (:data:`METHODS`);
+    ``model``: the default ``ModelConfig`` unless given (its news encoder becomes ``plm``)."""
     method_name, mode, basis = METHODS[name]
     config = resolve_run_config(RunConfig(
-        data=data, model=ModelConfig(news_encoder="plm", plm_trainable_layers=layers,
-                                     basis_size=basis),
+        data=data, model=replace(ModelConfig() if model is None else model, news_encoder="plm",
+                                 plm_trainable_layers=layers, basis_size=basis),
         train=TrainConfig(method=method_name, seed=0),
         fed=fed_config(method_name, rounds=rounds, epsilon_train=10.0,
                        **({"privacy_mode": mode} if method_name == "privaterec" else {}))))
@@ -100,19 +105,35 @@ def measure(data: str, layers: int, name: str, rounds: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--data", required=True, help="MIND-format data directory")
+    parser.add_argument("--data", default=None, help="MIND-format data directory")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--layers", type=int, nargs="+", default=[0, 1])
+    parser.add_argument("--smoke", action="store_true",
+                        help="DP-FedRec with one fine-tuned layer only, on tiny synthetic "
+                             "data with a small model (titles of 8 word pieces, histories of "
+                             "10), one round, one thread, results to a temporary directory")
     args = parser.parse_args()
+    results_dir, model, methods = RESULTS, None, list(METHODS)
+    if args.smoke:
+        from _smoke import smoke_data, smoke_dir, smoke_model
+
+        # one fine-tuned layer: the loop, and vmap as the other batching
+        args.data, args.rounds, args.layers = str(smoke_data(users=60, news=150)), 1, [1]
+        results_dir, model = smoke_dir("plm_round_speed"), smoke_model()
+        # PrivateRec encodes its K reference news through MiniLM per client: seconds each
+        methods = ["dp-fedrec eps 10"]
+        torch.set_num_threads(1)  # tiny MiniLM batches stall on thread barriers
+    elif args.data is None:
+        parser.error("--data is required (or --smoke)")
     results = []
     for layers in args.layers:
-        for name in METHODS:
-            row = measure(args.data, layers, name, args.rounds)
+        for name in methods:
+            row = measure(args.data, layers, name, args.rounds, model)
             print(json.dumps(row), flush=True)
             assert math.isfinite(row["max_abs_update_difference"])
             results.append(row)
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "plm_round_speed.json").write_text(json.dumps(results, indent=2) + "\n")
+    results_dir.mkdir(exist_ok=True)
+    (results_dir / "plm_round_speed.json").write_text(json.dumps(results, indent=2) + "\n")
 
 
 if __name__ == "__main__":

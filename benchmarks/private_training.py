@@ -12,6 +12,7 @@ test AUC with the privacy each run's ledger reports, at both adjacencies:
 Usage::
 
     python benchmarks/private_training.py --out /tmp/ptrain --seeds 0 [1 2] [--rows ...]
+    python benchmarks/private_training.py --smoke   # every row: tiny data and model, 2 rounds
 
 Results are saved to ``benchmarks/results/private_training.json`` and ``.md``.
 """
@@ -24,6 +25,7 @@ import math
 import statistics
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -51,10 +53,12 @@ ROWS = {
 }
 
 
-def _config(data: str, method: str, fed: dict, basis: int, seed: int) -> RunConfig:
-    return RunConfig(data=data, model=ModelConfig(news_encoder="nrms", basis_size=basis),
+def _config(data: str, method: str, fed: dict, basis: int, seed: int, *,
+            rounds: int = ROUNDS, model: ModelConfig | None = None) -> RunConfig:
+    model = ModelConfig(news_encoder="nrms") if model is None else model
+    return RunConfig(data=data, model=replace(model, basis_size=basis),
                      train=TrainConfig(method=method, seed=seed),
-                     fed=fed_config(method, rounds=ROUNDS, **fed))
+                     fed=fed_config(method, rounds=rounds, **fed))
 
 
 def _privacy(run: Path) -> dict:
@@ -69,21 +73,38 @@ def _privacy(run: Path) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--rows", nargs="+", default=list(ROWS), choices=list(ROWS))
     parser.add_argument("--results", type=Path,
                         default=Path(__file__).parent / "results" / "private_training")
+    parser.add_argument("--smoke", action="store_true",
+                        help="every row on tiny synthetic data with a tiny model, 2 rounds, "
+                             "the central rows at ε = 0.1 (quick to calibrate), everything in "
+                             "a temporary directory")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    data = resolve_data(args.out, None, quick=False, progress=True)
+    rounds, model = ROUNDS, None
+    if args.smoke:
+        from _smoke import smoke_data, smoke_dir, smoke_model
+
+        args.out = smoke_dir("private_training")
+        args.results = args.out / "private_training"
+        data, rounds, model = str(smoke_data(users=60, news=150)), 2, smoke_model()
+    elif args.out is None:
+        parser.error("--out is required (or --smoke)")
+    else:
+        data = resolve_data(args.out, None, quick=False, progress=True)
     records = []
     for key in args.rows:
         label, method, fed, basis = ROWS[key]
+        if args.smoke and "target_epsilon" in fed:
+            fed = {**fed, "target_epsilon": 0.1}
         for seed in args.seeds:
             run = args.out / "runs" / key / f"seed{seed}"
             start = time.perf_counter()
-            metrics = train_run(_config(data, method, fed, basis, seed), run, progress=False)
+            metrics = train_run(_config(data, method, fed, basis, seed, rounds=rounds,
+                                        model=model), run, progress=False)
             seconds = time.perf_counter() - start
             record = {"row": key, "label": label, "seed": seed,
                       "auc": metrics["test"]["auc"], "seconds": round(seconds, 1),

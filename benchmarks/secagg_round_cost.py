@@ -3,6 +3,7 @@
 Usage::
 
     python benchmarks/secagg_round_cost.py [--users 40] [--client-fraction 0.5] [--rounds 4]
+    python benchmarks/secagg_round_cost.py --smoke   # SecAgg+ only: 4 users, one round
 
 Writes synthetic data with ``--users`` users (under ``--out``, default
 ``/tmp/privaterec-secagg-cost``), builds the default model, and trains ``dp-fedavg``
@@ -19,6 +20,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -62,7 +66,22 @@ def main() -> None:
     parser.add_argument("--client-fraction", type=float, default=0.5)
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--out", default="/tmp/privaterec-secagg-cost")
+    parser.add_argument("--smoke", action="store_true",
+                        help="the SecAgg+ run only (one Ray start-up, which dominates): 4 "
+                             "users, one round of all of them, a tiny model, everything in a "
+                             "temporary directory")
     args = parser.parse_args()
+    results, model, paths = RESULTS, RunConfig(data=".").model, ("none", "secaggplus")
+    if args.smoke:
+        from _smoke import smoke_dir, smoke_model
+
+        args.users, args.client_fraction, args.rounds = 4, 1.0, 1
+        args.out, model = str(smoke_dir("secagg_round_cost")), smoke_model()
+        paths = ("secaggplus",)  # the plain Flower round is what tests/fed/test_flower.py runs
+        # Ray's sockets live under its temporary directory, and an AF_UNIX path has at most
+        # 107 bytes: a deep TMPDIR (a test's) would not do
+        os.environ["RAY_TMPDIR"] = tempfile.mkdtemp(prefix="ray-", dir="/tmp")
+        results = Path(args.out) / "secagg_round_cost.json"
     out = Path(args.out)
     data = out / "data"
     if not data.exists():
@@ -70,9 +89,9 @@ def main() -> None:
     per_round: list[tuple[int, float]] = []
     _timed_round_functions(per_round)
     times: dict[str, Any] = {}
-    for secure in ("none", "secaggplus"):
+    for secure in paths:
         config = resolve_run_config(RunConfig(
-            data=str(data), train=TrainConfig(method="dp-fedavg", seed=0),
+            data=str(data), model=model, train=TrainConfig(method="dp-fedavg", seed=0),
             fed=fed_config("dp-fedavg", rounds=args.rounds,
                            client_fraction=args.client_fraction, noise_multiplier=1.0,
                            target_delta=1e-3 / args.users, engine="flower",
@@ -92,8 +111,10 @@ def main() -> None:
                      build_strategy(config.fed), seed=0, progress=False)
         times[secure] = {"dimension": task.dimension, "rounds": list(per_round)}
         print(secure, times[secure], flush=True)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps({"users": args.users,
+    if args.smoke:
+        shutil.rmtree(os.environ["RAY_TMPDIR"], ignore_errors=True)
+    results.parent.mkdir(parents=True, exist_ok=True)
+    results.write_text(json.dumps({"users": args.users,
                                    "client_fraction": args.client_fraction,
                                    "per_round_seconds": times}, indent=1))
 

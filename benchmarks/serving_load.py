@@ -6,6 +6,7 @@ Usage::
         [--rate 500] [--duration 20] [--pool 100000] [--concurrency 8] \
         [--endpoint privaterec|vdp] [--vectors encoded|random] [--repeat N] [--work DIR]
         [--out FILE]
+    python benchmarks/serving_load.py --smoke   # a tiny run and pool, 1 s at 50 req/s
 
 What it does, in order (all numbers go to one JSON, printed and saved under
 ``benchmarks/results/serving/``):
@@ -66,8 +67,9 @@ TARGET = {"rate": 500.0, "p99_ms": 50.0, "errors": 0}
 
 
 # ------------------------------------------------------------------------------ the run
-def tiny_run(work: Path) -> Path:
-    """Train a small PrivateRec run (NRMS, B = 5, d = 128) on synthetic data."""
+def tiny_run(work: Path, *, smoke: bool = False) -> Path:
+    """Train a small PrivateRec run (NRMS, B = 5, d = 128) on synthetic data; ``smoke``: a
+    tiny model on 60 users for 2 rounds (seconds)."""
     from privaterec.config import ModelConfig, RunConfig, TrainConfig, fed_config
     from privaterec.data.synth import SynthConfig, write_synthetic
     from privaterec.runs.ranking import train_run
@@ -76,10 +78,14 @@ def tiny_run(work: Path) -> Path:
     if (run / "checkpoint.pt").exists():
         return run
     data = work / "data"
-    write_synthetic(data, SynthConfig(users=300, news=600, seed=0))
-    config = RunConfig(data=str(data), model=ModelConfig(basis_size=5),
-                       train=TrainConfig(method="privaterec"),
-                       fed=fed_config("privaterec", rounds=5, epsilon_train=10.0,
+    model, users, news, rounds = ModelConfig(basis_size=5), 300, 600, 5
+    if smoke:
+        from _smoke import smoke_model
+
+        model, users, news, rounds = smoke_model(basis_size=5), 60, 150, 2
+    write_synthetic(data, SynthConfig(users=users, news=news, seed=0))
+    config = RunConfig(data=str(data), model=model, train=TrainConfig(method="privaterec"),
+                       fed=fed_config("privaterec", rounds=rounds, epsilon_train=10.0,
                                       clients_per_round=16))
     train_run(config, run, progress=False)
     return run
@@ -203,8 +209,7 @@ def bytes_per_query(url: str, models: Any, articles: list, *, queries: int,
 
     rng = np.random.default_rng(seed)
     h = models.config.model.history_len
-    histories = [[articles[i].to_record() for i in rng.choice(len(articles), size=h,
-                                                              replace=False)]
+    histories = [[articles[i] for i in rng.choice(len(articles), size=h, replace=False)]
                  for _ in range(queries)]
     out: dict[str, Any] = {"queries": queries, "history_len": h, "k": 10,
                            "basis_size": models.basis_size, "dim": models.dim}
@@ -243,6 +248,7 @@ def bytes_per_query(url: str, models: Any, articles: list, *, queries: int,
         # No recall model in this run: the same body the SDK would send, computed with a
         # randomly initialised paper-default recall model (B_r = 30, δ = 0.2, λ_I = 1.2,
         # at most 5 channels) over the ranker's news vectors of the same histories.
+        from privaterec.recall.query import release_query
         from privaterec.runs.recall import RecallModelConfig
         from privaterec.serving.client import fetch_model
 
@@ -253,8 +259,9 @@ def bytes_per_query(url: str, models: Any, articles: list, *, queries: int,
         for history in histories:
             vectors, mask, _ = device_model.history_tensors(history)
             for quota_noise, sizes_of in ((None, sizes), (1.0, hidden)):
-                q = recall.query(vectors, mask, generator=g, quota_noise_scale=quota_noise,
-                                 quota_generator=None if quota_noise is None else g)
+                q = release_query(recall, vectors, mask, generator=g,
+                                  quota_noise_scale=quota_noise,
+                                  quota_generator=None if quota_noise is None else g)
                 sent = [{"weights": [float(f"{w:.9g}") for w in q.alpha[0, i].tolist()],
                          "quota": float(f"{float(q.quotas[0, i]):.9g}")}
                         for i in range(q.alpha.shape[1]) if bool(q.released[0, i])]
@@ -444,7 +451,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=None, help="JSON file (default: benchmarks/results/"
                         "serving/load_<endpoint>_<rate>.json)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--smoke", action="store_true",
+                        help="a tiny trained run, a pool of 300 news, 1 s at 50 req/s after "
+                             "0.5 s of warm-up, everything in a temporary directory")
     args = parser.parse_args(argv)
+    if args.smoke:
+        from _smoke import smoke_dir
+
+        args.run, args.work = None, str(smoke_dir("serving_load"))
+        args.pool, args.rate, args.duration, args.warmup, args.repeat = 300, 50.0, 1.0, 0.5, 1
+        args.encode_sample, args.bytes_queries = 100, 3
+        args.out = str(Path(args.work) / "load.json")
 
     from privaterec.serving.bundle import ServingModels
     from privaterec.serving.client import free_port
@@ -452,7 +469,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="serving-load-"))
     work.mkdir(parents=True, exist_ok=True)
-    run = Path(args.run) if args.run else tiny_run(work)
+    run = Path(args.run) if args.run else tiny_run(work, smoke=args.smoke)
     result: dict[str, Any] = {
         "benchmark": "serving_load", "run": str(run), "endpoint": args.endpoint,
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),

@@ -19,11 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 BENCHMARKS = ROOT / "benchmarks"
 SCRIPTS = sorted(p.name for p in BENCHMARKS.glob("*.py") if not p.name.startswith("_"))
 
-PENDING: frozenset[str] = frozenset({
-    "central_dp_signal.py", "dp_round_cost.py", "federated.py",
-    "local_ranking.py", "news_space_noise.py", "plm_round_speed.py", "population_scale.py",
-    "private_training.py", "secagg_round_cost.py", "serving_load.py",
-})
+PENDING: frozenset[str] = frozenset()
 """Scripts without a ``--smoke`` setting yet."""
 
 NOT_YET: dict[str, str] = {}
