@@ -25,7 +25,7 @@ from privaterec.config import (BASIS_ATTENTION_KINDS, EMBEDDINGS, ENGINES, EVALU
                                model_preset, replace)
 from privaterec.data.synth import SYNTH_PRESETS
 from privaterec.errors import PrivateRecError
-from privaterec.ondevice.release import QUERY_MODES, SERVING_KINDS, SERVING_MODES
+from privaterec.ondevice.release import QUERY_MODES, SERVING_KINDS, SERVING_MODES, ServingConfig
 
 EXIT_OK, EXIT_CHECK_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -303,18 +303,20 @@ def _warn_paper_mode(config: RunConfig) -> None:
               "that gradient", file=sys.stderr)
 
 
+def _serving_config(args: argparse.Namespace, kind: str) -> ServingConfig:
+    """The ``ServingConfig`` of mode ``kind`` with evaluate's serving flags."""
+    return ServingConfig(kind=kind, epsilon=args.epsilon_serve, delta=args.delta_serve,
+                         padding_p=args.padding_p, mechanism=args.noise,
+                         sensitivity_mode=args.sensitivity_mode, vdp_clip=args.vdp_clip,
+                         seed=args.seed, normalization=args.normalization)
+
+
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from privaterec.runs.ranking import evaluate_run
 
-    from privaterec.ondevice.release import ServingConfig
-
     serving = None
     if args.serving is not None:
-        serving = ServingConfig(kind=args.serving, epsilon=args.epsilon_serve,
-                                delta=args.delta_serve, padding_p=args.padding_p,
-                                mechanism=args.noise, sensitivity_mode=args.sensitivity_mode,
-                                vdp_clip=args.vdp_clip, seed=args.seed,
-                                normalization=args.normalization)
+        serving = _serving_config(args, args.serving)
     elif args.epsilon_serve != math.inf and args.recall not in QUERY_MODES:
         modes = "|".join(QUERY_MODES)
         raise PrivateRecError(f"--epsilon-serve needs --serving {modes} or --recall {modes}")
@@ -349,16 +351,11 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 def cmd_evaluate_recall(args: argparse.Namespace, serving: Any) -> int:
     from privaterec.runs.recall import evaluate_recall_run
-    from privaterec.ondevice.release import ServingConfig
 
     if args.recall in QUERY_MODES:
         if serving is not None and serving.kind != args.recall:
             raise PrivateRecError(f"--serving {serving.kind} contradicts --recall {args.recall}")
-        serving = ServingConfig(kind=args.recall, epsilon=args.epsilon_serve,
-                                delta=args.delta_serve, padding_p=args.padding_p,
-                                mechanism=args.noise, sensitivity_mode=args.sensitivity_mode,
-                                vdp_clip=args.vdp_clip, seed=args.seed,
-                                normalization=args.normalization)
+        serving = _serving_config(args, args.recall)
     elif serving is not None:
         raise PrivateRecError(f"--serving does not apply to --recall {args.recall}")
     result = evaluate_recall_run(args.run, method=args.recall, data=args.data, split=args.split,

@@ -57,10 +57,9 @@ def private_user_encoder(model: Recommender, features: NewsFeatures, config: Ser
         raise ConfigError(f"serving {mode.name!r} needs a model with basic vectors: train it "
                           f"with --method privaterec (or --basis B); use --serving vdp or "
                           f"none for this run")
-    r0 = torch.zeros(0)
-    if mode.padded:
-        with torch.no_grad():
-            r0 = model.encode_features(features.select(torch.tensor([ANONYMOUS_NEWS])))[0]
+    with torch.no_grad():  # r₀ = Θ_N(all-padding news), for a mode that pads
+        r0 = (model.encode_features(features.select(torch.tensor([ANONYMOUS_NEWS])))[0]
+              if mode.padded else torch.zeros(0))
     source = SimulationNoise(generator)
 
     def release(vectors: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -176,8 +176,7 @@ class ServingConfig:
 
     Attributes
     ----------
-    kind: the serving mode's name, one of :data:`SERVING_MODES` (``none``, ``privaterec``,
-        ``vdp`` or ``local``: nothing sent, ε_s = 0).
+    kind: a mode of :data:`SERVING_MODES`: ``none``, ``privaterec``, ``vdp`` or ``local``.
     epsilon: ε_s of one query (``inf``: no noise; ``local`` takes no ε).
     delta: δ_s (0 with Laplace; in (0, 1) with Gaussian).
     padding_p: PrivateRec's padding probability p (ignored by ``vdp`` and ``none``).

@@ -78,19 +78,6 @@ from privaterec.serving.transport import (ModelChangedError, ServerError, Transp
 _log = logging.getLogger(__name__)
 
 
-def _check_gaussian_budget(mechanism: str, budget: float, budget_delta: float) -> None:
-    if not noise_mechanism(mechanism).pure and math.isfinite(budget) and not budget_delta > 0:
-        raise ConfigError(f"a finite 'budget' with the {mechanism} mechanism needs "
-                          "'budget_delta' > 0 (the target delta of the composed releases)")
-
-
-def _budget_delta(budget_delta: float | None, mechanism: str) -> float:
-    """``budget_delta``, or its default: 0 (pure DP, exact Σε) or 1e-6 for Gaussian devices."""
-    if budget_delta is not None:
-        return budget_delta
-    return 0.0 if noise_mechanism(mechanism).pure else DEFAULT_GAUSSIAN_DELTA
-
-
 def _noise_source(insecure_simulation_noise: SimulationNoise | None) -> NoiseSource:
     if insecure_simulation_noise is None:
         return SecureNoise()
@@ -231,8 +218,12 @@ class ServingDevice(_Device):
         if not self.mode.endpoint:
             raise ConfigError(f"{config.kind} serving sends no query: {self.mode.help}")
         self.kind, self.endpoint, self.field = config.kind, self.mode.endpoint, self.mode.field
-        budget_delta = _budget_delta(budget_delta, config.mechanism)
-        _check_gaussian_budget(config.mechanism, budget, budget_delta)
+        pure = noise_mechanism(config.mechanism).pure
+        if budget_delta is None:  # 0 (pure DP, exact Σε) or 1e-6 for Gaussian devices
+            budget_delta = 0.0 if pure else DEFAULT_GAUSSIAN_DELTA
+        if not pure and math.isfinite(budget) and not budget_delta > 0:
+            raise ConfigError(f"a finite 'budget' with the {config.mechanism} mechanism needs "
+                              "'budget_delta' > 0 (the target delta of the composed releases)")
         super().__init__(base_url, budget=budget, budget_delta=budget_delta,
                          composition=composition, cache_dir=cache_dir, transport=transport,
                          timeout=timeout, max_fresh_releases=max_fresh_releases,
