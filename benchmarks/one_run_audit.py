@@ -9,8 +9,10 @@ Writes a synthetic data set (``privaterec.data.synth``), then trains dp-fedavg o
 simulator at ε ∈ {1, 8} and at ε = 1 with the aggregator's noise cut 4× (a broken variant:
 the ledger keeps claiming ε = 1), each with K canary clients
 (:func:`privaterec.audit.one_run.one_run_audit`), and prints the estimate next to the
-ledger's ε. Saves ``benchmarks/results/one_run_audit.md`` and ``.json`` (another ``--users``
-U: ``one_run_audit_Uusers.*``; ``--smoke``: a temporary directory).
+ledger's ε, with μ̂'s standard error and the ε of μ̂ ± 1.96 se (the estimate's own spread:
+it is not a bound). Saves ``benchmarks/results/one_run_audit.md`` and ``.json`` (another
+``--users`` U or ``--canaries`` K: ``one_run_audit_Uusers_Kcanaries.*``; ``--smoke``: a
+temporary directory).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import sys
 import tempfile
 import time
@@ -25,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from privaterec.audit.one_run import one_run_audit
+from privaterec.audit.one_run import gdp_epsilon, one_run_audit
 from privaterec.config import ModelConfig, RunConfig, TrainConfig, fed_config
 from privaterec.data.synth import SynthConfig, write_synthetic
 
@@ -62,7 +65,14 @@ def main() -> int:
                                target_epsilon=epsilon, target_delta=1e-5))
             t0 = time.perf_counter()
             estimate = one_run_audit(config, canaries=args.canaries, noise_factor=factor)
+            # μ̂'s standard error (two independent sample means over the held-out std) and
+            # the ε of μ̂ ± 1.96 se: how far the estimate itself may be off (not a bound)
+            se = math.sqrt(estimate.inserted_std ** 2 / args.canaries
+                           + estimate.held_out_std ** 2 / args.canaries) / estimate.held_out_std
             rows.append(dict(dataclasses.asdict(estimate), claimed_epsilon=epsilon,
+                             mu_se=se,
+                             epsilon_interval=[gdp_epsilon(estimate.mu - 1.96 * se, 1e-5),
+                                               gdp_epsilon(estimate.mu + 1.96 * se, 1e-5)],
                              seconds=round(time.perf_counter() - t0, 1)))
             print(rows[-1], file=sys.stderr, flush=True)
     command = ("python benchmarks/one_run_audit.py" + (" --smoke" if args.smoke else
@@ -72,13 +82,14 @@ def main() -> int:
              f"{args.users} synthetic users, T = {args.rounds} rounds, q = {args.q}, "
              f"K = {args.canaries} inserted + {args.canaries} held-out canaries, delta = 1e-5, "
              f"{time.perf_counter() - start:.0f} s in all", "",
-             "| configured ε | noise | z | D | μ̂ | one-run ε estimate | ledger ε (replace) | "
-             "ledger ε (add/remove) | cos inserted | cos held out |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| configured ε | noise | z | D | μ̂ ± se | one-run ε estimate | ε at μ̂ ± 1.96 se | "
+             "ledger ε (replace) | ledger ε (add/remove) | cos inserted | cos held out |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         noise = "calibrated" if r["noise_factor"] == 1.0 else f"cut {1 / r['noise_factor']:g}x"
         lines.append(f"| {r['claimed_epsilon']:g} | {noise} | {r['noise_multiplier']:.3g} | "
-                     f"{r['dimension']} | {r['mu']:.3f} | {r['epsilon']:.3f} | "
+                     f"{r['dimension']} | {r['mu']:.3f} ± {r['mu_se']:.3f} | {r['epsilon']:.3f} | "
+                     f"{r['epsilon_interval'][0]:.2f}–{r['epsilon_interval'][1]:.2f} | "
                      f"{r['ledger_epsilon']:.3f} | {r['ledger_epsilon_add_remove']:.3f} | "
                      f"{r['inserted_mean']:.4f} ± {r['inserted_std']:.4f} | "
                      f"{r['held_out_mean']:.4f} ± {r['held_out_std']:.4f} |")
@@ -90,7 +101,8 @@ def main() -> int:
     else:
         results = RESULTS
     results.mkdir(exist_ok=True)
-    stem = "one_run_audit" if args.users == 300 else f"one_run_audit_{args.users}users"
+    stem = ("one_run_audit" + ("" if args.users == 300 else f"_{args.users}users")
+            + ("" if args.canaries == 1000 else f"_{args.canaries}canaries"))
     (results / f"{stem}.md").write_text(text)
     (results / f"{stem}.json").write_text(json.dumps({"command": command, "rows": rows},
                                                      indent=2))

@@ -2,7 +2,7 @@
 
 A serving device sends, per query, a privatised summary of its user's history
 (:mod:`privaterec.ondevice.release`): VDP's user vector clipped to θ plus noise with
-sensitivity 2θ (:class:`~privaterec.ondevice.release.VDPServing`), or PrivateRec's
+sensitivity 2θ (:func:`~privaterec.ondevice.release.vdp_user_release`), or PrivateRec's
 attention weights α on the simplex plus DPA noise (:func:`~privaterec.ondevice.release.
 dpa_release`, L1 sensitivity 2). Both guarantees hold for every model the server ships, so
 the worst case is a *canary model*: one whose user vector (VDP) is ±big·e₀ whatever the
@@ -12,10 +12,9 @@ on the other — an L1 shift of 2, the whole simplex sensitivity. Both sensitivi
 change of the history, so the pair is one user's history replaced, and the claim is the
 query's event (:func:`~privaterec.ondevice.release.serving_event`).
 
-:func:`vdp_game` plays it on VDP's release of a user vector itself (``VDPServing.release``
-after the user encoder: :func:`~privaterec.privacy.randomness.source_release` with the
-query's :func:`~privaterec.ondevice.release.serving_calibration`), batched (``runs`` rows in
-one call, each row an independent release from the device's noise source:
+:func:`vdp_game` plays it on VDP's release of user vectors itself
+(:func:`~privaterec.ondevice.release.vdp_user_release`, which the ``vdp`` serving mode runs
+after the user encoder), batched (``runs`` rows in one call, each row an independent release from the device's noise source:
 :class:`~privaterec.privacy.samplers.SecureNoise` on a device,
 :class:`~privaterec.privacy.samplers.SimulationNoise` in a simulation); the device SDK's
 own release path (:class:`privaterec.serving.device.VDPDevice` and ``PrivateRecDevice``,
@@ -42,8 +41,7 @@ import torch
 from privaterec.audit.distinguisher import fixed_statistic_bound
 from privaterec.audit.runner import PairAudit
 from privaterec.errors import ConfigError
-from privaterec.ondevice.release import ServingConfig, serving_calibration, serving_event
-from privaterec.privacy.randomness import source_release
+from privaterec.ondevice.release import ServingConfig, serving_event, vdp_user_release
 from privaterec.privacy.samplers import NoiseSource
 
 CANARY_SCALE = 1e3
@@ -97,10 +95,9 @@ def vdp_game(config: ServingConfig, *, dim: int,
     if config.kind != "vdp":
         raise ConfigError(f"vdp_game needs ServingConfig(kind='vdp'), got {config.kind!r}")
     users = vdp_canary_users(config, dim)
-    calibration = serving_calibration(config, basis_size=0, dim=dim)
 
     def release(side: int, n: int) -> np.ndarray:
-        out = source_release(users[side].repeat(n, 1), calibration, noise())
+        out = vdp_user_release(users[side].repeat(n, 1), config, noise=noise())
         return out.detach().to(torch.float64).numpy()
 
     event = serving_event(config, basis_size=0, dim=dim)
