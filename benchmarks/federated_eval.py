@@ -2,12 +2,13 @@
 
 Usage::
 
-    python benchmarks/federated_eval.py [--users 2000] [--rounds 20] [--repeats 200]
+    python benchmarks/federated_eval.py [--users 2000] [--rounds 300] [--repeats 200]
     python benchmarks/federated_eval.py --smoke
 
 Writes a synthetic population (``privaterec data synth``), trains one ``fedrec`` run on the
 simulator with ``--eval federated`` (its ledger and ``privacy.json`` hold the accounted
-evaluation), then evaluates the trained model on the enrolled users' test impressions:
+evaluation; the default NRMS, 2% of the users per round, as ``benchmarks/federated.py``),
+then evaluates the trained model on the enrolled users' test impressions:
 
 * **server-side**: every metric averaged over the evaluable impressions (a click and a
   non-click), as a server holding the impressions would (``evaluate_model``'s scores), and
@@ -31,6 +32,7 @@ import argparse
 import json
 import platform
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -61,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--users", type=int, default=2000)
     parser.add_argument("--news", type=int, default=3000)
-    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=300)
     parser.add_argument("--repeats", type=int, default=200)
     parser.add_argument("--epsilons", type=float, nargs="+", default=[1.0, 8.0])
     parser.add_argument("--seed", type=int, default=0)
@@ -70,14 +72,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.smoke:
         args.users, args.news, args.rounds, args.repeats = 60, 200, 1, 5
     out = smoke_dir("federated-eval") if args.smoke else RESULTS
-    work = smoke_dir("federated-eval-work")
+    work = Path(tempfile.mkdtemp(prefix="privaterec-federated-eval-"))  # data and run
     started = time.perf_counter()
 
     write_synthetic(work / "data", SynthConfig(users=args.users, news=args.news,
                                                seed=args.seed))
-    config = RunConfig(data=str(work / "data"), model=SMALL,
+    model_config = SMALL if args.smoke else ModelConfig()
+    config = RunConfig(data=str(work / "data"), model=model_config,
                        train=TrainConfig(method="fedrec", seed=args.seed),
-                       fed=fed_config("fedrec", rounds=args.rounds, client_fraction=0.05,
+                       fed=fed_config("fedrec", rounds=args.rounds, client_fraction=0.02,
                                       evaluation="federated",
                                       eval_epsilon=max(args.epsilons)))
     metrics = train_run(config, work / "run", progress=False)
@@ -92,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     own = [imp for imp in test.behaviors if imp.user_id in enrolled and imp.labels is not None]
     split = type(test)(news=test.news, behaviors=own, path=test.path)
     scored = score_impressions(model, split, prepared.features,
-                               history_len=SMALL.history_len)
+                               history_len=model_config.history_len)
     by_user: dict[str, list] = {}
     for imp, pair in zip(own, scored.pairs):
         by_user.setdefault(imp.user_id, []).append(pair)
@@ -127,7 +130,9 @@ def main(argv: list[str] | None = None) -> int:
                     "server_side": reference[m], "federated_first": first.metrics[m],
                     "difference": first.metrics[m] - reference[m],
                     "accounted_std": first.std[m],
-                    "empirical_std": float(np.std(values, ddof=1)) if len(values) > 1 else None,
+                    "empirical_std": (float(np.nanstd(values, ddof=1))
+                                      if len(values) > 1 else None),
+                    "undefined": int(np.isnan(values).sum()),
                     "within_4_std": abs(first.metrics[m] - reference[m]) <= 4 * first.std[m],
                     "sigma": policy.sigma, "devices": first.devices,
                     "count": sum(1 for p in pairs) if clip >= max_count else len(has)})
@@ -135,7 +140,10 @@ def main(argv: list[str] | None = None) -> int:
               "evaluable_impressions": len(pairs), "users_with_test": len(has),
               "max_impressions_per_user": max_count, "rounds": args.rounds,
               "repeats": args.repeats, "train_seconds": trained,
+              "command": " ".join(["python", "benchmarks/federated_eval.py", *sys.argv[1:]]),
               "run_test_federated": metrics.get("test_federated"),
+              "run_privacy_evaluation": json.loads((work / "run" / "privacy.json").read_text()
+                                                   )["release"].get("federated_evaluation"),
               "run_test_server": {k: metrics["test"][k] for k in ("auc", "mrr", "ndcg@5",
                                                                    "ndcg@10", "impressions")},
               "seconds": time.perf_counter() - started, "python": platform.python_version(),
