@@ -212,3 +212,39 @@ def test_a_ledger_composes_evaluations_with_training() -> None:
     ledger.record("u", policy.event, 3)
     three = ledger.user_epsilon("u", delta=1e-5, adjacency="user")
     assert 1.0 < three < 3.0  # PLD composition of three Gaussian releases
+
+
+def test_a_device_pins_the_evaluation_policy_and_answers_each_evaluation_once(
+        tmp_path: Any, client_method: Callable[..., Any]) -> None:
+    """The device guard pins the evaluation's policy with the method's, answers each
+    evaluation once per (run, round) (apart from the round's training release), and refuses
+    evaluations its budget cannot pay for."""
+    from privaterec.fed.device_guard import DeviceGuard, RoundRefused, privacy_policy
+
+    method = client_method("dp-fedrec")
+    policy = EvaluationPolicy(epsilon=4.0)
+    pinned = privacy_policy(method, policy)
+    guard = DeviceGuard(tmp_path, budget=10.0)
+    guard.enrol(pinned)
+    with pytest.raises(RoundRefused, match="evaluation.epsilon: 4.0 -> 8.0"):
+        guard.enrol(privacy_policy(method, EvaluationPolicy(epsilon=8.0)))
+
+    def evaluate(round_index: int, policy_now: dict[str, str] = pinned) -> None:
+        guard.admit(run=1, round_index=round_index, policy=policy_now, secure_message=False,
+                    secure_required=False, events=[(policy.event, 1)], kind="evaluate")
+
+    with pytest.raises(RoundRefused, match="departs"):  # the server dropped the evaluation
+        evaluate(0, privacy_policy(method))
+    evaluate(0)
+    guard.admit(run=1, round_index=0, policy=pinned, secure_message=False,
+                secure_required=False, events=[], kind="train")  # the round's own release
+    with pytest.raises(RoundRefused, match="already answered"):
+        evaluate(0)
+    answered = 1
+    with pytest.raises(RoundRefused, match="budget"):
+        for t in range(1, 10):
+            evaluate(t)
+            answered += 1
+    assert guard.answered_evaluations() == [(1, t) for t in range(answered)]
+    assert guard.answered() == [(1, 0)]
+    assert 0 < guard.spent() <= 10.0

@@ -75,7 +75,8 @@ class DeviceGrid:
                 if received.metadata.message_type == MessageType.QUERY:
                     reply = client_app.client_query(load_device, received, context)
                 elif received.metadata.message_type == MessageType.EVALUATE:
-                    reply = client_app.client_evaluate(load_device, received, context)
+                    # through the ClientApp, so that its evaluate handler is the one called
+                    reply = client_app.make_client_app(load_device)(received, context)
                 else:
                     reply = client_app.handle_train(load_device, received, context)
             except Exception as error:  # noqa: BLE001 - the node's failure, as Flower has it
