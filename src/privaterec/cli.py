@@ -147,6 +147,20 @@ def cmd_data_public_dir(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_data_device_dirs(args: argparse.Namespace) -> int:
+    from privaterec.data.roster import write_device_dirs
+
+    dirs = write_device_dirs(args.data, args.out)
+    if args.json:
+        _print_json({"out": str(args.out), "users": len(dirs)})
+    else:
+        first = next(iter(dirs), "U1")
+        print(f"wrote {args.out}: one data directory per user ({len(dirs)}), each with that "
+              f"user's impressions only; start each user's SuperNode with --node-config "
+              f"\"user-id='{first}' data-dir='{Path(args.out).resolve() / first}'\"")
+    return EXIT_OK
+
+
 # ---------------------------------------------------------------------------- train
 _ENGINE_FLAGS = ("rounds", "client_fraction", "clients_per_round", "strategy", "server_lr",
                  "server_momentum", "local_steps", "local_lr", "max_client_samples",
@@ -680,6 +694,16 @@ def build_parser() -> argparse.ArgumentParser:
                             help="the directory to write news.tsv and roster.txt into")
     public_dir.add_argument("--json", action="store_true", help="print JSON")
     public_dir.set_defaults(func=cmd_data_public_dir)
+
+    device_dirs = data_sub.add_parser(
+        "device-dirs", help="write one device data directory per user (that user's "
+                            "impressions only), to rehearse a Flower deployment on one "
+                            "machine")
+    device_dirs.add_argument("data", help="the data set to split by user")
+    device_dirs.add_argument("--out", required=True,
+                             help="a new directory to write <user id>/train (and test)/ into")
+    device_dirs.add_argument("--json", action="store_true", help="print JSON")
+    device_dirs.set_defaults(func=cmd_data_device_dirs)
 
     train = sub.add_parser("train", help="train a recommender into a run directory")
     # None defaults keep --config values unless a flag is given; the help shows the built-in

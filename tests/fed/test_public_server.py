@@ -264,6 +264,27 @@ def test_the_public_dir_command_writes_the_catalogue_and_roster(deployment, tmp_
                  str(tmp_path / "held")]) == 2  # a user error: the directory holds user data
 
 
+def test_the_device_dirs_command_gives_each_user_only_their_own_impressions(deployment,
+                                                                          tmp_path, capsys):
+    from privaterec.cli import main
+
+    public, _, own = deployment
+    data = load_dataset(public.parent / "data")
+    assert main(["data", "device-dirs", str(public.parent / "data"), "--out",
+                 str(tmp_path / "dev"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["users"] == USERS
+    assert sorted(p.name for p in (tmp_path / "dev").iterdir()) == sorted(own)
+    assert data.test is not None
+    for uid in own:
+        device = load_dataset(tmp_path / "dev" / uid)
+        assert device.train.behaviors == [i for i in data.train.behaviors if i.user_id == uid]
+        assert device.train.news.keys() == data.train.news.keys()
+        mine = [i for i in data.test.behaviors if i.user_id == uid]
+        assert (device.test.behaviors if device.test is not None else []) == mine
+    assert main(["data", "device-dirs", str(public.parent / "data"), "--out",
+                 str(tmp_path / "dev")]) == 2  # a user error: written already
+
+
 def test_devices_use_the_shipped_corpus_vectors_after_checking_their_hash(
         deployment, tmp_path, monkeypatch):
     from privaterec.models import factory

@@ -11,7 +11,9 @@ data (docs/privacy.md#threat-model). Its directory holds only
 
 :func:`write_public_dir` writes both from a data set's training split (the
 ``privaterec data public-dir`` command); the behaviors file is read there, by whoever
-enrols the users, and never by the server.
+enrols the users, and never by the server. :func:`write_device_dirs` writes the other side
+of the same split for a rehearsal on one machine: one data directory per user, holding that
+user's impressions only (``privaterec data device-dirs``).
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from privaterec.data.mind import BEHAVIORS_FILE, NEWS_FILE, read_behaviors, split_directories
+from privaterec.data.mind import (BEHAVIORS_FILE, NEWS_FILE, load_dataset, read_behaviors,
+                                  split_directories, write_split)
+from privaterec.data.records import Impression, MindSplit
 from privaterec.errors import DataFormatError
 
 ROSTER_FILE = "roster.txt"
@@ -90,4 +94,48 @@ def write_public_dir(data: str | Path, out: str | Path) -> list[str]:
     return users
 
 
-__all__ = ["ROSTER_FILE", "is_public_dir", "read_roster", "write_public_dir", "write_roster"]
+def write_device_dirs(data: str | Path, out: str | Path) -> dict[str, Path]:
+    """Write one device data directory per user of the data set ``data`` under ``out``.
+
+    ``out/<user id>/train/`` holds the training split's ``news.tsv`` and the user's own
+    training impressions; ``out/<user id>/test/`` (when ``data`` has a test split and the
+    user has test impressions) the test split's ``news.tsv`` and the user's own test
+    impressions. Each is a SuperNode's ``data-dir`` (docs/flower.md, "Real deployment").
+
+    Returns the user ids (of the training split) and their directories.
+
+    Raises
+    ------
+    DataFormatError
+        If ``data`` is not a MIND data directory, a user id cannot name a directory, or
+        ``out`` already holds a device directory.
+    """
+    dataset = load_dataset(data)
+    out = Path(out)
+    users = sorted({imp.user_id for imp in dataset.train.behaviors})
+    for uid in users:
+        if uid in (".", "..") or "/" in uid or "\\" in uid:
+            raise DataFormatError(Path(data), None, f"user id {uid!r} cannot name a "
+                                  f"device directory")
+        if (out / uid).exists():
+            raise DataFormatError(out / uid, None, "exists; write the device directories "
+                                  "into a new directory")
+    train: dict[str, list[Impression]] = {}
+    for imp in dataset.train.behaviors:
+        train.setdefault(imp.user_id, []).append(imp)
+    test: dict[str, list[Impression]] = {}
+    for imp in dataset.test.behaviors if dataset.test is not None else []:
+        test.setdefault(imp.user_id, []).append(imp)
+    dirs: dict[str, Path] = {}
+    for uid in users:
+        dirs[uid] = out / uid
+        write_split(dirs[uid] / "train", MindSplit(news=dataset.train.news,
+                                                   behaviors=train[uid]))
+        if dataset.test is not None and uid in test:
+            write_split(dirs[uid] / "test", MindSplit(news=dataset.test.news,
+                                                      behaviors=test[uid]))
+    return dirs
+
+
+__all__ = ["ROSTER_FILE", "is_public_dir", "read_roster", "write_device_dirs",
+           "write_public_dir", "write_roster"]
