@@ -33,6 +33,13 @@ def test_importing_the_client_app_imports_no_torch():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
+def test_it_answers_every_message_type_the_device_handlers_do():
+    from privaterec.fed.flower.client_app import make_client_app
+
+    assert (flower_client.client_app._registered_funcs.keys()
+            == make_client_app(lambda spec: None)._registered_funcs.keys())
+
+
 def _message(stage: str | None) -> Message:
     records: dict[str, Any] = {}
     if stage is not None:

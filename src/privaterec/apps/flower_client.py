@@ -5,8 +5,10 @@ imports this module: it imports Flower only, and a message imports the device's 
 (torch, the model, the privacy ledger: several seconds of CPU per process) only when it
 uses it.
 
-* ``query`` and ``train`` — :func:`privaterec.fed.flower.client_app.client_query` and
-  :func:`~privaterec.fed.flower.client_app.handle_train` with the run layer's device loader
+* ``query``, ``train`` and ``evaluate`` —
+  :func:`privaterec.fed.flower.client_app.client_query`,
+  :func:`~privaterec.fed.flower.client_app.handle_train` and
+  :func:`~privaterec.fed.flower.client_app.client_evaluate` with the run layer's device loader
   (:func:`privaterec.runs.engines.load_device`), as
   :func:`~privaterec.fed.flower.client_app.make_client_app` builds them;
 * SecAgg+'s setup, share-keys and unmask stages — Flower's ``secaggplus_mod`` alone: they
@@ -61,6 +63,13 @@ def train(message: Message, context: Context) -> Message:
         return secaggplus_mod(message, context, _not_called)
     handlers, load_device = _device()
     reply: Message = handlers.handle_train(load_device, message, context)
+    return reply
+
+
+@client_app.evaluate()
+def evaluate(message: Message, context: Context) -> Message:
+    handlers, load_device = _device()
+    reply: Message = handlers.client_evaluate(load_device, message, context)
     return reply
 
 
