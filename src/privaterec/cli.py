@@ -17,15 +17,14 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from privaterec.version import __version__
-from privaterec.config import (BASIS_ATTENTION_KINDS, EMBEDDINGS, ENGINES, EVALUATIONS,
-                               FEDERATED_METHODS,
-                               METHODS, NEWS_ENCODERS, NOISE_KINDS, SENSITIVITY_MODES,
-                               STRATEGIES, USER_ENCODERS, MODEL_PRESETS,
-                               ModelConfig, RunConfig, TrainConfig, fed_with_changes,
-                               model_preset, replace)
+from privaterec.config import (BASIS_ATTENTION_KINDS, EMBEDDINGS, FEDERATED_METHODS, METHODS,
+                               NEWS_ENCODERS, NOISE_KINDS, SENSITIVITY_MODES, USER_ENCODERS,
+                               MODEL_PRESETS, FedConfig, ModelConfig, RunConfig, TrainConfig,
+                               fed_with_changes, model_preset, replace)
 from privaterec.data.synth import SYNTH_PRESETS
 from privaterec.errors import PrivateRecError
 from privaterec.ondevice.release import QUERY_MODES, SERVING_KINDS, SERVING_MODES, ServingConfig
+from privaterec.method_settings import CLIP_SPACES, SETTINGS, setting_flag, setting_flags
 
 EXIT_OK, EXIT_CHECK_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -162,19 +161,10 @@ def cmd_data_device_dirs(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------------- train
-_ENGINE_FLAGS = ("rounds", "client_fraction", "clients_per_round", "strategy", "server_lr",
-                 "server_momentum", "local_steps", "local_lr", "max_client_samples",
-                 "eval_every", "engine", "evaluation", "eval_epsilon", "eval_clip",
-                 "eval_fraction")
-"""The flags of ``train`` that set an engine's setting (FedConfig's fields) by their
-configuration key; the methods' own are generated (:func:`_add_method_flags`)."""
-
-
 def _fed_flags(args: argparse.Namespace) -> dict[str, Any]:
-    """The federated settings the flags give: the engine's and the methods' own, by key."""
-    from privaterec.method_settings import setting_flags
-
-    keys = (*_ENGINE_FLAGS, *(flag.dest for flag in setting_flags()))
+    """The federated settings the flags give (generated, :func:`_add_setting_flags`): the
+    engine's (FedConfig's) and the methods' own, by their configuration key."""
+    keys = [flag.dest for flag in (*setting_flags((FedConfig,)), *setting_flags())]
     return {key: getattr(args, key) for key in keys if getattr(args, key) is not None}
 
 
@@ -200,23 +190,15 @@ def run_config_from_args(args: argparse.Namespace) -> RunConfig:
         raise PrivateRecError("no training data: pass --data DIR (or 'data:' in --config)")
     method = train_changes.get("method", config.train.method)
     if fed_changes and method not in FEDERATED_METHODS:
-        flags = ", ".join(_flag(k) for k in sorted(fed_changes))
+        flags = ", ".join(setting_flag(k) for k in sorted(fed_changes))
         raise PrivateRecError(f"{flags} only apply to federated methods "
                               f"({', '.join(FEDERATED_METHODS)}), not --method {method}")
     # A flag of a method's own settings that the method does not have is refused, naming
     # the flags it has (privaterec.config.fed_with_changes).
-    fed = (fed_with_changes(config.fed, method, fed_changes, name=_flag)
+    fed = (fed_with_changes(config.fed, method, fed_changes, name=setting_flag)
            if method in FEDERATED_METHODS else config.fed)
     return replace(config, data=data, model=replace(config.model, **model_changes),
                    train=replace(config.train, **train_changes), fed=fed)
-
-
-def _flag(key: str) -> str:
-    """The command-line flag of a configuration key (``delta_train`` → ``--delta-train``;
-    Uni-FedRec's ``clipping`` → ``--gradient-clipping``)."""
-    from privaterec.method_settings import setting_flag
-
-    return setting_flag(key)
 
 
 # Flags of the ranking training that recall training does not read (a ranking method's
@@ -256,7 +238,7 @@ def recall_config_from_args(args: argparse.Namespace) -> Any:
     fed = _fed_flags(args)
     train = {k: v for k, v in {"score_clip": args.score_clip}.items() if v is not None}
     return replace(config, **top, model=replace(config.model, **model),
-                   fed=fed_with_changes(config.fed, "unifedrec", fed, name=_flag),
+                   fed=fed_with_changes(config.fed, "unifedrec", fed, name=setting_flag),
                    train=replace(config.train, **train))
 
 
@@ -606,20 +588,14 @@ def _add_serve_parser(sub: Any) -> None:
     serve.set_defaults(func=cmd_serve)
 
 
-def _add_method_flags(train: argparse.ArgumentParser,
-                      shared: Any) -> dict[str, Any]:
-    """The flags of the methods' own settings, generated from their declaration
-    (:func:`privaterec.method_settings.setting_flags`): a flag of several methods goes into
-    ``shared``, one method's into its own group. Returns the groups by method name."""
-    from privaterec.method_settings import SETTINGS, setting_flags
-
-    groups = {}
-    for flag in setting_flags():
-        (method,) = flag.methods if len(flag.methods) == 1 else (None,)
-        if method is not None and method not in groups:
-            title = SETTINGS[method].title
-            groups[method] = train.add_argument_group(f"{title} (--method {method})")
-        group = shared if method is None else groups[method]
+def _add_setting_flags(train: argparse.ArgumentParser, fed: Any) -> dict[str, Any]:
+    """The flags of the engine's settings and of the methods' own, generated from their
+    declaration (:func:`privaterec.method_settings.setting_flags`): a method's own flag goes
+    into its group, the others into ``fed``. Returns the groups by method name."""
+    groups = {m: train.add_argument_group(f"{kind.title} (--method {m})")
+              for m, kind in SETTINGS.items()}  # a group without flags is not shown
+    for flag in (*setting_flags((FedConfig,)), *setting_flags()):
+        group = groups[flag.methods[0]] if len(flag.methods) == 1 and flag.methods[0] else fed
         group.add_argument(*flag.flags, dest=flag.dest, type=flag.type, choices=flag.choices,
                            default=None, help=flag.help)
     return groups
@@ -633,7 +609,6 @@ def _add_device_flag(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from privaterec.method_settings import CLIP_SPACES, SETTINGS
 
     parser = argparse.ArgumentParser(
         prog="privaterec",
@@ -746,43 +721,7 @@ def build_parser() -> argparse.ArgumentParser:
     fed = train.add_argument_group(
         f"federated training ({', '.join(FEDERATED_METHODS)}; unset = the method's default; a "
         f"flag that is not a setting of the method is refused)")
-    fed.add_argument("--rounds", type=int, default=None, help="T communication rounds")
-    fed.add_argument("--client-fraction", type=float, default=None,
-                     help="r, fraction of users sampled per round (default 0.02); dp-fedavg: "
-                          "q, each user's probability of joining a round (Poisson)")
-    fed.add_argument("--clients-per-round", type=int, default=None,
-                     help="sample exactly this many users per round (overrides r; not with "
-                          "dp-fedavg, whose accounting needs Poisson sampling)")
-    fed.add_argument("--strategy", choices=STRATEGIES, default=None,
-                     help="server optimiser (fednewsrec: sgd; fedrec, dp-fedrec, dp-fedavg: "
-                          "fedadam)")
-    fed.add_argument("--server-lr", type=float, default=None,
-                     help="server learning rate (sgd 0.5, fedavg 1.0, fedavgm 1.0, fedadam 1e-2)")
-    fed.add_argument("--server-momentum", type=float, default=None,
-                     help="beta of --strategy fedavgm (server momentum, default 0.9)")
-    fed.add_argument("--local-steps", type=int, default=None,
-                     help="E local SGD steps per client (FedAvg; default 1 = FedSGD)")
-    fed.add_argument("--local-lr", type=float, default=None, help="clients' local SGD rate")
-    fed.add_argument("--max-client-samples", type=int, default=None,
-                     help="samples a client uses per round at most (64)")
-    fed.add_argument("--eval-every", type=int, default=None,
-                     help="evaluate on the test split every N rounds (0: at the end)")
-    fed.add_argument("--engine", choices=ENGINES, default=None,
-                     help="simulator (vectorized, default) or flower")
-    fed.add_argument("--eval", dest="evaluation", choices=EVALUATIONS, default=None,
-                     help="server: the server evaluates the test data it holds (default); "
-                          "federated: sampled devices evaluate on their own test "
-                          "impressions and release clipped, noised metric sums, each in "
-                          "the ledger (docs/privacy.md#federated-evaluation)")
-    fed.add_argument("--eval-epsilon", type=float, default=None,
-                     help="--eval federated: user-level epsilon of one device's release "
-                          "in one evaluation (1; Gaussian, delta 1e-6)")
-    fed.add_argument("--eval-clip", type=float, default=None,
-                     help="--eval federated: K, test impressions one user's release "
-                          "counts at most (1: each user's mean metrics)")
-    fed.add_argument("--eval-fraction", type=float, default=None,
-                     help="--eval federated: probability that a device is asked (1)")
-    groups = _add_method_flags(train, fed)
+    groups = _add_setting_flags(train, fed)
     private = groups["privaterec"]
     private.add_argument("--basis", type=basis_arg, default=None,
                          help="B basic vectors, an integer >= 2 (default 5)")

@@ -21,7 +21,7 @@ from privaterec.errors import ConfigError
 from privaterec.method_settings import (LEGACY_FLAT_KEYS, NOISE_KINDS, NOISE_PLACEMENTS,
                                         PRIVACY_MODES, RANKING_METHODS, SECURE_AGGREGATIONS,
                                         SENSITIVITY_MODES, SETTINGS, MethodSettings, NoiseKind,
-                                        NoisePlacement,
+                                        NoisePlacement, setting,
                                         PrivacyMode, SecureAggregation, SensitivityMode,
                                         settings_type)
 from privaterec.validators import check as _check
@@ -241,9 +241,11 @@ class FedConfig:
     them (``server_defaults``), and :func:`privaterec.fed.methods.resolve_run_config` fills
     them in before a run starts, so a saved ``config.yaml`` states every value used.
 
+    A field with a command-line flag is a :func:`~privaterec.method_settings.setting`
+    (its help documents it).
+
     Attributes
     ----------
-    rounds: T communication rounds.
     client_fraction: r, the fraction of training users sampled per round (without
         replacement; dp-fedavg: Poisson sampling at rate q = r); ``clients_per_round``
         overrides it with an absolute number.
@@ -259,10 +261,8 @@ class FedConfig:
     max_client_samples: a client uses at most this many of its samples per round (drawn
         with its own generator).
     chunk_clients: clients per vectorized chunk when per-client gradients are needed.
-    eval_every: evaluate on the test split every N rounds (0: only at the end).
     checkpoint_every: checkpoint every N rounds.
     report_delta: target δ of the privacy report's composed ε.
-    engine: ``simulator`` (vectorized, in process) or ``flower``.
     evaluation: ``server``: the server evaluates on the test data it holds (the test split
         of a simulation, a deployed server's public or consented holdout, or nothing);
         ``federated``: the sampled devices evaluate on their own test impressions and
@@ -279,28 +279,42 @@ class FedConfig:
         run's configuration) fills in its method's defaults.
     """
 
-    rounds: int = 100
-    client_fraction: float | None = None
-    clients_per_round: int | None = None
-    strategy: Strategy | None = None
-    server_lr: float | None = None
-    server_momentum: float = 0.9
+    rounds: int = setting(100, "T communication rounds (default 100; unifedrec 200)")
+    client_fraction: float | None = setting(
+        None, "r, fraction of users sampled per round (default 0.02); dp-fedavg: q, each "
+              "user's probability of joining a round (Poisson)")
+    clients_per_round: int | None = setting(
+        None, "sample exactly this many users per round (overrides r; not with dp-fedavg, "
+              "whose accounting needs Poisson sampling)")
+    strategy: Strategy | None = setting(
+        None, "server optimiser (fednewsrec: sgd; fedrec, dp-fedrec, dp-fedavg: fedadam)")
+    server_lr: float | None = setting(
+        None, "server learning rate (sgd 0.5, fedavg 1.0, fedavgm 1.0, fedadam 1e-2)")
+    server_momentum: float = setting(0.9, "beta of --strategy fedavgm (server momentum)")
     adam_beta1: float = 0.9
     adam_beta2: float = 0.99
     adam_tau: float | None = None
-    local_steps: int = 1
-    local_lr: float = 0.05
-    max_client_samples: int = 64
+    local_steps: int = setting(1, "E local SGD steps per client (FedAvg; default 1 = FedSGD)")
+    local_lr: float = setting(0.05, "clients' local SGD rate")
+    max_client_samples: int = setting(64, "samples a client uses per round at most")
     chunk_clients: int = 16
-    eval_every: int = 0
+    eval_every: int = setting(0, "evaluate on the test split every N rounds (0: at the end)")
     checkpoint_every: int = 10
     report_delta: float = 1e-5
-    engine: Engine = "simulator"
-    evaluation: Evaluation = "server"
-    eval_epsilon: float = 1.0
+    engine: Engine = setting("simulator", "simulator (vectorized, default) or flower")
+    evaluation: Evaluation = setting(
+        "server", "server: the server evaluates the test data it holds (default); federated: "
+                  "sampled devices evaluate on their own test impressions and release "
+                  "clipped, noised metric sums, each in the ledger "
+                  "(docs/privacy.md#federated-evaluation)", flag="--eval")
+    eval_epsilon: float = setting(1.0, "--eval federated: user-level epsilon of one "
+                                       "device's release in one evaluation (Gaussian, "
+                                       "delta 1e-6)")
     eval_delta: float = 1e-6
-    eval_clip: float = 1.0
-    eval_fraction: float = 1.0
+    eval_clip: float = setting(1.0, "--eval federated: K, test impressions one user's "
+                                    "release counts at most (1: each user's mean metrics)")
+    eval_fraction: float = setting(1.0, "--eval federated: probability that a device is "
+                                        "asked")
     settings: MethodSettings | None = None
 
     def __post_init__(self) -> None:

@@ -19,17 +19,6 @@ of the federated methods that ``config.py`` (``train.method``'s choices), the CL
 command-line flag (``--`` and the name with dashes unless given) and help are declared with it;
 ``privaterec train``'s method flags are generated from them (:func:`setting_flags`), and
 its help is the field's documentation.
-
-====================  ==============================  ==========================================
-method                settings                        method class
-====================  ==============================  ==========================================
-``fedrec``            :class:`FedRecSettings`         ``fed.methods.ranking.FedRec``
-``fednewsrec``        :class:`FedNewsRecSettings`     ``fed.methods.ranking.FedNewsRec``
-``dp-fedrec``         :class:`DPFedRecSettings`       ``fed.methods.ranking.DPFedRec``
-``privaterec``        :class:`PrivateRecSettings`     ``fed.methods.privaterec.PrivateRec``
-``dp-fedavg``         :class:`DPFedAvgSettings`       ``fed.methods.dp_fedavg.CentralDP``
-``unifedrec``         :class:`UniFedRecSettings`      ``fed.methods.unifedrec.UniFedRecLDP``
-====================  ==============================  ==========================================
 """
 
 from __future__ import annotations
@@ -38,7 +27,7 @@ import math
 import types
 import typing
 from dataclasses import dataclass, field, fields
-from typing import Any, ClassVar, Literal, NamedTuple, get_args
+from typing import Any, ClassVar, Literal, NamedTuple, Sequence, get_args
 
 from privaterec.errors import ConfigError
 from privaterec.privacy.adaptive_clip import DEFAULT_CLIP_LR
@@ -373,23 +362,28 @@ class SettingFlag(NamedTuple):
     methods: tuple[str, ...]
 
 
-def setting_flags() -> tuple[SettingFlag, ...]:
-    """The flag of every method setting (:func:`setting`), in declaration order; a setting of
-    several methods (e.g. ``clip``) is one flag whose help gives each method's meaning.
+def setting_flags(kinds: Sequence[type[Any]] | None = None) -> tuple[SettingFlag, ...]:
+    """The flag of every :func:`setting` of the dataclasses ``kinds`` (default: every
+    method's settings, :data:`SETTINGS`, whose every field is one), in declaration order; a
+    setting of several methods (e.g. ``clip``) is one flag whose help gives each method's
+    meaning. The help ends with the default unless it is ``None`` or the help names one.
 
     Raises
     ------
     TypeError
-        If two methods declare a setting of one name with different flags or types.
+        If a method's field is not a setting, or two methods declare a setting of one name
+        with different flags or types.
     """
     declared: dict[str, list[tuple[str, Any, Any]]] = {}
-    for kind in SETTINGS.values():
+    for kind in SETTINGS.values() if kinds is None else kinds:
         hints = typing.get_type_hints(kind)
         for f in fields(kind):
-            if "help" not in f.metadata:
+            if "help" in f.metadata:
+                declared.setdefault(f.name, []).append((getattr(kind, "method", ""), f,
+                                                        hints[f.name]))
+            elif kinds is None:
                 raise TypeError(f"{kind.__name__}.{f.name} has no command-line flag: declare "
                                 f"it with setting(default, help)")
-            declared.setdefault(f.name, []).append((kind.method, f, hints[f.name]))
     flags = []
     for name, entries in declared.items():
         forms = {(_flags(name, f), *_value_type(name, hint, f)) for _, f, hint in entries}
@@ -398,10 +392,9 @@ def setting_flags() -> tuple[SettingFlag, ...]:
         ((names, kind, choices),) = forms
         texts: dict[str, list[str]] = {}
         for method, f, _ in entries:
-            default = f.default
-            text = f.metadata["help"] if default is None else (
-                f"{f.metadata['help']} (default "
-                f"{f'{default:g}' if isinstance(default, float) else default})")
+            text, default = f.metadata["help"], f.default
+            if default is not None and "default" not in text:
+                text += f" (default {f'{default:g}' if isinstance(default, float) else default})"
             texts.setdefault(text, []).append(method)
         help = (next(iter(texts)) if len(entries) == 1 else
                 "; ".join(f"{', '.join(methods)}: {text}" for text, methods in texts.items()))
@@ -434,6 +427,7 @@ def setting_flag(name: str) -> str:
         if flag.dest == name:
             return flag.flags[0]
     return "--" + name.replace("_", "-")
+
 
 LEGACY_FLAT_KEYS: frozenset[str] = frozenset({
     "clip", "noise_scale", "epsilon_train", "delta_train", "noise", "padding_p",
