@@ -457,3 +457,25 @@ def test_a_flag_of_another_method_is_refused_naming_it(tmp_path, capsys):
     assert main(["train", "--data", str(tmp_path), "--out", str(tmp_path / "o"), "--method",
                  "dp-fedrec", "--gradient-clipping", "none"]) == 2
     assert "--gradient-clipping does not apply to dp-fedrec" in capsys.readouterr().err
+
+
+def test_every_engine_flag_reaches_the_fed_config(tmp_path):
+    # the engine's flags are generated from FedConfig's settings too
+    import dataclasses
+
+    from privaterec.cli import build_parser, run_config_from_args
+    from privaterec.config import FedConfig
+    from privaterec.method_settings import setting_flags
+
+    parser, flags = build_parser(), setting_flags((FedConfig,))
+    assert {f.dest for f in flags} >= {"rounds", "client_fraction", "strategy", "engine"}
+    defaults = FedConfig()
+    for flag in flags:
+        values = flag.choices or ((1, 2) if flag.type is int else (0.25, 0.5))
+        value = next(v for v in values if v != getattr(defaults, flag.dest))
+        args = parser.parse_args(["train", "--data", str(tmp_path), "--out", "o", "--method",
+                                  "fedrec", flag.flags[0], str(value)])
+        fed = run_config_from_args(args).fed
+        assert getattr(fed, flag.dest) == value, flag.flags
+        assert dataclasses.replace(fed, **{flag.dest: getattr(defaults, flag.dest)}) == \
+            dataclasses.replace(defaults, settings=fed.settings), flag.flags
