@@ -3,8 +3,8 @@
 A serving device sends, per query, a privatised summary of its user's history
 (:mod:`privaterec.ondevice.release`): VDP's user vector clipped to θ plus noise with
 sensitivity 2θ (:func:`~privaterec.ondevice.release.vdp_user_release`), or PrivateRec's
-attention weights α on the simplex plus DPA noise (:func:`~privaterec.ondevice.release.
-dpa_release`, L1 sensitivity 2). Both guarantees hold for every model the server ships, so
+attention weights α on the simplex plus DPA noise
+(:func:`~privaterec.ondevice.release.dpa_release`, L1 sensitivity 2). Both guarantees hold for every model the server ships, so
 the worst case is a *canary model*: one whose user vector (VDP) is ±big·e₀ whatever the
 news, clipped by the real release to exactly ±θ·e₀ — a shift of 2θ on one coordinate, the
 whole sensitivity — or whose attention (PrivateRec, no padding) is e₀ on one history and e₁

@@ -222,8 +222,8 @@ def _other_fields_differ(a: Replies, b: Replies) -> bool:
 def play_flower(game: FlowerGame, *, runs: int, alpha: float = 0.05,
                 secure: bool = False, seed: int = FLOWER_SEED) -> PairAudit:
     """The ClientApp canary game: ``runs`` replies per side (half select the threshold of
-    the projection on u, half test, :func:`~privaterec.audit.distinguisher.
-    fixed_statistic_bound`); a non-payload field that differs between the sides makes the
+    the projection on u, half test,
+    :func:`~privaterec.audit.distinguisher.fixed_statistic_bound`); a non-payload field that differs between the sides makes the
     bound infinite (the reply names the user whatever the noise)."""
     if not (isinstance(runs, int) and runs >= 16):
         raise ConfigError(f"invalid audit parameter 'runs': got {runs!r}, expected an int >= 16")

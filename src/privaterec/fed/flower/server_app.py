@@ -267,9 +267,10 @@ def _evaluate_fn(grid: Grid, clients: ClientDataset, owner: Mapping[int, int],
                  evaluation: FederatedEvaluation, fingerprint: str, *, seed: int,
                  timeout: float, deployed: bool) -> EvaluateFn:
     """Federated evaluation over the Grid: each asked user's SuperNode gets θ in an
-    ``evaluate`` message and replies with its release (:func:`~privaterec.fed.flower.
-    client_app.client_evaluate`); the server checks that every asked user answered once,
-    with the run's event, and returns the releases in the order asked."""
+    ``evaluate`` message and replies with its release
+    (:func:`~privaterec.fed.flower.client_app.client_evaluate`); the server checks that
+    every asked user answered once, with the run's event, and returns the releases in the
+    order asked."""
     expected = evaluation.policy.event
 
     def evaluate(params: torch.Tensor, asked: list[int], t: int) -> torch.Tensor:
