@@ -96,3 +96,15 @@ def test_the_deployed_client_app_reply_from_secure_noise(laplace_game):
     with broken.scaled_secure_noise(0.25, mechanism="laplace"):
         cut = play_flower(laplace_game, runs=200, secure=True)
     assert cut.violated, cut.to_dict()
+
+
+def test_cli_audits_the_client_app_reply(capsys):
+    from privaterec.cli import main
+
+    code = main(["privacy", "audit", "--method", "dp-fedrec", "dp-fedavg", "--adjacency",
+                 "user", "--epsilon", "1", "--runs", "16", "--canary-runs", "32",
+                 "--canary-view", "client-app"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "| dp-fedrec | replace: canary +C u vs -C u (ClientApp reply) | 1 |" in out
+    assert "| dp-fedavg | add-remove: canary +C u vs no client (ClientApp reply) | 0.468 |" in out

@@ -93,6 +93,8 @@ def _canary_audits(args: argparse.Namespace) -> list[Any]:
     ``--power``, each with its smallest noise cut caught)."""
     if args.canary_runs == 0 or "user" not in args.adjacency:
         return []
+    if args.canary_view == "client-app":
+        return _client_app_audits(args)
     from privaterec.audit.canary import CANARY_METHODS, run_canary_audit
 
     out: list[Any] = []
@@ -102,6 +104,29 @@ def _canary_audits(args: argparse.Namespace) -> list[Any]:
                                     seed=args.seed, alpha=args.alpha, power=args.power,
                                     view=args.canary_view,
                                     noise_placement=args.noise_placement)
+    return out
+
+
+def _client_app_audits(args: argparse.Namespace) -> list[Any]:
+    """``--canary-view client-app``: the canary games on what the Flower ClientApp's ``train``
+    handler returns (:mod:`privaterec.audit.flower_reply`): dp-fedavg's reply through the
+    aggregator's noise (``--power`` as for the simulator), dp-fedrec's reply itself (local
+    DP; ``--canary-runs`` replies per side, default 320)."""
+    from privaterec.audit.canary import CanaryAudit, audit_power, play
+    from privaterec.audit.flower_reply import flower_canary_games, flower_game, play_flower
+
+    out: list[Any] = []
+    for method in args.method:
+        if method == "dp-fedavg":
+            runs = args.canary_runs or 200_000
+            for game in flower_canary_games(epsilon=args.epsilon):
+                out.append(audit_power(game, runs=runs, seed=args.seed, alpha=args.alpha)
+                           if args.power else
+                           CanaryAudit(play(game, runs=runs, seed=args.seed, alpha=args.alpha)))
+        elif method == "dp-fedrec":
+            reply_game = flower_game("dp-fedrec", epsilon=args.epsilon, noise=args.noise)
+            out.append(CanaryAudit(play_flower(reply_game, runs=args.canary_runs or 320,
+                                               seed=args.seed, alpha=args.alpha)))
     return out
 
 
@@ -137,15 +162,19 @@ def add_audit_parser(privacy_sub: Any) -> None:
     audit.add_argument("--canary-runs", type=int, default=None,
                        help="dp-fedavg, dp-fedavg-adaptive, dp-fedavg-news: rounds per side "
                             "of the worst-case canary audit (a client clipped to exactly C "
-                            "along a known direction; default 200000, adaptive 60000; 0: "
+                            "along a known direction; default 200000; --canary-view "
+                            "client-app with dp-fedrec: ClientApp replies, default 320; 0: "
                             "no canary audit)")
     audit.add_argument("--canary-view", default="simulator",
-                       choices=["simulator", "deployed", "secagg", "secagg-deployed"],
+                       choices=["simulator", "deployed", "secagg", "secagg-deployed",
+                                "client-app"],
                        help="which release the canary game audits: the simulator's seeded "
                             "noise (default), a deployed server's float-safe SecureNoise, "
-                            "or the server's view of a SecAgg+ round (seeded, or "
-                            "SecureNoise); deployed draws about 1e5 coordinates a second: "
-                            "pass a smaller --canary-runs")
+                            "the server's view of a SecAgg+ round (seeded, or "
+                            "SecureNoise), or what the Flower ClientApp's train handler "
+                            "returns (dp-fedavg, through the aggregator's noise; dp-fedrec, "
+                            "its local-DP reply); deployed draws about 1e5 coordinates a "
+                            "second: pass a smaller --canary-runs")
     audit.add_argument("--noise-placement", default="central",
                        choices=["central", "distributed"],
                        help="--canary-view secagg*: the server adds the noise, or each "

@@ -252,7 +252,7 @@ def play_flower(game: FlowerGame, *, runs: int, alpha: float = 0.05,
 
 
 def flower_canary_games(world: AuditWorld | None = None, *, epsilon: float,
-                        delta: float = 1e-5, runs: int = 64,
+                        delta: float = 1e-5, runs: int = 16,
                         adjacencies: Sequence[str] = ("replace", "add-remove")
                         ) -> list[CanaryGame]:
     """dp-fedavg's canary games (:func:`~privaterec.audit.canary.canary_games`) with each
