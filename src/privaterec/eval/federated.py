@@ -148,7 +148,8 @@ def device_vector(pairs: Iterable[ImpressionPair], *, clip: float) -> torch.Tens
 def release(vector: torch.Tensor, policy: EvaluationPolicy, source: NoiseSource
             ) -> torch.Tensor:
     """``vector`` ``[5]`` (clipped by :func:`device_vector`) plus the policy's Gaussian noise
-    from ``source`` (float-safe from the OS CSPRNG with :class:`SecureNoise`)."""
+    from ``source`` (float-safe from the OS CSPRNG with
+    :class:`~privaterec.privacy.samplers.SecureNoise`)."""
     if vector.shape != (DIMENSION,):
         fail("vector", tuple(vector.shape), f"a vector of {DIMENSION} coordinates")
     clipped = vector.to(torch.float64).clamp(0.0, policy.clip)
