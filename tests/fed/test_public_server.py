@@ -244,7 +244,9 @@ def test_a_deployed_flwr_run_server_is_refused_user_data(tmp_path):
 
 def test_privaterec_is_refused_by_a_server_holding_only_the_roster(deployment, tmp_path):
     public, _, own = deployment
-    with pytest.raises(ConfigError, match="labelled impression"):
+    with pytest.raises(ConfigError, match="method 'privaterec' samples from the users with "
+                                          "a labelled impression, which a server holding "
+                                          "only the roster"):
         train_run(_config(public, "privaterec"), tmp_path / "run", progress=False,
                   grid=_grid(own, tmp_path / "state"))
 

@@ -123,10 +123,11 @@ class ClientMethod(ABC, Generic[TaskT]):
         if self.by_impressions:
             if clients.roster_only:
                 raise ConfigError(
-                    "this method samples from the users with a labelled impression, which a "
-                    "server holding only the roster cannot know: it runs on Flower only as a "
-                    "simulation or seeded rehearsal (data-dir with seeded-rehearsal=true); "
-                    "deploy a method that samples the roster")
+                    f"method {self.name!r} samples from the users with a labelled "
+                    "impression, which a server holding only the roster (public-dir) cannot "
+                    "know: it runs on Flower only as a simulation or seeded rehearsal "
+                    "(data-dir with seeded-rehearsal=true); deploy a method that samples the "
+                    "roster (dp-fedrec, fednewsrec, dp-fedavg)")
             return eligible_clients(clients, by_impressions=True)
         return roster(clients)
 
