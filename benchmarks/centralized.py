@@ -78,7 +78,8 @@ def main() -> None:
     parser.add_argument("--src", default=str(Path(__file__).resolve().parents[2] / "shared"
                                               / "data" / "ebnerd-demo" / "train"))
     parser.add_argument("--smoke", action="store_true",
-                        help="tiny synthetic data, the first two rows, one seed, one epoch, "
+                        help="tiny synthetic data, the first two rows with a tiny model, one seed, "
+                             "one epoch, "
                              "results to a temporary directory")
     args = parser.parse_args()
     results_dir, synth = RESULTS, SynthConfig(seed=0)
@@ -94,7 +95,13 @@ def main() -> None:
         if args.dataset == "synth":
             data = work / "synth"
             extra["synth"] = write_synthetic(data, synth)
-            rows = SYNTH_ROWS[:2] if args.smoke else SYNTH_ROWS  # smoke: popularity, nrms
+            rows = SYNTH_ROWS
+            if args.smoke:  # popularity and nrms, the model tiny
+                from _smoke import smoke_model
+
+                rows = [(name, smoke_model(news_encoder=model.news_encoder,
+                                           user_encoder=model.user_encoder), method)
+                        for name, model, method in SYNTH_ROWS[:2]]
         else:
             data = work / "ebnerd"
             extra["conversion"] = convert_ebnerd(args.src, data, test_days=1, max_history=50)

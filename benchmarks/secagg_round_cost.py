@@ -3,7 +3,8 @@
 Usage::
 
     python benchmarks/secagg_round_cost.py [--users 40] [--client-fraction 0.5] [--rounds 4]
-    python benchmarks/secagg_round_cost.py --smoke   # SecAgg+ only: 4 users, one round
+    python benchmarks/secagg_round_cost.py --smoke   # SecAgg+ only: 4 users, one round,
+                                                     # in process (no Ray)
 
 Writes synthetic data with ``--users`` users (under ``--out``, default
 ``/tmp/privaterec-secagg-cost``), builds the default model, and trains ``dp-fedavg``
@@ -20,9 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -67,9 +65,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--out", default="/tmp/privaterec-secagg-cost")
     parser.add_argument("--smoke", action="store_true",
-                        help="the SecAgg+ run only (one Ray start-up, which dominates): 4 "
-                             "users, one round of all of them, a tiny model, everything in a "
-                             "temporary directory")
+                        help="the SecAgg+ run only, on an in-process grid (the same ServerApp "
+                             "rounds, ClientApp and SecAgg+ stages, without Ray's start-up): "
+                             "4 users, one round of all of them, a tiny model, everything in "
+                             "a temporary directory")
     args = parser.parse_args()
     results, model, paths = RESULTS, RunConfig(data=".").model, ("none", "secaggplus")
     if args.smoke:
@@ -77,10 +76,8 @@ def main() -> None:
 
         args.users, args.client_fraction, args.rounds = 4, 1.0, 1
         args.out, model = str(smoke_dir("secagg_round_cost")), smoke_model()
-        paths = ("secaggplus",)  # the plain Flower round is what tests/fed/test_flower.py runs
-        # Ray's sockets live under its temporary directory, and an AF_UNIX path has at most
-        # 107 bytes: a deep TMPDIR (a test's) would not do
-        os.environ["RAY_TMPDIR"] = tempfile.mkdtemp(prefix="ray-", dir="/tmp")
+        # the plain Flower round, and SecAgg+ on Ray, are what tests/fed/test_flower.py runs
+        paths = ("secaggplus",)
         results = Path(args.out) / "secagg_round_cost.json"
     out = Path(args.out)
     data = out / "data"
@@ -103,16 +100,19 @@ def main() -> None:
         run_dir = out / secure
         run_dir.mkdir(parents=True, exist_ok=True)
         config.to_yaml(run_dir / "config.yaml")
-        engine = flower.FlowerEngine(load_device,
-                                     {"config.yaml": (run_dir / "config.yaml").read_text()},
-                                     num_supernodes=args.users)
+        run_files = {"config.yaml": (run_dir / "config.yaml").read_text()}
+        if args.smoke:  # seeded like the simulation runtime
+            from _smoke import InProcessGrid
+
+            grid = InProcessGrid(flower.make_client_app(load_device), nodes=args.users)
+            engine = flower.FlowerEngine(load_device, run_files, grid=grid, deployed=False)
+        else:
+            engine = flower.FlowerEngine(load_device, run_files, num_supernodes=args.users)
         per_round.clear()
         engine.train(task, prepared.train_clients, config.fed, method_from_config(config),
                      build_strategy(config.fed), seed=0, progress=False)
         times[secure] = {"dimension": task.dimension, "rounds": list(per_round)}
         print(secure, times[secure], flush=True)
-    if args.smoke:
-        shutil.rmtree(os.environ["RAY_TMPDIR"], ignore_errors=True)
     results.parent.mkdir(parents=True, exist_ok=True)
     results.write_text(json.dumps({"users": args.users,
                                    "client_fraction": args.client_fraction,
