@@ -457,6 +457,10 @@ def test_a_flag_of_another_method_is_refused_naming_it(tmp_path, capsys):
     assert main(["train", "--data", str(tmp_path), "--out", str(tmp_path / "o"), "--method",
                  "dp-fedrec", "--gradient-clipping", "none"]) == 2
     assert "--gradient-clipping does not apply to dp-fedrec" in capsys.readouterr().err
+    # and Uni-FedRec refuses a ranking model's flag by its flag (--model sets news_encoder)
+    assert main(["train", "--data", str(tmp_path), "--out", str(tmp_path / "o"), "--method",
+                 "unifedrec", "--ranker", str(tmp_path), "--model", "naml"]) == 2
+    assert "--model do not apply to --method unifedrec" in capsys.readouterr().err
 
 
 def test_every_engine_flag_reaches_the_fed_config(tmp_path):

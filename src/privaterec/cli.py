@@ -17,10 +17,9 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from privaterec.version import __version__
-from privaterec.config import (BASIS_ATTENTION_KINDS, EMBEDDINGS, FEDERATED_METHODS, METHODS,
-                               NEWS_ENCODERS, NOISE_KINDS, SENSITIVITY_MODES, USER_ENCODERS,
-                               MODEL_PRESETS, FedConfig, ModelConfig, RunConfig, TrainConfig,
-                               fed_with_changes, model_preset, replace)
+from privaterec.config import (BASIS_ATTENTION_KINDS, FEDERATED_METHODS, METHODS, MODEL_PRESETS,
+                               NOISE_KINDS, SENSITIVITY_MODES, FedConfig, ModelConfig, RunConfig,
+                               TrainConfig, fed_with_changes, model_preset, replace)
 from privaterec.data.synth import SYNTH_PRESETS
 from privaterec.errors import PrivateRecError
 from privaterec.ondevice.release import QUERY_MODES, SERVING_KINDS, SERVING_MODES, ServingConfig
@@ -161,11 +160,11 @@ def cmd_data_device_dirs(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------------- train
-def _fed_flags(args: argparse.Namespace) -> dict[str, Any]:
-    """The federated settings the flags give (generated, :func:`_add_setting_flags`): the
-    engine's (FedConfig's) and the methods' own, by their configuration key."""
-    keys = [flag.dest for flag in (*setting_flags((FedConfig,)), *setting_flags())]
-    return {key: getattr(args, key) for key in keys if getattr(args, key) is not None}
+def _given(args: argparse.Namespace, *kinds: type[Any], **more: Any) -> dict[str, Any]:
+    """The settings of the dataclasses ``kinds`` that their generated flags give
+    (:func:`_add_setting_flags`), and ``more``, by configuration key; unset ones left out."""
+    given = {flag.dest: getattr(args, flag.dest) for flag in setting_flags(kinds)}
+    return {k: v for k, v in {**given, **more}.items() if v is not None}
 
 
 def run_config_from_args(args: argparse.Namespace) -> RunConfig:
@@ -173,18 +172,10 @@ def run_config_from_args(args: argparse.Namespace) -> RunConfig:
     config = RunConfig.from_yaml(args.config) if args.config else RunConfig()
     if args.preset is not None:  # on top of --config; the flags below override it
         config = replace(config, model=model_preset(args.preset, config.model))
-    model_changes = {k: v for k, v in {
-        "news_encoder": args.model, "user_encoder": args.user_encoder,
-        "embeddings": args.embeddings, "word_dim": args.word_dim,
-        "history_len": args.history_len,
-        "basis_size": args.basis, "plm_trainable_layers": args.plm_layers,
-        "basis_attention": args.basis_attention, "basis_scale": args.basis_scale,
-    }.items() if v is not None}
-    train_changes = {k: v for k, v in {
-        "method": args.method, "epochs": args.epochs, "lr": args.lr, "plm_lr": args.plm_lr,
-        "batch_size": args.batch_size, "seed": args.seed,
-    }.items() if v is not None}
-    fed_changes = _fed_flags(args)
+    model_changes = _given(args, ModelConfig, basis_size=args.basis,
+                           basis_attention=args.basis_attention, basis_scale=args.basis_scale)
+    train_changes = _given(args, TrainConfig, method=args.method)
+    fed_changes = _given(args, FedConfig, *SETTINGS.values())  # the engine's, the methods'
     data = str(Path(args.data).resolve()) if args.data else config.data
     if not data:
         raise PrivateRecError("no training data: pass --data DIR (or 'data:' in --config)")
@@ -203,9 +194,9 @@ def run_config_from_args(args: argparse.Namespace) -> RunConfig:
 
 # Flags of the ranking training that recall training does not read (a ranking method's
 # settings are refused by Uni-FedRec's settings, naming the flags it has).
-_RECALL_IGNORED = ("model", "preset", "user_encoder", "embeddings", "word_dim", "history_len",
-                   "epochs", "lr", "batch_size", "local_steps", "local_lr", "eval_every", "basis",
-                   "basis_attention", "basis_scale")
+_RECALL_IGNORED = ("news_encoder", "preset", "user_encoder", "embeddings", "word_dim",
+                   "history_len", "epochs", "lr", "batch_size", "local_steps", "local_lr",
+                   "eval_every", "basis", "basis_attention", "basis_scale")
 
 
 def recall_config_from_args(args: argparse.Namespace) -> Any:
@@ -215,7 +206,7 @@ def recall_config_from_args(args: argparse.Namespace) -> Any:
 
     given = [k for k in _RECALL_IGNORED if getattr(args, k, None) is not None]
     if given:
-        flags = ", ".join("--" + k.replace("_", "-") for k in given)
+        flags = ", ".join(setting_flag(k, (ModelConfig, TrainConfig, FedConfig)) for k in given)
         raise PrivateRecError(f"{flags} do not apply to --method unifedrec (its ranking model "
                               f"is trained by another method and passed with --ranker RUN)")
     if args.strategy is not None and args.strategy not in ("sgd", "fedadam"):
@@ -235,7 +226,7 @@ def recall_config_from_args(args: argparse.Namespace) -> Any:
         "distance_threshold": args.distance_threshold, "cluster_method": args.cluster_method,
         "cluster_metric": args.cluster_metric, "clip": args.interest_clip,
         "noise_scale": args.interest_noise}.items() if v is not None}
-    fed = _fed_flags(args)
+    fed = _given(args, FedConfig, *SETTINGS.values())
     train = {k: v for k, v in {"score_clip": args.score_clip}.items() if v is not None}
     return replace(config, **top, model=replace(config.model, **model),
                    fed=fed_with_changes(config.fed, "unifedrec", fed, name=setting_flag),
@@ -594,11 +585,18 @@ def _add_setting_flags(train: argparse.ArgumentParser, fed: Any) -> dict[str, An
     into its group, the others into ``fed``. Returns the groups by method name."""
     groups = {m: train.add_argument_group(f"{kind.title} (--method {m})")
               for m, kind in SETTINGS.items()}  # a group without flags is not shown
-    for flag in (*setting_flags((FedConfig,)), *setting_flags()):
-        group = groups[flag.methods[0]] if len(flag.methods) == 1 and flag.methods[0] else fed
+    _add_flags(fed, setting_flags((FedConfig,)))
+    for flag in setting_flags():
+        _add_flags(groups[flag.methods[0]] if len(flag.methods) == 1 else fed, [flag])
+    return groups
+
+
+def _add_flags(group: Any, flags: Sequence[Any]) -> None:
+    """Add the generated ``flags`` (:class:`~privaterec.method_settings.SettingFlag`) to
+    ``group``; each defaults to ``None``, so that ``--config``'s value stays unless given."""
+    for flag in flags:
         group.add_argument(*flag.flags, dest=flag.dest, type=flag.type, choices=flag.choices,
                            default=None, help=flag.help)
-    return groups
 
 
 def _add_device_flag(parser: argparse.ArgumentParser) -> None:
@@ -683,41 +681,17 @@ def build_parser() -> argparse.ArgumentParser:
     train = sub.add_parser("train", help="train a recommender into a run directory")
     # None defaults keep --config values unless a flag is given; the help shows the built-in
     # default, read from the configuration dataclasses so that it stays true
-    model_defaults, train_defaults = ModelConfig(), TrainConfig()
+    train_defaults = TrainConfig()
     train.add_argument("--data", help="data directory (train/ and test/)")
     train.add_argument("--method", choices=(*METHODS, *(m for m in SETTINGS if m not in METHODS)),
                        default=None,
                        help=f"training method (default {train_defaults.method})")
-    train.add_argument("--model", choices=NEWS_ENCODERS, default=None,
-                       help=f"news encoder (default {model_defaults.news_encoder})")
-    train.add_argument("--user-encoder", choices=USER_ENCODERS, default=None,
-                       help="user encoder (default: the news encoder's own)")
-    train.add_argument("--embeddings", choices=EMBEDDINGS, default=None,
-                       help=f"word vectors (default {model_defaults.embeddings})")
-    train.add_argument("--word-dim", type=int, default=None,
-                       help="size of the word vectors of --embeddings random or corpus "
-                            "(default 64; glove50 and minilm have their own)")
+    _add_flags(train, setting_flags((ModelConfig, TrainConfig)))
     train.add_argument("--preset", choices=sorted(MODEL_PRESETS), default=None,
                        help="a named model size: nrms-published = NRMS at its published "
                             "size (300-d corpus word vectors, 20 heads x 20, additive "
                             "attention 200, titles of 30 words; about 1.0M trained "
                             "parameters); other model flags override it (default: none)")
-    train.add_argument("--history-len", type=int, default=None,
-                       help=f"H, clicks of a user's history used (default "
-                            f"{model_defaults.history_len})")
-    train.add_argument("--plm-layers", type=int, default=None,
-                       help="plm: top MiniLM layers fine-tuned (default 1; 0 = MiniLM frozen)")
-    train.add_argument("--epochs", type=int, default=None,
-                       help=f"centralized: passes over the training samples (default "
-                            f"{train_defaults.epochs})")
-    train.add_argument("--lr", type=float, default=None,
-                       help=f"centralized: Adam learning rate (default {train_defaults.lr:g})")
-    train.add_argument("--plm-lr", type=float, default=None,
-                       help="plm: Adam step size of the fine-tuned MiniLM layers (default 3e-5)")
-    train.add_argument("--batch-size", type=int, default=None,
-                       help=f"centralized: samples per step (default {train_defaults.batch_size})")
-    train.add_argument("--seed", type=int, default=None,
-                       help=f"seed of every random draw (default {train_defaults.seed})")
     fed = train.add_argument_group(
         f"federated training ({', '.join(FEDERATED_METHODS)}; unset = the method's default; a "
         f"flag that is not a setting of the method is refused)")

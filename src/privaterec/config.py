@@ -97,10 +97,13 @@ class ModelConfig:
     "Collapse of the basis attention").
     """
 
-    news_encoder: NewsEncoder = "nrms"
-    user_encoder: UserEncoder | None = None
-    embeddings: Embeddings = "random"
-    word_dim: int | None = None
+    news_encoder: NewsEncoder = setting("nrms", "news encoder", flag="--model")
+    user_encoder: UserEncoder | None = setting(None, "user encoder (default: the news "
+                                                     "encoder's own)")
+    embeddings: Embeddings = setting("random", "word vectors")
+    word_dim: int | None = setting(None, "size of the word vectors of --embeddings random or "
+                                         "corpus (default 64; glove50 and minilm have their "
+                                         "own)")
     freeze_embeddings: bool = True
     num_heads: int = 8
     head_dim: int = 16
@@ -112,9 +115,10 @@ class ModelConfig:
     category_dim: int = 32
     title_len: int = 16
     abstract_len: int = 32
-    history_len: int = 50
+    history_len: int = setting(50, "H, clicks of a user's history used")
     dropout: float = 0.2
-    plm_trainable_layers: int = 1
+    plm_trainable_layers: int = setting(1, "plm: top MiniLM layers fine-tuned (default 1; "
+                                           "0 = MiniLM frozen)", flag="--plm-layers")
     min_word_count: int = 1
     basis_size: int = 0
     basis_attention: BasisAttention = "centered"
@@ -205,12 +209,12 @@ class TrainConfig:
     """
 
     method: Method = "centralized"
-    epochs: int = 3
-    lr: float = 5e-3
-    plm_lr: float = 3e-5
-    batch_size: int = 32
+    epochs: int = setting(3, "centralized: passes over the training samples")
+    lr: float = setting(5e-3, "centralized: Adam learning rate")
+    plm_lr: float = setting(3e-5, "plm: Adam step size of the fine-tuned MiniLM layers")
+    batch_size: int = setting(32, "centralized: samples per step")
     negatives: int = 4
-    seed: int = 0
+    seed: int = setting(0, "seed of every random draw")
     eval_batch_size: int = 256
     max_grad_norm: float | None = None
 
@@ -246,9 +250,6 @@ class FedConfig:
 
     Attributes
     ----------
-    client_fraction: r, the fraction of training users sampled per round (without
-        replacement; dp-fedavg: Poisson sampling at rate q = r); ``clients_per_round``
-        overrides it with an absolute number.
     strategy: ``sgd`` (FedNewsRec Eq. 6-7), ``fedavg`` (E = ``local_steps`` local SGD steps at
         ``local_lr``), ``fedavgm`` (FedAvg with server momentum ``server_momentum``; Hsu et
         al. 2019, the server optimiser of DP-FedAvg in McMahan et al. 2018) or ``fedadam``
@@ -257,7 +258,6 @@ class FedConfig:
     adam_beta1, adam_beta2, adam_tau: FedAdam's β₁, β₂ and adaptivity τ (None: the method's
         default, 1e-6; dp-fedrec 1e-10, far below the per-coordinate size of its clipped
         updates, θ/D ≈ 5e-8, which τ = 1e-6 froze near AUC 0.53 at ε = ∞; BENCHMARKS.md).
-    local_steps, local_lr: E local SGD steps of a client at ``local_lr`` (E = 1: FedSGD).
     max_client_samples: a client uses at most this many of its samples per round (drawn
         with its own generator).
     chunk_clients: clients per vectorized chunk when per-client gradients are needed.

@@ -420,10 +420,11 @@ def _value_type(name: str, hint: Any, f: Any) -> tuple[type, tuple[str, ...] | N
                     f"float, an int, a Literal or a str with choices")
 
 
-def setting_flag(name: str) -> str:
-    """The command-line flag of the method setting ``name`` (``clipping`` →
-    ``--gradient-clipping``), or ``--`` and ``name`` with dashes for any other key."""
-    for flag in setting_flags():
+def setting_flag(name: str, kinds: Sequence[type[Any]] | None = None) -> str:
+    """The command-line flag of the setting ``name`` of ``kinds`` (default: the methods';
+    ``clipping`` → ``--gradient-clipping``), or ``--`` and ``name`` with dashes for any other
+    key."""
+    for flag in setting_flags(kinds):
         if flag.dest == name:
             return flag.flags[0]
     return "--" + name.replace("_", "-")
