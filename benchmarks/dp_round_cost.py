@@ -60,7 +60,7 @@ from privaterec.data.synth import SynthConfig, write_synthetic
 from privaterec.fed.methods import method_from_config, resolve_run_config
 from privaterec.fed.methods.ranking import FedRec
 from privaterec.fed.objective import LocalObjective
-from privaterec.fed.rng import client_generator
+from privaterec.fed.rng import client_noise
 from privaterec.fed.simulator import eligible_clients, sample_round, simulate_round
 from privaterec.models.factory import build_recommender
 from privaterec.runs.ranking import prepare_data
@@ -123,7 +123,7 @@ def measure(data: Path, clients_per_round: int, *, model_name: str, repeats: int
                      target_delta=0.1 / population, clip_space="news_vectors")
 
     # The work a per-client gradient does that the fedrec round shares.
-    inputs = [fedrec.inputs(objective, clients.client(u), generator=client_generator(0, 0, u))
+    inputs = [fedrec.inputs(objective, clients.client(u), generator=client_noise(0, 0, u))
               for u in selected]
     batch = objective.batch(inputs)
     real = batch.weights > 0

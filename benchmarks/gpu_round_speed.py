@@ -55,7 +55,7 @@ from privaterec.data.synth import SynthConfig, generate
 from privaterec.fed.methods import ClientMethod, method_from_config, resolve_run_config
 from privaterec.fed.methods.base import RoundContext
 from privaterec.fed.objective import LocalObjective
-from privaterec.fed.rng import client_generator
+from privaterec.fed.rng import client_noise
 from privaterec.fed.sampling import eligible_clients, sample_round
 from privaterec.models.factory import build_recommender
 from privaterec.runtime.determinism import deterministic_algorithms, flush_denormals
@@ -105,7 +105,7 @@ def time_round(task: LocalObjective, params: torch.Tensor, clients: ClientDatase
     """One round as ``simulate_round`` computes it, its two phases timed."""
     started = time.perf_counter()
     data = {u: clients.client(u) for u in selected}
-    generators = [client_generator(0, 1, u) for u in selected]
+    generators = [client_noise(0, 1, u) for u in selected]
     inputs = [method.inputs(task, data[u], generator=g) for u, g in zip(selected, generators)]
     drawn = time.perf_counter()
     context = RoundContext(seed=0, round_index=1, chunk_clients=chunk,

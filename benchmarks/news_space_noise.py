@@ -33,7 +33,7 @@ import torch
 from privaterec.config import ModelConfig, RunConfig
 from privaterec.fed.news_space import NewsSpaceClipping
 from privaterec.fed.objective import LocalObjective
-from privaterec.fed.rng import client_generator
+from privaterec.fed.rng import client_noise
 from privaterec.fed.simulator import eligible_clients, sample_round
 from privaterec.models.factory import build_recommender
 from privaterec.runs.ranking import prepare_data
@@ -61,7 +61,7 @@ def measure(data: str, *, clients: int, embeddings: str, noise_multiplier: float
     population = prepared.train_clients
     selected = sample_round(eligible_clients(population), clients, seed=seed, round_index=0)
     inputs = [objective.client_inputs(population.client(u), max_samples=64, negatives=4,
-                                      generator=client_generator(seed, 0, u))
+                                      generator=client_noise(seed, 0, u))
               for u in selected]
     batch = objective.batch(inputs)
     space = NewsSpaceClipping(objective)

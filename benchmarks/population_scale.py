@@ -23,7 +23,7 @@ import torch
 
 from privaterec.data.clients import ClientDataset
 from privaterec.fed.objective import LocalObjective
-from privaterec.fed.rng import client_generator
+from privaterec.fed.rng import client_noise
 from privaterec.fed.sampling import poisson_round, roster, sample_round
 from privaterec.privacy.events import PrivacyEvent
 from privaterec.privacy.ledger import PrivacyLedger
@@ -76,7 +76,7 @@ def main() -> None:
     # the ranking task's client_inputs; it reads no model, so no objective is built
     for u in selected:
         LocalObjective.client_inputs(None, ds.client(u), max_samples=64,  # type: ignore[arg-type]
-                                     negatives=4, generator=client_generator(0, 1, u))
+                                     negatives=4, generator=client_noise(0, 1, u))
     c = time.perf_counter() - t
     print(f"inputs of {len(selected):,} clients: {c:.2f} s "
           f"({1e3 * c / len(selected):.2f} ms per client)")

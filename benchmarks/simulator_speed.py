@@ -38,7 +38,7 @@ from privaterec.fed.client import client_candidates
 from privaterec.fed.methods import ClientMethod, method_from_config, resolve_run_config
 from privaterec.fed.objective import LocalObjective
 from privaterec.fed.simulator import eligible_clients, sample_round, sequential_round, simulate_round
-from privaterec.fed.rng import client_generator
+from privaterec.fed.rng import client_noise
 from privaterec.fed.strategies import build_strategy, weighted_mean
 from privaterec.models.factory import build_recommender
 from privaterec.training.centralized import info_nce_loss
@@ -63,7 +63,7 @@ def conventional_round(model, objective: LocalObjective, params: torch.Tensor, c
     trainable = [p for p in model.parameters() if p.requires_grad]
     payloads, counts = [], []
     for u in selected:
-        generator = client_generator(seed, round_index, u)
+        generator = client_noise(seed, round_index, u)
         data = clients.client(u)
         candidates = client_candidates(data, method, generator=generator)
         objective.load(params)
@@ -146,7 +146,7 @@ def main() -> None:
                 return strategy.step(params, state, result.direction)
             _, tf = _timed(fed_round)
             candidates = [client_candidates(clients.client(u), plain,
-                                            generator=client_generator(0, t, u))
+                                            generator=client_noise(0, t, u))
                           for u in selected]
             users = torch.cat([torch.full((c.shape[0],), u) for u, c in zip(selected, candidates)])
             cands = torch.cat(candidates)

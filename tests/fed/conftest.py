@@ -15,6 +15,7 @@ from typing import Callable, Sequence
 import pytest
 import torch
 
+from privaterec.privacy.samplers import SimulationNoise
 from privaterec.config import ModelConfig, RunConfig, TrainConfig, fed_config, replace
 from privaterec.data.clients import ClientDataset, build_client_dataset
 from privaterec.data.features import NewsFeatures, build_news_features, build_vocabularies
@@ -138,7 +139,7 @@ def client_batch(clients: ClientDataset) -> Callable[..., tuple[ClientBatch, lis
     def make(users: Sequence[int], *, seed: int = 0,
              negatives: int = 4) -> tuple[ClientBatch, list[torch.Tensor]]:
         method = FedRec(negatives=negatives, max_samples=10**6)
-        generator = torch.Generator().manual_seed(seed)
+        generator = SimulationNoise(torch.Generator().manual_seed(seed))
         candidates = [client_candidates(clients.client(u), method, generator=generator)
                       for u in users]
         batch = ClientBatch.stack([clients.history[u] for u in users],

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from privaterec.privacy.samplers import SimulationNoise
 from privaterec.config import RunConfig, TrainConfig, fed_config, replace
 from privaterec.data.clients import ClientDataset
 from privaterec.errors import ConfigError, PrivateRecError
@@ -18,7 +19,7 @@ from privaterec.fed.engine import train_federated_run
 from privaterec.fed.methods.dp_fedavg import CentralDP
 from privaterec.fed.methods import method_from_config, resolve_run_config
 from privaterec.fed.objective import LocalObjective
-from privaterec.fed.rng import central_noise_generator, client_generator
+from privaterec.fed.rng import central_noise_generator, client_noise
 from privaterec.fed.simulator import eligible_clients, poisson_round, simulate_round
 from privaterec.privacy.audit import empirical_epsilon_lower_bound
 from privaterec.privacy.central_accounting import central_epsilon
@@ -70,7 +71,7 @@ def test_round_is_the_noised_sum_of_clipped_updates_over_qn(make_objective, clie
     result = simulate_round(objective, theta, clients, selected, method, seed=3,
                             round_index=2)
     payloads = [client_update(objective, theta, clients.client(u), method,
-                              generator=client_generator(3, 2, u)).payload for u in selected]
+                              generator=client_noise(3, 2, u)).payload for u in selected]
     assert all(float(p.double().norm()) <= 0.05 for p in payloads)  # clipped to C, exactly
     noise = gaussian_noise((objective.dimension,), sigma=1.0 * 0.05,
                            generator=central_noise_generator(3, 2))
@@ -214,7 +215,7 @@ def _audit_round(method, *, sign: float, trials: int, offset: int) -> np.ndarray
         sampled = method.select(population, 0, seed=offset + trial, round_index=0)
         raw = torch.tensor([[sign * 5.0] if u == 0 else [0.0] for u in sampled])
         clipped, _ = method.privatize(raw.reshape(len(sampled), 1),
-                                      [torch.Generator() for _ in sampled])
+                                      [SimulationNoise(torch.Generator()) for _ in sampled])
         total = clipped.sum(0) if len(sampled) else torch.zeros(1)
         generator = torch.Generator().manual_seed(offset + trial)
         out[trial] = float(method.aggregate(total, 0.0, population=4,

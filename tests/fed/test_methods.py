@@ -26,10 +26,11 @@ from privaterec.fed.methods import (METHODS, ClientMethod, DPFedRec, FedNewsRec,
 from privaterec.method_settings import (SETTINGS, DPFedRecSettings, FedNewsRecSettings,
                                         FedRecSettings, settings_type)
 from privaterec.runs.report import release_description
-from privaterec.fed.rng import client_generator
+from privaterec.fed.rng import client_noise
 from privaterec.privacy.audit import audit_mechanism
 from privaterec.privacy.formulas import gaussian_sigma
 from privaterec.privacy.mechanisms import apply_clip
+from privaterec.privacy.samplers import SimulationNoise
 
 DELTA_CLIP, LAMBDA = 0.005, 0.015  # FedNewsRec's δ and λ
 FEDNEWSREC = FedNewsRec(negatives=4, max_samples=64, clip=DELTA_CLIP, noise_scale=LAMBDA)
@@ -41,8 +42,8 @@ def _dp_fedrec(noise: str, *, clip: float = 0.01, epsilon: float = 1.0,
                     epsilon=epsilon, delta=0.0 if noise == "laplace" else delta)
 
 
-def _generators(m: int, seed: int = 0) -> list[torch.Generator]:
-    return [client_generator(seed, 0, u) for u in range(m)]
+def _generators(m: int, seed: int = 0) -> list[SimulationNoise]:
+    return [client_noise(seed, 0, u) for u in range(m)]
 
 
 def _updates(m: int, d: int, scale: float, seed: int = 0) -> torch.Tensor:
@@ -353,16 +354,16 @@ def test_release_description(run_config):
 def test_noise_comes_from_each_clients_own_generator(method, cached_gaussian_calibration):
     users = [3, 8, 21, 30]
     same = torch.full((4, 50), 1e-3)  # identical updates
-    released, _ = method.privatize(same, [client_generator(7, 2, u) for u in users])
+    released, _ = method.privatize(same, [client_noise(7, 2, u) for u in users])
     for i in range(4):
         for j in range(i):
             assert not torch.allclose(released[i], released[j])
-    again, _ = method.privatize(same, [client_generator(7, 2, u) for u in users])
+    again, _ = method.privatize(same, [client_noise(7, 2, u) for u in users])
     assert torch.equal(again, released)
     # client 21's release does not depend on who else is in the batch
-    alone, _ = method.privatize(same[:1], [client_generator(7, 2, 21)])
+    alone, _ = method.privatize(same[:1], [client_noise(7, 2, 21)])
     assert torch.equal(alone[0], released[2])
-    other_round, _ = method.privatize(same[:1], [client_generator(7, 3, 21)])
+    other_round, _ = method.privatize(same[:1], [client_noise(7, 3, 21)])
     assert not torch.allclose(other_round[0], released[2])
 
 
@@ -418,7 +419,7 @@ def _release_fn(method: ClientMethod):
     """Mechanism for the audit: each row of ``inputs`` is one client's update."""
 
     def release(inputs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-        return method.privatize(inputs, [generator] * inputs.shape[0])[0]
+        return method.privatize(inputs, [SimulationNoise(generator)] * inputs.shape[0])[0]
 
     return release
 

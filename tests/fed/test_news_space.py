@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 
+from privaterec.privacy.samplers import SimulationNoise
 from privaterec.config import replace
 from privaterec.errors import ConfigError
 from privaterec.fed.engine import train_federated_run
@@ -15,7 +16,7 @@ from privaterec.fed.methods import method_from_config, resolve_run_config
 from privaterec.fed.methods.dp_fedavg import CentralDP
 from privaterec.fed.news_space import NewsSpaceClipping
 from privaterec.fed.objective import ClientBatch, LocalObjective
-from privaterec.fed.rng import central_noise_generator
+from privaterec.fed.rng import central_noise_generator, client_noise
 from privaterec.fed.simulator import eligible_clients, simulate_round
 from privaterec.privacy.noise.gaussian import gaussian_noise
 from privaterec.runs.report import central_dp_release
@@ -137,17 +138,17 @@ def test_device_releases_sum_to_the_rounds_clipped_sum(make_objective, perturb, 
     SecAgg+) has D_U + P·d coordinates and norm ≤ C, and the uploads of a round's clients
     sum to the simulator's clipped sum; the server's ``direction_from_release`` of that sum
     is the simulator's direction."""
-    from privaterec.fed.rng import client_generator
+    from privaterec.fed.rng import client_noise
     objective = make_objective("nrms")
     theta = perturb(objective)
     method = _news_method(run_config)
     space = NewsSpaceClipping(objective)
-    inputs = [method.inputs(objective, clients.client(u), generator=client_generator(1, 0, u))
+    inputs = [method.inputs(objective, clients.client(u), generator=client_noise(1, 0, u))
               for u in USERS]
     uploads = []
     for one in inputs:
         payload, loss, reports = method.release(objective, theta, one,
-                                                generator=torch.Generator())
+                                                generator=SimulationNoise(torch.Generator()))
         assert payload.shape == (method.release_dimension(objective),)
         assert method.release_dimension(objective) == space.release_dimension
         assert float(payload.double().norm()) <= 0.05 and reports == {}
@@ -182,8 +183,8 @@ def test_round_is_the_backward_pass_of_the_noised_clipped_sums_over_qn(make_obje
     result = simulate_round(objective, theta, clients, selected, method, seed=3,
                             round_index=2)
     space = NewsSpaceClipping(objective)
-    from privaterec.fed.rng import client_generator
-    inputs = [method.inputs(objective, clients.client(u), generator=client_generator(3, 2, u))
+    from privaterec.fed.rng import client_noise
+    inputs = [method.inputs(objective, clients.client(u), generator=client_noise(3, 2, u))
               for u in selected]
     sums = space.clipped_sum(theta, objective.batch(inputs), clip=0.05)
     noise = gaussian_noise((space.release_dimension,), sigma=1.0 * 0.05,
@@ -205,7 +206,8 @@ def test_empty_round_releases_noise_of_the_calibrated_scale_on_every_coordinate(
     method = _news_method(run_config)
     space = NewsSpaceClipping(objective)
     user, news, losses = method.news_space_release(
-        objective, objective.parameters(), [], generator=torch.Generator().manual_seed(5))
+        objective, objective.parameters(), [],
+        generator=SimulationNoise(torch.Generator().manual_seed(5)))
     assert losses == []
     released = torch.cat([user[~space.news_mask], news.reshape(-1)]).double()
     n = released.numel()

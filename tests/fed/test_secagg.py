@@ -40,13 +40,13 @@ from privaterec.fed.methods import method_from_config, resolve_run_config  # noq
 from privaterec.fed.methods.dp_fedavg import CentralDP  # noqa: E402
 from privaterec.fed.news_space import NewsSpaceClipping  # noqa: E402
 from privaterec.fed.objective import LocalObjective  # noqa: E402
-from privaterec.fed.rng import central_noise_generator, client_generator  # noqa: E402
+from privaterec.fed.rng import central_noise_generator, client_noise  # noqa: E402
 from privaterec.fed.secagg import (MIN_BITS, SecAggRound, min_clients,  # noqa: E402
                                    plan_round, quantization_bits)
 from privaterec.fed.simulator import simulate_round, train_federated  # noqa: E402
 from privaterec.fed.strategies import build_strategy  # noqa: E402
 from privaterec.models.factory import build_recommender  # noqa: E402
-from privaterec.privacy.samplers import SecureNoise  # noqa: E402
+from privaterec.privacy.samplers import SecureNoise, SimulationNoise  # noqa: E402
 from privaterec.runs.ranking import prepare_data, train_run  # noqa: E402
 from privaterec.runs.report import central_dp_release  # noqa: E402
 
@@ -126,7 +126,7 @@ def test_distributed_shares_sum_to_the_stated_variance(source):
     plan = plan_round(clients=n, max_dropouts=k, clip=0.1, sigma=sigma, distributed=True)
     zero = torch.zeros(D)
     sources = ([SecureNoise()] * n if source == "secure"
-               else [client_generator(0, 0, u) for u in range(n)])
+               else [client_noise(0, 0, u) for u in range(n)])
     shares = torch.stack([plan.client_vector(zero, s) for s in sources])
     assert torch.equal(shares / plan.step, torch.round(shares / plan.step))  # on the grid
     survivors = shares[: n - k].sum(0).numpy()  # k dropped out: the guaranteed noise
@@ -392,13 +392,13 @@ def _news_space_release(s: Setup, params: torch.Tensor, selected: list[int], *,
     """The simulator's noised release of a news-vector round ``[D_U + P·d]`` (the seeded
     server noise of round 0, or none)."""
     inputs = [s.method.inputs(s.task, s.clients.client(u),
-                              generator=client_generator(SEED, 0, u)) for u in selected]
+                              generator=client_noise(SEED, 0, u)) for u in selected]
     space = NewsSpaceClipping(s.task)
     if not noise:
         sums = space.clipped_sum(params, s.task.batch(inputs), clip=s.method.clip)
         return space.pack(sums.user, sums.news)
-    user, news, _ = s.method.news_space_release(s.task, params, inputs,
-                                                generator=central_noise_generator(SEED, 0))
+    user, news, _ = s.method.news_space_release(
+        s.task, params, inputs, generator=SimulationNoise(central_noise_generator(SEED, 0)))
     return space.pack(user, news)
 
 
@@ -660,8 +660,8 @@ def test_the_server_sees_masked_vectors_only(data_dir, tmp_path):
     plain = {}
     for u in selected:
         update = s.method.update(s.task, params, s.method.inputs(
-            s.task, s.clients.client(u), generator=client_generator(SEED, 0, u)),
-            generator=client_generator(SEED, 0, u))[0]
+            s.task, s.clients.client(u), generator=client_noise(SEED, 0, u)),
+            generator=client_noise(SEED, 0, u))[0]
         plain[u] = quantize([plan.quantize(update).numpy()], plan.clipping_range,
                             plan.quantization_range)[0]
     for reply in masked:
@@ -789,7 +789,7 @@ def test_audit_what_a_client_sends_under_secagg(data_dir, tmp_path, clip_space):
     assert plan is not None
     vectors = {}
     for u in range(3):  # users 0 and 1 are the neighbouring datasets of the audited client
-        g = client_generator(SEED, 0, u)
+        g = client_noise(SEED, 0, u)
         update = s.method.update(s.task, params, s.method.inputs(
             s.task, s.clients.client(u), generator=g), generator=g)[0]
         vectors[u] = plan.client_vector(update, g).numpy()

@@ -11,6 +11,7 @@ import pytest
 import torch
 from scipy import stats
 
+from privaterec.privacy.samplers import SimulationNoise
 from privaterec.config import FedConfig
 from privaterec.errors import TrainingDivergedError
 from privaterec.data.clients import build_client_dataset
@@ -153,7 +154,7 @@ def _train(make_objective, clients, run_config, method_name, *, seed=0, model_se
 def _full_loss(objective, clients, params):
     users = list(range(clients.num_users))
     method = FedRec(negatives=4, max_samples=64)
-    generator = torch.Generator().manual_seed(123)
+    generator = SimulationNoise(torch.Generator().manual_seed(123))
     candidates = [client_candidates(clients.client(u), method, generator=generator)
                   for u in users]
     batch = ClientBatch.stack([clients.history[u] for u in users],

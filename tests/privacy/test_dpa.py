@@ -35,6 +35,7 @@ from privaterec.privacy.dpa import (
 )
 from privaterec.privacy.mechanisms import CLIP_MARGIN
 from privaterec.privacy.noise.gaussian import gaussian_noise
+from privaterec.privacy.samplers import SimulationNoise
 
 F64 = torch.float64
 
@@ -55,6 +56,11 @@ def gen(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
+def sim(seed: int) -> SimulationNoise:
+    """:func:`gen` as the noise source a client draw takes."""
+    return SimulationNoise(gen(seed))
+
+
 def eps_prime(eps: float, p: float) -> float:
     """ε′ = ln((e^ε − p)/(1 − p)) (PrivateRec Alg. 2 line 9;
     docs/privacy.md#padding-amplification)."""
@@ -67,14 +73,14 @@ def test_padding_mask_never_pads_non_clicks_and_pads_at_rate_p():
     mask = torch.rand(4000, 50, generator=gen(0)) < 0.6
     n = int(mask.sum())
     for p, seed in ((0.3, 1), (0.7, 2)):
-        pad = padding_mask(mask, padding_p=p, generator=gen(seed))
+        pad = padding_mask(mask, padding_p=p, generator=sim(seed))
         assert pad.dtype == torch.bool and pad.shape == mask.shape
         assert not bool((pad & ~mask).any())  # never a position without a click
         count = int(pad.sum())
         assert abs(count - n * p) < 5 * math.sqrt(n * p * (1 - p))  # Binomial(n, p)
     # A history without clicks is never padded, even at a high p.
     assert not bool(padding_mask(torch.zeros(10, 5, dtype=torch.bool), padding_p=0.9,
-                                 generator=gen(3)).any())
+                                 generator=sim(3)).any())
 
 
 def test_padding_mask_per_row_generators_and_p_zero():
@@ -87,14 +93,14 @@ def test_padding_mask_per_row_generators_and_p_zero():
         # Row i is the draw of generator i alone: U < p on that row's clicks.
         expected = (torch.rand(8, generator=gen(s), dtype=F64) < 0.4) & mask[i]
         assert torch.equal(pad[i], expected)
-        assert torch.equal(pad[i], padding_mask(mask[i], padding_p=0.4, generator=gen(s)))
+        assert torch.equal(pad[i], padding_mask(mask[i], padding_p=0.4, generator=sim(s)))
     assert pad.any() and not pad.all()
     with pytest.raises(ConfigError, match="one generator per row"):
         padding_mask(mask, padding_p=0.4, generator=[gen(0), gen(1)])
-    assert not bool(padding_mask(mask, padding_p=0.0, generator=gen(4)).any())
+    assert not bool(padding_mask(mask, padding_p=0.0, generator=sim(4)).any())
     for bad in (1.0, -0.1, 1.5):
         with pytest.raises(ConfigError, match="padding_p"):
-            padding_mask(mask, padding_p=bad, generator=gen(5))
+            padding_mask(mask, padding_p=bad, generator=sim(5))
 
 
 def test_pad_history_puts_the_anonymous_row_exactly_where_padded():
@@ -387,7 +393,7 @@ def dpa_release(*, epsilon: float, padding_p: float, pad: bool = True,
     def mechanism(histories: torch.Tensor, g: torch.Generator) -> torch.Tensor:
         mask = torch.ones(histories.shape, dtype=torch.bool)
         if pad:
-            padded = padding_mask(mask, padding_p=padding_p, generator=g)
+            padded = padding_mask(mask, padding_p=padding_p, generator=SimulationNoise(g))
             histories = torch.where(padded, torch.full_like(histories, R0), histories)
         alpha = toy_alpha(histories)
         noise, _ = _dpa_noise(tuple(alpha.shape), epsilon=epsilon, padding_p=padding_p,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from privaterec.privacy.samplers import SimulationNoise
 from privaterec.privacy.audit import audit_mechanism
 from privaterec.recall.interest import channel_event, perturb_quotas, perturb_scores
 from privaterec.recall.task import UniFedRecLDP
@@ -97,7 +98,7 @@ def test_recall_upload_audit_below_two_theta_over_lambda():
     xp = torch.tensor([3.0, 0.0], dtype=F64)  # to (+θ, 0): L1 distance 2θ
 
     def upload(batch: torch.Tensor, g: torch.Generator) -> torch.Tensor:
-        released, _ = method.privatize(batch, [g] * batch.shape[0])
+        released, _ = method.privatize(batch, [SimulationNoise(g)] * batch.shape[0])
         return released
 
     result = audit_mechanism(upload, x, xp, trials=20_000, generator=gen(5), alpha=ALPHA,

@@ -17,8 +17,9 @@ from privaterec.data.features import NewsFeatures
 from privaterec.errors import CheckpointError, ConfigError
 from privaterec.method_settings import UniFedRecSettings
 from privaterec.fed.client import client_update
-from privaterec.fed.rng import client_generator
+from privaterec.fed.rng import client_noise
 from privaterec.fed.sampling import clients_per_round
+from privaterec.privacy.samplers import SimulationNoise
 from privaterec.fed.simulator import sequential_round, simulate_round
 from privaterec.fed.strategies import aggregate
 from privaterec.privacy.noise.laplace import laplace_noise
@@ -57,7 +58,7 @@ def task_of(model: UniFedRecRecall, vectors: torch.Tensor, pool_rows=None,
 
 
 def inputs_of(task: RecallTask, data, method: UniFedRecLDP, generator):
-    return method.inputs(task, data, generator=generator)
+    return method.inputs(task, data, generator=SimulationNoise(generator))
 
 
 def make_model(**kwargs) -> UniFedRecRecall:
@@ -148,14 +149,14 @@ def test_privatize_clips_l1_and_adds_laplace_of_scale_lambda():
     gen = torch.Generator().manual_seed(3)
     updates = torch.randn(4, 5000, generator=gen) * 0.01  # L1 norms ~ 40 >> theta
     updates[3] = updates[3] / updates[3].abs().sum() * 0.05  # already inside: unchanged
-    gens = [torch.Generator().manual_seed(10 + i) for i in range(4)]
+    gens = [SimulationNoise(torch.Generator().manual_seed(10 + i)) for i in range(4)]
     clean, _ = ldp(noise_scale=0.0).privatize(updates, gens)
     norms = clean.abs().sum(1)
     assert torch.allclose(norms[:3], torch.full((3,), 0.1), rtol=1e-5)
     torch.testing.assert_close(clean[3], updates[3])
     torch.testing.assert_close(clean[:3], updates[:3] * (0.1 / updates[:3].abs().sum(1,
                                                                                      True)))
-    gens = [torch.Generator().manual_seed(10 + i) for i in range(4)]
+    gens = [SimulationNoise(torch.Generator().manual_seed(10 + i)) for i in range(4)]
     noisy, event = ldp().privatize(updates, gens)
     assert event.epsilon == pytest.approx(20.0)
     noise = (noisy - clean).double()
@@ -176,18 +177,18 @@ def test_client_update_bound_noise_and_determinism():
     params = objective.parameters()
     data = clients.client(3)  # 4 clicks
     raw = client_update(objective, params, data, ldp(clipping="none", noise_scale=0.0),
-                        generator=client_generator(7, 3, 3))
+                        generator=client_noise(7, 3, 3))
     clean = client_update(objective, params, data, ldp(noise_scale=0.0),
-                          generator=client_generator(7, 3, 3))
+                          generator=client_noise(7, 3, 3))
     assert float(raw.payload.abs().sum()) > 0.1  # the clip is active
     # clipped payload = raw gradient scaled to L1 norm θ
     torch.testing.assert_close(clean.payload, raw.payload * (0.1 / raw.payload.abs().sum()))
     noisy = client_update(objective, params, data, ldp(noise_scale=0.05),
-                          generator=client_generator(7, 3, 3))
+                          generator=client_noise(7, 3, 3))
     again = client_update(objective, params, data, ldp(noise_scale=0.05),
-                          generator=client_generator(7, 3, 3))
+                          generator=client_noise(7, 3, 3))
     other = client_update(objective, params, data, ldp(noise_scale=0.05),
-                          generator=client_generator(7, 4, 3))
+                          generator=client_noise(7, 4, 3))
     assert torch.equal(noisy.payload, again.payload)
     assert not torch.equal(noisy.payload, other.payload)
     noise = (noisy.payload - clean.payload).double().numpy()
@@ -210,7 +211,7 @@ def test_client_gradient_equals_autograd_through_the_model():
         data = clients.client(u)
         inputs = inputs_of(objective, data, method, torch.Generator().manual_seed(u))
         update = client_update(objective, objective.parameters(), data, method,
-                               generator=torch.Generator().manual_seed(u))
+                               generator=SimulationNoise(torch.Generator().manual_seed(u)))
         # reference: the model's own forward, same draws (samples, negatives, then noise)
         gen = torch.Generator().manual_seed(u)
         ref_inputs = inputs_of(task_of(model, vectors, **{**config, "score_noise": False}),
@@ -257,7 +258,7 @@ def test_vectorized_round_equals_sequential_client_updates():
         result = simulate_round(objective, params, clients, selected, method, seed=3,
                                 round_index=2, chunk_clients=fed.chunk_clients)
         updates = [client_update(objective, params, clients.client(u), method,
-                                 generator=client_generator(3, 2, u))
+                                 generator=client_noise(3, 2, u))
                    for u in selected]
         torch.testing.assert_close(result.direction, aggregate(updates), rtol=1e-5, atol=1e-7)
         reference = sequential_round(objective, params, clients, selected, method, seed=3,
@@ -306,7 +307,7 @@ def test_resume_equals_uninterrupted_run(tmp_path):
 def _mean_loss(objective: RecallTask, clients: ClientDataset) -> float:
     method = ldp(clipping="none", noise_scale=0.0)
     inputs = [method.inputs(objective, clients.client(u),
-                            generator=torch.Generator().manual_seed(100 + u))
+                            generator=SimulationNoise(torch.Generator().manual_seed(100 + u)))
               for u in range(clients.num_users)]
     _, losses = objective.gradients(objective.parameters(), inputs)
     return float(losses.mean())

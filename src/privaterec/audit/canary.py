@@ -62,6 +62,7 @@ from privaterec.audit.world import BASE_USER, SMALL_USER, AuditWorld, make_world
 from privaterec.config import ModelConfig
 from privaterec.errors import ConfigError
 from privaterec.fed.objective import LocalObjective
+from privaterec.privacy.samplers import NoiseSource, SimulationNoise
 
 CANARY_METHODS = ("dp-fedavg", "dp-fedavg-adaptive", "dp-fedavg-news")
 CANARY_ADJACENCIES = ("replace", "add-remove")
@@ -178,7 +179,7 @@ def _sent(objective: Any, params: torch.Tensor, method: Any, data: Any,
     from privaterec.fed.methods.dp_fedavg import CLIP_INDICATOR
 
     update = client_update(objective, params, data, method,
-                           generator=torch.Generator().manual_seed(seed))
+                           generator=SimulationNoise(torch.Generator().manual_seed(seed)))
     sent = sent_fields(update)
     return sent["payload"].detach().to(torch.float32), float(sent.get(CLIP_INDICATOR, 0.0))
 
@@ -349,7 +350,7 @@ def noised_statistics(game: CanaryGame, side: CanarySide, runs: int,
     w, wc = game.statistic_weights()
     agg = game.aggregator
     out = []
-    source: Any = generator
+    source: NoiseSource = SimulationNoise(generator)
     if view in ("deployed", "secagg-deployed"):
         from privaterec.privacy.samplers import SecureNoise
 

@@ -24,6 +24,7 @@ from privaterec.data.clients import ClientData
 from privaterec.errors import ConfigError
 from privaterec.audit.world import AuditWorld
 from privaterec.privacy.calibrate import clipped_release
+from privaterec.privacy.samplers import SimulationNoise
 from privaterec.validators import check_choice
 
 if TYPE_CHECKING:
@@ -156,9 +157,10 @@ def _news_space_target(world: AuditWorld, *, epsilon: float, delta: float,
     events = method.population_events(objective.dimension)
 
     def upload(data: ClientData, generator: torch.Generator) -> Release:
-        inputs = method.inputs(objective, data, generator=generator)
+        source = SimulationNoise(generator)
+        inputs = method.inputs(objective, data, generator=source)
         user, news, _ = method.news_space_release(objective, params, [inputs],
-                                                  generator=generator)
+                                                  generator=source)
         return Release({"payload": torch.cat([user[user_coords], news.reshape(-1)])}, events)
 
     note = (f"D_U = {int(user_coords.sum())} user-side coordinates + "
@@ -194,7 +196,8 @@ def _central_target(world: AuditWorld, *, adaptive: bool, epsilon: float, delta:
     events = method.population_events(objective.dimension)
 
     def upload(data: ClientData, generator: torch.Generator) -> Release:
-        sent = sent_fields(client_update(objective, params, data, method, generator=generator))
+        sent = sent_fields(client_update(objective, params, data, method,
+                                         generator=SimulationNoise(generator)))
         total, count = method.noised_sums(sent["payload"], float(sent.get(CLIP_INDICATOR, 0.0)),
                                           population=1, generator=generator)
         out: dict[str, Any] = {"payload": total}
@@ -230,7 +233,8 @@ def _federated_target(method: FederatedMethod, world: AuditWorld, *, mode: str, 
     params = objective.parameters()
 
     def upload(data: ClientData, generator: torch.Generator) -> Release:
-        return _release(client_update(objective, params, data, client, generator=generator))
+        return _release(client_update(objective, params, data, client,
+                                      generator=SimulationNoise(generator)))
 
     return Target(method, mode if method == "privaterec" else "-", upload,
                   note=f"D = {objective.dimension}")
@@ -261,7 +265,8 @@ def _recall_target(world: AuditWorld, *, epsilon: float) -> Target:
     params = task.parameters()
 
     def upload(data: ClientData, generator: torch.Generator) -> Release:
-        return _release(client_update(task, params, data, method, generator=generator))
+        return _release(client_update(task, params, data, method,
+                                      generator=SimulationNoise(generator)))
 
     return Target("unifedrec", "-", upload, note=f"recall model, D = {task.dimension}")
 

@@ -17,7 +17,8 @@ import torch
 from privaterec.data.features import NewsFeatures
 from privaterec.data.history import history_rows
 from privaterec.data.records import MindSplit
-from privaterec.privacy.randomness import Randomness, rand
+from privaterec.privacy.randomness import rand
+from privaterec.privacy.samplers import NoiseSource
 
 
 @dataclass
@@ -83,7 +84,7 @@ class ClientDataset:
             return self.samples_per_user()
         return self.impression_offsets[1:] - self.impression_offsets[:-1]
 
-    def draw_candidates(self, *, negatives: int, generator: torch.Generator,
+    def draw_candidates(self, *, negatives: int, generator: NoiseSource,
                         samples: torch.Tensor | None = None) -> torch.Tensor:
         """Candidates ``LongTensor[s, 1 + k]`` with the clicked news in column 0.
 
@@ -163,7 +164,7 @@ class ClientData:
 
 
 def draw_candidates(positives: torch.Tensor, pool: torch.Tensor, counts: torch.Tensor, *,
-                    negatives: int, generator: Randomness) -> torch.Tensor:
+                    negatives: int, generator: NoiseSource) -> torch.Tensor:
     """Candidates ``LongTensor[s, 1 + k]``: each clicked news followed by k non-clicked ones.
 
     Parameters

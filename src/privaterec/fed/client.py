@@ -28,11 +28,11 @@ from privaterec.fed.methods.base import ClientMethod
 from privaterec.fed.objective import draw_samples
 from privaterec.fed.task import FederatedTask
 from privaterec.fed.update import ClientUpdate
-from privaterec.privacy.randomness import Randomness
+from privaterec.privacy.samplers import NoiseSource
 
 
 def client_candidates(data: ClientData, method: ClientMethod, *,
-                      generator: Randomness) -> torch.Tensor:
+                      generator: NoiseSource) -> torch.Tensor:
     """A ranking client's first draws: its samples' candidates ``LongTensor[n, 1 + k]``.
 
     A client with more than ``method.max_samples`` samples uses a random subset of that size.
@@ -42,7 +42,7 @@ def client_candidates(data: ClientData, method: ClientMethod, *,
 
 
 def client_update(task: FederatedTask[Any], params: torch.Tensor, data: ClientData,
-                  method: ClientMethod, *, generator: Randomness) -> ClientUpdate:
+                  method: ClientMethod, *, generator: NoiseSource) -> ClientUpdate:
     """One client's round (FedNewsRec Eq. 3-5; DP-FedRec; PrivateRec Alg. 3 lines 14-21;
     Uni-FedRec §3.5): its inputs, its update, what it sends and spends.
 

@@ -32,7 +32,8 @@ from privaterec.data.clients import ClientData, draw_candidates
 from privaterec.fed.task import ModuleTask, ParamSpec, per_client_gradients
 from privaterec.models.recommender import Recommender
 from privaterec.privacy.dpa import relu_normalize
-from privaterec.privacy.randomness import Randomness, randperm
+from privaterec.privacy.randomness import randperm
+from privaterec.privacy.samplers import NoiseSource
 from privaterec.runtime.device import module_device
 
 
@@ -192,7 +193,7 @@ class ClientInputs:
 
 
 def draw_samples(data: ClientData, *, max_samples: int, negatives: int,
-                 generator: Randomness) -> tuple[torch.Tensor, torch.Tensor]:
+                 generator: NoiseSource) -> tuple[torch.Tensor, torch.Tensor]:
     """A ranking client's draws: chosen sample indices ``[n]`` (at most ``max_samples``, a
     random subset when it has more) and their candidates ``[n, 1 + k]`` (k = ``negatives``
     non-clicked news per click), in this order on ``generator``."""
@@ -245,7 +246,7 @@ class LocalObjective(ModuleTask):
 
     # -- the task protocol (privaterec.fed.task.FederatedTask) --------------------------------
     def client_inputs(self, data: ClientData, *, max_samples: int, negatives: int,
-                      generator: Randomness) -> ClientInputs:
+                      generator: NoiseSource) -> ClientInputs:
         """A client's history and the candidates of its drawn samples (:func:`draw_samples`)."""
         _, candidates = draw_samples(data, max_samples=max_samples, negatives=negatives,
                                      generator=generator)

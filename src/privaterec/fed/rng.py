@@ -15,6 +15,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from privaterec.privacy.samplers import SimulationNoise
+
 _SERVER, _CLIENT, _CENTRAL_NOISE, _EVAL_SAMPLE, _EVAL_CLIENT = 0, 1, 2, 3, 4
 
 
@@ -32,6 +34,11 @@ def round_generator(seed: int, round_index: int) -> torch.Generator:
 def client_generator(seed: int, round_index: int, client: int) -> torch.Generator:
     """Client ``client``'s generator in round ``round_index`` (samples, negatives, noise)."""
     return torch.Generator().manual_seed(_derived_seed(seed, _CLIENT, round_index, client))
+
+
+def client_noise(seed: int, round_index: int, client: int) -> SimulationNoise:
+    """:func:`client_generator` as the noise source a client round takes (simulation only)."""
+    return SimulationNoise(client_generator(seed, round_index, client))
 
 
 def central_noise_generator(seed: int, round_index: int) -> torch.Generator:

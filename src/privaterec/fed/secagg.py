@@ -54,7 +54,7 @@ import torch
 
 from privaterec.config import NOISE_PLACEMENTS, SECURE_AGGREGATIONS
 from privaterec.errors import ConfigError
-from privaterec.privacy.randomness import Randomness, as_source
+from privaterec.privacy.samplers import NoiseSource
 
 MAX_MODULUS_BITS = 32
 """Flower's SecAgg+ documents ``modulus_range`` ≤ 2^32."""
@@ -160,7 +160,7 @@ class SecAggRound:
             q = torch.where(q.abs() >= self.step, q - torch.sign(q) * self.step, q)
         return q
 
-    def client_vector(self, x: torch.Tensor, source: Randomness) -> torch.Tensor:
+    def client_vector(self, x: torch.Tensor, source: NoiseSource) -> torch.Tensor:
         """What the client hands to SecAgg+ (float64 ``[D]``, grid values): its quantised
         clipped update, plus its rounded noise share drawn from ``source`` (the OS CSPRNG
         via :class:`~privaterec.privacy.samplers.SecureNoise` on a device, float-safe; the
@@ -168,7 +168,7 @@ class SecAggRound:
         q = self.quantize(x)
         if not self.distributed:
             return q
-        share = as_source(source).release_gaussian(torch.zeros_like(q),
+        share = source.release_gaussian(torch.zeros_like(q),
                                                    sigma=self.share_sigma)
         return q + torch.round(share.to(torch.float64) / self.step) * self.step
 

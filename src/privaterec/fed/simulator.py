@@ -38,7 +38,7 @@ from privaterec.fed.evaluation import (EvaluateFn, FederatedEvaluation, evaluati
                                        local_evaluate_fn)
 from privaterec.fed.interrupt import RoundInterrupted
 from privaterec.fed.methods.base import ClientMethod, RoundContext, RoundOutput
-from privaterec.fed.rng import client_generator
+from privaterec.fed.rng import client_noise
 from privaterec.fed.sampling import (clients_per_round, eligible_clients, poisson_round,
                                      sample_round)
 from privaterec.fed.strategies import State, Strategy, aggregate
@@ -114,7 +114,7 @@ def simulate_round(task: FederatedTask[Any], params: torch.Tensor, clients: Clie
     taking_part = set(active)
     idle = [u for u in selected if u not in taking_part]
     local_idle = bool(idle) and not method.trusted_aggregator
-    generators = [client_generator(seed, round_index, u) for u in active]
+    generators = [client_noise(seed, round_index, u) for u in active]
     inputs = [method.inputs(task, data[u], generator=g) for u, g in zip(active, generators)]
     population = len(method.population(clients))
     context = RoundContext(seed=seed, round_index=round_index, chunk_clients=chunk_clients,
@@ -126,7 +126,7 @@ def simulate_round(task: FederatedTask[Any], params: torch.Tensor, clients: Clie
         out = RoundOutput(torch.zeros(task.dimension, device=params.device), [])
     direction = out.direction
     if local_idle and not method.sends_metadata:  # (fedrec weighs a client by its samples: 0)
-        released = method.idle_release(task.dimension, [client_generator(seed, round_index, u)
+        released = method.idle_release(task.dimension, [client_noise(seed, round_index, u)
                                                         for u in idle])
         direction = (direction * len(active) + released.sum(0).to(direction.device)
                      ) / len(selected)
@@ -149,7 +149,7 @@ def sequential_round(task: FederatedTask[Any], params: torch.Tensor, clients: Cl
     # A local method's client without a training sample sends a noised zero (client_update);
     # central DP's adds a zero update to the sum, which its round counts.
     updates = {u: client_update(task, params, data[u], method,
-                                generator=client_generator(seed, round_index, u))
+                                generator=client_noise(seed, round_index, u))
                for u in selected
                if method.has_update(data[u]) or not method.trusted_aggregator}
     summed = [x for x in updates.values() if x.weight > 0]  # fedrec weighs an idle one 0

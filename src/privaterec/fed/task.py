@@ -25,7 +25,7 @@ from torch import nn
 from torch.func import functional_call, vmap
 
 from privaterec.data.clients import ClientData
-from privaterec.privacy.randomness import Randomness
+from privaterec.privacy.samplers import NoiseSource
 
 
 @dataclass(frozen=True)
@@ -111,7 +111,7 @@ class FederatedTask(Protocol[InputsT]):
         ...
 
     def client_inputs(self, data: ClientData, *, max_samples: int, negatives: int,
-                      generator: Randomness) -> InputsT:
+                      generator: NoiseSource) -> InputsT:
         """A client's inputs to its gradient after its own random draws (which samples,
         which negatives, ...), drawn from ``generator`` in a fixed order."""
         ...

@@ -49,7 +49,7 @@ PAPER_MODE_NOTE = ("sensitivity='paper' (S = theta): NOT a valid DP guarantee; a
 
 
 def padding_mask(mask: Tensor, *, padding_p: float,
-                 generator: Generators | NoiseSource) -> Tensor:
+                 generator: NoiseSource | Sequence[torch.Generator]) -> Tensor:
     """Which history positions are replaced by the anonymous news r₀ (Alg. 2 lines 2-5).
 
     Parameters
@@ -59,7 +59,8 @@ def padding_mask(mask: Tensor, *, padding_p: float,
     padding_p:
         p in [0, 1): each real click is independently replaced with probability p.
     generator:
-        One generator (or a device's secure source), or one generator per row of ``mask``.
+        One source (seeded, or a device's secure source), or one seeded generator per row of
+        ``mask``.
 
     Returns
     -------
@@ -69,7 +70,7 @@ def padding_mask(mask: Tensor, *, padding_p: float,
     check_in(padding_p, "padding_p", 0, 1, "a probability in [0, 1)")
     if padding_p == 0:
         return torch.zeros_like(mask, dtype=torch.bool)
-    if not isinstance(generator, Sequence):  # one generator or one secure source
+    if isinstance(generator, NoiseSource):  # one source
         u = rand(generator, mask.shape, dtype=torch.float64)
     else:
         gens = list(generator)

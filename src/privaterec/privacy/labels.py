@@ -32,7 +32,8 @@ from torch import Tensor
 
 from privaterec.errors import ConfigError
 from privaterec.privacy.events import Phase, PrivacyEvent
-from privaterec.privacy.randomness import Randomness, rand, randint
+from privaterec.privacy.randomness import rand, randint
+from privaterec.privacy.samplers import NoiseSource
 
 
 def _check(size: int, epsilon: float) -> None:
@@ -52,7 +53,7 @@ def keep_probability(*, epsilon: float, size: int) -> float:
     return 1.0 / (1.0 + size * math.exp(-epsilon))
 
 
-def draw_positions(counts: Tensor, *, size: int, generator: Randomness) -> Tensor:
+def draw_positions(counts: Tensor, *, size: int, generator: NoiseSource) -> Tensor:
     """Uniform candidate positions ``LongTensor[n, size]`` in each impression, label-blind.
 
     ``counts``: ``LongTensor[n]`` number of displayed news of each impression (≥ 1). Without
@@ -69,7 +70,7 @@ def draw_positions(counts: Tensor, *, size: int, generator: Randomness) -> Tenso
 
 
 def release_labels(clicks: Tensor, counts: Tensor, *, size: int, epsilon: float,
-                   generator: Randomness) -> tuple[Tensor, Tensor]:
+                   generator: NoiseSource) -> tuple[Tensor, Tensor]:
     """The label release of n impressions (module docstring, steps 1-3).
 
     Parameters

@@ -4,12 +4,12 @@ A client's round draws samples, candidates, padding, labels and noise. In simula
 come from its seeded ``torch.Generator`` (:func:`~privaterec.fed.rng.client_generator`), so
 both engines draw the same numbers; on a real device (a Flower SuperNode holding a user's
 data) they must come from the operating system's CSPRNG and the noise must be float-safe
-(docs/serving.md#randomness-on-devices). The functions below take either:
+(docs/serving.md#randomness-on-devices). The functions below take one
+:class:`~privaterec.privacy.samplers.NoiseSource`:
 
-* a ``torch.Generator`` (or a :class:`~privaterec.privacy.samplers.SimulationNoise`
-  wrapping one): exactly the torch calls the simulation always made, bit for bit;
-* a secure :class:`~privaterec.privacy.samplers.NoiseSource`
-  (:class:`~privaterec.privacy.samplers.SecureNoise`): CSPRNG uniforms and integers, and
+* a :class:`~privaterec.privacy.samplers.SimulationNoise` wrapping the seeded generator:
+  exactly the torch calls the simulation always made, bit for bit;
+* a :class:`~privaterec.privacy.samplers.SecureNoise`: CSPRNG uniforms and integers, and
   float-safe Laplace/Gaussian releases.
 
 The split is explicit: :func:`is_secure` says which path a draw takes.
@@ -17,7 +17,7 @@ The split is explicit: :func:`is_secure` says which path a draw takes.
 
 from __future__ import annotations
 
-from typing import Sequence, Union
+from typing import Sequence
 
 import torch
 from torch import Tensor
@@ -26,44 +26,32 @@ from privaterec.privacy.calibrate import Calibration
 from privaterec.privacy.mechanisms import apply_clip, clip_and_noise
 from privaterec.privacy.samplers import NoiseSource, SimulationNoise
 
-Randomness = Union[torch.Generator, NoiseSource]
-"""A seeded generator (simulation) or a noise source (secure on a device)."""
+
+def _generator(source: NoiseSource) -> torch.Generator | None:
+    return source.generator if isinstance(source, SimulationNoise) else None
 
 
-def _generator(source: Randomness) -> torch.Generator | None:
-    if isinstance(source, torch.Generator):
-        return source
-    if isinstance(source, SimulationNoise):
-        return source.generator
-    return None
-
-
-def seeded_generator(source: Randomness) -> torch.Generator:
-    """The seeded ``torch.Generator`` behind a simulation source (a generator, or
-    ``SimulationNoise``); raises for a secure source, which has none."""
+def seeded_generator(source: NoiseSource) -> torch.Generator:
+    """The seeded ``torch.Generator`` behind a :class:`SimulationNoise`; raises for a secure
+    source, which has none."""
     g = _generator(source)
     if g is None:
         raise TypeError(f"{source!r} is a secure source: it has no seeded generator")
     return g
 
 
-def is_secure(source: Randomness) -> bool:
+def is_secure(source: NoiseSource) -> bool:
     """Whether draws from ``source`` are fit for a deployed release (OS CSPRNG, float-safe)."""
-    return _generator(source) is None and bool(getattr(source, "secure", False))
+    return source.secure
 
 
-def as_source(source: Randomness) -> NoiseSource:
-    """A :class:`NoiseSource` view of ``source`` (a generator becomes ``SimulationNoise``)."""
-    return SimulationNoise(source) if isinstance(source, torch.Generator) else source
-
-
-def rand(source: Randomness, shape: Sequence[int], *,
+def rand(source: NoiseSource, shape: Sequence[int], *,
          dtype: torch.dtype = torch.float32) -> Tensor:
     """Uniforms in [0, 1) of ``shape`` (``torch.rand`` with the generator in simulation)."""
     g = _generator(source)
     if g is not None:
         return torch.rand(tuple(shape), generator=g, dtype=dtype)
-    u = as_source(source).uniform(tuple(shape))  # float64 on 53 bits
+    u = source.uniform(tuple(shape))  # float64 on 53 bits
     if dtype == torch.float64:
         return u
     # Keep as many bits as the dtype's significand holds, so the value stays < 1 after the
@@ -72,23 +60,23 @@ def rand(source: Randomness, shape: Sequence[int], *,
     return (torch.floor(u * 2.0 ** bits) / 2.0 ** bits).to(dtype)
 
 
-def randperm(source: Randomness, n: int) -> Tensor:
+def randperm(source: NoiseSource, n: int) -> Tensor:
     """A uniform random permutation of ``range(n)`` (``LongTensor[n]``)."""
     g = _generator(source)
     if g is not None:
         return torch.randperm(n, generator=g)
-    return torch.argsort(as_source(source).uniform((n,)))
+    return torch.argsort(source.uniform((n,)))
 
 
-def randint(source: Randomness, low: int, high: int, shape: Sequence[int]) -> Tensor:
+def randint(source: NoiseSource, low: int, high: int, shape: Sequence[int]) -> Tensor:
     """Integers uniform in [low, high) of ``shape`` (int64)."""
     g = _generator(source)
     if g is not None:
         return torch.randint(low, high, tuple(shape), generator=g)
-    return low + as_source(source).randint(high - low, tuple(shape))
+    return low + source.randint(high - low, tuple(shape))
 
 
-def release_rows(x: Tensor, calibration: Calibration, sources: Sequence[Randomness]) -> Tensor:
+def release_rows(x: Tensor, calibration: Calibration, sources: Sequence[NoiseSource]) -> Tensor:
     """Row i of ``x`` (e.g. ``[m, D]``, one client's update per row) clipped and noised as
     ``calibration`` says, its noise from ``sources[i]``.
 
@@ -110,7 +98,7 @@ def release_rows(x: Tensor, calibration: Calibration, sources: Sequence[Randomne
     clipped = apply_clip(x, calibration)
     if not calibration.noisy or not calibration.event.is_private:
         return clipped
-    return torch.stack([source_noise(row, calibration, as_source(source))
+    return torch.stack([source_noise(row, calibration, source)
                         for row, source in zip(clipped, sources)])
 
 
@@ -134,5 +122,5 @@ def source_release(x: Tensor, calibration: Calibration, source: NoiseSource) -> 
     return source_noise(apply_clip(x, calibration), calibration, source)
 
 
-__all__ = ["Randomness", "as_source", "is_secure", "rand", "randint", "randperm",
+__all__ = ["is_secure", "rand", "randint", "randperm",
            "release_rows", "seeded_generator", "source_noise", "source_release"]

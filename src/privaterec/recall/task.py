@@ -77,8 +77,8 @@ from privaterec.fed.strategies import build_strategy
 from privaterec.fed.task import ModuleTask, per_client_gradients
 from privaterec.method_settings import UniFedRecSettings
 from privaterec.privacy.noise.laplace import laplace_noise
-from privaterec.privacy.randomness import (Randomness, is_secure, randint, randperm,
-                                           seeded_generator)
+from privaterec.privacy.randomness import is_secure, randint, randperm, seeded_generator
+from privaterec.privacy.samplers import NoiseSource
 from privaterec.recall.channels import ChannelBatch, cluster_batch
 from privaterec.recall.interest import perturb_scores
 from privaterec.recall.model import NUM_NEGATIVES, UniFedRecRecall, unified_score
@@ -322,7 +322,7 @@ class RecallTask(ModuleTask):
 
     # -- the task protocol -----------------------------------------------------------------
     def client_inputs(self, data: ClientData, *, max_samples: int, negatives: int,
-                      generator: Randomness) -> RecallClientInputs:
+                      generator: NoiseSource) -> RecallClientInputs:
         """Steps 1-3 of a client round, in this order on ``generator``: the sample subset,
         the ``negatives`` negatives per click, the score noise (module docstring)."""
         n = data.num_samples

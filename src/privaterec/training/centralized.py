@@ -18,6 +18,7 @@ from tqdm.auto import tqdm
 from privaterec.config import TrainConfig
 from privaterec.data.clients import ClientDataset
 from privaterec.models.recommender import Recommender
+from privaterec.privacy.samplers import SimulationNoise
 from privaterec.runtime.checkpoint import load_checkpoint, save_checkpoint
 from privaterec.runtime.determinism import deterministic_algorithms
 
@@ -117,7 +118,8 @@ def _train(model: Recommender, clients: ClientDataset, config: TrainConfig, *,
     steps_per_epoch = (n + config.batch_size - 1) // config.batch_size
     while epoch < config.epochs:
         generator = epoch_generator(config.seed, epoch)
-        candidates = clients.draw_candidates(negatives=config.negatives, generator=generator)
+        candidates = clients.draw_candidates(negatives=config.negatives,
+                                          generator=SimulationNoise(generator))
         order = torch.randperm(n, generator=generator)
         if step_in_epoch == 0:
             torch.manual_seed(config.seed * 7919 + epoch)  # dropout stream of this epoch

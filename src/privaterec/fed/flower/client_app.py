@@ -8,7 +8,7 @@
   (:func:`privaterec.fed.evaluation.device_release`), from the OS CSPRNG on a real device.
 * ``train`` (:func:`handle_train`): a plain round (:func:`client_train`) calls
   :func:`privaterec.fed.client.client_update` for each requested user — the same function
-  the simulator's reference round calls — with ``client_generator(seed, round, user)`` in a
+  the simulator's reference round calls — with ``client_noise(seed, round, user)`` in a
   simulation, or on a real device (node option ``user-id``, or ``os-entropy = true``) with
   :class:`~privaterec.privacy.samplers.SecureNoise` (OS CSPRNG, float-safe releases), and
   replies with what :meth:`~privaterec.fed.update.ClientUpdate.sent` holds: the payloads
@@ -61,7 +61,7 @@ from privaterec.fed.flower.messages import (RUN_RECORD, field_record, field_valu
 from privaterec.fed.flower.secure import MASK_PRG, install_mask_prg
 from privaterec.fed.methods.base import ClientMethod
 from privaterec.fed.methods.dp_fedavg import CentralDP
-from privaterec.fed.rng import client_generator, evaluation_client_generator
+from privaterec.fed.rng import client_noise, evaluation_client_generator
 from privaterec.fed.secagg import SecAggRound
 from privaterec.fed.task import FederatedTask
 from privaterec.ondevice.budget import DEFAULT_DEVICE_BUDGET, default_state_dir
@@ -294,7 +294,7 @@ def client_train(load: DeviceLoader, message: Message, context: Context) -> Mess
         for user_id, user in zip(user_ids, field_values(config, "user-indices", int)):
             data = device.clients.client(device.index[user_id])
             generator = (secure if secure is not None
-                         else client_generator(seed, round_index, int(user)))
+                         else client_noise(seed, round_index, int(user)))
             update = client_update(device.task, theta, data, device.method,
                                    generator=generator)
             sent = update.sent()  # a private method sends its released update only
@@ -450,7 +450,7 @@ def client_secure_fit(load: DeviceLoader, message: Message, context: Context) ->
            secure_message=True)
     secure = secure_source(context, config)
     source = (secure if secure is not None
-              else client_generator(int(config["seed"]), int(config["round"]), user))
+              else client_noise(int(config["seed"]), int(config["round"]), user))
     with deterministic_algorithms(), flush_denormals():  # as the simulator computes
         data = device.clients.client(device.index[user_id])
         if method.has_update(data):

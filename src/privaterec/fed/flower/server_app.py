@@ -50,7 +50,7 @@ from privaterec.fed.strategies import Strategy, aggregate
 from privaterec.fed.task import FederatedTask
 from privaterec.fed.update import ClientUpdate
 from privaterec.privacy.events import PrivacyEvent
-from privaterec.privacy.samplers import SecureNoise
+from privaterec.privacy.samplers import SecureNoise, SimulationNoise
 from privaterec.runtime.checkpoint import load_checkpoint
 
 DISCOVERY_TIMEOUT = 120.0
@@ -254,7 +254,7 @@ def _secure_round_fn(grid: Grid, task: FederatedTask[Any], clients: ClientDatase
             total = method.release_sum(total, server_noise)
         else:  # a simulation or seeded rehearsal: the simulator's draw, bit for bit
             total = total.to(torch.float32) + method.central_noise(
-                release_dimension, central_noise_generator(seed, t))
+                release_dimension, SimulationNoise(central_noise_generator(seed, t)))
         direction = (method.direction_from_release(task, params, total)
                      / (method.sampling_rate * population))
         return RoundResult(direction, None, None, [method.events(dimension)] * len(users),

@@ -35,7 +35,7 @@ from privaterec.method_settings import MethodSettings
 from privaterec.privacy.calibrate import Calibration
 from privaterec.privacy.events import Adjacency, PrivacyEvent
 from privaterec.privacy.ledger import adjacency_view, basic_composition
-from privaterec.privacy.randomness import Randomness, release_rows
+from privaterec.privacy.randomness import release_rows
 from privaterec.privacy.samplers import NoiseSource
 
 TaskT = TypeVar("TaskT", bound="FederatedTask[Any]")
@@ -214,7 +214,7 @@ class ClientMethod(ABC, Generic[TaskT]):
         return True
 
     # -------------------------------------------------------------------- the hooks
-    def inputs(self, task: TaskT, data: ClientData, *, generator: Randomness) -> Any:
+    def inputs(self, task: TaskT, data: ClientData, *, generator: NoiseSource) -> Any:
         """The client's inputs after its own random draws (the task's, by default)."""
         return task.client_inputs(data, max_samples=self.max_samples,
                                   negatives=self.negatives, generator=generator)
@@ -229,7 +229,7 @@ class ClientMethod(ABC, Generic[TaskT]):
         """:meth:`calibration`, computed (the cache calls it once per (method, D))."""
 
     def privatize(self, updates: torch.Tensor,
-                  generators: Sequence[Randomness]) -> tuple[torch.Tensor, PrivacyEvent]:
+                  generators: Sequence[NoiseSource]) -> tuple[torch.Tensor, PrivacyEvent]:
         """Clip and noise each client's update before upload, as :meth:`calibration` says.
 
         Parameters
@@ -253,7 +253,7 @@ class ClientMethod(ABC, Generic[TaskT]):
         return release_rows(updates, calibration, generators), calibration.event
 
     def idle_release(self, dimension: int,
-                     generators: Sequence[Randomness]) -> torch.Tensor:
+                     generators: Sequence[NoiseSource]) -> torch.Tensor:
         """The releases ``Tensor[k, D]`` of k sampled users without a training sample: a
         zero update released as any client's (:meth:`privatize`: clipped, then noised from
         each user's own source), so that what the server receives, and the ledger, have the
@@ -299,14 +299,14 @@ class ClientMethod(ABC, Generic[TaskT]):
         return int(inputs.candidates.shape[0])
 
     def update(self, task: TaskT, params: torch.Tensor, inputs: Any, *,
-               generator: Randomness) -> tuple[torch.Tensor, float]:
+               generator: NoiseSource) -> tuple[torch.Tensor, float]:
         """One client's released update ``Tensor[D]`` and its loss (the reference)."""
         grad, loss = task.gradient(params, inputs)
         released, _ = self.privatize(grad[None], [generator])
         return released[0], loss
 
     def release(self, task: TaskT, params: torch.Tensor, inputs: Any, *,
-                generator: Randomness) -> tuple[torch.Tensor, float, dict[str, float]]:
+                generator: NoiseSource) -> tuple[torch.Tensor, float, dict[str, float]]:
         """One client's upload: :meth:`update` and the scalars it sends next to it (none by
         default; adaptive clipping: the centred clip indicator), each covered by an
         accounted release."""
@@ -314,7 +314,7 @@ class ClientMethod(ABC, Generic[TaskT]):
         return payload, loss, {}
 
     def client_updates(self, task: TaskT, params: torch.Tensor,
-                       inputs: Sequence[Any], generators: Sequence[torch.Generator], *,
+                       inputs: Sequence[Any], generators: Sequence[NoiseSource], *,
                        chunk_clients: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The released updates ``Tensor[m, D]`` and losses ``Tensor[m]`` of a round's
         clients, vectorized (equal to one :meth:`update` per client up to rounding)."""
@@ -323,7 +323,7 @@ class ClientMethod(ABC, Generic[TaskT]):
         return released, losses
 
     def round(self, task: TaskT, params: torch.Tensor, inputs: Sequence[Any],
-              generators: Sequence[torch.Generator], context: RoundContext) -> RoundOutput:
+              generators: Sequence[NoiseSource], context: RoundContext) -> RoundOutput:
         """A round's aggregate: the weighted mean of :meth:`client_updates`."""
         released, losses = self.client_updates(task, params, inputs, generators,
                                                chunk_clients=context.chunk_clients)

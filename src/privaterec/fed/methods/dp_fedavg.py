@@ -51,8 +51,7 @@ from privaterec.privacy.central_accounting import (calibrate_noise_multiplier, c
 from privaterec.privacy.events import PrivacyEvent
 from privaterec.privacy.mechanisms import calibrated_noise
 from privaterec.privacy.noise.gaussian import gaussian_noise
-from privaterec.privacy.randomness import Randomness, as_source
-from privaterec.privacy.samplers import NoiseSource
+from privaterec.privacy.samplers import NoiseSource, SimulationNoise
 
 CLIP_INDICATOR = "clip_indicator"
 """The name of adaptive clipping's centred indicator b − ½ in what a client sends."""
@@ -136,9 +135,10 @@ class CentralDP(ClientMethod[FederatedTask[Any]]):
                           sigma=self.noise_multiplier * self.clip,
                           distributed=self.distributed)
 
-    def central_noise(self, dimension: int, source: Randomness) -> torch.Tensor:
+    def central_noise(self, dimension: int, source: NoiseSource) -> torch.Tensor:
         """The aggregator's seeded noise N(0, (z·C)² I) ``[dimension]`` (float32) of a
-        simulation: ``calibrated_noise``'s draw from ``source``, a seeded generator
+        simulation: ``calibrated_noise``'s draw from ``source``, a seeded
+        :class:`~privaterec.privacy.samplers.SimulationNoise`
         (:func:`~privaterec.fed.rng.central_noise_generator`), added to the sum by the
         caller. Not float-safe, and so never a deployed release: a deployed server noises the
         sum itself with :meth:`release_sum` (:func:`float_safe_sum_release`).
@@ -146,29 +146,31 @@ class CentralDP(ClientMethod[FederatedTask[Any]]):
         Raises
         ------
         PrivateRecError
-            If ``source`` is not a ``torch.Generator``.
+            If ``source`` is not a :class:`~privaterec.privacy.samplers.SimulationNoise`.
         """
-        if not isinstance(source, torch.Generator):
+        if not isinstance(source, SimulationNoise):
             raise PrivateRecError(
                 "CentralDP.central_noise draws a simulation's seeded noise; a deployed "
                 "server's noise goes through CentralDP.release_sum (float-safe)")
-        return calibrated_noise((dimension,), self.central_calibration(), generator=source)
+        return calibrated_noise((dimension,), self.central_calibration(),
+                                generator=source.generator)
 
-    def release_sum(self, total: torch.Tensor, source: Randomness) -> torch.Tensor:
+    def release_sum(self, total: torch.Tensor, source: NoiseSource) -> torch.Tensor:
         """The aggregator's release of the round's clipped sum ``total`` ``[R]``: the sum plus
         N(0, (z·C)² I), float32.
 
-        With a seeded generator (a simulation): ``total + central_noise(R, source)``, bit for
+        With a seeded :class:`~privaterec.privacy.samplers.SimulationNoise` (a simulation):
+        ``total + central_noise(R, source)``, bit for
         bit the simulator's draw. With a deployed server's
         :class:`~privaterec.privacy.samplers.SecureNoise`: :func:`float_safe_sum_release` of
         the float64 sum (the mechanism sees the sum and rounds it to its public grid itself,
         so the low bits of the release carry nothing of it;
         docs/privacy.md#deployed-central-noise), then cast to float32 (post-processing).
         """
-        if isinstance(source, torch.Generator):  # drawn on the CPU, moved to the sum's device
+        if isinstance(source, SimulationNoise):  # drawn on the CPU, moved to the sum's device
             return total + self.central_noise(int(total.shape[0]), source).to(total.device)
         return float_safe_sum_release(total, sigma=self.central_calibration().scale,
-                                      source=as_source(source)).to(torch.float32)
+                                      source=source).to(torch.float32)
 
     # ---------------------------------------------------------------- configuration
     @classmethod
@@ -329,7 +331,7 @@ class CentralDP(ClientMethod[FederatedTask[Any]]):
                              source=source)
 
     def inputs(self, task: FederatedTask[Any], data: ClientData, *,
-               generator: Randomness) -> Any:
+               generator: NoiseSource) -> Any:
         return self.inner.inputs(task, data, generator=generator)
 
     def _calibrate(self, dimension: int) -> Calibration:
@@ -357,13 +359,13 @@ class CentralDP(ClientMethod[FederatedTask[Any]]):
         return (self.central_event(),)
 
     def update(self, task: FederatedTask[Any], params: torch.Tensor, inputs: Any, *,
-               generator: Randomness) -> tuple[torch.Tensor, float]:
+               generator: NoiseSource) -> tuple[torch.Tensor, float]:
         """The wrapped method's update, clipped to L2 norm C (sent to the aggregator)."""
         payload, loss, _ = self.release(task, params, inputs, generator=generator)
         return payload, loss
 
     def release(self, task: FederatedTask[Any], params: torch.Tensor, inputs: Any, *,
-                generator: Randomness) -> tuple[torch.Tensor, float, dict[str, float]]:
+                generator: NoiseSource) -> tuple[torch.Tensor, float, dict[str, float]]:
         """The clipped update ``Tensor[D]``, the loss and, with adaptive clipping, the
         centred clip indicator b − ½ (``clip_indicator``), all sent to the aggregator.
 
@@ -384,7 +386,7 @@ class CentralDP(ClientMethod[FederatedTask[Any]]):
         return clipped[0], loss, reports
 
     def client_updates(self, task: FederatedTask[Any], params: torch.Tensor,
-                       inputs: Sequence[Any], generators: Sequence[torch.Generator], *,
+                       inputs: Sequence[Any], generators: Sequence[NoiseSource], *,
                        chunk_clients: int) -> tuple[torch.Tensor, torch.Tensor]:
         updates, losses = self.inner.client_updates(task, params, inputs, generators,
                                                     chunk_clients=chunk_clients)
@@ -392,7 +394,7 @@ class CentralDP(ClientMethod[FederatedTask[Any]]):
         return clipped, losses
 
     def round(self, task: FederatedTask[Any], params: torch.Tensor, inputs: Sequence[Any],
-              generators: Sequence[torch.Generator], context: RoundContext) -> RoundOutput:
+              generators: Sequence[NoiseSource], context: RoundContext) -> RoundOutput:
         """(Σ clip(Δ_u, C) + N(0, z²C²I)) / (qN); the noise is the simulation's seeded draw
         (:func:`~privaterec.fed.rng.central_noise_generator`). With adaptive clipping, also
         the noised indicator count and the next clip (:meth:`aggregate`)."""
@@ -427,7 +429,8 @@ class CentralDP(ClientMethod[FederatedTask[Any]]):
         space = self._news_space(task)
         user, news, losses = self._news_space_release(
             space, params, inputs, chunk_clients=context.chunk_clients,
-            generator=central_noise_generator(context.seed, context.round_index))
+            generator=SimulationNoise(central_noise_generator(context.seed,
+                                                              context.round_index)))
         direction = space.direction(params, user, news)
         direction /= self.sampling_rate * context.population
         return RoundOutput(direction, losses, (self.central_event(),))
@@ -443,7 +446,7 @@ class CentralDP(ClientMethod[FederatedTask[Any]]):
                               f"parameters") from error
 
     def news_space_release(self, task: FederatedTask[Any], params: torch.Tensor,
-                           inputs: Sequence[Any], *, generator: Randomness,
+                           inputs: Sequence[Any], *, generator: NoiseSource,
                            chunk_clients: int = 16
                            ) -> tuple[torch.Tensor, torch.Tensor, list[float]]:
         """The aggregator's release of one ``clip_space`` news_vectors round.
@@ -463,7 +466,7 @@ class CentralDP(ClientMethod[FederatedTask[Any]]):
                                         generator=generator, chunk_clients=chunk_clients)
 
     def _news_space_release(self, space: NewsSpaceClipping, params: torch.Tensor,
-                            inputs: Sequence[Any], *, generator: Randomness,
+                            inputs: Sequence[Any], *, generator: NoiseSource,
                             chunk_clients: int
                             ) -> tuple[torch.Tensor, torch.Tensor, list[float]]:
         """:meth:`news_space_release` on an already built ``space`` (one per round)."""
@@ -525,7 +528,7 @@ class CentralDP(ClientMethod[FederatedTask[Any]]):
         n·D update noises are drawn first (one draw), then the n count noises; for n = 1
         these are exactly :meth:`noised_sums`' draws."""
         if self.adaptive is None:
-            noise = self.central_noise(int(totals.numel()), generator)
+            noise = self.central_noise(int(totals.numel()), SimulationNoise(generator))
             return totals + noise.reshape(totals.shape).to(totals.device), None
         z_update, sigma_b = self.noise_split(expected_clients(self.sampling_rate,
                                                               max(1, population)))

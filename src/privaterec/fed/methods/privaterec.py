@@ -37,8 +37,8 @@ from privaterec.privacy.dpa import (dpa_calibration, dpa_noise, pad_history, pad
 from privaterec.privacy.events import PrivacyEvent
 from privaterec.privacy.labels import candidate_set_event, label_event, release_labels
 from privaterec.privacy.noise import noise_mechanism
-from privaterec.privacy.randomness import (Randomness, as_source, is_secure, randperm,
-                                           seeded_generator, source_noise)
+from privaterec.privacy.randomness import is_secure, randperm, seeded_generator, source_noise
+from privaterec.privacy.samplers import NoiseSource
 from privaterec.validators import check_choice
 
 PAPER_MODE_NOTE = (
@@ -140,11 +140,11 @@ class PrivateRec(RankingMethod):
             raise ValueError(f"client {data.user_id!r} has no labelled impression")
 
     def inputs(self, task: LocalObjective, data: ClientData, *,
-               generator: Randomness) -> ClientInputs:
+               generator: NoiseSource) -> ClientInputs:
         return self.draw_inputs(data, basis_size=task.basis_size, generator=generator)
 
     def draw_inputs(self, data: ClientData, *, basis_size: int,
-                    generator: Randomness) -> ClientInputs:
+                    generator: NoiseSource) -> ClientInputs:
         """Alg. 2 lines 2-5 and 9, Alg. 3 lines 16-18: the chosen impressions, the padded
         history, the DPA noise on α ``[B]`` (B = ``basis_size``; None on a secure source: the
         device releases α̃ itself, :meth:`update`) and the released labels, in this order on
@@ -187,14 +187,14 @@ class PrivateRec(RankingMethod):
 
     # ------------------------------------------------------------------ computation
     def released_attention(self, task: LocalObjective, params: torch.Tensor,
-                           inputs: ClientInputs, source: Randomness) -> torch.Tensor:
+                           inputs: ClientInputs, source: NoiseSource) -> torch.Tensor:
         """A device's float-safe DPA release α̃ = α + noise ``[B]`` (Alg. 2 lines 6-9), drawn
         from its secure source at the calibration of the method's DPA event."""
         alpha = task.attention(params, inputs.history, inputs.history_mask)
-        return source_noise(alpha, self.dpa_calibration(), as_source(source))
+        return source_noise(alpha, self.dpa_calibration(), source)
 
     def _gradient(self, task: LocalObjective, params: torch.Tensor, inputs: ClientInputs,
-                  generator: Randomness, *, split: bool) -> tuple[torch.Tensor, float]:
+                  generator: NoiseSource, *, split: bool) -> tuple[torch.Tensor, float]:
         # A client whose label release dropped every impression computes a zero gradient
         # (and, in strict mode, still releases the noised history part): its upload has the
         # same form as anyone's.
@@ -206,12 +206,12 @@ class PrivateRec(RankingMethod):
                                     split_history=split, released_attention=released)
 
     def update(self, task: LocalObjective, params: torch.Tensor,
-               inputs: ClientInputs, *, generator: Randomness) -> tuple[torch.Tensor, float]:
+               inputs: ClientInputs, *, generator: NoiseSource) -> tuple[torch.Tensor, float]:
         """The gradient of the loss on ũ = Σ α̃ᵢ bᵢ (Alg. 3 lines 14-21), uploaded raw."""
         return self._gradient(task, params, inputs, generator, split=False)
 
     def round(self, task: LocalObjective, params: torch.Tensor,
-              inputs: Sequence[ClientInputs], generators: Sequence[torch.Generator],
+              inputs: Sequence[ClientInputs], generators: Sequence[NoiseSource],
               context: RoundContext) -> RoundOutput:
         """One backward pass: the DPA noise and released labels are part of the batch."""
         batch = task.batch(inputs, with_noise=True)
@@ -294,14 +294,14 @@ class PrivateRecStrict(PrivateRec):
                                data="history")
 
     def update(self, task: LocalObjective, params: torch.Tensor,
-               inputs: ClientInputs, *, generator: Randomness) -> tuple[torch.Tensor, float]:
+               inputs: ClientInputs, *, generator: NoiseSource) -> tuple[torch.Tensor, float]:
         """The candidate-path gradient raw plus the history-path gradient privatized."""
         grad, loss = self._gradient(task, params, inputs, generator, split=True)
         noised, _ = self.privatize(grad[1][None], [generator])
         return grad[0] + noised[0], loss
 
     def round(self, task: LocalObjective, params: torch.Tensor,
-              inputs: Sequence[ClientInputs], generators: Sequence[torch.Generator],
+              inputs: Sequence[ClientInputs], generators: Sequence[NoiseSource],
               context: RoundContext) -> RoundOutput:
         """Per-client split gradients: candidate path raw, history path clipped + noised."""
         batch = task.batch(inputs, with_noise=True)

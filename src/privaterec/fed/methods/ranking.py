@@ -31,7 +31,7 @@ from privaterec.fed.strategies import ServerDefaults
 from privaterec.method_settings import DPFedRecSettings, FedNewsRecSettings, FedRecSettings
 from privaterec.privacy.calibrate import Calibration, Clipping, clipped_release, no_noise
 from privaterec.privacy.noise import MECHANISMS, noise_mechanism
-from privaterec.privacy.randomness import Randomness
+from privaterec.privacy.samplers import NoiseSource
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -79,7 +79,7 @@ class RankingMethod(ClientMethod[LocalObjective]):
         return "none"
 
     def update(self, task: LocalObjective, params: torch.Tensor,
-               inputs: ClientInputs, *, generator: Randomness) -> tuple[torch.Tensor, float]:
+               inputs: ClientInputs, *, generator: NoiseSource) -> tuple[torch.Tensor, float]:
         if self.local_steps == 1:
             grad, loss = task.client_gradient(params, inputs.history, inputs.history_mask,
                                               inputs.candidates)
@@ -103,14 +103,14 @@ class RankingMethod(ClientMethod[LocalObjective]):
                                  chunk_clients=chunk_clients)
 
     def client_updates(self, task: LocalObjective, params: torch.Tensor,
-                       inputs: Sequence[ClientInputs], generators: Sequence[torch.Generator],
+                       inputs: Sequence[ClientInputs], generators: Sequence[NoiseSource],
                        *, chunk_clients: int) -> tuple[torch.Tensor, torch.Tensor]:
         updates, losses = self.raw_updates(task, params, task.batch(inputs), chunk_clients)
         released, _ = self.privatize(updates, generators)
         return released, losses
 
     def round(self, task: LocalObjective, params: torch.Tensor,
-              inputs: Sequence[ClientInputs], generators: Sequence[torch.Generator],
+              inputs: Sequence[ClientInputs], generators: Sequence[NoiseSource],
               context: RoundContext) -> RoundOutput:
         """Without per-client clipping or noise, one backward pass gives the round's
         weighted gradient (:meth:`LocalObjective.round_gradient`); otherwise per-client
