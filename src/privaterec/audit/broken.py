@@ -27,27 +27,31 @@ Each is a context manager that patches the library for its duration (simulation 
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import torch
 from torch import Tensor
 
+if TYPE_CHECKING:
+    from privaterec.privacy.samplers import NoiseSource
+
 
 def published_dpl_labels(clicks: Tensor, counts: Tensor, *, size: int, epsilon: float,
-                         generator: torch.Generator) -> tuple[Tensor, Tensor]:
+                         generator: NoiseSource) -> tuple[Tensor, Tensor]:
     """Drop-in for :func:`privaterec.privacy.labels.release_labels` with the published
     candidate set: positions ``[n, size]`` with a clicked position in slot 0 and ``size − 1``
     non-clicked ones, and the label kept in slot 0 with probability e^ε/(e^ε + size − 1)."""
     from privaterec.privacy.labels import keep_probability
+    from privaterec.privacy.randomness import rand, randint
 
     n, width = clicks.shape
     clicked = clicks.float().argmax(dim=1)
-    keys = torch.rand(n, width, generator=generator, dtype=torch.float64)
+    keys = rand(generator, (n, width), dtype=torch.float64)
     keys = keys.masked_fill(clicks | (torch.arange(width) >= counts[:, None]), 2.0)
     positions = torch.cat([clicked[:, None], keys.argsort(dim=1)[:, : size - 1]], dim=1)
     keep = keep_probability(epsilon=epsilon, size=size - 1)
-    u = torch.rand(n, generator=generator, dtype=torch.float64)
-    other = torch.randint(1, size, (n,), generator=generator)
+    u = rand(generator, (n,), dtype=torch.float64)
+    other = randint(generator, 1, size, (n,))
     return positions, torch.where(u < keep, torch.zeros(n, dtype=torch.long), other)
 
 
