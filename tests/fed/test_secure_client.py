@@ -88,6 +88,8 @@ def test_secure_privaterec_releases_alpha_on_the_grid_and_uses_it_exactly(make_o
 def test_secure_draws_are_uniform_and_fresh():
     source = SecureNoise(workers=1)
     assert is_secure(source) and not is_secure(SimulationNoise(torch.Generator()))
+    with pytest.raises(TypeError, match="SimulationNoise"):  # one type: no bare generator
+        is_secure(torch.Generator())  # type: ignore[arg-type]
     u = rand(source, (20000,))
     assert u.dtype == torch.float32 and float(u.max()) < 1.0 and float(u.min()) >= 0.0
     # 5 standard errors: SecureNoise cannot be seeded, so a correct sampler fails this with

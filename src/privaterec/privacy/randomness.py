@@ -28,6 +28,10 @@ from privaterec.privacy.samplers import NoiseSource, SimulationNoise
 
 
 def _generator(source: NoiseSource) -> torch.Generator | None:
+    if not isinstance(source, NoiseSource):
+        raise TypeError(f"expected a NoiseSource, got {type(source).__name__}: wrap a seeded "
+                        f"torch.Generator in SimulationNoise (simulation only), or use "
+                        f"SecureNoise on a device")
     return source.generator if isinstance(source, SimulationNoise) else None
 
 
@@ -42,7 +46,7 @@ def seeded_generator(source: NoiseSource) -> torch.Generator:
 
 def is_secure(source: NoiseSource) -> bool:
     """Whether draws from ``source`` are fit for a deployed release (OS CSPRNG, float-safe)."""
-    return source.secure
+    return _generator(source) is None and source.secure
 
 
 def rand(source: NoiseSource, shape: Sequence[int], *,
