@@ -27,13 +27,12 @@ Each is a context manager that patches the library for its duration (simulation 
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import Any, Iterator
 
 import torch
 from torch import Tensor
 
-if TYPE_CHECKING:
-    from privaterec.privacy.samplers import NoiseSource
+from privaterec.privacy.samplers import NoiseSource
 
 
 def published_dpl_labels(clicks: Tensor, counts: Tensor, *, size: int, epsilon: float,
