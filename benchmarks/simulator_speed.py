@@ -85,7 +85,8 @@ def main() -> None:
     parser.add_argument("--model", default="nrms")
     parser.add_argument("--data", default=None, help="data directory (default: synthesised)")
     parser.add_argument("--smoke", action="store_true",
-                        help="tiny data, 4 clients, 1 repeat, results to a temporary directory")
+                        help="tiny data and model, 4 clients, 1 repeat, results to a temporary "
+                             "directory")
     args = parser.parse_args()
     results = RESULTS
     if args.smoke:
@@ -97,7 +98,12 @@ def main() -> None:
     data = Path(args.data) if args.data else Path.home() / ".cache/privaterec/bench/synth-default"
     if not (data / "test" / "behaviors.tsv").exists():
         write_synthetic(data, SynthConfig(seed=0))
-    base = RunConfig(data=str(data), model=ModelConfig(news_encoder=args.model),
+    model_config = ModelConfig(news_encoder=args.model)
+    if args.smoke:
+        from _smoke import smoke_model
+
+        model_config = smoke_model(news_encoder=args.model)
+    base = RunConfig(data=str(data), model=model_config,
                      train=TrainConfig(method="fednewsrec"),
                      fed=FedConfig(clients_per_round=args.clients))
     prepared = prepare_data(base)
