@@ -254,9 +254,18 @@ def _admit(context: Context, device: Device, run: int, round_index: int, *,
                 events=[(e, users) for e in events], kind=kind)
 
 
-def client_train(load: DeviceLoader, message: Message, context: Context) -> Message:
-    """Compute the requested users' updates with :func:`client_update`."""
-    device = _load_device(load, ClientSpec.resolve(context))
+def _request(device: Device, message: Message, context: Context
+             ) -> tuple[ConfigRecord, torch.Tensor, int, list[str]]:
+    """A ``train`` or ``evaluate`` message's configuration, global θ ``[D]``, round and asked
+    users, checked against this device (same public model, θ's dimension, users it holds).
+
+    Raises
+    ------
+    ConfigError
+        If the server's public model or θ's dimension differs from the device's.
+    PrivateRecError
+        If the server asks for a user this SuperNode does not hold.
+    """
     config = field_record(message.content, "config", ConfigRecord)
     if field_value(config, "fingerprint", str) != device.fingerprint:
         raise ConfigError(
@@ -270,13 +279,19 @@ def client_train(load: DeviceLoader, message: Message, context: Context) -> Mess
     if theta.numel() != device.task.dimension:
         raise ConfigError(f"received θ of dimension {theta.numel()}, the device's model has "
                           f"{device.task.dimension}")
-    round_index = field_value(config, "round", int)
     user_ids = field_values(config, "users", str)
     held = set(_held_users(device, context.node_config))
     for user_id in user_ids:
         if user_id not in held:
             raise PrivateRecError(f"the server asked this SuperNode for user {user_id!r}, "
                                   f"which it does not hold")
+    return config, theta, field_value(config, "round", int), user_ids
+
+
+def client_train(load: DeviceLoader, message: Message, context: Context) -> Message:
+    """Compute the requested users' updates with :func:`client_update`."""
+    device = _load_device(load, ClientSpec.resolve(context))
+    config, theta, round_index, user_ids = _request(device, message, context)
     _admit(context, device, context.run_id, round_index, users=len(user_ids),
            secure_message=False)
     # A real device (node option user-id) draws everything from the OS CSPRNG with
@@ -318,10 +333,7 @@ def client_evaluate(load: DeviceLoader, message: Message, context: Context) -> M
     its own test impressions with θ, plus the noise of the device's own evaluation policy;
     :func:`~privaterec.fed.evaluation.device_release`), after the guard admitted it."""
     device = _load_device(load, ClientSpec.resolve(context))
-    config = field_record(message.content, "config", ConfigRecord)
-    if field_value(config, "fingerprint", str) != device.fingerprint:
-        raise ConfigError("this device's public model or client method differs from the "
-                          "server's: give the SuperNode the run's public files")
+    config, theta, round_index, user_ids = _request(device, message, context)
     policy = device.evaluation
     if policy is None:
         raise RoundRefused("this device refused a federated evaluation: its run "
@@ -330,19 +342,6 @@ def client_evaluate(load: DeviceLoader, message: Message, context: Context) -> M
     model = device.task.model
     if not isinstance(model, Recommender):
         raise ConfigError("federated evaluation needs a ranking run's model")
-    theta = torch.from_numpy(np.array(
-        field_record(message.content, "global", ArrayRecord)["theta"].numpy(),
-        dtype=np.float32, copy=True))
-    if theta.numel() != device.task.dimension:
-        raise ConfigError(f"received θ of dimension {theta.numel()}, the device's model has "
-                          f"{device.task.dimension}")
-    round_index = field_value(config, "round", int)
-    user_ids = field_values(config, "users", str)
-    held = set(_held_users(device, context.node_config))
-    for user_id in user_ids:
-        if user_id not in held:
-            raise PrivateRecError(f"the server asked this SuperNode for user {user_id!r}, "
-                                  f"which it does not hold")
     _admit(context, device, context.run_id, round_index, users=len(user_ids),
            secure_message=False, kind="evaluate")
     secure = secure_source(context, config)

@@ -155,6 +155,22 @@ def _parse_reply(reply: Message, expected: Sequence[int], clients: ClientDataset
     return updates
 
 
+def _messages(params: torch.Tensor, by_node: Mapping[int, list[int]], clients: ClientDataset,
+              t: int, fingerprint: str, *, seed: int, deployed: bool, message_type: str,
+              group_id: str) -> list[Message]:
+    """One message per SuperNode for round ``t``: the global θ ``[D]``, the run's public
+    fingerprint, the seed (simulated partitions only) and the users asked of that node."""
+    theta = ArrayRecord({"theta": Array(params.detach().float().contiguous().numpy())})
+    return [
+        Message(RecordDict({
+            "global": theta,
+            "config": ConfigRecord({
+                "round": t, **seed_entry(seed, deployed), "fingerprint": fingerprint,
+                "users": [clients.user_ids[u] for u in users], "user-indices": users}),
+        }), dst_node_id=node, message_type=message_type, group_id=group_id)
+        for node, users in by_node.items()]
+
+
 def _round_fn(grid: Grid, clients: ClientDataset, owner: Mapping[int, int],
               method: ClientMethod, fingerprint: str, *, seed: int, timeout: float,
               deployed: bool) -> Callable[[torch.Tensor, list[int], int], RoundResult]:
@@ -175,15 +191,9 @@ def _round_fn(grid: Grid, clients: ClientDataset, owner: Mapping[int, int],
         by_node: dict[int, list[int]] = {}
         for u in asked:
             by_node.setdefault(owner[u], []).append(u)
-        theta = ArrayRecord({"theta": Array(params.detach().float().contiguous().numpy())})
-        messages = [
-            Message(RecordDict({
-                "global": theta,
-                "config": ConfigRecord({
-                    "round": t, **seed_entry(seed, deployed), "fingerprint": fingerprint,
-                    "users": [clients.user_ids[u] for u in users], "user-indices": users}),
-            }), dst_node_id=node, message_type=MessageType.TRAIN, group_id=str(t))
-            for node, users in by_node.items()]
+        messages = _messages(params, by_node, clients, t, fingerprint, seed=seed,
+                             deployed=deployed, message_type=MessageType.TRAIN,
+                             group_id=str(t))
         replies = list(grid.send_and_receive(messages, timeout=timeout))
         updates: dict[int, ClientUpdate] = {}
         for reply in replies:
@@ -280,15 +290,9 @@ def _evaluate_fn(grid: Grid, clients: ClientDataset, owner: Mapping[int, int],
                 raise PrivateRecError(f"federated evaluation: user {clients.user_ids[u]!r} "
                                       f"is held by no connected SuperNode")
             by_node.setdefault(owner[u], []).append(u)
-        theta = ArrayRecord({"theta": Array(params.detach().float().contiguous().numpy())})
-        messages = [
-            Message(RecordDict({
-                "global": theta,
-                "config": ConfigRecord({
-                    "round": t, **seed_entry(seed, deployed), "fingerprint": fingerprint,
-                    "users": [clients.user_ids[u] for u in users], "user-indices": users}),
-            }), dst_node_id=node, message_type=MessageType.EVALUATE, group_id=f"eval-{t}")
-            for node, users in by_node.items()]
+        messages = _messages(params, by_node, clients, t, fingerprint, seed=seed,
+                             deployed=deployed, message_type=MessageType.EVALUATE,
+                             group_id=f"eval-{t}")
         rows: dict[int, torch.Tensor] = {}
         index = {clients.user_ids[u]: u for u in asked}
         for reply in grid.send_and_receive(messages, timeout=timeout):
