@@ -278,18 +278,26 @@ def distinguish(learn: tuple[np.ndarray, np.ndarray], select: tuple[np.ndarray, 
                 chosen = (bound, name, threshold, direction, fn)
         selection_bound, name, threshold, direction, fn = chosen
         t0, t1 = fn(e0), fn(e1)
+    return _tested(t0, t1, name=name, threshold=threshold, direction=direction,
+                   selection_bound=selection_bound, alpha=alpha, delta=delta)
+
+
+def _tested(t0: np.ndarray, t1: np.ndarray, *, name: str, threshold: float, direction: str,
+            selection_bound: float, alpha: float, delta: float) -> DistinguisherResult:
+    """The bound of a threshold test chosen on the selection runs, measured on the test
+    runs' statistics ``t0`` ``[n0]`` (world 0) and ``t1`` ``[n1]`` (world 1): Clopper–Pearson
+    upper limits of its error rates at level ``alpha``, turned into ε at ``delta``."""
     says0 = t0 > threshold if direction == "greater" else t0 < threshold
     says1 = t1 > threshold if direction == "greater" else t1 < threshold
     n0, n1 = t0.size, t1.size
     fp, fn_count = int(says0.sum()), int(n1 - says1.sum())
     _, fpr_u = clopper_pearson_interval(fp, n0, alpha)
     _, fnr_u = clopper_pearson_interval(fn_count, n1, alpha)
-    eps = float(epsilon_from_rates(fpr_u, fnr_u, delta))
     return DistinguisherResult(
-        epsilon_lower_bound=eps, statistic=name, threshold=threshold, direction=direction,
-        false_positive_rate=fp / n0, false_negative_rate=fn_count / n1,
-        fpr_upper=float(fpr_u), fnr_upper=float(fnr_u), n_test=min(n0, n1),
-        ceiling=bound_ceiling(min(n0, n1), alpha=alpha, delta=delta),
+        epsilon_lower_bound=float(epsilon_from_rates(fpr_u, fnr_u, delta)), statistic=name,
+        threshold=threshold, direction=direction, false_positive_rate=fp / n0,
+        false_negative_rate=fn_count / n1, fpr_upper=float(fpr_u), fnr_upper=float(fnr_u),
+        n_test=min(n0, n1), ceiling=bound_ceiling(min(n0, n1), alpha=alpha, delta=delta),
         selection_bound=float(selection_bound), alpha=alpha, delta=delta)
 
 
@@ -340,18 +348,8 @@ def fixed_statistic_bound(select: tuple[np.ndarray, np.ndarray],
     if min(s0.size, s1.size, t0.size, t1.size) < 2:
         raise ConfigError("fixed_statistic_bound needs at least 2 runs per side and part")
     selection_bound, threshold, direction = _strict_threshold(s0, s1, alpha=alpha, delta=delta)
-    says0 = t0 > threshold if direction == "greater" else t0 < threshold
-    says1 = t1 > threshold if direction == "greater" else t1 < threshold
-    n0, n1 = t0.size, t1.size
-    fp, fn_count = int(says0.sum()), int(n1 - says1.sum())
-    _, fpr_u = clopper_pearson_interval(fp, n0, alpha)
-    _, fnr_u = clopper_pearson_interval(fn_count, n1, alpha)
-    return DistinguisherResult(
-        epsilon_lower_bound=float(epsilon_from_rates(fpr_u, fnr_u, delta)), statistic=name,
-        threshold=threshold, direction=direction, false_positive_rate=fp / n0,
-        false_negative_rate=fn_count / n1, fpr_upper=float(fpr_u), fnr_upper=float(fnr_u),
-        n_test=min(n0, n1), ceiling=bound_ceiling(min(n0, n1), alpha=alpha, delta=delta),
-        selection_bound=float(selection_bound), alpha=alpha, delta=delta)
+    return _tested(t0, t1, name=name, threshold=threshold, direction=direction,
+                   selection_bound=selection_bound, alpha=alpha, delta=delta)
 
 
 
