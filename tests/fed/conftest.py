@@ -179,3 +179,15 @@ def perturb() -> Callable[..., torch.Tensor]:
 def strip_clicks() -> Callable[..., ClientDataset]:
     return without_clicks
 
+
+
+@pytest.fixture
+def flower_task_identity():
+    """Flower stamps messages with the running task's identity (set by its runtimes); the
+    in-process Flower tests set one and restore Flower's afterwards."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    saved = (TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id)
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
+    yield
+    TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = saved

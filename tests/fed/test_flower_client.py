@@ -14,17 +14,11 @@ pytest.importorskip("flwr", reason="the ClientApp needs flwr")
 from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict  # noqa: E402
 from flwr.common.secure_aggregation.secaggplus_constants import (  # noqa: E402
     RECORD_KEY_CONFIGS, Key, Stage)
-from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
 
 from privaterec.apps import flower_client  # noqa: E402
 
 
-@pytest.fixture(autouse=True)
-def task_identity():
-    saved = (TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id)
-    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
-    yield
-    TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = saved
+pytestmark = pytest.mark.usefixtures("flower_task_identity")
 
 
 def test_importing_the_client_app_imports_no_torch():

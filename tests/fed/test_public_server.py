@@ -27,7 +27,6 @@ pytest.importorskip("flwr", reason="the Flower engine needs flwr")
 
 from flwr.app import Context, Error, Message, MessageType, RecordDict  # noqa: E402
 from flwr.common.serde import message_from_proto, message_to_proto  # noqa: E402
-from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
 
 from privaterec.apps.flower_app import (check_server_data,  # noqa: E402
                                         eval_data_from_flower)
@@ -87,12 +86,7 @@ class DeviceGrid:
         return out
 
 
-@pytest.fixture(autouse=True)
-def task_identity():
-    saved = (TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id)
-    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
-    yield
-    TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = saved
+pytestmark = pytest.mark.usefixtures("flower_task_identity")
 
 
 @pytest.fixture(scope="module")

@@ -27,7 +27,6 @@ from flwr.common.secure_aggregation.quantization import quantize  # noqa: E402
 from flwr.common.serde import message_from_proto, message_to_proto  # noqa: E402
 from flwr.common.secure_aggregation.secaggplus_constants import (  # noqa: E402
     RECORD_KEY_CONFIGS, Key, Stage)
-from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
 
 from privaterec.config import ModelConfig, RunConfig, TrainConfig, fed_config  # noqa: E402
 from privaterec.method_settings import DPFedAvgSettings  # noqa: E402
@@ -181,13 +180,7 @@ class LocalGrid:
         return out
 
 
-@pytest.fixture(autouse=True)
-def task_identity():
-    """Flower stamps messages with the running task's identity (set by its runtimes)."""
-    saved = (TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id)
-    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
-    yield
-    TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = saved
+pytestmark = pytest.mark.usefixtures("flower_task_identity")
 
 
 @pytest.fixture(scope="module")
