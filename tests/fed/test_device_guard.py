@@ -24,8 +24,7 @@ pytest.importorskip("flwr", reason="the Flower engine needs flwr")
 from flwr.app import (Array, ArrayRecord, ConfigRecord, Context, Message,  # noqa: E402
                       MessageType, RecordDict)
 from flwr.common.serde import message_to_proto  # noqa: E402
-from test_secagg import (SEED, LocalGrid, _collect_replies, _config,  # noqa: E402
-                         task_identity)
+from test_secagg import SEED, LocalGrid, _collect_replies, _config  # noqa: E402
 
 from privaterec.config import RunConfig, TrainConfig, fed_config  # noqa: E402
 from privaterec.errors import PrivateRecError  # noqa: E402
@@ -38,7 +37,7 @@ from privaterec.models.factory import build_recommender  # noqa: E402
 from privaterec.privacy.ledger import compose_events  # noqa: E402
 from privaterec.runs.ranking import prepare_data  # noqa: E402
 
-__all__ = ["task_identity"]  # the autouse fixture Flower's message stamps need
+pytestmark = pytest.mark.usefixtures("flower_task_identity")  # Flower's message stamps
 
 
 class Devices:
