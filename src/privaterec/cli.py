@@ -22,8 +22,10 @@ from privaterec.config import (BASIS_ATTENTION_KINDS, FEDERATED_METHODS, METHODS
                                TrainConfig, fed_with_changes, model_preset, replace)
 from privaterec.data.synth import SYNTH_PRESETS
 from privaterec.errors import PrivateRecError
-from privaterec.ondevice.release import QUERY_MODES, SERVING_KINDS, SERVING_MODES, ServingConfig
+from privaterec.ondevice.release import (NORMALIZATIONS, QUERY_MODES, SERVING_KINDS,
+                                         SERVING_MODES, ServingConfig)
 from privaterec.method_settings import CLIP_SPACES, SETTINGS, setting_flag, setting_flags
+from privaterec.recall import RECALL_METHODS
 
 EXIT_OK, EXIT_CHECK_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -528,7 +530,7 @@ def _add_privacy_parser(sub: Any) -> None:
     calibrate.add_argument("--basis", type=basis_arg, default=None,
                            help="dpa: number B >= 2 of basic vectors (the released alpha's "
                                 "size)")
-    calibrate.add_argument("--sensitivity-mode", choices=["true", "paper"], default="true",
+    calibrate.add_argument("--sensitivity-mode", choices=SENSITIVITY_MODES, default="true",
                            help="dpa: the simplex's true sensitivity (default) or the paper's "
                                 "S = 1, which is NOT a valid guarantee")
     calibrate.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -769,13 +771,11 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--vdp-clip", type=float, default=0.001,
                           help="VDP clipping norm theta of the user vector")
     evaluate.add_argument("--seed", type=int, default=0, help="seed of the simulated devices")
-    evaluate.add_argument("--normalization", choices=["softplus", "relu", "simplex"],
-                          default="softplus",
+    evaluate.add_argument("--normalization", choices=NORMALIZATIONS, default="softplus",
                           help="how the device maps alpha + noise to the simplex: softplus "
                                "(Alg. 2 line 10), relu (the training normalisation) or "
                                "simplex (Euclidean projection); post-processing, no extra ε")
-    evaluate.add_argument("--recall", choices=["unifedrec", "youtubenet", "no-bie",
-                                               *QUERY_MODES], default=None,
+    evaluate.add_argument("--recall", choices=RECALL_METHODS, default=None,
                           help="recall evaluation (Uni-FedRec Tables 2-4): R@100..400 of "
                                "future and history clicks and the AUC of ranking R = 400 "
                                "recalled candidates")

@@ -229,3 +229,22 @@ def test_cli_exits_one_when_a_bound_exceeds_its_claim(capsys):
                      "--epsilon", "1", "--runs", "64", "--json"])
     assert code == 1
     assert '"violated": true' in capsys.readouterr().out
+
+
+def test_cli_audits_every_declared_federated_method():
+    # the audited clients derive from the methods' one declaration (method_settings.SETTINGS)
+    import argparse
+
+    from privaterec.audit import METHODS, MODES
+    from privaterec.cli import build_parser
+    from privaterec.method_settings import PRIVACY_MODES, SETTINGS
+
+    def sub(parser, name):
+        (action,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        return action.choices[name]
+
+    audit = sub(sub(build_parser(), "privacy"), "audit")
+    choices = {flag: tuple(a.choices) for a in audit._actions if a.choices
+               for flag in a.option_strings}
+    assert choices["--method"] == METHODS and choices["--mode"] == MODES == PRIVACY_MODES
+    assert set(METHODS) == {*SETTINGS, "dp-fedavg-adaptive", "dp-fedavg-news"}

@@ -1,8 +1,5 @@
-"""``privaterec privacy audit``: the end-to-end audit of a method's real client update.
-
-Kept apart from :mod:`privaterec.audit` so that building the CLI parser imports
-no torch; the command itself imports it.
-"""
+"""``privaterec privacy audit``: the end-to-end audit of a method's real client update
+(:mod:`privaterec.audit`)."""
 
 from __future__ import annotations
 
@@ -11,10 +8,9 @@ import json
 import math
 from typing import Any
 
-METHODS = ("fedrec", "fednewsrec", "dp-fedrec", "privaterec", "unifedrec", "dp-fedavg",
-           "dp-fedavg-adaptive", "dp-fedavg-news")
-MODES = ("paper", "strict")
-ADJACENCIES = ("click", "user")
+from privaterec.audit import ADJACENCIES, METHODS, MODES
+from privaterec.method_settings import NOISE_KINDS, NOISE_PLACEMENTS
+
 EXIT_OK, EXIT_VIOLATED = 0, 1
 
 
@@ -157,7 +153,7 @@ def add_audit_parser(privacy_sub: Any) -> None:
     audit.add_argument("--seed", type=int, default=0, help="seed of the runs' generators")
     audit.add_argument("--alpha", type=float, default=0.05,
                        help="the bound holds with probability 1 - alpha (default 0.05)")
-    audit.add_argument("--noise", choices=["laplace", "gaussian"], default="laplace",
+    audit.add_argument("--noise", choices=NOISE_KINDS, default="laplace",
                        help="dp-fedrec, privaterec: noise mechanism (default laplace)")
     audit.add_argument("--canary-runs", type=int, default=None,
                        help="dp-fedavg, dp-fedavg-adaptive, dp-fedavg-news: rounds per side "
@@ -175,8 +171,7 @@ def add_audit_parser(privacy_sub: Any) -> None:
                             "returns (dp-fedavg, through the aggregator's noise; dp-fedrec, "
                             "its local-DP reply); deployed draws about 1e5 coordinates a "
                             "second: pass a smaller --canary-runs")
-    audit.add_argument("--noise-placement", default="central",
-                       choices=["central", "distributed"],
+    audit.add_argument("--noise-placement", default="central", choices=NOISE_PLACEMENTS,
                        help="--canary-view secagg*: the server adds the noise, or each "
                             "client adds its share before masking")
     audit.add_argument("--power", action="store_true",

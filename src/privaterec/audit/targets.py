@@ -15,7 +15,7 @@ news vectors.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, get_args
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import torch
 
@@ -23,6 +23,7 @@ from privaterec.config import FederatedMethod, ModelConfig, RunConfig, TrainConf
 from privaterec.data.clients import ClientData
 from privaterec.errors import ConfigError
 from privaterec.audit.world import AuditWorld
+from privaterec.method_settings import PRIVACY_MODES, SETTINGS
 from privaterec.privacy.calibrate import clipped_release
 from privaterec.privacy.samplers import SimulationNoise
 from privaterec.validators import check_choice
@@ -30,10 +31,10 @@ from privaterec.validators import check_choice
 if TYPE_CHECKING:
     from privaterec.recall.task import UniFedRecLDP
 
-AuditMethod = Literal["fedrec", "fednewsrec", "dp-fedrec", "privaterec", "unifedrec",
-                      "dp-fedavg", "dp-fedavg-adaptive", "dp-fedavg-news"]
-METHODS: tuple[AuditMethod, ...] = get_args(AuditMethod)
-MODES = ("paper", "strict")
+METHODS: tuple[str, ...] = (*SETTINGS, "dp-fedavg-adaptive", "dp-fedavg-news")
+"""The audited clients: every federated method, and dp-fedavg with adaptive clipping and with
+``clip_space`` news_vectors."""
+MODES = PRIVACY_MODES
 FEDNEWSREC_CLIP = 0.005  # FedNewsRec's δ (its default)
 RECALL_CLIP = 0.1  # Uni-FedRec's θ (its default)
 # dp-fedavg-adaptive: the count's noise sigma_b = this share of z (the count then takes
@@ -304,6 +305,6 @@ def make_target(method: str, world: AuditWorld, *, mode: str = "strict", epsilon
                              delta=delta, model=TINY_MODEL if model is None else model)
 
 
-__all__ = ["AuditMethod", "CENTERED_MODEL", "CENTRAL_COUNT_SHARE", "METHODS", "MODES", "Release",
+__all__ = ["CENTERED_MODEL", "CENTRAL_COUNT_SHARE", "METHODS", "MODES", "Release",
            "Target", "TINY_MODEL", "Upload", "fed_run_config", "make_target", "recall_config",
            "sent_fields"]

@@ -24,19 +24,19 @@ import sys
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, Iterable, Literal, Mapping, Sequence, get_args
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from privaterec.config import (EMBEDDINGS, NEWS_ENCODERS, PRIVACY_MODES, Embeddings,
-                               FedConfig, ModelConfig, NewsEncoder, PrivacyMode, RunConfig,
-                               TrainConfig)
+from privaterec.config import (EMBEDDINGS, FEDERATED_METHODS, NEWS_ENCODERS, PRIVACY_MODES,
+                               Embeddings, FedConfig, Method, ModelConfig, NewsEncoder,
+                               PrivacyMode, RunConfig, TrainConfig)
 from privaterec.config import fed_config as flat_fed_config
 from privaterec.data.synth import write_synthetic
 from privaterec.errors import ConfigError
 from privaterec.experiments.settings import DEMO_ROUNDS, demo_synth_config
 from privaterec.fed.methods import PRIVATEREC_BASIS, resolve_run_config
-from privaterec.method_settings import CLIP_SPACES, ClipSpace
+from privaterec.method_settings import CLIP_SPACES, ClipSpace, settings_type
 from privaterec.runs.directory import RunDirectory
 from privaterec.ondevice.release import ServingConfig
 from privaterec.validators import check_choice
@@ -65,11 +65,11 @@ VARIANT_SEPARATOR = "+"
 WORDLESS_ENCODERS = ("plm", "id")  # news encoders without word vectors of their own choice
 EMBEDDING_LABELS = {"corpus": "corpus word vectors", "glove50": "GloVe 50-d",
                     "minilm": "MiniLM word pieces", "random": "random word vectors"}
-ExperimentMethod = Literal["centralized", "fedrec", "fednewsrec", "dp-fedrec", "privaterec",
-                           "dp-fedavg"]
-EXPERIMENT_METHODS: tuple[ExperimentMethod, ...] = get_args(ExperimentMethod)
-# Methods whose per-round budget is ε_t (``epsilon_train``); the others take none.
-_EPSILON_TRAIN_METHODS = ("dp-fedrec", "privaterec")
+ExperimentMethod = Method
+EXPERIMENT_METHODS: tuple[str, ...] = ("centralized", *FEDERATED_METHODS)
+# Methods whose per-round budget is ε_t (their setting ``epsilon_train``); the others take none.
+_EPSILON_TRAIN_METHODS = tuple(m for m in FEDERATED_METHODS
+                               if "epsilon_train" in settings_type(m).field_names())
 # How a DP-FedAvg row's label names its clipping (parameters: the default, unnamed).
 CLIP_SPACE_LABELS = {"parameters": "", "news_vectors": ", clipped in news-vector space"}
 SCALE = 100.0  # metrics are printed ×100, as in the paper's tables

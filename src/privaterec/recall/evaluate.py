@@ -79,6 +79,7 @@ from privaterec.models.layers import attend_all_if_empty
 from privaterec.ondevice.release import QUERY_MODES
 from privaterec.privacy.events import PrivacyEvent
 from privaterec.privacy.ledger import PrivacyLedger
+from privaterec.recall import RECALL_METHODS
 from privaterec.recall.index import (DenseIndex, ScoreSpaceIndex, allocate_quotas,
                                      merge_rankings, top_k)
 from privaterec.recall.model import UniFedRecRecall
@@ -90,8 +91,6 @@ RECALL_KS = (100, 200, 300, 400)
 AUC_RECALL_SIZE = 400
 """R of the end-to-end evaluation (Uni-FedRec §4.3)."""
 
-RECALL_METHODS: tuple[str, ...] = ("unifedrec", "no-bie", "youtubenet", *QUERY_MODES)
-"""Uni-FedRec, its ablation, YoutubeNet, and every serving mode that sends one query."""
 UserEncoder = Callable[[Tensor, Tensor], Tensor]
 
 _QUERY_STREAM = 2  # distinct from fed.rng's server (0) and client (1) streams
