@@ -30,10 +30,9 @@ from __future__ import annotations
 import logging
 from datetime import datetime
 from pathlib import Path
-from typing import Iterable, Iterator, Mapping, TypedDict
+from typing import Callable, Iterable, Iterator, Mapping, TypedDict, TypeVar
 
 from privaterec.data.records import (
-    MIND_TIME_FORMAT,
     Impression,
     MindDataset,
     MindSplit,
@@ -64,6 +63,7 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+R = TypeVar("R")
 
 NEWS_FILE = "news.tsv"
 BEHAVIORS_FILE = "behaviors.tsv"
@@ -110,6 +110,19 @@ def _lines(path: Path, errors: list[DataFormatError] | None = None
                 errors.append(error)
                 continue
             yield lineno, line
+
+
+def _records(path: Path, errors: list[DataFormatError] | None,
+             parse: Callable[[int, str], R]) -> Iterator[R]:
+    """Yield ``parse(line number, line)`` for each line of ``path``; with ``errors``, a line
+    that raises :class:`DataFormatError` is recorded there and skipped instead of raising."""
+    for lineno, line in _lines(path, errors):
+        try:
+            yield parse(lineno, line)
+        except DataFormatError as exc:
+            if errors is None:
+                raise
+            errors.append(exc)
 
 
 def _has_space(text: str) -> bool:
@@ -172,18 +185,10 @@ def read_news(path: str | Path, *, errors: list[DataFormatError] | None = None
         whitespace, or a news id that appears twice (both line numbers are named).
     """
     path = Path(path)
-    news: dict[str, NewsRecord] = {}
     first_line: dict[str, int] = {}
-    for lineno, line in _lines(path, errors):
-        try:
-            record = _news_line(path, lineno, line, first_line)
-        except DataFormatError as exc:
-            if errors is None:
-                raise
-            errors.append(exc)
-            continue
-        news[record.news_id] = record
-    return news
+    records = _records(path, errors, lambda lineno, line: _news_line(path, lineno, line,
+                                                                     first_line))
+    return {record.news_id: record for record in records}
 
 
 def _news_line(path: Path, lineno: int, line: str, first_line: dict[str, int]) -> NewsRecord:
@@ -264,11 +269,8 @@ def read_behaviors(path: str | Path, *, errors: list[DataFormatError] | None = N
 
     Parameters
     ----------
-    path:
-        The file.
-    errors:
-        If given, every bad line is appended here (as its :class:`DataFormatError`) and
-        skipped, so one pass finds all of them (``data check``); otherwise the first raises.
+    path, errors:
+        As in :func:`read_news`.
 
     Returns
     -------
@@ -283,19 +285,12 @@ def read_behaviors(path: str | Path, *, errors: list[DataFormatError] | None = N
         unlabelled candidates mixed in one line. The message names the line and the value.
     """
     path = Path(path)
-    behaviors: list[Impression] = []
     first_line: dict[str, int] = {}
     # A user's history repeats on each of their impressions: share one tuple per distinct
     # history string (less memory, and lets checks skip histories they have already seen).
     histories: dict[str, tuple[str, ...]] = {}
-    for lineno, line in _lines(path, errors):
-        try:
-            behaviors.append(_behavior_line(path, lineno, line, first_line, histories))
-        except DataFormatError as exc:
-            if errors is None:
-                raise
-            errors.append(exc)
-    return behaviors
+    return list(_records(path, errors, lambda lineno, line: _behavior_line(
+        path, lineno, line, first_line, histories)))
 
 
 def _behavior_line(path: Path, lineno: int, line: str, first_line: dict[str, int],
