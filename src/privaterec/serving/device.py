@@ -50,7 +50,7 @@ import dataclasses
 import logging
 import math
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Sequence, TypedDict, Unpack
 
 import torch
 from torch import Tensor
@@ -76,6 +76,20 @@ from privaterec.serving.transport import (ModelChangedError, ServerError, Transp
                                           json_floats)
 
 _log = logging.getLogger(__name__)
+
+
+class DeviceOptions(TypedDict, total=False):
+    """The keyword arguments every device takes besides its budget, documented in
+    :class:`PrivateRecDevice` (defaults: ``composition="pld"``, ``timeout=30.0``, no cache
+    directory, the default transport, 2 fresh releases per day, :class:`SecureNoise`)."""
+
+    composition: Composition
+    cache_dir: str | Path | None
+    transport: Transport | None
+    timeout: float
+    max_fresh_releases: int | None
+    release_window: float
+    insecure_simulation_noise: SimulationNoise | None
 
 
 def _noise_source(insecure_simulation_noise: SimulationNoise | None) -> NoiseSource:
@@ -106,10 +120,11 @@ class _Device(DeviceBase):
     _cache_field = ""
 
     def __init__(self, base_url: str | None, *, budget: float, budget_delta: float,
-                 composition: Composition, cache_dir: str | Path | None,
-                 transport: Transport | None, timeout: float,
-                 max_fresh_releases: int | None, release_window: float,
-                 insecure_simulation_noise: SimulationNoise | None) -> None:
+                 composition: Composition = "pld", cache_dir: str | Path | None = None,
+                 transport: Transport | None = None, timeout: float = 30.0,
+                 max_fresh_releases: int | None = DEFAULT_MAX_FRESH_RELEASES,
+                 release_window: float = DEFAULT_RELEASE_WINDOW,
+                 insecure_simulation_noise: SimulationNoise | None = None) -> None:
         self.noise = _noise_source(insecure_simulation_noise)
         super().__init__(base_url, cache_dir=cache_dir, transport=transport, timeout=timeout)
         state_dir = self.cache_dir if self.cache_dir is not None else default_state_dir()
@@ -209,11 +224,7 @@ class ServingDevice(_Device):
 
     def __init__(self, base_url: str | None, config: ServingConfig, *,
                  budget: float = DEFAULT_DEVICE_BUDGET, budget_delta: float | None = None,
-                 composition: Composition = "pld", cache_dir: str | Path | None = None,
-                 transport: Transport | None = None, timeout: float = 30.0,
-                 max_fresh_releases: int | None = DEFAULT_MAX_FRESH_RELEASES,
-                 release_window: float = DEFAULT_RELEASE_WINDOW,
-                 insecure_simulation_noise: SimulationNoise | None = None) -> None:
+                 **options: Unpack[DeviceOptions]) -> None:
         self.config, self.mode = config, config.mode
         if not self.mode.endpoint:
             raise ConfigError(f"{config.kind} serving sends no query: {self.mode.help}")
@@ -224,11 +235,7 @@ class ServingDevice(_Device):
         if not pure and math.isfinite(budget) and not budget_delta > 0:
             raise ConfigError(f"a finite 'budget' with the {config.mechanism} mechanism needs "
                               "'budget_delta' > 0 (the target delta of the composed releases)")
-        super().__init__(base_url, budget=budget, budget_delta=budget_delta,
-                         composition=composition, cache_dir=cache_dir, transport=transport,
-                         timeout=timeout, max_fresh_releases=max_fresh_releases,
-                         release_window=release_window,
-                         insecure_simulation_noise=insecure_simulation_noise)
+        super().__init__(base_url, budget=budget, budget_delta=budget_delta, **options)
 
     def _check_info(self, info: Mapping[str, Any]) -> None:
         if self.mode.needs_basis and not info.get("basis_size"):
@@ -346,19 +353,11 @@ class PrivateRecDevice(ServingDevice):
     def __init__(self, base_url: str | None = None, *, epsilon: float, delta: float = 0.0,
                  padding_p: float = 0.5, mechanism: NoiseKind = "laplace",
                  normalization: Normalization = "softplus", budget: float = DEFAULT_DEVICE_BUDGET,
-                 budget_delta: float | None = None, composition: Composition = "pld",
-                 cache_dir: str | Path | None = None, transport: Transport | None = None,
-                 timeout: float = 30.0,
-                 max_fresh_releases: int | None = DEFAULT_MAX_FRESH_RELEASES,
-                 release_window: float = DEFAULT_RELEASE_WINDOW,
-                 insecure_simulation_noise: SimulationNoise | None = None) -> None:
+                 budget_delta: float | None = None, **options: Unpack[DeviceOptions]) -> None:
         super().__init__(base_url, ServingConfig(kind="privaterec", epsilon=epsilon, delta=delta,
                                                  padding_p=padding_p, mechanism=mechanism,
                                                  normalization=normalization),
-                         budget=budget, budget_delta=budget_delta, composition=composition,
-                         cache_dir=cache_dir, transport=transport, timeout=timeout,
-                         max_fresh_releases=max_fresh_releases, release_window=release_window,
-                         insecure_simulation_noise=insecure_simulation_noise)
+                         budget=budget, budget_delta=budget_delta, **options)
 
 
 class VDPDevice(ServingDevice):
@@ -372,17 +371,10 @@ class VDPDevice(ServingDevice):
     def __init__(self, base_url: str | None = None, *, epsilon: float, delta: float = 0.0,
                  clip: float = 0.001, mechanism: NoiseKind = "laplace",
                  budget: float = DEFAULT_DEVICE_BUDGET, budget_delta: float | None = None,
-                 composition: Composition = "pld", cache_dir: str | Path | None = None,
-                 transport: Transport | None = None, timeout: float = 30.0,
-                 max_fresh_releases: int | None = DEFAULT_MAX_FRESH_RELEASES,
-                 release_window: float = DEFAULT_RELEASE_WINDOW,
-                 insecure_simulation_noise: SimulationNoise | None = None) -> None:
+                 **options: Unpack[DeviceOptions]) -> None:
         super().__init__(base_url, ServingConfig(kind="vdp", epsilon=epsilon, delta=delta,
                                                  vdp_clip=clip, mechanism=mechanism),
-                         budget=budget, budget_delta=budget_delta, composition=composition,
-                         cache_dir=cache_dir, transport=transport, timeout=timeout,
-                         max_fresh_releases=max_fresh_releases, release_window=release_window,
-                         insecure_simulation_noise=insecure_simulation_noise)
+                         budget=budget, budget_delta=budget_delta, **options)
 
 
 @torch.no_grad()
@@ -489,13 +481,9 @@ class UniFedRecDevice(_Device):
     def __init__(self, base_url: str | None = None, *, noise_scale: float | None = None,
                  quota_noise_scale: float | None = None,
                  budget: float = DEFAULT_DEVICE_BUDGET, budget_delta: float | None = None,
-                 composition: Composition = "pld", total: int = 100,
-                 candidate_vectors: str = "server", cache_dir: str | Path | None = None,
-                 transport: Transport | None = None, timeout: float = 30.0,
+                 total: int = 100, candidate_vectors: str = "server",
                  recall_builder: RecallBuilder | None = None,
-                 max_fresh_releases: int | None = DEFAULT_MAX_FRESH_RELEASES,
-                 release_window: float = DEFAULT_RELEASE_WINDOW,
-                 insecure_simulation_noise: SimulationNoise | None = None) -> None:
+                 **options: Unpack[DeviceOptions]) -> None:
         if noise_scale is not None and not (isinstance(noise_scale, (int, float))
                                             and 0 < noise_scale < math.inf):
             raise ConfigError(f"invalid privacy parameter 'noise_scale' (lambda_I): got "
@@ -518,11 +506,7 @@ class UniFedRecDevice(_Device):
         self.candidate_vectors = candidate_vectors
         self.recall_builder = recall_builder or build_recall_model
         super().__init__(base_url, budget=budget,
-                         budget_delta=0.0 if budget_delta is None else budget_delta,
-                         composition=composition, cache_dir=cache_dir, transport=transport,
-                         timeout=timeout, max_fresh_releases=max_fresh_releases,
-                         release_window=release_window,
-                         insecure_simulation_noise=insecure_simulation_noise)
+                         budget_delta=0.0 if budget_delta is None else budget_delta, **options)
 
     def _check_info(self, info: Mapping[str, Any]) -> None:
         if not info.get("recall"):
@@ -614,5 +598,5 @@ class UniFedRecDevice(_Device):
                  "channel": candidates[i].get("channel")} for i in order]
 
 
-__all__ = ["MAX_K", "PrivateRecDevice", "ServingDevice", "UniFedRecDevice", "VDPDevice",
+__all__ = ["MAX_K", "DeviceOptions", "PrivateRecDevice", "ServingDevice", "UniFedRecDevice", "VDPDevice",
            "recall_release"]
