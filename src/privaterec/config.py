@@ -35,7 +35,6 @@ D = TypeVar("D", bound="DataclassInstance")
 S = TypeVar("S", bound=MethodSettings)
 
 # Choice fields: each Literal alias is the field's type, its values the accepted choices.
-NewsEncoder = Literal["nrms", "naml", "fednewsrec", "plm", "id"]
 UserEncoder = Literal["nrms", "naml", "lstur", "fednewsrec"]
 Embeddings = Literal["random", "corpus", "glove50", "minilm"]
 Strategy = Literal["sgd", "fedavg", "fedavgm", "fedadam"]
@@ -43,31 +42,32 @@ Engine = Literal["simulator", "flower"]
 Evaluation = Literal["server", "federated"]
 BasisAttention = Literal["dot", "centered"]
 
-NEWS_ENCODERS: tuple[NewsEncoder, ...] = get_args(NewsEncoder)
 USER_ENCODERS: tuple[UserEncoder, ...] = get_args(UserEncoder)
 EMBEDDINGS: tuple[Embeddings, ...] = get_args(Embeddings)
 # Size of the word vectors each embedding kind brings (random and corpus vectors: ``word_dim``).
 PRETRAINED_WORD_DIM: dict[Embeddings, int] = {"glove50": 50, "minilm": 384}
 DEFAULT_RANDOM_WORD_DIM = 64
+# Each news encoder with its default user encoder (builders: models/news_encoders.py).
+DEFAULT_USER_ENCODER: dict[str, UserEncoder] = {
+    "nrms": "nrms", "naml": "naml", "fednewsrec": "fednewsrec", "plm": "nrms", "id": "nrms"}
+NEWS_ENCODERS: tuple[str, ...] = tuple(DEFAULT_USER_ENCODER)
 FEDERATED_METHODS: tuple[str, ...] = RANKING_METHODS
 """The federated methods of a ranking run, from their declaration
 (:data:`privaterec.method_settings.SETTINGS`)."""
 METHODS: tuple[str, ...] = ("centralized", "popularity", *FEDERATED_METHODS)
 """``train.method``'s choices: the centralized baselines and the federated methods."""
 if TYPE_CHECKING:
+    NewsEncoder = str
     FederatedMethod = str
     Method = str
-else:  # a Literal of the declared methods: a config.yaml's value is checked against it
+else:  # a Literal of the declared names: a config.yaml's value is checked against it
+    NewsEncoder = Literal[NEWS_ENCODERS]
     FederatedMethod = Literal[FEDERATED_METHODS]
     Method = Literal[METHODS]
 STRATEGIES: tuple[Strategy, ...] = get_args(Strategy)
 ENGINES: tuple[Engine, ...] = get_args(Engine)
 EVALUATIONS: tuple[Evaluation, ...] = get_args(Evaluation)
 BASIS_ATTENTION_KINDS: tuple[BasisAttention, ...] = get_args(BasisAttention)
-
-# The user encoder each news model pairs with when --user-encoder is not given.
-DEFAULT_USER_ENCODER: dict[NewsEncoder, UserEncoder] = {
-    "nrms": "nrms", "naml": "naml", "fednewsrec": "fednewsrec", "plm": "nrms", "id": "nrms"}
 
 
 MIN_BASIS = 2

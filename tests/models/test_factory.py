@@ -58,6 +58,15 @@ def test_build_recommender_selects_encoders_and_runs(news, user, news_cls, user_
     assert logits.shape == (2, 3) and torch.isfinite(logits).all()
 
 
+def test_every_declared_encoder_has_its_builder() -> None:
+    # a news (user) encoder is its class and its builder in models/news_encoders.py
+    # (user_encoders.py), and its name in the configuration's choices; the factory has no list
+    from privaterec.config import NEWS_ENCODERS, USER_ENCODERS
+
+    assert tuple(ne.NEWS_ENCODER_BUILDERS) == NEWS_ENCODERS
+    assert tuple(ue.USER_ENCODER_BUILDERS) == USER_ENCODERS
+
+
 def test_vocabulary_sizes_come_from_vocabs() -> None:
     config, vocabs, _ = _setup(news_encoder="naml")
     model = build_recommender(config, vocabs)

@@ -34,11 +34,9 @@ from privaterec.data.text import TextVocabularies
 from privaterec.errors import ConfigError
 from privaterec.models.basis import REFERENCE_NEWS, BasicVectors, ReferenceNews
 from privaterec.models.layers import NewsEncoderModule, WordEmbedding
-from privaterec.models.news_encoders import (FedNewsRecNewsEncoder, IDNewsEncoder,
-                                             NAMLNewsEncoder, NRMSNewsEncoder, PLMNewsEncoder)
+from privaterec.models.news_encoders import NEWS_ENCODER_BUILDERS
 from privaterec.models.recommender import Recommender
-from privaterec.models.user_encoders import (FedNewsRecUserEncoder, LSTURUserEncoder,
-                                             NAMLUserEncoder, NRMSUserEncoder)
+from privaterec.models.user_encoders import USER_ENCODER_BUILDERS
 
 FIRST_NEWS_INDEX = 2  # news-id vocabulary: 0 padding, 1 unseen, then the training news
 
@@ -104,48 +102,16 @@ def build_news_encoder(model_config: ModelConfig, vocabs: TextVocabularies,
     """The news encoder Θ_N named by ``model_config.news_encoder``, output size
     ``model_config.news_dim`` (``features``, ``for_checkpoint``: see
     :func:`build_word_embedding`)."""
-    c = model_config
-    _check_vocabulary(c, vocabs)
-    if c.news_encoder == "id":
-        return IDNewsEncoder(len(vocabs.news_ids), c.news_dim)
-    if c.news_encoder == "plm":
-        return PLMNewsEncoder(vocabs.words, dim=c.news_dim,
-                              trainable_layers=c.plm_trainable_layers, dropout=c.dropout)
-    embedding = build_word_embedding(c, vocabs, features, for_checkpoint=for_checkpoint,
-                                     word_vectors=word_vectors)
-    if c.news_encoder == "nrms":
-        return NRMSNewsEncoder(embedding, num_heads=c.num_heads, head_dim=c.head_dim,
-                               attention_dim=c.attention_dim, dropout=c.dropout)
-    if c.news_encoder == "fednewsrec":
-        return FedNewsRecNewsEncoder(embedding, cnn_filters=c.cnn_filters,
-                                     cnn_window=c.cnn_window, num_heads=c.num_heads,
-                                     head_dim=c.head_dim, attention_dim=c.attention_dim,
-                                     dropout=c.dropout)
-    if c.news_encoder == "naml":
-        return NAMLNewsEncoder(embedding, num_categories=len(vocabs.categories),
-                               num_subcategories=len(vocabs.subcategories), dim=c.news_dim,
-                               cnn_filters=c.cnn_filters, cnn_window=c.cnn_window,
-                               attention_dim=c.attention_dim, category_dim=c.category_dim,
-                               dropout=c.dropout)
-    raise ConfigError(f"invalid configuration value 'news_encoder': {c.news_encoder!r}")
+    _check_vocabulary(model_config, vocabs)
+    return NEWS_ENCODER_BUILDERS[model_config.news_encoder](
+        model_config, vocabs, lambda: build_word_embedding(
+            model_config, vocabs, features, for_checkpoint=for_checkpoint,
+            word_vectors=word_vectors))
 
 
 def build_user_encoder(model_config: ModelConfig) -> nn.Module:
     """The user encoder Θ_U named by ``model_config.resolved_user_encoder``."""
-    c = model_config
-    name = c.resolved_user_encoder
-    if name == "nrms":
-        return NRMSUserEncoder(c.news_dim, num_heads=c.num_heads, head_dim=c.head_dim,
-                               attention_dim=c.attention_dim, dropout=c.dropout)
-    if name == "naml":
-        return NAMLUserEncoder(c.news_dim, attention_dim=c.attention_dim)
-    if name == "lstur":
-        return LSTURUserEncoder(c.news_dim, gru_dim=c.gru_dim)
-    if name == "fednewsrec":
-        return FedNewsRecUserEncoder(c.news_dim, num_heads=c.num_heads, head_dim=c.head_dim,
-                                     attention_dim=c.attention_dim, gru_dim=c.gru_dim,
-                                     short_term_len=c.short_term_len, dropout=c.dropout)
-    raise ConfigError(f"invalid configuration value 'user_encoder': {name!r}")
+    return USER_ENCODER_BUILDERS[model_config.resolved_user_encoder](model_config)
 
 
 def build_recommender(model_config: ModelConfig, vocabs: TextVocabularies,

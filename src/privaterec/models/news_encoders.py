@@ -14,9 +14,13 @@ finite, trainable function of e₀. Rows are encoded independently of each other
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 from torch import nn
 
+from privaterec.config import ModelConfig
+from privaterec.data.text import TextVocabularies
 from privaterec.models.layers import (AdditiveAttention, MultiHeadSelfAttention,
                                       NewsEncoderModule, TextCNN, WordEmbedding,
                                       attend_all_if_empty)
@@ -205,5 +209,23 @@ class IDNewsEncoder(NewsEncoderModule):
         return self.embedding(features["news_index"])
 
 
-__all__ = ["FedNewsRecNewsEncoder", "IDNewsEncoder", "NAMLNewsEncoder", "NRMSNewsEncoder",
-           "PLMNewsEncoder", "load_minilm", "project", "token_mask"]
+NEWS_ENCODER_BUILDERS: dict[str, Callable[[ModelConfig, TextVocabularies,
+                                            Callable[[], WordEmbedding]], NewsEncoderModule]] = {
+    "nrms": lambda c, vocabs, words: NRMSNewsEncoder(words(), num_heads=c.num_heads,
+        head_dim=c.head_dim, attention_dim=c.attention_dim, dropout=c.dropout),
+    "naml": lambda c, vocabs, words: NAMLNewsEncoder(
+        words(), num_categories=len(vocabs.categories), num_subcategories=len(vocabs.subcategories),
+        dim=c.news_dim, cnn_filters=c.cnn_filters, cnn_window=c.cnn_window,
+        attention_dim=c.attention_dim, category_dim=c.category_dim, dropout=c.dropout),
+    "fednewsrec": lambda c, vocabs, words: FedNewsRecNewsEncoder(
+        words(), cnn_filters=c.cnn_filters, cnn_window=c.cnn_window, num_heads=c.num_heads,
+        head_dim=c.head_dim, attention_dim=c.attention_dim, dropout=c.dropout),
+    "plm": lambda c, vocabs, words: PLMNewsEncoder(
+        vocabs.words, dim=c.news_dim, trainable_layers=c.plm_trainable_layers, dropout=c.dropout),
+    "id": lambda c, vocabs, words: IDNewsEncoder(len(vocabs.news_ids), c.news_dim),
+}
+"""Every news encoder's builder by its name (:data:`privaterec.config.NEWS_ENCODERS`): ``(config,
+vocabularies, words)``; ``words()`` builds the word embedding (it draws: called when read)."""
+
+__all__ = ["FedNewsRecNewsEncoder", "IDNewsEncoder", "NAMLNewsEncoder", "NEWS_ENCODER_BUILDERS",
+           "NRMSNewsEncoder", "PLMNewsEncoder", "load_minilm", "project", "token_mask"]

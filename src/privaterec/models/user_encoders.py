@@ -10,9 +10,12 @@ finite. Rows are encoded independently of each other.
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 from torch import nn
 
+from privaterec.config import ModelConfig
 from privaterec.models.layers import (AdditiveAttention, MaskedGRU, MultiHeadSelfAttention,
                                       attend_all_if_empty)
 from privaterec.models.news_encoders import project
@@ -132,3 +135,15 @@ class FedNewsRecUserEncoder(nn.Module):
         short_term = self.short_term_projection(
             self.gru(news_vectors[..., recent, :], mask[..., recent]))
         return self.combine(torch.stack([long_term, short_term], dim=-2))
+
+
+USER_ENCODER_BUILDERS: dict[str, Callable[[ModelConfig], nn.Module]] = {
+    "nrms": lambda c: NRMSUserEncoder(c.news_dim, num_heads=c.num_heads, head_dim=c.head_dim,
+                                      attention_dim=c.attention_dim, dropout=c.dropout),
+    "naml": lambda c: NAMLUserEncoder(c.news_dim, attention_dim=c.attention_dim),
+    "lstur": lambda c: LSTURUserEncoder(c.news_dim, gru_dim=c.gru_dim),
+    "fednewsrec": lambda c: FedNewsRecUserEncoder(
+        c.news_dim, num_heads=c.num_heads, head_dim=c.head_dim, attention_dim=c.attention_dim,
+        gru_dim=c.gru_dim, short_term_len=c.short_term_len, dropout=c.dropout),
+}
+"""Every user encoder's builder by its name (``ModelConfig.user_encoder``'s choices)."""
