@@ -26,7 +26,7 @@ Each is a context manager that patches the library for its duration (simulation 
 
 from __future__ import annotations
 
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any, Iterator
 
 import torch
@@ -65,6 +65,20 @@ def _patched(module: Any, name: str, value: Any) -> Iterator[None]:
 
 
 @contextmanager
+def _scaled_draws(name: str, keyword: str, factor: float, module: Any,
+                  importer: Any) -> Iterator[None]:
+    """``module.<name>`` and its import into ``importer`` draw with ``keyword`` (the scale)
+    multiplied by ``factor``."""
+    original = getattr(module, name)
+
+    def noise(*args: Any, **kwargs: Any) -> Tensor:
+        return original(*args, **{**kwargs, keyword: kwargs[keyword] * factor})
+
+    with _patched(module, name, noise), _patched(importer, name, noise):
+        yield
+
+
+@contextmanager
 def published_dpl() -> Iterator[None]:
     """PrivateRec clients use :func:`published_dpl_labels` (module docstring)."""
     import privaterec.fed.methods.privaterec as privaterec_client
@@ -73,20 +87,12 @@ def published_dpl() -> Iterator[None]:
         yield
 
 
-@contextmanager
-def scaled_noise(factor: float) -> Iterator[None]:
+def scaled_noise(factor: float) -> AbstractContextManager[None]:
     """Every Laplace draw (mechanisms and Uni-FedRec's recall upload) at ``factor`` × scale."""
     import privaterec.privacy.noise.laplace as laplace
     import privaterec.recall.task as recall_task
 
-    original = laplace.laplace_noise
-
-    def noise(shape: Any, *, scale: Any, generator: Any, **kwargs: Any) -> Tensor:
-        return original(shape, scale=scale * factor, generator=generator, **kwargs)
-
-    with _patched(laplace, "laplace_noise", noise), \
-            _patched(recall_task, "laplace_noise", noise):
-        yield
+    return _scaled_draws("laplace_noise", "scale", factor, laplace, recall_task)
 
 
 @contextmanager
@@ -103,20 +109,12 @@ def reply_with_loss() -> Iterator[None]:
         yield
 
 
-@contextmanager
-def scaled_gaussian_noise(factor: float) -> Iterator[None]:
+def scaled_gaussian_noise(factor: float) -> AbstractContextManager[None]:
     """Every Gaussian draw (the mechanisms and central DP's aggregator) at ``factor`` × σ."""
     import privaterec.fed.methods.dp_fedavg as central
     import privaterec.privacy.noise.gaussian as gaussian
 
-    original = gaussian.gaussian_noise
-
-    def noise(shape: Any, *, sigma: Any, generator: Any, **kwargs: Any) -> Tensor:
-        return original(shape, sigma=sigma * factor, generator=generator, **kwargs)
-
-    with _patched(gaussian, "gaussian_noise", noise), \
-            _patched(central, "gaussian_noise", noise):
-        yield
+    return _scaled_draws("gaussian_noise", "sigma", factor, gaussian, central)
 
 
 @contextmanager

@@ -49,6 +49,7 @@ canary's own draws audits exactly the claim the accounting makes.
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
@@ -432,7 +433,7 @@ def audit_power(game: CanaryGame, *, runs: int, seed: int = 0,
     detected = None
     for factor in factors:
         if getattr(game.aggregator, "distributed", False) and view.startswith("secagg"):
-            variant = broken.scaled_noise_shares(factor)
+            variant: AbstractContextManager[None] = broken.scaled_noise_shares(factor)
         elif view in ("deployed", "secagg-deployed"):
             variant = broken.scaled_secure_noise(factor)
         else:
