@@ -159,10 +159,8 @@ def ndcg(labels: Sequence[int] | np.ndarray, scores: Sequence[float] | np.ndarra
 
     Parameters
     ----------
-    labels:
-        ``[n]`` 0/1 click labels with at least one 1.
-    scores:
-        ``[n]`` finite scores.
+    labels, scores:
+        As in :func:`mrr`: ``[n]`` 0/1 click labels with at least one 1, ``[n]`` finite scores.
     k:
         Cut-off (positive integer; a cut-off beyond ``n`` uses all candidates).
 
