@@ -16,12 +16,12 @@ computed or sent.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping, Self, Sequence
+from typing import Any, Mapping, Sequence
 
 from privaterec.data.records import NewsRecord
 from privaterec.errors import ConfigError
 from privaterec.serving.download import DeviceModel, download_model
-from privaterec.serving.transport import HttpSession, Transport
+from privaterec.serving.transport import HttpClient, HttpSession, Transport
 
 MAX_K = 1000
 """Largest ``k`` (and Uni-FedRec ``total``) the server accepts (serving spec)."""
@@ -50,7 +50,7 @@ def check_count(value: int, name: str, upper: int, *, why: str = "") -> int:
     return value
 
 
-class DeviceBase:
+class DeviceBase(HttpClient):
     """A device's session with the server and the public model it downloaded.
 
     A subclass calls ``super().__init__`` once its own arguments are checked, then
@@ -98,16 +98,6 @@ class DeviceBase:
     def model_version(self) -> str:
         """The server's version of :attr:`model`."""
         return self._model.model_version
-
-    def close(self) -> None:
-        """Close the default transport (a transport passed in is the caller's)."""
-        self._http.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 __all__ = ["DeviceBase", "MAX_K", "check_count", "check_history"]

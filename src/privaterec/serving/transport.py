@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, Iterable, Mapping, Protocol
+from typing import Any, Iterable, Mapping, Protocol, Self
 
 import httpx
 
@@ -157,5 +157,22 @@ def json_body(payload: Mapping[str, Any]) -> bytes:
     return json.dumps(payload, separators=(",", ":"), allow_nan=False).encode()
 
 
-__all__ = ["CLIENT_KEEPALIVE_EXPIRY_S", "HttpSession", "ModelChangedError", "ServerError",
-           "Transport", "client_limits", "json_body", "json_floats", "json_of"]
+class HttpClient:
+    """A client of the server over one :class:`HttpSession` (``_http``); used as a context
+    manager, it closes the session on exit."""
+
+    _http: HttpSession
+
+    def close(self) -> None:
+        """Close the default transport (a transport passed in is the caller's)."""
+        self._http.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+__all__ = ["CLIENT_KEEPALIVE_EXPIRY_S", "HttpClient", "HttpSession", "ModelChangedError",
+           "ServerError", "Transport", "client_limits", "json_body", "json_floats", "json_of"]

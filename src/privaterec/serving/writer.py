@@ -13,12 +13,12 @@ from typing import Any, Callable, Sequence
 
 from privaterec.data.records import NewsRecord
 from privaterec.serving.schemas import MAX_NEWS_PER_REQUEST
-from privaterec.serving.transport import (HttpSession, ServerError, Transport, json_body,
-                                          json_of)
+from privaterec.serving.transport import (HttpClient, HttpSession, ServerError, Transport,
+                                          json_body, json_of)
 from privaterec.serving.write_api import check_token
 
 
-class NewsWriter:
+class NewsWriter(HttpClient):
     """Adds articles to the news pool of a server through its write API.
 
     Parameters
@@ -44,15 +44,6 @@ class NewsWriter:
         self._http = HttpSession(base_url, transport, timeout)
         self.max_waits = max_waits
         self.sleep = sleep
-
-    def close(self) -> None:
-        self._http.close()
-
-    def __enter__(self) -> NewsWriter:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def __repr__(self) -> str:  # the token stays out of logs and tracebacks
         return "NewsWriter(token=<hidden>)"
