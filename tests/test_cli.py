@@ -483,3 +483,26 @@ def test_every_engine_flag_reaches_the_fed_config(tmp_path):
         assert getattr(fed, flag.dest) == value, flag.flags
         assert dataclasses.replace(fed, **{flag.dest: getattr(defaults, flag.dest)}) == \
             dataclasses.replace(defaults, settings=fed.settings), flag.flags
+
+
+def test_every_recall_model_flag_reaches_the_recall_configuration(tmp_path):
+    # Uni-FedRec's model and training flags are generated from RecallModelConfig's and
+    # RecallTrainConfig's settings, each stored under its flag's name (--interest-clip is the
+    # model's clip, --clip the upload's)
+    from privaterec.cli import build_parser, recall_config_from_args
+    from privaterec.method_settings import setting_flags
+    from privaterec.recall.task import RecallTrainConfig
+    from privaterec.runs.recall_setup import RecallModelConfig
+
+    values = {"--recall-basis": 7, "--max-channels": 3, "--distance-threshold": 0.5,
+              "--cluster-method": "single", "--cluster-metric": "euclidean",
+              "--interest-clip": 0.3, "--interest-noise": 0.5}
+    flags = setting_flags((RecallModelConfig, RecallTrainConfig))
+    assert {f.flags[0] for f in flags} == {*values, "--score-clip"}
+    args = build_parser().parse_args(
+        ["train", "--method", "unifedrec", "--ranker", str(tmp_path), "--out", "o", "--clip",
+         "0.2", "--no-score-clip", *(str(x) for item in values.items() for x in item)])
+    config = recall_config_from_args(args)
+    model = {f.flags[0]: getattr(config.model, f.dest) for f in flags if f.type is not bool}
+    assert model == values and config.train.score_clip is False
+    assert config.fed.settings.clip == 0.2 and RecallModelConfig().clip != 0.3

@@ -26,6 +26,8 @@ from privaterec.ondevice.release import (NORMALIZATIONS, QUERY_MODES, SERVING_KI
                                          SERVING_MODES, ServingConfig)
 from privaterec.method_settings import CLIP_SPACES, SETTINGS, setting_flag, setting_flags
 from privaterec.recall import RECALL_METHODS
+from privaterec.recall.task import RecallTrainConfig
+from privaterec.runs.recall_setup import RecallModelConfig, RecallRunConfig
 
 EXIT_OK, EXIT_CHECK_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -162,10 +164,11 @@ def cmd_data_device_dirs(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------------- train
-def _given(args: argparse.Namespace, *kinds: type[Any], **more: Any) -> dict[str, Any]:
+def _given(args: argparse.Namespace, *kinds: type[Any], by_flag: bool = False,
+           **more: Any) -> dict[str, Any]:
     """The settings of the dataclasses ``kinds`` that their generated flags give
-    (:func:`_add_setting_flags`), and ``more``, by configuration key; unset ones left out."""
-    given = {flag.dest: getattr(args, flag.dest) for flag in setting_flags(kinds)}
+    (:func:`_add_flags`), and ``more``, by configuration key; unset ones left out."""
+    given = {flag.dest: getattr(args, _dest(flag, by_flag)) for flag in setting_flags(kinds)}
     return {k: v for k, v in {**given, **more}.items() if v is not None}
 
 
@@ -201,11 +204,9 @@ _RECALL_IGNORED = ("news_encoder", "preset", "user_encoder", "embeddings", "word
                    "eval_every", "basis", "basis_attention", "basis_scale")
 
 
-def recall_config_from_args(args: argparse.Namespace) -> Any:
+def recall_config_from_args(args: argparse.Namespace) -> RecallRunConfig:
     """``--method unifedrec``: the Uni-FedRec run configuration (``--config`` = a
     ``recall.yaml``) overridden by explicit flags."""
-    from privaterec.runs.recall import RecallRunConfig
-
     given = [k for k in _RECALL_IGNORED if getattr(args, k, None) is not None]
     if given:
         flags = ", ".join(setting_flag(k, (ModelConfig, TrainConfig, FedConfig)) for k in given)
@@ -223,13 +224,9 @@ def recall_config_from_args(args: argparse.Namespace) -> Any:
     if not args.ranker and not args.config:
         raise PrivateRecError("--method unifedrec needs --ranker RUN: a ranking run trained by "
                               "another method (e.g. --method fedrec)")
-    model = {k: v for k, v in {
-        "num_basis": args.recall_basis, "max_channels": args.max_channels,
-        "distance_threshold": args.distance_threshold, "cluster_method": args.cluster_method,
-        "cluster_metric": args.cluster_metric, "clip": args.interest_clip,
-        "noise_scale": args.interest_noise}.items() if v is not None}
+    model = _given(args, RecallModelConfig, by_flag=True)
+    train = _given(args, RecallTrainConfig, by_flag=True)
     fed = _given(args, FedConfig, *SETTINGS.values())
-    train = {k: v for k, v in {"score_clip": args.score_clip}.items() if v is not None}
     return replace(config, **top, model=replace(config.model, **model),
                    fed=fed_with_changes(config.fed, "unifedrec", fed, name=setting_flag),
                    train=replace(config.train, **train))
@@ -593,12 +590,20 @@ def _add_setting_flags(train: argparse.ArgumentParser, fed: Any) -> dict[str, An
     return groups
 
 
-def _add_flags(group: Any, flags: Sequence[Any]) -> None:
+def _add_flags(group: Any, flags: Sequence[Any], *, by_flag: bool = False) -> None:
     """Add the generated ``flags`` (:class:`~privaterec.method_settings.SettingFlag`) to
-    ``group``; each defaults to ``None``, so that ``--config``'s value stays unless given."""
+    ``group``; each defaults to ``None``, so that ``--config``'s value stays unless given, and
+    a bool is a ``--name``/``--no-name`` pair. ``by_flag``: each is stored under its flag's
+    name (``--interest-clip``: ``interest_clip``), not its setting's (``clip``)."""
     for flag in flags:
-        group.add_argument(*flag.flags, dest=flag.dest, type=flag.type, choices=flag.choices,
-                           default=None, help=flag.help)
+        kind = ({"action": argparse.BooleanOptionalAction} if flag.type is bool
+                else {"type": flag.type, "choices": flag.choices})
+        group.add_argument(*flag.flags, dest=_dest(flag, by_flag), default=None, help=flag.help,
+                           **kind)
+
+
+def _dest(flag: Any, by_flag: bool) -> str:
+    return flag.flags[0][2:].replace("-", "_") if by_flag else flag.dest
 
 
 def _add_device_flag(parser: argparse.ArgumentParser) -> None:
@@ -715,21 +720,7 @@ def build_parser() -> argparse.ArgumentParser:
     recall.add_argument("--ranker", default=None,
                         help="ranking run (trained by another method) whose news encoder "
                              "gives the news vectors and whose model ranks the candidates")
-    recall.add_argument("--recall-basis", type=int, default=None,
-                        help="B basic interest embeddings (30)")
-    recall.add_argument("--interest-clip", type=float, default=None,
-                        help="delta: decomposition scores clipped to [-delta, delta] (0.2)")
-    recall.add_argument("--interest-noise", type=float, default=None,
-                        help="lambda_I: Laplace scale of the released scores (1.2)")
-    recall.add_argument("--max-channels", type=int, default=None,
-                        help="at most this many interest channels (5)")
-    recall.add_argument("--distance-threshold", type=float, default=None,
-                        help="d_c of the hierarchical clustering (1.0)")
-    recall.add_argument("--cluster-method", default=None,
-                        help="scipy linkage method (average)")
-    recall.add_argument("--cluster-metric", default=None, help="distance metric (cosine)")
-    recall.add_argument("--score-clip", action=argparse.BooleanOptionalAction, default=None,
-                        help="clip decomposition scores in training as in serving (on)")
+    _add_flags(recall, setting_flags((RecallModelConfig, RecallTrainConfig)), by_flag=True)
     _add_device_flag(train)
     train.add_argument("--config", default=None, help="YAML run configuration; flags override it")
     train.add_argument("--out", required=True, help="run directory (resumed if it exists)")

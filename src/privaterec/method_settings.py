@@ -414,10 +414,10 @@ def _value_type(name: str, hint: Any, f: Any) -> tuple[type, tuple[str, ...] | N
         (hint,) = [a for a in get_args(hint) if a is not type(None)]
     if typing.get_origin(hint) is Literal:
         return str, get_args(hint)
-    if hint in (float, int) or (hint is str and f.metadata.get("choices")):
+    if hint in (float, int, bool, str):  # a bool is a --flag/--no-flag pair
         return hint, f.metadata.get("choices")
     raise TypeError(f"the setting {name!r} has no command-line form ({hint!r}): declare a "
-                    f"float, an int, a Literal or a str with choices")
+                    f"float, an int, a bool, a str or a Literal")
 
 
 def setting_flag(name: str, kinds: Sequence[type[Any]] | None = None) -> str:

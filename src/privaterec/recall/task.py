@@ -75,7 +75,7 @@ from privaterec.fed.sampling import eligible_clients
 from privaterec.fed.simulator import FederatedState
 from privaterec.fed.strategies import build_strategy
 from privaterec.fed.task import ModuleTask, per_client_gradients
-from privaterec.method_settings import UniFedRecSettings
+from privaterec.method_settings import UniFedRecSettings, setting
 from privaterec.privacy.noise.laplace import laplace_noise
 from privaterec.privacy.randomness import is_secure, randint, randperm, seeded_generator
 from privaterec.privacy.samplers import NoiseSource
@@ -143,7 +143,7 @@ class RecallTrainConfig:
 
     negatives: int = NUM_NEGATIVES
     negative_source: NegativeSource = "impression"
-    score_clip: bool = True
+    score_clip: bool = setting(True, "clip decomposition scores in training as in serving")
     score_noise: bool = False
 
     def __post_init__(self) -> None:

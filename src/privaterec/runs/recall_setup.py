@@ -22,7 +22,7 @@ from privaterec.config import (FedConfig, fed_from_mapping, load_yaml_config, ma
                                replace)
 from privaterec.data.features import NewsFeatures, build_news_features
 from privaterec.errors import ConfigError
-from privaterec.method_settings import LEGACY_FLAT_KEYS, UniFedRecSettings
+from privaterec.method_settings import LEGACY_FLAT_KEYS, UniFedRecSettings, setting
 from privaterec.models.recommender import Recommender
 from privaterec.recall.channels import check_cluster_params
 from privaterec.recall.interest import (DEFAULT_CLIP, DEFAULT_NOISE_SCALE, DEFAULT_NUM_BASIS,
@@ -98,17 +98,20 @@ class RecallModelConfig:
         costs ε = 2δB/λ_I (docs/privacy.md#uni-fedrec-channels-and-quotas).
     """
 
-    num_basis: int = DEFAULT_NUM_BASIS
+    num_basis: int = setting(DEFAULT_NUM_BASIS, "B basic interest embeddings",
+                             flag="--recall-basis")
     attention_dim: int = 128
-    max_channels: int = 5
-    distance_threshold: float = 1.0
-    cluster_method: str = "average"
-    cluster_metric: str = "cosine"
+    max_channels: int = setting(5, "at most this many interest channels")
+    distance_threshold: float = setting(1.0, "d_c of the hierarchical clustering")
+    cluster_method: str = setting("average", "scipy linkage method")
+    cluster_metric: str = setting("cosine", "distance metric")
     bie: bool = True
     aggregator_scale: bool = False
     _: dataclasses.KW_ONLY
-    clip: float = DEFAULT_CLIP
-    noise_scale: float = DEFAULT_NOISE_SCALE
+    clip: float = setting(DEFAULT_CLIP, "delta: decomposition scores clipped to [-delta, delta]",
+                          flag="--interest-clip")
+    noise_scale: float = setting(DEFAULT_NOISE_SCALE, "lambda_I: Laplace scale of the released "
+                                                      "scores", flag="--interest-noise")
 
     def __post_init__(self) -> None:
         for name in ("num_basis", "attention_dim", "max_channels"):
