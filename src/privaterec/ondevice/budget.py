@@ -160,14 +160,9 @@ class DeviceBudget:
         with self._locked():
             self._load()
 
-    @property
-    def lock_path(self) -> Path | None:
-        """The lock file next to the state file (``None`` without ``path``)."""
-        return None if self.path is None else _lock_file(self.path)
-
     @contextmanager
     def _locked(self) -> Iterator[None]:
-        """Exclusive ``flock`` on :attr:`lock_path` for one read-check-write (no-op in memory)."""
+        """Exclusive ``flock`` on :func:`_lock_file` for one read-check-write (no-op in memory)."""
         if self.path is None:
             yield
             return

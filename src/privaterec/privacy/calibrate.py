@@ -121,11 +121,6 @@ class Calibration:
         """ε of one release under user-level adjacency (the user's data replaced)."""
         return self.event.at_adjacency("user").epsilon
 
-    @property
-    def user_delta(self) -> float:
-        """δ of one release under user-level adjacency."""
-        return self.event.at_adjacency("user").delta
-
 
 def calibrate(*, mechanism: str, epsilon: float, delta: float = 0.0,
               sensitivity: float, dimension: int = 1, phase: Phase = "train",
