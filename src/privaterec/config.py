@@ -27,6 +27,7 @@ from privaterec.method_settings import (LEGACY_FLAT_KEYS, NOISE_KINDS, NOISE_PLA
 from privaterec.validators import check as _check
 from privaterec.validators import check_choice as _check_choice
 from privaterec.validators import check_positive as _check_positive
+from privaterec.validators import check_positive_int as _check_positive_int
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -132,8 +133,7 @@ class ModelConfig:
             _check_choice(self.user_encoder, "user_encoder", USER_ENCODERS)
         _check_choice(self.embeddings, "embeddings", EMBEDDINGS)
         if self.word_dim is not None:
-            _check(isinstance(self.word_dim, int) and self.word_dim > 0, "word_dim",
-                   f"got {self.word_dim!r}, expected a positive integer")
+            _check_positive_int(self.word_dim, "word_dim")
         if self.word_dim is not None and self.embeddings in PRETRAINED_WORD_DIM:
             _check(self.word_dim == PRETRAINED_WORD_DIM[self.embeddings], "word_dim",
                    f"got {self.word_dim!r}, but embeddings={self.embeddings!r} has "
@@ -141,9 +141,7 @@ class ModelConfig:
         for name in ("num_heads", "head_dim", "attention_dim", "cnn_filters",
                      "cnn_window", "gru_dim", "short_term_len", "category_dim", "title_len",
                      "abstract_len", "history_len", "min_word_count"):
-            value = getattr(self, name)
-            _check(isinstance(value, int) and value > 0, name,
-                   f"got {value!r}, expected a positive integer")
+            _check_positive_int(getattr(self, name), name)
         _check(0.0 <= self.dropout < 1.0, "dropout", f"got {self.dropout!r}, expected 0 <= p < 1")
         _check(isinstance(self.basis_size, int)
                and (self.basis_size == 0 or self.basis_size >= MIN_BASIS), "basis_size",
@@ -225,9 +223,7 @@ class TrainConfig:
         _check_positive(self.lr, "lr")
         _check_positive(self.plm_lr, "plm_lr")
         for name in ("batch_size", "negatives", "eval_batch_size"):
-            value = getattr(self, name)
-            _check(isinstance(value, int) and value > 0, name,
-                   f"got {value!r}, expected a positive integer")
+            _check_positive_int(getattr(self, name), name)
         _check(isinstance(self.seed, int), "seed", f"got {self.seed!r}, expected an integer")
         if self.max_grad_norm is not None:
             _check_positive(self.max_grad_norm, "max_grad_norm")
@@ -320,18 +316,14 @@ class FedConfig:
     def __post_init__(self) -> None:
         for name in ("rounds", "local_steps", "max_client_samples", "chunk_clients",
                      "checkpoint_every"):
-            value = getattr(self, name)
-            _check(isinstance(value, int) and value > 0, name,
-                   f"got {value!r}, expected a positive integer")
+            _check_positive_int(getattr(self, name), name)
         _check(isinstance(self.eval_every, int) and self.eval_every >= 0, "eval_every",
                f"got {self.eval_every!r}, expected an integer >= 0")
         if self.client_fraction is not None:
             _check(0 < self.client_fraction <= 1, "client_fraction",
                    f"got {self.client_fraction!r}, expected 0 < r <= 1")
         if self.clients_per_round is not None:
-            _check(isinstance(self.clients_per_round, int) and self.clients_per_round > 0,
-                   "clients_per_round",
-                   f"got {self.clients_per_round!r}, expected a positive integer")
+            _check_positive_int(self.clients_per_round, "clients_per_round")
         if self.strategy is not None:
             _check_choice(self.strategy, "strategy", STRATEGIES)
         _check_choice(self.engine, "engine", ENGINES)

@@ -56,6 +56,12 @@ def check_positive(value: float, name: str) -> None:
     check(value > 0, name, f"got {value!r}, expected a positive number")
 
 
+def check_positive_int(value: object, name: str) -> None:
+    """Raise ``ConfigError`` unless ``value`` is an ``int`` > 0."""
+    check(isinstance(value, int) and value > 0, name,
+          f"got {value!r}, expected a positive integer")
+
+
 def is_real(value: object) -> TypeGuard[float]:
     """True when ``value`` is a real number: any ``numbers.Real`` (``int``, ``float``, numpy
     scalars; ``bool`` too). Narrows an untyped value (JSON, ``getattr``) to ``float`` for the
@@ -118,4 +124,5 @@ def check_noise_multiplier(value: float, name: str = "noise_multiplier") -> None
 
 
 __all__ = ["MIN_NOISE_MULTIPLIER", "check", "check_adaptive_clip", "check_choice", "check_in",
-           "check_noise_multiplier", "check_positive", "fail", "is_integer", "is_real"]
+           "check_noise_multiplier", "check_positive", "check_positive_int", "fail", "is_integer",
+           "is_real"]
