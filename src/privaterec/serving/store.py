@@ -42,9 +42,10 @@ import os
 import sqlite3
 import threading
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -350,9 +351,7 @@ class NewsStore:
             version = pool.version + 1
             articles = [pool.articles[p] for p in keep.tolist()]
             ordered = sorted(gone, key=pool.positions.__getitem__)
-            db = self._db
-            db.execute("BEGIN IMMEDIATE")
-            try:
+            with self._transaction() as db:
                 db.executemany("DELETE FROM news WHERE news_id = ?", [(i,) for i in ordered])
                 db.execute("UPDATE news SET position = -1 - position")
                 db.executemany("UPDATE news SET position = ? WHERE position = ?",
@@ -360,10 +359,6 @@ class NewsStore:
                 db.executemany("INSERT INTO removed (news_id, version) VALUES (?, ?)",
                                [(i, version) for i in ordered])
                 self._set_meta(pool_version=version)
-                db.execute("COMMIT")
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
             self._pool = NewsPool(articles, pool.vectors[keep],
                                   {name: p[:, keep] for name, p in pool.scores.items()},
                                   version=version, versions=pool.versions[keep],
@@ -422,34 +417,44 @@ class NewsStore:
     def _meta(self) -> dict[str, str]:
         return dict(self._db.execute("SELECT key, value FROM meta").fetchall())
 
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        """One SQLite write transaction: committed at the end, rolled back on any exception."""
+        db = self._db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            yield db
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+
     def _set_meta(self, **values: object) -> None:
         self._db.executemany("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)",
                              [(k, str(v)) for k, v in values.items()])
 
     def _open(self) -> None:
-        db = self._db
-        db.execute("BEGIN IMMEDIATE")
-        db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT)")
-        db.execute("CREATE TABLE IF NOT EXISTS news (position INTEGER PRIMARY KEY, "
-                   "news_id TEXT NOT NULL UNIQUE, category TEXT NOT NULL, "
-                   "subcategory TEXT NOT NULL, title TEXT NOT NULL, abstract TEXT NOT NULL, "
-                   "slot INTEGER NOT NULL UNIQUE)")
-        columns = {row[1] for row in db.execute("PRAGMA table_info(news)").fetchall()}
-        if "version" not in columns:  # stores written before pool versions
-            db.execute("ALTER TABLE news ADD COLUMN version INTEGER NOT NULL DEFAULT 0")
-        db.execute("CREATE TABLE IF NOT EXISTS removed (news_id TEXT NOT NULL, "
-                   "version INTEGER NOT NULL)")
-        meta = self._meta()
-        if not meta:
-            self._set_meta(format=FORMAT_VERSION, dim=self.dim,
-                           encoder_version=self.encoder_version,
-                           spaces=json.dumps(self._kinds(), sort_keys=True),
-                           basis_digest=basis_digest(self.bases), generation=0, slots=0)
+        with self._transaction() as db:
+            db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT)")
+            db.execute("CREATE TABLE IF NOT EXISTS news (position INTEGER PRIMARY KEY, "
+                       "news_id TEXT NOT NULL UNIQUE, category TEXT NOT NULL, "
+                       "subcategory TEXT NOT NULL, title TEXT NOT NULL, abstract TEXT NOT NULL, "
+                       "slot INTEGER NOT NULL UNIQUE)")
+            columns = {row[1] for row in db.execute("PRAGMA table_info(news)").fetchall()}
+            if "version" not in columns:  # stores written before pool versions
+                db.execute("ALTER TABLE news ADD COLUMN version INTEGER NOT NULL DEFAULT 0")
+            db.execute("CREATE TABLE IF NOT EXISTS removed (news_id TEXT NOT NULL, "
+                       "version INTEGER NOT NULL)")
             meta = self._meta()
-        if "pool_id" not in meta:
-            self._set_meta(pool_id=uuid.uuid4().hex[:16], pool_version=0, base_version=0)
-            meta = self._meta()
-        db.execute("COMMIT")
+            if not meta:
+                self._set_meta(format=FORMAT_VERSION, dim=self.dim,
+                               encoder_version=self.encoder_version,
+                               spaces=json.dumps(self._kinds(), sort_keys=True),
+                               basis_digest=basis_digest(self.bases), generation=0, slots=0)
+                meta = self._meta()
+            if "pool_id" not in meta:
+                self._set_meta(pool_id=uuid.uuid4().hex[:16], pool_version=0, base_version=0)
+                meta = self._meta()
         if int(meta["format"]) != FORMAT_VERSION:
             raise StoreError(f"{self.path}: news store format {meta['format']}, this version "
                              f"reads format {FORMAT_VERSION}; use another --store")
@@ -569,9 +574,7 @@ class NewsStore:
                      version: int) -> None:
         """One SQLite transaction: insert/update articles (written at ``version``), advance
         the committed slots and the pool version."""
-        db = self._db
-        db.execute("BEGIN IMMEDIATE")
-        try:
+        with self._transaction() as db:
             db.executemany("INSERT INTO news (position, news_id, category, subcategory, "
                            "title, abstract, slot, version) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                            [(*row, version) for row in inserts])
@@ -580,10 +583,6 @@ class NewsStore:
                            "abstract = ?, slot = ?, version = ? WHERE position = ?",
                            [(*row[:5], version, row[5]) for row in updates])
             self._set_meta(slots=slots, pool_version=version)
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
 
     def _upsert_locked(self, articles: list[NewsRecord], vectors: np.ndarray) -> IngestResult:
         pool = self._pool
@@ -663,9 +662,7 @@ class NewsStore:
                     handle.flush()
                     os.fsync(handle.fileno())
             self._fsync_directory()
-            db = self._db
-            db.execute("BEGIN IMMEDIATE")
-            try:
+            with self._transaction() as db:
                 db.execute("UPDATE news SET slot = -1 - position")
                 db.execute("UPDATE news SET slot = position")
                 if new_content:
@@ -675,10 +672,6 @@ class NewsStore:
                                encoder_version=self.encoder_version,
                                spaces=json.dumps(self._kinds(), sort_keys=True),
                                basis_digest=basis_digest(self.bases))
-                db.execute("COMMIT")
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
         except BaseException:
             for path in written:
                 path.unlink(missing_ok=True)
