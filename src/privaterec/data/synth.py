@@ -87,7 +87,8 @@ from privaterec.data.records import (
     MindSplit,
     NewsRecord,
 )
-from privaterec.data.synth_writer import Histories, ImpressionChunk, write_streaming
+from privaterec.data.synth_writer import (Histories, ImpressionChunk, corpus_summary,
+                                          write_streaming)
 from privaterec.errors import ConfigError
 
 __all__ = ["SYNTH_FLAG_HELP", "SYNTH_PRESETS", "SynthConfig", "format_synth_summary",
@@ -637,8 +638,6 @@ def generate(config: SynthConfig, news_pool: Mapping[str, NewsRecord] | None = N
 
 def summarize(dataset: MindDataset) -> dict[str, Any]:
     """Summary statistics of a dataset: sizes, clicks, candidates, history and title lengths."""
-    from privaterec.data.text import tokenize
-
     splits = {"train": dataset.train, "test": dataset.test}
     out: dict[str, Any] = {}
     all_news = dataset.all_news()
@@ -663,23 +662,12 @@ def summarize(dataset: MindDataset) -> dict[str, Any]:
     history = np.array([len(h) for h in {b.user_id: b.history for s in splits.values()
                                           if s is not None for b in s.behaviors}.values()]
                        or [0])
-    titles = np.array([len(tokenize(n.title)) for n in all_news.values()] or [0])
-    abstracts = np.array([len(tokenize(n.abstract)) for n in all_news.values()] or [0])
     if dataset.test is not None:
         train_users = {b.user_id for b in dataset.train.behaviors}
         test_users = {b.user_id for b in dataset.test.behaviors}
         out["test_users_seen_in_train"] = round(len(test_users & train_users)
                                                 / max(len(test_users), 1), 3)
-    out.update({
-        "users": len(users),
-        "news": len(all_news),
-        "categories": len({n.category for n in all_news.values()}),
-        "subcategories": len({n.subcategory for n in all_news.values()}),
-        "history_length_quantiles": {q: float(np.quantile(history, q / 100))
-                                     for q in (0, 10, 50, 90, 100)},
-        "title_length_mean": round(float(titles.mean()), 2),
-        "abstract_length_mean": round(float(abstracts.mean()), 2),
-    })
+    out.update(corpus_summary(list(all_news.values()), len(users), history))
     return out
 
 

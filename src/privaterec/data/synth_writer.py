@@ -25,7 +25,7 @@ import numpy as np
 from privaterec.data.mind import BEHAVIORS_FILE, NEWS_FILE, _check_id, format_time, write_news
 from privaterec.data.records import NewsRecord
 
-__all__ = ["ImpressionChunk", "Histories", "write_streaming"]
+__all__ = ["ImpressionChunk", "Histories", "corpus_summary", "write_streaming"]
 
 SPLITS = ("train", "test")
 
@@ -188,10 +188,28 @@ def write_streaming(out_dir: str | Path, records: Sequence[NewsRecord],
     return _summary(records, histories, stats)
 
 
-def _summary(records: Sequence[NewsRecord], histories: Histories,
-             stats: dict[str, _SplitStats]) -> dict[str, Any]:
+def corpus_summary(news: Sequence[NewsRecord], users: int,
+                   history_lengths: np.ndarray) -> dict[str, Any]:
+    """The whole data set's keys of :func:`~privaterec.data.synth.summarize`: sizes, history
+    length quantiles (``history_lengths``: one per user) and mean title and abstract lengths."""
     from privaterec.data.text import tokenize
 
+    titles = np.array([len(tokenize(r.title)) for r in news] or [0])
+    abstracts = np.array([len(tokenize(r.abstract)) for r in news] or [0])
+    return {
+        "users": users,
+        "news": len(news),
+        "categories": len({r.category for r in news}),
+        "subcategories": len({r.subcategory for r in news}),
+        "history_length_quantiles": {q: float(np.quantile(history_lengths, q / 100))
+                                     for q in (0, 10, 50, 90, 100)},
+        "title_length_mean": round(float(titles.mean()), 2),
+        "abstract_length_mean": round(float(abstracts.mean()), 2),
+    }
+
+
+def _summary(records: Sequence[NewsRecord], histories: Histories,
+             stats: dict[str, _SplitStats]) -> dict[str, Any]:
     out: dict[str, Any] = {name: stats[name].summary() for name in SPLITS}
     train_users, test_users = stats["train"].users, stats["test"].users
     out["test_users_seen_in_train"] = round(int((train_users & test_users).sum())
@@ -200,16 +218,5 @@ def _summary(records: Sequence[NewsRecord], histories: Histories,
     used = [records[i]
             for i in np.flatnonzero(stats["train"].news | stats["test"].news).tolist()]
     history = histories.lengths[seen] if seen.any() else np.array([0])
-    titles = np.array([len(tokenize(r.title)) for r in used] or [0])
-    abstracts = np.array([len(tokenize(r.abstract)) for r in used] or [0])
-    out.update({
-        "users": int(seen.sum()),
-        "news": len(used),
-        "categories": len({r.category for r in used}),
-        "subcategories": len({r.subcategory for r in used}),
-        "history_length_quantiles": {q: float(np.quantile(history, q / 100))
-                                     for q in (0, 10, 50, 90, 100)},
-        "title_length_mean": round(float(titles.mean()), 2),
-        "abstract_length_mean": round(float(abstracts.mean()), 2),
-    })
+    out.update(corpus_summary(used, int(seen.sum()), history))
     return out
