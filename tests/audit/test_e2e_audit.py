@@ -235,7 +235,8 @@ def test_cli_audits_every_declared_federated_method():
     # the audited clients derive from the methods' one declaration (method_settings.SETTINGS)
     import argparse
 
-    from privaterec.audit import METHODS, MODES
+    from privaterec.audit import ADJACENCIES, METHODS, MODES
+    from privaterec.audit.canary import VIEWS
     from privaterec.cli import build_parser
     from privaterec.method_settings import PRIVACY_MODES, SETTINGS
 
@@ -248,3 +249,5 @@ def test_cli_audits_every_declared_federated_method():
                for flag in a.option_strings}
     assert choices["--method"] == METHODS and choices["--mode"] == MODES == PRIVACY_MODES
     assert set(METHODS) == {*SETTINGS, "dp-fedavg-adaptive", "dp-fedavg-news"}
+    assert choices["--adjacency"] == ADJACENCIES == ("click", "user")
+    assert choices["--canary-view"] == (*VIEWS, "client-app")

@@ -9,6 +9,7 @@ import math
 from typing import Any
 
 from privaterec.audit import ADJACENCIES, METHODS, MODES
+from privaterec.audit.canary import VIEWS
 from privaterec.method_settings import NOISE_KINDS, NOISE_PLACEMENTS
 
 EXIT_OK, EXIT_VIOLATED = 0, 1
@@ -161,9 +162,7 @@ def add_audit_parser(privacy_sub: Any) -> None:
                             "along a known direction; default 200000; --canary-view "
                             "client-app with dp-fedrec: ClientApp replies, default 320; 0: "
                             "no canary audit)")
-    audit.add_argument("--canary-view", default="simulator",
-                       choices=["simulator", "deployed", "secagg", "secagg-deployed",
-                                "client-app"],
+    audit.add_argument("--canary-view", default="simulator", choices=(*VIEWS, "client-app"),
                        help="which release the canary game audits: the simulator's seeded "
                             "noise (default), a deployed server's float-safe SecureNoise, "
                             "the server's view of a SecAgg+ round (seeded, or "
