@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 from typing import Any
 
 from privaterec.audit import ADJACENCIES, METHODS, MODES
@@ -39,13 +38,9 @@ def cmd_privacy_audit(args: argparse.Namespace) -> int:
     audits += [c.audit for c in canaries]
     violated = [a for a in audits if a.violated]
     if args.json:
-        def safe(x: Any) -> Any:
-            if isinstance(x, float) and not math.isfinite(x):
-                return repr(x)
-            if isinstance(x, dict):
-                return {k: safe(v) for k, v in x.items()}
-            return x
-        print(json.dumps([safe(a.to_dict()) for a in audits], indent=2, sort_keys=True))
+        from privaterec.privacy.report import to_json_safe
+
+        print(json.dumps(to_json_safe([a.to_dict() for a in audits]), indent=2, sort_keys=True))
     else:
         print(format_table([a for a in audits if not a.pair.startswith("canary")]))
         if canaries:
