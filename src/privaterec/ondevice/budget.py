@@ -44,6 +44,7 @@ from privaterec.data.records import NewsRecord
 from privaterec.errors import CheckpointError, ConfigError, PrivacyBudgetExceeded
 from privaterec.privacy.events import PrivacyEvent
 from privaterec.privacy.ledger import Composition, PrivacyLedger, compose_events
+from privaterec.validators import check_in
 
 DEVICE_USER = "device"
 """The ledger's user id: a device accounts for one user."""
@@ -140,12 +141,9 @@ class DeviceBudget:
                  max_fresh_releases: int | None = DEFAULT_MAX_FRESH_RELEASES,
                  release_window: float = DEFAULT_RELEASE_WINDOW,
                  clock: Callable[[], float] = time.time) -> None:
-        if not (isinstance(cap, (int, float)) and cap > 0):
-            raise ConfigError(f"invalid privacy parameter 'budget': got {cap!r}, expected a "
-                              f"number > 0 (math.inf: no cap)")
-        if not (isinstance(delta, (int, float)) and 0 <= delta < 1):
-            raise ConfigError(f"invalid privacy parameter 'budget_delta': got {delta!r}, "
-                              f"expected a number in [0, 1)")
+        check_in(cap, "budget", 0, math.inf, "a number > 0 (math.inf: no cap)", open_low=True,
+                 open_high=False)
+        check_in(delta, "budget_delta", 0, 1, "a number in [0, 1)")
         _check_limit(max_fresh_releases, release_window)
         self.cap = float(cap)
         self.delta = float(delta)

@@ -23,6 +23,7 @@ from scipy import stats
 from torch import Tensor
 
 from privaterec.errors import ConfigError
+from privaterec.validators import check_in
 
 ArrayLike = Tensor | np.ndarray
 MechanismFn = Callable[[Tensor, torch.Generator], Tensor | tuple]
@@ -43,11 +44,6 @@ class AuditResult:
     n_d_prime: int
     alpha: float
     delta: float
-
-
-def _check_alpha(alpha: float) -> None:
-    if not (0 < alpha < 1):
-        raise ConfigError(f"invalid audit parameter 'alpha': got {alpha!r}, expected (0, 1)")
 
 
 def clopper_pearson_interval(k: int | np.ndarray, n: int | np.ndarray,
@@ -71,7 +67,7 @@ def clopper_pearson_interval(k: int | np.ndarray, n: int | np.ndarray,
     tuple
         (lower, upper), floats for scalar input, arrays otherwise.
     """
-    _check_alpha(alpha)
+    check_in(alpha, "alpha", 0, 1, "(0, 1)", open_low=True, kind="audit parameter")
     k_arr = np.asarray(k, dtype=float)
     n_arr = np.asarray(n, dtype=float)
     if np.any(n_arr < 1) or np.any(k_arr < 0) or np.any(k_arr > n_arr):
@@ -135,9 +131,8 @@ def empirical_epsilon_lower_bound(outputs_d: ArrayLike, outputs_d_prime: ArrayLi
     float
         ε lower bound ≥ 0.
     """
-    _check_alpha(alpha)
-    if not (0 <= delta < 1):
-        raise ConfigError(f"invalid audit parameter 'delta': got {delta!r}, expected [0, 1)")
+    check_in(alpha, "alpha", 0, 1, "(0, 1)", open_low=True, kind="audit parameter")
+    check_in(delta, "delta", 0, 1, "[0, 1)", kind="audit parameter")
     if callable(test):
         says_d_prime_on_d = _to_numpy(test(outputs_d)).astype(bool).reshape(-1)
         says_d_prime_on_dp = _to_numpy(test(outputs_d_prime)).astype(bool).reshape(-1)
@@ -205,7 +200,7 @@ def audit_mechanism(mechanism_fn: MechanismFn, x: Tensor, x_prime: Tensor, *, tr
     -------
     AuditResult
     """
-    _check_alpha(alpha)
+    check_in(alpha, "alpha", 0, 1, "(0, 1)", open_low=True, kind="audit parameter")
     if not (isinstance(trials, int) and trials >= 4):
         raise ConfigError(f"invalid audit parameter 'trials': got {trials!r}, expected an int >= 4")
     if x.shape != x_prime.shape:

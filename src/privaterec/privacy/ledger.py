@@ -51,6 +51,7 @@ from privaterec.privacy.events import (ADJACENCIES, ADJACENCY_TEXT, DATA_PARTS, 
                                        Adjacency, DataPart, EpsilonDeltaDpEvent, Phase,
                                        PrivacyEvent)
 from privaterec.privacy.noise import MECHANISMS
+from privaterec.validators import check_in
 
 COMPOSITIONS = ("basic", "pld", "rdp")
 
@@ -169,8 +170,7 @@ def compose_events(events: EventCounts, *, delta: float, composition: Compositio
     """
     if composition not in COMPOSITIONS:
         raise ConfigError(f"invalid composition {composition!r}; expected one of {COMPOSITIONS}")
-    if not (isinstance(delta, numbers.Real) and 0 <= delta < 1):
-        raise ConfigError(f"invalid privacy parameter 'delta': got {delta!r}, expected [0, 1)")
+    check_in(delta, "delta", 0, 1, "[0, 1)")
     events = [(e, int(c)) for e, c in events if c]
     if not events:
         return 0.0
@@ -242,10 +242,8 @@ class PrivacyLedger:
 
     def __init__(self, *, value_discretization_interval: float = 1e-4,
                  rdp_orders: Sequence[float] | None = None) -> None:
-        if not (isinstance(value_discretization_interval, numbers.Real)
-                and 0 < value_discretization_interval < 1):
-            raise ConfigError("invalid ledger setting 'value_discretization_interval': got "
-                              f"{value_discretization_interval!r}, expected a number in (0, 1)")
+        check_in(value_discretization_interval, "value_discretization_interval", 0, 1,
+                 "a number in (0, 1)", open_low=True, kind="ledger setting")
         self.value_discretization_interval: float = float(value_discretization_interval)
         self.rdp_orders: list[float] | None = (None if rdp_orders is None
                                                else [float(o) for o in rdp_orders])

@@ -31,7 +31,7 @@ from privaterec.errors import CheckpointError, ConfigError
 from privaterec.privacy.formulas import (PAPER_SENSITIVITY_WARNING, SensitivityMode,
                                             amplified_budget, fednewsrec_coordinate_epsilon,
                                             fednewsrec_update_epsilon)
-from privaterec.validators import is_integer, is_real
+from privaterec.validators import check_in, is_integer
 
 if TYPE_CHECKING:  # the ledger imports dp_accounting (~1 s): only where it is needed
     from privaterec.privacy.ledger import PrivacyLedger
@@ -104,9 +104,7 @@ def _check_inputs(release: Any, delta: Any, rounds: Any, composition: Any) -> No
     if missing:
         raise ConfigError(f"privacy report 'release' lacks the keys {missing}; it must "
                           f"describe one client's per-round release (method, mechanism, ...)")
-    if not (is_real(delta) and 0 <= delta < 1):
-        raise ConfigError(f"invalid privacy parameter 'delta': got {delta!r}, expected a "
-                          f"number in [0, 1)")
+    check_in(delta, "delta", 0, 1, "a number in [0, 1)")
     if isinstance(rounds, bool) or not (is_integer(rounds) and rounds >= 0):
         raise ConfigError(f"invalid 'rounds': got {rounds!r}, expected an integer >= 0")
     if composition not in COMPOSITIONS:
