@@ -45,7 +45,8 @@ from privaterec.ondevice.pool_format import (DTYPES, PoolFormatError, PoolState,
                                             decode_delta, decode_full, encode_full, etag_of,
                                             content_hash)
 from privaterec.serving.store import top_k_positions
-from privaterec.serving.transport import ModelChangedError, ServerError, Transport, json_body
+from privaterec.serving.transport import (ModelChangedError, ServerError, Transport, json_body,
+                                          raise_for_status)
 
 LOCAL_USER = "device"
 """The ledger's user id (a device accounts for one user)."""
@@ -240,9 +241,7 @@ class LocalRankingDevice(DeviceBase):
 
     def _download_full(self) -> PoolState:
         url = f"/v1/pool/{self.space}?{self._query()}"
-        response = self._get(url, None)
-        if response.status_code >= 400:
-            raise ServerError("GET", url, response.status_code, _detail(response))
+        response = raise_for_status(self._get(url, None), "GET", url)
         try:
             state = decode_full(bytes(response.content))
         except PoolFormatError as exc:
@@ -265,8 +264,7 @@ class LocalRankingDevice(DeviceBase):
             return state
         if response.status_code in (409, 410):
             return None
-        if response.status_code >= 400:
-            raise ServerError("GET", url, response.status_code, _detail(response))
+        raise_for_status(response, "GET", url)
         try:
             delta = decode_delta(bytes(response.content))
             if delta.records.model_version != state.model_version:
@@ -429,13 +427,6 @@ class LocalRankingDevice(DeviceBase):
         found = {str(a["news_id"]): (str(a.get("title", "")), str(a.get("category", "")))
                  for a in response.get("news", [])}
         return {i: found[i] for i in ids if i in found}, sent
-
-
-def _detail(response: Any) -> Any:
-    try:
-        return response.json().get("detail", response.text)
-    except (ValueError, AttributeError):
-        return response.text
 
 
 __all__ = ["LEDGER_FILE", "LOCAL_USER", "LocalRankingDevice", "RANKING_NOTE", "TITLE_MODES",

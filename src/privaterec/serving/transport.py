@@ -102,14 +102,7 @@ class HttpSession:
 
     def _send(self, method: str, path: str, content: bytes | None) -> Any:
         headers = {"content-type": "application/json"} if content is not None else None
-        response = self.send_raw(method, path, content, headers)
-        if response.status_code >= 400:
-            try:
-                detail = response.json().get("detail", response.text)
-            except (ValueError, AttributeError):
-                detail = response.text
-            raise ServerError(method, path, response.status_code, detail)
-        return response
+        return raise_for_status(self.send_raw(method, path, content, headers), method, path)
 
     def get_json(self, path: str) -> dict[str, Any]:
         return json_of(self._send("GET", path, None), "GET", path)
@@ -120,6 +113,18 @@ class HttpSession:
     def post_json(self, path: str, body: bytes) -> dict[str, Any]:
         self.bytes_sent = len(body)
         return json_of(self._send("POST", path, body), "POST", path)
+
+
+def raise_for_status(response: Any, method: str, path: str) -> Any:
+    """``response``, or a :class:`ServerError` with the server's ``detail`` when its status is
+    400 or more."""
+    if response.status_code >= 400:
+        try:
+            detail = response.json().get("detail", response.text)
+        except (ValueError, AttributeError):
+            detail = response.text
+        raise ServerError(method, path, response.status_code, detail)
+    return response
 
 
 def json_of(response: Any, method: str, path: str) -> dict[str, Any]:
@@ -175,4 +180,5 @@ class HttpClient:
 
 
 __all__ = ["CLIENT_KEEPALIVE_EXPIRY_S", "HttpClient", "HttpSession", "ModelChangedError",
-           "ServerError", "Transport", "client_limits", "json_body", "json_floats", "json_of"]
+           "ServerError", "Transport", "client_limits", "json_body", "json_floats", "json_of",
+           "raise_for_status"]

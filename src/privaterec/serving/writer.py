@@ -13,8 +13,8 @@ from typing import Any, Callable, Sequence
 
 from privaterec.data.records import NewsRecord
 from privaterec.serving.schemas import MAX_NEWS_PER_REQUEST
-from privaterec.serving.transport import (HttpClient, HttpSession, ServerError, Transport,
-                                          json_body, json_of)
+from privaterec.serving.transport import (HttpClient, HttpSession, Transport, json_body,
+                                          json_of, raise_for_status)
 from privaterec.serving.write_api import check_token
 
 
@@ -80,16 +80,7 @@ class NewsWriter(HttpClient):
             if response.status_code != 429:
                 break
             self.sleep(float(response.headers.get("retry-after", "1")))
-        if response.status_code >= 400:
-            raise ServerError("POST", "/v1/news", response.status_code, _detail(response))
-        return json_of(response, "POST", "/v1/news")
-
-
-def _detail(response: Any) -> Any:
-    try:
-        return response.json().get("detail", response.text)
-    except (ValueError, AttributeError):
-        return response.text
+        return json_of(raise_for_status(response, "POST", "/v1/news"), "POST", "/v1/news")
 
 
 __all__ = ["NewsWriter"]
