@@ -26,7 +26,7 @@ from privaterec.ondevice.release import (NORMALIZATIONS, QUERY_MODES, SERVING_KI
                                          SERVING_MODES, ServingConfig)
 from privaterec.method_settings import CLIP_SPACES, SETTINGS, setting_flag, setting_flags
 from privaterec.recall import RECALL_METHODS
-from privaterec.recall.task import RecallTrainConfig
+from privaterec.recall.task import RECALL_STRATEGIES, RecallTrainConfig
 from privaterec.runs.recall_setup import RecallModelConfig, RecallRunConfig
 
 EXIT_OK, EXIT_CHECK_FAILED, EXIT_USAGE = 0, 1, 2
@@ -212,9 +212,9 @@ def recall_config_from_args(args: argparse.Namespace) -> RecallRunConfig:
         flags = ", ".join(setting_flag(k, (ModelConfig, TrainConfig, FedConfig)) for k in given)
         raise PrivateRecError(f"{flags} do not apply to --method unifedrec (its ranking model "
                               f"is trained by another method and passed with --ranker RUN)")
-    if args.strategy is not None and args.strategy not in ("sgd", "fedadam"):
-        raise PrivateRecError(f"--strategy {args.strategy}: --method unifedrec takes sgd or "
-                              f"fedadam")
+    if args.strategy is not None and args.strategy not in RECALL_STRATEGIES:
+        raise PrivateRecError(f"--strategy {args.strategy}: --method unifedrec takes "
+                              f"{' or '.join(RECALL_STRATEGIES)}")
     config = (RecallRunConfig.from_yaml(Path(args.config)) if args.config
               else RecallRunConfig(ranker=args.ranker or "-"))
     top = {k: v for k, v in {

@@ -93,7 +93,7 @@ METHOD = UniFedRecSettings.method
 
 RECALL_ROUNDS = 200
 """Default rounds of a recall run (the paper converges in ≤ 200, Fig. 7)."""
-_RECALL_STRATEGIES = ("sgd", "fedadam")
+RECALL_STRATEGIES = ("sgd", "fedadam")  # the server strategies of recall training
 # Engine settings of the ranking methods that recall training does not read.
 _RANKING_ONLY = {"local_steps": 1, "eval_every": 0}
 # Fields that change what a run computes: a checkpoint only resumes under the same values.
@@ -184,9 +184,9 @@ def resolve_recall_fed(fed: FedConfig) -> FedConfig:
     if not (fed.server_lr is not None and fed.server_lr < math.inf):
         raise ConfigError(f"invalid 'fed.server_lr' of Uni-FedRec's recall training: got "
                           f"{fed.server_lr!r}, expected a finite number > 0")
-    if fed.strategy not in _RECALL_STRATEGIES:
+    if fed.strategy not in RECALL_STRATEGIES:
         raise ConfigError(f"invalid 'fed.strategy' of Uni-FedRec's recall training: got "
-                          f"{fed.strategy!r}, expected 'sgd' or 'fedadam'")
+                          f"{fed.strategy!r}, expected {' or '.join(map(repr, RECALL_STRATEGIES))}")
     return fed
 
 
@@ -502,6 +502,6 @@ def train_recall(model: UniFedRecRecall, news_vectors: Tensor, clients: ClientDa
                                           "seed": seed})
 
 
-__all__ = ["CHECKPOINT_KIND", "RECALL_ROUNDS", "RecallClientInputs",
+__all__ = ["CHECKPOINT_KIND", "RECALL_ROUNDS", "RECALL_STRATEGIES", "RecallClientInputs",
            "RecallTask", "RecallTrainConfig", "UniFedRecLDP", "recall_fed_config",
            "resolve_recall_fed", "train_recall"]
