@@ -182,29 +182,25 @@ class DeviceGuard:
     @property
     def policy(self) -> dict[str, str] | None:
         """The pinned policy (``None`` before enrolment)."""
-        handle = self._lock()
-        with handle:
+        with self._lock():
             policy = self._read().get("policy")
         return None if policy is None else dict(policy)
 
     def enrol(self, policy: dict[str, str]) -> None:
         """Pin ``policy`` on first contact; afterwards refuse any other (:class:`RoundRefused`)."""
-        handle = self._lock()
-        with handle:
+        with self._lock():
             state = self._read()
             self._check_policy(state, policy, "to enrol")
             self._write(state)
 
     def answered(self) -> list[tuple[int, int]]:
         """The (run, round) pairs whose training round this device has answered."""
-        handle = self._lock()
-        with handle:
+        with self._lock():
             return [(int(k[0]), int(k[1])) for k in self._read()["answered"] if len(k) == 2]
 
     def answered_evaluations(self) -> list[tuple[int, int]]:
         """The (run, round) pairs whose federated evaluation this device has answered."""
-        handle = self._lock()
-        with handle:
+        with self._lock():
             return [(int(k[0]), int(k[1])) for k in self._read()["answered"] if len(k) == 3]
 
     def spent(self) -> float:
@@ -235,8 +231,7 @@ class DeviceGuard:
         what = (f"round {round_index + 1} of run {run}" if kind == "train" else
                 f"the federated evaluation after round {round_index + 1} of run {run}")
         key: list[Any] = [run, round_index] if kind == "train" else [run, round_index, kind]
-        handle = self._lock()
-        with handle:
+        with self._lock():
             state = self._read()
             self._check_policy(state, policy, what)
             if secure_required and not secure_message:
