@@ -20,7 +20,8 @@ from privaterec.models.factory import build_recommender
 from privaterec.recall.index import ScoreSpaceIndex, allocate_quotas
 from privaterec.runs.recall import RecallModelConfig
 from privaterec.serving.app import NO_BASIS, NO_RECALL, create_app
-from privaterec.serving.bundle import ServingModels, load_parameters
+from privaterec.serving.bundle import ServingModels
+from privaterec.serving.download import load_parameters
 from privaterec.serving.server import build_service, open_store
 from privaterec.serving.store import pool_record
 
@@ -66,7 +67,7 @@ def test_parameters_rebuild_the_model_without_the_ledger(served_app: TestClient,
     response = served_app.get("/v1/model/parameters")
     assert response.status_code == 200
     assert response.headers["content-type"] == "application/octet-stream"
-    payload = load_parameters(response.content)
+    payload = load_parameters(response.content, "/v1/model/parameters")
     assert set(payload) == {"config_yaml", "vocab_json", "state_dict", "model_version"}
     config = RunConfig.from_yaml(_write(privaterec_run.parent / "c.yaml",
                                         payload["config_yaml"]))
@@ -406,7 +407,8 @@ def test_bad_recall_queries_are_422(recall_app, body, message):
 
 def test_recall_parameters_rebuild_the_recall_model(recall_app, recall_model):
     client, models = recall_app
-    payload = load_parameters(client.get("/v1/model/recall-parameters").content)
+    payload = load_parameters(client.get("/v1/model/recall-parameters").content,
+                              "/v1/model/recall-parameters")
     assert payload["model_version"] == models.model_version != models.ranker_version
     config = RecallModelConfig(**yaml.safe_load(payload["recall_yaml"]))
     rebuilt = config.build(16)

@@ -300,22 +300,5 @@ def _saved(obj: Any) -> bytes:
     return buffer.getvalue()
 
 
-def load_parameters(payload: bytes) -> dict[str, Any]:
-    """Inverse of the parameter payloads (tensors only, ``weights_only`` unpickling).
-
-    Raises
-    ------
-    CheckpointError
-        If the bytes are not such a payload.
-    """
-    try:
-        obj = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - any unpickling failure means bad bytes
-        raise CheckpointError(f"not a privaterec parameter payload ({exc})") from None
-    if not isinstance(obj, dict) or "state_dict" not in obj or "model_version" not in obj:
-        raise CheckpointError("not a privaterec parameter payload (missing keys)")
-    return obj
-
-
-__all__ = ["PRIVACY_NOTE", "ServingModels", "digest", "load_parameters", "recall_model_config",
+__all__ = ["PRIVACY_NOTE", "ServingModels", "digest", "recall_model_config",
            "state_digest"]

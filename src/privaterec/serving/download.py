@@ -78,7 +78,10 @@ class DeviceModel:
         return table[rows][None], mask[None], table[ANONYMOUS_NEWS]
 
 
-def _load_payload(data: bytes, what: str) -> dict[str, Any]:
+def load_parameters(data: bytes, what: str) -> dict[str, Any]:
+    """The parameter bundle in ``data`` (``GET /v1/model/parameters`` or
+    ``/v1/model/recall-parameters``; tensors only, ``weights_only`` unpickling), or a
+    :class:`CheckpointError` naming ``what`` (the URL or the cached file)."""
     try:
         payload = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - any unpickling failure is a bad download
@@ -93,10 +96,10 @@ def _download(http: HttpSession, url: str, version: str, name: str,
     """The parameter bundle at ``url`` for ``version``, from ``cache_dir`` when present."""
     cached = None if cache_dir is None else cache_dir / f"{name}-{version}.pt"
     if cached is not None and cached.exists():
-        payload = _load_payload(cached.read_bytes(), str(cached))
+        payload = load_parameters(cached.read_bytes(), str(cached))
     else:
         data = http.get_bytes(url)
-        payload = _load_payload(data, url)
+        payload = load_parameters(data, url)
         if cached is not None:
             cached.parent.mkdir(parents=True, exist_ok=True)
             tmp = cached.with_name(cached.name + ".tmp")
@@ -210,4 +213,4 @@ def download_recall_model(http: HttpSession, info: Mapping[str, Any],
 
 
 __all__ = ["DeviceModel", "RecallBuilder", "build_recall_model", "download_model",
-           "download_recall_model", "fetch_model"]
+           "download_recall_model", "fetch_model", "load_parameters"]
