@@ -20,7 +20,6 @@ from privaterec.data.mind import load_dataset, read_news, write_dataset
 from privaterec.data.records import MindDataset
 from privaterec.data.synth import (
     SynthConfig,
-    _oracle_scores,
     _simulate,
     _smallest,
     generate,
@@ -36,6 +35,14 @@ MIND_FRAGMENT_NEWS = Path("/work/shared/data/mind-fragments/news.tsv")
 
 
 # ------------------------------------------------------------------------------- proxies
+def _oracle_scores(latent, impression) -> np.ndarray:
+    """Noise-free click utilities ``float[C]`` of an impression's candidates (the
+    Bayes-optimal ranking): the AUC of these scores is the ceiling any model can reach."""
+    user = latent.user_row[impression.user_id]
+    rows = np.array([latent.news_row[n] for n in impression.candidates], dtype=np.int64)
+    return latent.utility(np.full(len(rows), user), rows)
+
+
 def _auc(labels, scores) -> float:
     """Rank-based AUC (Mann-Whitney U), ties counted 1/2."""
     labels = np.asarray(labels)

@@ -589,16 +589,6 @@ def _impression_chunks(latent: _Latent, rng: np.random.Generator
                               labels=labels[kept], sizes=k[kept])
 
 
-def _oracle_scores(latent: _Latent, impression: Impression) -> np.ndarray:
-    """Noise-free click utilities of an impression's candidates (the Bayes-optimal ranking).
-
-    Returns ``float[C]``; the AUC of these scores is the ceiling any model can reach.
-    """
-    user = latent.user_row[impression.user_id]
-    rows = np.array([latent.news_row[n] for n in impression.candidates], dtype=np.int64)
-    return latent.utility(np.full(len(rows), user), rows)
-
-
 def _referenced(records: list[NewsRecord], behaviors: list[Impression]
                 ) -> dict[str, NewsRecord]:
     """The news referenced (history or candidate) by ``behaviors``, in pool order."""
