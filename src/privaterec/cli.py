@@ -369,6 +369,7 @@ def cmd_evaluate_recall(args: argparse.Namespace, serving: Any) -> int:
     return EXIT_OK
 
 
+# The flags of `experiment central-dp` only, by run_central_dp's keyword each one sets.
 _CENTRAL_DP_FLAGS = {"users": "--users", "ldp_users": "--ldp-users",
                      "epsilons": "--epsilons", "client_fraction": "--client-fraction",
                      "rounds": "--rounds", "report_only": "--report-only",
@@ -385,14 +386,9 @@ def cmd_experiment(args: argparse.Namespace) -> int:
     if args.name == "central-dp":
         from privaterec.experiments.central_dp import run_central_dp
 
-        result = run_central_dp(out, data=args.data, users=args.users,
-                                ldp_users=args.ldp_users, models=args.models,
-                                seeds=args.seeds, epsilons=args.epsilons,
-                                client_fraction=args.client_fraction, rounds=args.rounds,
-                                clip_spaces=args.clip_spaces,
-                                privaterec_bases=args.privaterec_bases, quick=args.quick,
-                                report_only=args.report_only,
-                                progress=not args.no_progress)
+        result = run_central_dp(out, data=args.data, models=args.models, seeds=args.seeds,
+                                quick=args.quick, progress=not args.no_progress,
+                                **{name: getattr(args, name) for name in _CENTRAL_DP_FLAGS})
     elif args.name == "unifedrec":
         from privaterec.experiments.unifedrec import run_unifedrec
 
