@@ -76,6 +76,17 @@ def test_write_csv_round_trip(tmp_path: Path) -> None:
 
 # --- run specs and the run cache ------------------------------------------------------------
 
+def test_experiment_methods_come_from_the_method_registry() -> None:
+    # centralized and every federated ranking method (method_settings.SETTINGS); a budget
+    # epsilon_train for the methods whose settings have one
+    from privaterec.method_settings import RANKING_METHODS
+
+    assert common.EXPERIMENT_METHODS == ("centralized", *RANKING_METHODS)
+    assert common._EPSILON_TRAIN_METHODS == ("dp-fedrec", "privaterec")
+    with pytest.raises(ConfigError, match="epsilon_train applies to dp-fedrec and privaterec"):
+        RunSpec("fedrec", 1.0)
+
+
 def test_run_cache_layout(tmp_path: Path) -> None:
     assert run_dir(tmp_path, "nrms", RunSpec("dp-fedrec", 10.0), 2, quick=False) == \
         tmp_path / "runs" / "nrms" / "dp-fedrec_eps-10" / "seed2"
