@@ -381,18 +381,24 @@ def create_app(store: NewsStore, models: ServingModels, *,
     dtype_doc = "float32 (exact), float16, or int8 with one float32 scale per record"
     titles_doc = "also send every article's title and category (zlib)"
 
-    def _pool_headers(full: Any, pool_version: int) -> dict[str, str]:
-        return {"ETag": full.etag, "X-Pool-Version": str(pool_version),
-                "X-Pool-Id": full.state.pool_id, "Cache-Control": "no-cache"}
-
-    def _full(pool: NewsPool, space: str, dtype: str, titles: bool) -> Any:
+    def _pool_response(space: str, dtype: str, titles: bool, if_none_match: str | None,
+                       body: Callable[[NewsPool], bytes] | None = None) -> Response:
+        """The full pool's headers and body (or ``body(pool)``), or 304 when
+        ``If-None-Match`` holds the full pool's ETag."""
         if space == "scores" and models.basis is None:
             raise HTTPException(404, NO_BASIS + " (download space 'vectors' instead)")
+        pool = store.pool
         try:
-            return full_pool(pool, space=space, dtype=dtype, titles=titles,
+            full = full_pool(pool, space=space, dtype=dtype, titles=titles,
                              model_version=version)
         except PoolFormatError as exc:
             raise _invalid("dtype", str(exc)) from None
+        headers = {"ETag": full.etag, "X-Pool-Version": str(pool.version),
+                   "X-Pool-Id": full.state.pool_id, "Cache-Control": "no-cache"}
+        if etag_matches(if_none_match, full.etag):
+            return Response(status_code=304, headers=headers)
+        content = full.body if body is None else body(pool)
+        return Response(content, media_type="application/octet-stream", headers=headers)
 
     @app.get("/v1/pool/{space}", response_class=Response, responses={**ERRORS, **binary},
              summary="Download the whole news pool (local ranking)")
@@ -404,12 +410,7 @@ def create_app(store: NewsStore, models: ServingModels, *,
         basic vectors) or its d-dim news vectors (``vectors``: any ranker), the same bytes for
         every device. A device that holds it ranks locally and sends nothing about its user.
         Conditional: ``If-None-Match`` with the current ETag → 304 without a body."""
-        pool = store.pool
-        full = _full(pool, space, dtype, titles)
-        headers = _pool_headers(full, pool.version)
-        if etag_matches(if_none_match, full.etag):
-            return Response(status_code=304, headers=headers)
-        return Response(full.body, media_type="application/octet-stream", headers=headers)
+        return _pool_response(space, dtype, titles, if_none_match)
 
     @app.get("/v1/pool/{space}/delta", response_class=Response,
              responses={**ERRORS, **binary,
@@ -432,17 +433,15 @@ def create_app(store: NewsStore, models: ServingModels, *,
         the ids removed since. The body's ``hash`` is the content hash of the full pool after
         it, which the device checks on its updated state. ``If-None-Match`` with the current
         ETag (nothing changed) → 304 without a body."""
-        pool = store.pool
-        full = _full(pool, space, dtype, titles)
-        headers = _pool_headers(full, pool.version)
-        if etag_matches(if_none_match, full.etag):
-            return Response(status_code=304, headers=headers)
-        try:
-            body = delta_pool(pool, since=since, pool_id=pool_id, space=space, dtype=dtype,
-                              titles=titles, model_version=version)
-        except VersionError as exc:
-            raise HTTPException(exc.status, exc.message) from None
-        return Response(body, media_type="application/octet-stream", headers=headers)
+
+        def delta(pool: NewsPool) -> bytes:
+            try:
+                return delta_pool(pool, since=since, pool_id=pool_id, space=space, dtype=dtype,
+                                  titles=titles, model_version=version)
+            except VersionError as exc:
+                raise HTTPException(exc.status, exc.message) from None
+
+        return _pool_response(space, dtype, titles, if_none_match, delta)
 
     @app.post("/v1/news/lookup", response_model=schemas.LookupResponse, responses=ERRORS)
     async def lookup_news(request: schemas.LookupRequest) -> Response:
