@@ -89,7 +89,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from privaterec.errors import ConfigError  # noqa: E402
-from privaterec.privacy.noise.laplace import laplace_noise  # noqa: E402
+from privaterec.privacy.samplers import SimulationNoise  # noqa: E402
 from privaterec.recall.index import (DenseIndex, ScoreSpaceIndex, allocate_quotas,  # noqa: E402
                                      merge_rankings, recall_from_scores)
 from privaterec.recall.model import UniFedRecRecall  # noqa: E402
@@ -125,8 +125,8 @@ def make_queries(model: UniFedRecRecall, num: int, channels: int,
     """``alpha float32[num, C, B]`` (model.protected_weights with noise), ``quotas [num, C]``."""
     interests = torch.randn(num, channels, model.dim, generator=generator) / model.dim ** 0.5
     with torch.no_grad():
-        noise = laplace_noise((num, channels, model.num_basis), scale=model.noise_scale,
-                              generator=generator)
+        noise = SimulationNoise(generator).draw((num, channels, model.num_basis),
+                                                mechanism="laplace", scale=model.noise_scale)
         alpha = model.protected_weights(interests, score_noise=noise)
     quotas = rng.dirichlet(np.ones(channels), size=num)
     return alpha.numpy().astype(np.float32), quotas

@@ -218,7 +218,7 @@ def bytes_per_query(url: str, models: Any, articles: list, *, queries: int,
     state = tempfile.mkdtemp(prefix="serving-load-devices-")
     sim = dict(insecure_simulation_noise=SimulationNoise(torch.Generator().manual_seed(seed)),
                budget=math.inf, max_fresh_releases=None)
-    g = sim["insecure_simulation_noise"].generator
+    noise = sim["insecure_simulation_noise"]
     with PrivateRecDevice(url, epsilon=1.0, cache_dir=f"{state}/privaterec", **sim) as device:
         sizes = []
         for history in histories:
@@ -259,9 +259,9 @@ def bytes_per_query(url: str, models: Any, articles: list, *, queries: int,
         for history in histories:
             vectors, mask, _ = device_model.history_tensors(history)
             for quota_noise, sizes_of in ((None, sizes), (1.0, hidden)):
-                q = release_query(recall, vectors, mask, generator=g,
+                q = release_query(recall, vectors, mask, noise=noise,
                                   quota_noise_scale=quota_noise,
-                                  quota_generator=None if quota_noise is None else g)
+                                  quota_noise=None if quota_noise is None else noise)
                 sent = [{"weights": [float(f"{w:.9g}") for w in q.alpha[0, i].tolist()],
                          "quota": float(f"{float(q.quotas[0, i]):.9g}")}
                         for i in range(q.alpha.shape[1]) if bool(q.released[0, i])]

@@ -18,6 +18,7 @@ from privaterec.audit.canary import (CanaryObjective, canary_games, gaussian_pow
                                      runs_needed)
 from privaterec.audit.distinguisher import fixed_statistic_bound
 from privaterec.audit.world import BASE_USER, make_world
+from privaterec.privacy.samplers import SimulationNoise
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
@@ -80,16 +81,17 @@ def test_the_batched_rounds_are_the_one_round_release(world, method):
     g = game(world, method, "replace")
     agg = g.aggregator
     one = agg.noised_sums(g.d1.total, g.d1.indicator, population=1,
-                          generator=torch.Generator().manual_seed(5))
+                          noise=SimulationNoise(torch.Generator().manual_seed(5)))
     total, count = agg.noised_rounds(g.d1.total[None],
                                      torch.tensor([g.d1.indicator], dtype=torch.float64),
-                                     population=1, generator=torch.Generator().manual_seed(5))
+                                     population=1,
+                                     noise=SimulationNoise(torch.Generator().manual_seed(5)))
     assert torch.equal(one[0], total[0])
     assert one[1] == (None if count is None else float(count[0]))
     n = 20_000
     totals, counts = agg.noised_rounds(torch.zeros(n, g.d1.total.numel()),
                                        torch.zeros(n, dtype=torch.float64), population=1,
-                                       generator=torch.Generator().manual_seed(6))
+                                       noise=SimulationNoise(torch.Generator().manual_seed(6)))
     z_update, sigma_b = agg.noise_split(1)
     assert float(totals.std()) == pytest.approx(z_update * agg.clip, rel=0.01)
     if sigma_b is None:

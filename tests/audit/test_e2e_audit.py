@@ -15,9 +15,6 @@ import pytest
 import torch
 
 import privaterec.fed.methods.privaterec as fed_client
-import privaterec.privacy.noise.gaussian as gaussian
-import privaterec.privacy.noise.laplace as laplace
-import privaterec.recall.task as recall_training
 from privaterec.cli import main
 from privaterec.fed.update import ClientUpdate
 from privaterec.privacy.audit import epsilon_from_rates
@@ -193,14 +190,12 @@ def test_a_reply_carrying_the_raw_loss_is_caught(world):
 def test_the_broken_variants_are_undone_on_exit():
     import privaterec.fed.methods.dp_fedavg as central
     from privaterec.fed.secagg import SecAggRound
-    from privaterec.privacy.samplers import SecureNoise
+    from privaterec.privacy.samplers import SecureNoise, SimulationNoise
 
     def patched():
-        return (fed_client.release_labels, laplace.laplace_noise,
-                recall_training.laplace_noise, ClientUpdate.sent, gaussian.gaussian_noise,
-                central.gaussian_noise, central.CentralDP.noised_sums,
-                central.CentralDP.news_space_release, SecureNoise.release,
-                SecAggRound.__dict__["share_sigma"])
+        return (fed_client.release_labels, SimulationNoise.draw, ClientUpdate.sent,
+                central.CentralDP.noised_sums, central.CentralDP.news_space_release,
+                SecureNoise.release, SecAggRound.__dict__["share_sigma"])
 
     before = patched()
     with broken.published_dpl(), broken.scaled_noise(0.1), broken.reply_with_loss(), \
@@ -208,8 +203,9 @@ def test_the_broken_variants_are_undone_on_exit():
             broken.noise_on_touched_news_only(), broken.scaled_secure_noise(0.5), \
             broken.scaled_noise_shares(0.5):
         assert fed_client.release_labels is broken.published_dpl_labels
-        assert SecureNoise.release is not before[8]
-        assert SecAggRound.__dict__["share_sigma"] is not before[9]
+        assert SimulationNoise.draw is not before[1]
+        assert SecureNoise.release is not before[5]
+        assert SecAggRound.__dict__["share_sigma"] is not before[6]
     assert patched() == before
 
 

@@ -19,6 +19,7 @@ from privaterec.ondevice.release import ServingConfig, serving_event
 from privaterec.models.factory import build_recommender
 from privaterec.privacy.formulas import amplified_budget
 from privaterec.privacy.report import read_privacy_json
+from privaterec.privacy.samplers import SimulationNoise
 from privaterec.runs.ranking import evaluate_run, train_run
 
 TINY = ModelConfig(word_dim=8, num_heads=2, head_dim=4, attention_dim=8, title_len=6,
@@ -82,7 +83,8 @@ def test_vdp_user_encoder_draws_what_vdp_release_draws(model_and_features, mecha
         user = model.encode_user(vectors, mask)
         calibration = vdp_calibration(clip=0.5, epsilon=1.5, delta=delta, mechanism=mechanism,
                                       dimension=model.dim)
-        want = vdp_release(user, calibration, generator=torch.Generator().manual_seed(4))
+        want = vdp_release(user, calibration,
+                           noise=SimulationNoise(torch.Generator().manual_seed(4)))
     assert not torch.equal(got, user)
     assert torch.equal(got, want)
 

@@ -17,14 +17,14 @@ from privaterec.fed.client import client_update
 from privaterec.fed.engine import train_federated_run
 from privaterec.fed.methods import FedRec, method_from_config, resolve_run_config
 from privaterec.fed.methods.dp_fedavg import CLIP_INDICATOR, CentralDP, expected_clients
-from privaterec.fed.rng import central_noise_generator, client_noise
+from privaterec.fed.rng import aggregator_noise, client_noise
 from privaterec.fed.simulator import eligible_clients, simulate_round, train_federated
 from privaterec.fed.strategies import build_strategy
 from privaterec.method_settings import DPFedAvgSettings
 from privaterec.privacy.adaptive_clip import AdaptiveClipping, clip_indicators
 from privaterec.privacy.audit import audit_mechanism
 from privaterec.privacy.central_accounting import central_epsilon
-from privaterec.privacy.noise.gaussian import gaussian_noise
+from privaterec.privacy.samplers import SimulationNoise
 from privaterec.privacy.report import build_privacy_summary, format_privacy_report
 from privaterec.runs.report import release_description
 from privaterec.runtime.checkpoint import load_checkpoint
@@ -115,9 +115,9 @@ def test_clients_send_their_indicator_and_the_round_noises_both_sums(make_object
     assert sorted(set(indicators)) == [-0.5, 0.5]
     assert all(float(u.payload.norm()) <= clip * (1 + 1e-5) for u in updates)
     z_update, sigma_b = method.noise_split(expected_clients(0.25, population))
-    generator = central_noise_generator(3, 2)  # the update's noise first, then the count's
-    noise = gaussian_noise((objective.dimension,), sigma=z_update * clip, generator=generator)
-    count_noise = float(gaussian_noise((1,), sigma=sigma_b, generator=generator,
+    aggregator = aggregator_noise(3, 2)  # the update's noise first, then the count's
+    noise = aggregator.draw((objective.dimension,), mechanism="gaussian", scale=z_update * clip)
+    count_noise = float(aggregator.draw((1,), mechanism="gaussian", scale=sigma_b,
                                        dtype=torch.float64)[0])
     expected = 0.25 * population
     torch.testing.assert_close(result.direction,
@@ -137,13 +137,13 @@ def test_both_noises_have_their_calibrated_scales():
     method = central(clip=0.3, z=1.0, sigma_b=0.6)  # the count takes 69% of the budget
     z_update, sigma_b = method.noise_split(10)
     assert z_update == pytest.approx((1 - 1 / 1.44) ** -0.5) and sigma_b == 0.6
-    g = torch.Generator().manual_seed(0)
-    total, _ = method.noised_sums(torch.zeros(50_000), 0.0, population=100, generator=g)
+    noise = SimulationNoise(torch.Generator().manual_seed(0))
+    total, _ = method.noised_sums(torch.zeros(50_000), 0.0, population=100, noise=noise)
     x = total.double().numpy()
     assert stats.kstest(x / (z_update * 0.3), "norm").pvalue > 1e-3
     assert stats.kstest(x / (1.0 * 0.3), "norm").pvalue < 1e-6
     counts = np.array([method.noised_sums(torch.zeros(1), 0.0, population=100,
-                                          generator=g)[1] for _ in range(12_000)])
+                                          noise=noise)[1] for _ in range(12_000)])
     assert stats.kstest(counts / sigma_b, "norm").pvalue > 1e-3
     assert stats.kstest(counts / (1.15 * sigma_b), "norm").pvalue < 1e-6
 
@@ -161,7 +161,7 @@ def test_the_clip_tracks_the_target_quantile_of_the_norms(quantile, start):
         norms = torch.from_numpy(rng.lognormal(0.0, 1.0, size=rng.binomial(800, 0.25)))
         indicator_sum = float(clip_indicators(norms[:, None], round_method.clip).sum())
         out = round_method.aggregate(torch.zeros(1), indicator_sum, population=800,
-                                     generator=torch.Generator().manual_seed(t))
+                                     noise=SimulationNoise(torch.Generator().manual_seed(t)))
         assert out.server_state is not None
         state = out.server_state
         clips.append(out.metrics["clip"])
@@ -190,7 +190,7 @@ def test_empirical_audit_of_one_round_stays_below_its_claim():
             rows = []
             for row in batch:
                 total, count = method.noised_sums(row[:1], float(row[1]), population=1,
-                                                  generator=generator)
+                                                  noise=SimulationNoise(generator))
                 rows.append([float(total[0]), float(row[1]) if exact_count else count])
             return torch.tensor(rows, dtype=torch.float64)
         return mechanism

@@ -19,11 +19,10 @@ from privaterec.fed.engine import train_federated_run
 from privaterec.fed.methods.dp_fedavg import CentralDP
 from privaterec.fed.methods import method_from_config, resolve_run_config
 from privaterec.fed.objective import LocalObjective
-from privaterec.fed.rng import central_noise_generator, client_noise
+from privaterec.fed.rng import aggregator_noise, client_noise
 from privaterec.fed.simulator import eligible_clients, poisson_round, simulate_round
 from privaterec.privacy.audit import empirical_epsilon_lower_bound
 from privaterec.privacy.central_accounting import central_epsilon
-from privaterec.privacy.noise.gaussian import gaussian_noise
 
 
 def _central(run_config, **changes):
@@ -73,8 +72,8 @@ def test_round_is_the_noised_sum_of_clipped_updates_over_qn(make_objective, clie
     payloads = [client_update(objective, theta, clients.client(u), method,
                               generator=client_noise(3, 2, u)).payload for u in selected]
     assert all(float(p.double().norm()) <= 0.05 for p in payloads)  # clipped to C, exactly
-    noise = gaussian_noise((objective.dimension,), sigma=1.0 * 0.05,
-                           generator=central_noise_generator(3, 2))
+    noise = aggregator_noise(3, 2).draw((objective.dimension,), mechanism="gaussian",
+                                        scale=1.0 * 0.05)
     expected = (torch.stack(payloads).sum(0) + noise) / (0.25 * population)
     torch.testing.assert_close(result.direction, expected, rtol=1e-4, atol=1e-7)
     assert result.events == [(), (), ()]
@@ -122,8 +121,8 @@ def test_the_population_is_every_training_user_whatever_their_data(fed_data, mak
     objective = LocalObjective(make_model("nrms", seed=0))
     empty = simulate_round(objective, objective.parameters(), clients, [], method, seed=0,
                            round_index=1)  # the noise alone, over qN with N every user
-    noise = gaussian_noise((objective.dimension,), sigma=2.0 * 0.05,
-                           generator=central_noise_generator(0, 1))
+    noise = aggregator_noise(0, 1).draw((objective.dimension,), mechanism="gaussian",
+                                        scale=2.0 * 0.05)
     torch.testing.assert_close(empty.direction, noise / (0.5 * clients.num_users),
                                rtol=1e-6, atol=0.0)
 
@@ -145,11 +144,11 @@ def test_adaptive_clipping_counts_a_sampled_user_without_a_sample(fed_data, make
     n = clients.num_users
     out = simulate_round(objective, params, clients, [index], method, seed=0, round_index=1)
     expected = method.aggregate(torch.zeros(objective.dimension), 0.5, population=n,
-                                generator=central_noise_generator(0, 1))
+                                noise=aggregator_noise(0, 1))
     assert out.metrics == expected.metrics
     torch.testing.assert_close(out.direction, expected.direction, rtol=0.0, atol=0.0)
     absent = method.aggregate(torch.zeros(objective.dimension), 0.0, population=n,
-                              generator=central_noise_generator(0, 1))
+                              noise=aggregator_noise(0, 1))
     assert out.metrics["unclipped_fraction"] != absent.metrics["unclipped_fraction"]
     assert out.server_state != absent.server_state  # the count reaches the next clip
     # Training: the loop hands the round every sampled user, the idle one included.
@@ -219,7 +218,7 @@ def _audit_round(method, *, sign: float, trials: int, offset: int) -> np.ndarray
         total = clipped.sum(0) if len(sampled) else torch.zeros(1)
         generator = torch.Generator().manual_seed(offset + trial)
         out[trial] = float(method.aggregate(total, 0.0, population=4,
-                                            generator=generator).direction[0])
+                                            noise=SimulationNoise(generator)).direction[0])
     return out
 
 

@@ -16,9 +16,8 @@ from privaterec.fed.methods import method_from_config, resolve_run_config
 from privaterec.fed.methods.dp_fedavg import CentralDP
 from privaterec.fed.news_space import NewsSpaceClipping
 from privaterec.fed.objective import ClientBatch, LocalObjective
-from privaterec.fed.rng import central_noise_generator, client_noise
+from privaterec.fed.rng import aggregator_noise, client_noise
 from privaterec.fed.simulator import eligible_clients, simulate_round
-from privaterec.privacy.noise.gaussian import gaussian_noise
 from privaterec.runs.report import central_dp_release
 
 # Users with 9, 2, 8, 4 and 2 samples and histories of 3, 0 (empty), 2, 3 and 1 clicks.
@@ -187,8 +186,8 @@ def test_round_is_the_backward_pass_of_the_noised_clipped_sums_over_qn(make_obje
     inputs = [method.inputs(objective, clients.client(u), generator=client_noise(3, 2, u))
               for u in selected]
     sums = space.clipped_sum(theta, objective.batch(inputs), clip=0.05)
-    noise = gaussian_noise((space.release_dimension,), sigma=1.0 * 0.05,
-                           generator=central_noise_generator(3, 2))
+    noise = aggregator_noise(3, 2).draw((space.release_dimension,), mechanism="gaussian",
+                                        scale=1.0 * 0.05)
     d_user = int((~space.news_mask).sum())
     user = sums.user.clone()
     user[~space.news_mask] += noise[:d_user]
@@ -207,7 +206,7 @@ def test_empty_round_releases_noise_of_the_calibrated_scale_on_every_coordinate(
     space = NewsSpaceClipping(objective)
     user, news, losses = method.news_space_release(
         objective, objective.parameters(), [],
-        generator=SimulationNoise(torch.Generator().manual_seed(5)))
+        noise=SimulationNoise(torch.Generator().manual_seed(5)))
     assert losses == []
     released = torch.cat([user[~space.news_mask], news.reshape(-1)]).double()
     n = released.numel()

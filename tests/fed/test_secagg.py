@@ -39,7 +39,7 @@ from privaterec.fed.methods import method_from_config, resolve_run_config  # noq
 from privaterec.fed.methods.dp_fedavg import CentralDP  # noqa: E402
 from privaterec.fed.news_space import NewsSpaceClipping  # noqa: E402
 from privaterec.fed.objective import LocalObjective  # noqa: E402
-from privaterec.fed.rng import central_noise_generator, client_noise  # noqa: E402
+from privaterec.fed.rng import aggregator_noise, client_noise  # noqa: E402
 from privaterec.fed.secagg import (MIN_BITS, SecAggRound, min_clients,  # noqa: E402
                                    plan_round, quantization_bits)
 from privaterec.fed.simulator import simulate_round, train_federated  # noqa: E402
@@ -391,7 +391,7 @@ def _news_space_release(s: Setup, params: torch.Tensor, selected: list[int], *,
         sums = space.clipped_sum(params, s.task.batch(inputs), clip=s.method.clip)
         return space.pack(sums.user, sums.news)
     user, news, _ = s.method.news_space_release(
-        s.task, params, inputs, generator=SimulationNoise(central_noise_generator(SEED, 0)))
+        s.task, params, inputs, noise=aggregator_noise(SEED, 0))
     return space.pack(user, news)
 
 

@@ -18,8 +18,7 @@ from privaterec.privacy.audit import (
 from privaterec.privacy.calibrate import calibrate
 from privaterec.privacy.formulas import gaussian_sigma
 from privaterec.privacy.mechanisms import add_noise
-from privaterec.privacy.noise.gaussian import gaussian_noise
-from privaterec.privacy.noise.laplace import laplace_noise
+from privaterec.privacy.samplers import SimulationNoise
 
 TRIALS = 100_000
 
@@ -64,8 +63,9 @@ def test_epsilon_from_rates():
 
 def test_empirical_bound_with_fixed_threshold():
     b = 1.0  # Laplace mechanism with ε = 1 on neighbouring inputs 0 and 1
-    d = laplace_noise((TRIALS,), scale=b, generator=gen(1), dtype=torch.float64)
-    dp = 1 + laplace_noise((TRIALS,), scale=b, generator=gen(2), dtype=torch.float64)
+    d = SimulationNoise(gen(1)).draw((TRIALS,), mechanism="laplace", scale=b, dtype=torch.float64)
+    dp = 1 + SimulationNoise(gen(2)).draw((TRIALS,), mechanism="laplace", scale=b,
+                                          dtype=torch.float64)
     # For t ≥ 1, ln((1 − FNR)/FPR) = ε exactly; only sampling error lowers the bound.
     eps = empirical_epsilon_lower_bound(d, dp, 1.0, alpha=0.05)
     assert 0.8 < eps <= 1.0
@@ -78,7 +78,8 @@ def test_empirical_bound_with_fixed_threshold():
 def laplace_claimed(eps: float, noise_factor: float = 1.0):
     """Laplace mechanism claiming ε for Δ₁ = 1; noise_factor < 1 simulates a calibration bug."""
     def mech(x: torch.Tensor, g: torch.Generator) -> torch.Tensor:
-        return x + laplace_noise(x.shape, scale=noise_factor / eps, generator=g, dtype=x.dtype)
+        return x + SimulationNoise(g).draw(x.shape, mechanism="laplace", scale=noise_factor / eps,
+                                           dtype=x.dtype)
     return mech
 
 
@@ -88,7 +89,7 @@ def test_audit_laplace_mechanism_is_consistent_with_its_claim():
     calibration = calibrate(mechanism="laplace", epsilon=1.0, sensitivity=1.0)
 
     def mech(batch, g):
-        return add_noise(batch, calibration, generator=g)
+        return add_noise(batch, calibration, noise=SimulationNoise(g))
 
     result = audit_mechanism(mech, x, xp, trials=TRIALS, generator=gen(3))
     assert 0.3 < result.epsilon_lower_bound <= 1.0
@@ -114,7 +115,7 @@ def test_audit_gaussian_mechanism_and_broken_gaussian():
                             dimension=4)
 
     def mech(batch, g):
-        return add_noise(batch, calibration, generator=g)
+        return add_noise(batch, calibration, noise=SimulationNoise(g))
 
     good = audit_mechanism(mech, x, xp, trials=TRIALS, generator=gen(5), delta=delta)
     assert 0.2 < good.epsilon_lower_bound <= 1.0
@@ -122,7 +123,8 @@ def test_audit_gaussian_mechanism_and_broken_gaussian():
     sigma = gaussian_sigma(epsilon=1.0, delta=delta, sensitivity_l2=1.0) / 10
 
     def broken(batch, g):
-        return batch + gaussian_noise(batch.shape, sigma=sigma, generator=g, dtype=batch.dtype)
+        return batch + SimulationNoise(g).draw(batch.shape, mechanism="gaussian", scale=sigma,
+                                               dtype=batch.dtype)
 
     bad = audit_mechanism(broken, x, xp, trials=TRIALS, generator=gen(6), delta=delta)
     assert bad.epsilon_lower_bound > 1.0

@@ -34,7 +34,6 @@ from privaterec.privacy.dpa import (
     vdp_release,
 )
 from privaterec.privacy.mechanisms import CLIP_MARGIN
-from privaterec.privacy.noise.gaussian import gaussian_noise
 from privaterec.privacy.samplers import SimulationNoise
 
 F64 = torch.float64
@@ -43,13 +42,14 @@ F64 = torch.float64
 def _dpa_noise(shape, *, generator, dtype=torch.float32, **params):
     """DPA noise ``[m, B]`` and the event of one row: calibrated once, then drawn."""
     calibration = dpa_calibration(dimension=shape[-1], **params)
-    return dpa_noise(shape, calibration, generator=generator, dtype=dtype), calibration.event
+    noise = dpa_noise(shape, calibration, noise=SimulationNoise(generator), dtype=dtype)
+    return noise, calibration.event
 
 
 def _vdp_release(user, *, generator, **params):
     """VDP releases ``[m, d]`` and the event of one row: calibrated once, then released."""
     calibration = vdp_calibration(dimension=user.shape[-1], **params)
-    return vdp_release(user, calibration, generator=generator), calibration.event
+    return vdp_release(user, calibration, noise=SimulationNoise(generator)), calibration.event
 
 
 def gen(seed: int) -> torch.Generator:
@@ -73,14 +73,14 @@ def test_padding_mask_never_pads_non_clicks_and_pads_at_rate_p():
     mask = torch.rand(4000, 50, generator=gen(0)) < 0.6
     n = int(mask.sum())
     for p, seed in ((0.3, 1), (0.7, 2)):
-        pad = padding_mask(mask, padding_p=p, generator=sim(seed))
+        pad = padding_mask(mask, padding_p=p, noise=sim(seed))
         assert pad.dtype == torch.bool and pad.shape == mask.shape
         assert not bool((pad & ~mask).any())  # never a position without a click
         count = int(pad.sum())
         assert abs(count - n * p) < 5 * math.sqrt(n * p * (1 - p))  # Binomial(n, p)
     # A history without clicks is never padded, even at a high p.
     assert not bool(padding_mask(torch.zeros(10, 5, dtype=torch.bool), padding_p=0.9,
-                                 generator=sim(3)).any())
+                                 noise=sim(3)).any())
 
 
 def test_padding_mask_per_row_generators_and_p_zero():
@@ -88,19 +88,19 @@ def test_padding_mask_per_row_generators_and_p_zero():
     mask[1, 6:] = False
     mask[3, :2] = False
     seeds = (10, 11, 12, 13, 14)
-    pad = padding_mask(mask, padding_p=0.4, generator=[gen(s) for s in seeds])
+    pad = padding_mask(mask, padding_p=0.4, noise=SimulationNoise([gen(s) for s in seeds]))
     for i, s in enumerate(seeds):
         # Row i is the draw of generator i alone: U < p on that row's clicks.
         expected = (torch.rand(8, generator=gen(s), dtype=F64) < 0.4) & mask[i]
         assert torch.equal(pad[i], expected)
-        assert torch.equal(pad[i], padding_mask(mask[i], padding_p=0.4, generator=sim(s)))
+        assert torch.equal(pad[i], padding_mask(mask[i], padding_p=0.4, noise=sim(s)))
     assert pad.any() and not pad.all()
     with pytest.raises(ConfigError, match="one generator per row"):
-        padding_mask(mask, padding_p=0.4, generator=[gen(0), gen(1)])
-    assert not bool(padding_mask(mask, padding_p=0.0, generator=sim(4)).any())
+        padding_mask(mask, padding_p=0.4, noise=SimulationNoise([gen(0), gen(1)]))
+    assert not bool(padding_mask(mask, padding_p=0.0, noise=sim(4)).any())
     for bad in (1.0, -0.1, 1.5):
         with pytest.raises(ConfigError, match="padding_p"):
-            padding_mask(mask, padding_p=bad, generator=sim(5))
+            padding_mask(mask, padding_p=bad, noise=sim(5))
 
 
 def test_pad_history_puts_the_anonymous_row_exactly_where_padded():
@@ -393,7 +393,7 @@ def dpa_release(*, epsilon: float, padding_p: float, pad: bool = True,
     def mechanism(histories: torch.Tensor, g: torch.Generator) -> torch.Tensor:
         mask = torch.ones(histories.shape, dtype=torch.bool)
         if pad:
-            padded = padding_mask(mask, padding_p=padding_p, generator=SimulationNoise(g))
+            padded = padding_mask(mask, padding_p=padding_p, noise=SimulationNoise(g))
             histories = torch.where(padded, torch.full_like(histories, R0), histories)
         alpha = toy_alpha(histories)
         noise, _ = _dpa_noise(tuple(alpha.shape), epsilon=epsilon, padding_p=padding_p,
@@ -488,7 +488,8 @@ def test_audit_vdp_gaussian_below_epsilon_and_small_noise_variant_exceeds():
     def broken(batch, g):  # L2 clip, noise 10x too small
         l2 = torch.linalg.vector_norm(batch, dim=-1, keepdim=True)
         clipped = batch * torch.clamp(theta / l2, max=1.0)
-        return clipped + gaussian_noise(batch.shape, sigma=sigma, generator=g, dtype=F64)
+        return clipped + SimulationNoise(g).draw(batch.shape, mechanism="gaussian", scale=sigma,
+                                                 dtype=F64)
 
     bad = audit_mechanism(broken, x, xp, trials=100_000, generator=gen(83), alpha=ALPHA,
                           delta=delta)

@@ -23,8 +23,7 @@ from privaterec.privacy.mechanisms import (
     clip_l2,
     randomized_response,
 )
-from privaterec.privacy.noise.gaussian import gaussian_noise
-from privaterec.privacy.noise.laplace import laplace_noise
+from privaterec.privacy.samplers import SimulationNoise
 
 N = 200_000
 
@@ -33,11 +32,15 @@ def gen(seed: int = 0) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
+def sim(seed: int = 0) -> SimulationNoise:
+    return SimulationNoise(gen(seed))
+
+
 # --- noise distributions -----------------------------------------------------------------------
 
 def test_laplace_noise_moments_and_ks():
     b = 2.0
-    x = laplace_noise((N,), scale=b, generator=gen(1), dtype=torch.float64).numpy()
+    x = sim(1).draw((N,), mechanism="laplace", scale=b, dtype=torch.float64).numpy()
     # |X| ~ Exp(b): mean b, sd b -> standard error b/sqrt(N); 5 standard errors.
     assert abs(np.abs(x).mean() - b) < 5 * b / math.sqrt(N)
     # Var X = 2b²; Var(X²) = E X⁴ − (E X²)² = 24b⁴ − 4b⁴ = 20b⁴.
@@ -50,7 +53,7 @@ def test_laplace_noise_moments_and_ks():
 
 def test_gaussian_noise_std_and_ks():
     sigma = 0.7
-    x = gaussian_noise((N,), sigma=sigma, generator=gen(2), dtype=torch.float64).numpy()
+    x = sim(2).draw((N,), mechanism="gaussian", scale=sigma, dtype=torch.float64).numpy()
     assert abs(x.std() - sigma) < 5 * sigma / math.sqrt(2 * N)
     assert abs(x.mean()) < 5 * sigma / math.sqrt(N)
     assert stats.kstest(x, stats.norm(scale=sigma).cdf).pvalue > 1e-3
@@ -58,25 +61,25 @@ def test_gaussian_noise_std_and_ks():
 
 
 def test_noise_dtype_shape_zero_scale_and_per_row_scale():
-    x = laplace_noise((3, 4), scale=1.0, generator=gen(), dtype=torch.float32)
+    x = sim().draw((3, 4), mechanism="laplace", scale=1.0, dtype=torch.float32)
     assert x.shape == (3, 4) and x.dtype == torch.float32
-    assert torch.equal(laplace_noise((5,), scale=0.0, generator=gen()), torch.zeros(5))
-    assert torch.equal(gaussian_noise((5,), sigma=0.0, generator=gen()), torch.zeros(5))
+    assert torch.equal(sim().draw((5,), mechanism="laplace", scale=0.0), torch.zeros(5))
+    assert torch.equal(sim().draw((5,), mechanism="gaussian", scale=0.0), torch.zeros(5))
     # Per-client scales broadcast along rows.
     scales = torch.tensor([[0.5], [4.0]])
-    y = laplace_noise((2, 100_000), scale=scales, generator=gen(3), dtype=torch.float64)
+    y = sim(3).draw((2, 100_000), mechanism="laplace", scale=scales, dtype=torch.float64)
     assert y[0].abs().mean().item() == pytest.approx(0.5, rel=0.02)
     assert y[1].abs().mean().item() == pytest.approx(4.0, rel=0.02)
-    z = gaussian_noise((2, 100_000), sigma=scales, generator=gen(4), dtype=torch.float64)
+    z = sim(4).draw((2, 100_000), mechanism="gaussian", scale=scales, dtype=torch.float64)
     assert z[1].std().item() == pytest.approx(4.0, rel=0.02)
     with pytest.raises(ConfigError, match="'scale'"):
-        laplace_noise((2,), scale=-1.0, generator=gen())
+        sim().draw((2,), mechanism="laplace", scale=-1.0)
     with pytest.raises(ConfigError, match="'sigma'"):
-        gaussian_noise((2,), sigma=math.inf, generator=gen())
+        sim().draw((2,), mechanism="gaussian", scale=math.inf, name="sigma")
 
 
 def test_laplace_noise_is_finite_and_has_the_right_tail():
-    x = laplace_noise((1_000_000,), scale=1.0, generator=gen(5), dtype=torch.float32)
+    x = sim(5).draw((1_000_000,), mechanism="laplace", scale=1.0, dtype=torch.float32)
     assert torch.isfinite(x).all()
     # P(|X| > 10) = e^-10: the count is Binomial(1e6, e^-10) (mean 45.4); 5 standard deviations.
     p = math.exp(-10)
@@ -86,18 +89,18 @@ def test_laplace_noise_is_finite_and_has_the_right_tail():
 
 def test_generator_determinism_and_global_rng_untouched():
     state = torch.get_rng_state()
-    a = laplace_noise((1000,), scale=1.0, generator=gen(42))
-    b = laplace_noise((1000,), scale=1.0, generator=gen(42))
-    c = laplace_noise((1000,), scale=1.0, generator=gen(43))
-    g1 = gaussian_noise((1000,), sigma=1.0, generator=gen(42))
-    g2 = gaussian_noise((1000,), sigma=1.0, generator=gen(42))
+    a = sim(42).draw((1000,), mechanism="laplace", scale=1.0)
+    b = sim(42).draw((1000,), mechanism="laplace", scale=1.0)
+    c = sim(43).draw((1000,), mechanism="laplace", scale=1.0)
+    g1 = sim(42).draw((1000,), mechanism="gaussian", scale=1.0)
+    g2 = sim(42).draw((1000,), mechanism="gaussian", scale=1.0)
     calibration = calibrate(mechanism="laplace", epsilon=1.0, sensitivity=1.0)
-    out1 = add_noise(torch.zeros(10), calibration, generator=gen(7))
-    out2 = add_noise(torch.zeros(10), calibration, generator=gen(7))
+    out1 = add_noise(torch.zeros(10), calibration, noise=sim(7))
+    out2 = add_noise(torch.zeros(10), calibration, noise=sim(7))
     r1, _ = randomized_response(torch.zeros(50, dtype=torch.long), epsilon=0.5, num_classes=3,
-                                generator=gen(8))
+                                noise=sim(8))
     r2, _ = randomized_response(torch.zeros(50, dtype=torch.long), epsilon=0.5, num_classes=3,
-                                generator=gen(8))
+                                noise=sim(8))
     assert torch.equal(a, b) and torch.equal(g1, g2) and torch.equal(out1, out2)
     assert torch.equal(r1, r2)
     assert not torch.equal(a, c)
@@ -189,7 +192,7 @@ def test_laplace_mechanism_noise_and_event_batched():
     x = torch.full((4, 50_000), 3.0, dtype=torch.float64)
     calibration = calibrate(mechanism="laplace", epsilon=0.5, sensitivity=2.0,
                             dimension=50_000, phase="serve")
-    out, event = add_noise(x, calibration, generator=gen(9)), calibration.event
+    out, event = add_noise(x, calibration, noise=sim(9)), calibration.event
     assert calibration.scale == 4.0 and calibration.mechanism == "laplace"
     noise = (out - x).numpy().ravel()
     assert stats.kstest(noise, stats.laplace(scale=4.0).cdf).pvalue > 1e-3
@@ -200,11 +203,12 @@ def test_laplace_mechanism_noise_and_event_batched():
     assert event.dimension == 50_000  # one client's release (row), not the batch
     assert event.to_dp_event() == dp_event.LaplaceDpEvent(noise_multiplier=2.0)
     # one generator per row: row i's noise is what generator i alone draws
-    rows = add_noise(torch.zeros(3, 5), calibration, generator=[gen(1), gen(2), gen(3)])
-    alone = add_noise(torch.zeros(1, 5), calibration, generator=[gen(2)])
+    rows = add_noise(torch.zeros(3, 5), calibration, noise=SimulationNoise([gen(1), gen(2),
+                                                                            gen(3)]))
+    alone = add_noise(torch.zeros(1, 5), calibration, noise=SimulationNoise([gen(2)]))
     assert torch.equal(rows[1], alone[0])
     with pytest.raises(ConfigError, match="one generator per row"):
-        add_noise(torch.zeros(3, 5), calibration, generator=[gen(1), gen(2)])
+        add_noise(torch.zeros(3, 5), calibration, noise=SimulationNoise([gen(1), gen(2)]))
     with pytest.raises(ConfigError, match="'delta'"):
         calibrate(mechanism="laplace", epsilon=1.0, delta=1e-5, sensitivity=1.0)
     with pytest.raises(ConfigError, match="mechanism"):
@@ -215,7 +219,7 @@ def test_laplace_mechanism_with_padding_uses_base_budget():
     eps, p = 1.0, 0.5
     eps_base = math.log((math.exp(eps) - p) / (1 - p))  # PrivateRec Alg. 2 line 9
     calibration = calibrate(mechanism="laplace", epsilon=eps, sensitivity=2.0, padding_p=p)
-    out = add_noise(torch.zeros(100_000, dtype=torch.float64), calibration, generator=gen(10))
+    out = add_noise(torch.zeros(100_000, dtype=torch.float64), calibration, noise=sim(10))
     event = calibration.event
     assert event.noise_scale == pytest.approx(2.0 / eps_base, rel=1e-12)
     assert event.epsilon == eps and event.padding_p == p
@@ -232,22 +236,22 @@ def test_mechanisms_with_infinite_epsilon_add_no_noise():
     x = torch.randn(3, 4, generator=gen(11))
     laplace = calibrate(mechanism="laplace", epsilon=math.inf, sensitivity=1.0)
     event = laplace.event
-    assert torch.equal(add_noise(x, laplace, generator=gen()), x) and not event.is_private
+    assert torch.equal(add_noise(x, laplace, noise=sim()), x) and not event.is_private
     assert laplace.scale == 0.0
     assert isinstance(event.to_dp_event(), dp_event.NonPrivateDpEvent)
     gaussian = calibrate(mechanism="gaussian", epsilon=math.inf, delta=1e-5, sensitivity=1.0)
-    out = add_noise(x, gaussian, generator=gen())
+    out = add_noise(x, gaussian, noise=sim())
     assert torch.equal(out, x) and not gaussian.event.is_private
     clear = no_noise(dimension=4)
-    assert add_noise(x, clear, generator=gen()) is x and clear.mechanism == "none"
-    assert torch.equal(calibrated_noise((2, 2), clear, generator=gen()), torch.zeros(2, 2))
+    assert add_noise(x, clear, noise=sim()) is x and clear.mechanism == "none"
+    assert torch.equal(calibrated_noise((2, 2), clear, noise=sim()), torch.zeros(2, 2))
 
 
 def test_gaussian_mechanism_noise_and_event():
     x = torch.zeros(8, 25_000, dtype=torch.float64)
     calibration = calibrate(mechanism="gaussian", epsilon=1.0, delta=1e-5,
                             sensitivity=math.sqrt(2), dimension=25_000)
-    out, event = add_noise(x, calibration, generator=gen(12)), calibration.event
+    out, event = add_noise(x, calibration, noise=sim(12)), calibration.event
     sigma = math.sqrt(2) * 3.7306316348  # analytic σ(1, 1e-5), see test_formulas
     assert event.noise_scale == pytest.approx(sigma, rel=1e-9)
     assert stats.kstest(out.numpy().ravel(), stats.norm(scale=sigma).cdf).pvalue > 1e-3
@@ -273,8 +277,8 @@ def test_clipped_release_clips_to_its_sensitivity_then_noises(clipping, ord):
     sensitivity = 2 * theta * (d if clipping == "elementwise" else 1)
     assert calibration.event.sensitivity == pytest.approx(sensitivity)
     assert calibration.mechanism == ("gaussian" if clipping == "l2" else "laplace")
-    released = clip_and_noise(x, calibration, generator=gen(15))
-    assert torch.equal(released, add_noise(clipped, calibration, generator=gen(15)))
+    released = clip_and_noise(x, calibration, noise=sim(15))
+    assert torch.equal(released, add_noise(clipped, calibration, noise=sim(15)))
     assert not torch.equal(released, clipped)
 
 
@@ -295,7 +299,7 @@ def test_clipped_release_at_a_given_scale_states_its_epsilon():
 def test_randomized_response_keep_rate_and_uniform_flips():
     k, eps = 4, 1.0
     labels = torch.arange(N, dtype=torch.long) % k
-    out, event = randomized_response(labels, epsilon=eps, num_classes=k, generator=gen(13))
+    out, event = randomized_response(labels, epsilon=eps, num_classes=k, noise=sim(13))
     keep = (out == labels).double().mean().item()
     p_keep = math.exp(eps) / (math.exp(eps) + k - 1)
     assert abs(keep - p_keep) < 5 * math.sqrt(p_keep * (1 - p_keep) / N)
@@ -303,21 +307,16 @@ def test_randomized_response_keep_rate_and_uniform_flips():
     counts = torch.bincount(flipped, minlength=k)[1:].numpy()
     assert stats.chisquare(counts).pvalue > 1e-3  # uniform over the k − 1 other labels
     assert event.epsilon == eps and event.mechanism == "randomized_response"
-    same, _ = randomized_response(labels[:10], epsilon=math.inf, num_classes=k, generator=gen())
+    same, _ = randomized_response(labels[:10], epsilon=math.inf, num_classes=k, noise=sim())
     assert torch.equal(same, labels[:10])
     with pytest.raises(ConfigError, match="num_classes"):
-        randomized_response(labels, epsilon=1.0, num_classes=3, generator=gen())
+        randomized_response(labels, epsilon=1.0, num_classes=3, noise=sim())
 
 
 @pytest.mark.parametrize("noise", ["laplace", "gaussian"])
 def test_one_generator_per_row_draws_each_row_from_its_own_generator(noise):
-    from privaterec.privacy.noise.gaussian import gaussian_noise
-    from privaterec.privacy.noise.laplace import laplace_noise
-
     def draw(shape, generator):
-        if noise == "laplace":
-            return laplace_noise(shape, scale=0.5, generator=generator)
-        return gaussian_noise(shape, sigma=0.5, generator=generator)
+        return SimulationNoise(generator).draw(shape, mechanism=noise, scale=0.5)
 
     rows = draw((3, 7), [torch.Generator().manual_seed(s) for s in (1, 2, 3)])
     alone = torch.stack([draw((7,), torch.Generator().manual_seed(s)) for s in (1, 2, 3)])

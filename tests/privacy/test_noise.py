@@ -21,7 +21,7 @@ from privaterec.privacy.calibrate import calibrate, clipped_release
 from privaterec.privacy.ledger import compose_events
 from privaterec.privacy.mechanisms import calibrated_noise
 from privaterec.privacy.noise import MECHANISMS, NOISE_KINDS, noise_mechanism
-from privaterec.privacy.noise.laplace import Laplace, laplace_noise
+from privaterec.privacy.noise.laplace import Laplace
 from privaterec.privacy.report import calibrate_noise
 from privaterec.privacy.samplers import SimulationNoise
 
@@ -68,8 +68,9 @@ def test_a_registered_mechanism_is_used_by_calibration_events_ledger_and_draws(m
     # dp_accounting event is the mechanism's.
     assert isinstance(twice.event.to_dp_event(), dp_event.LaplaceDpEvent)
     assert compose_events([(twice.event, 3)], delta=0.0) == pytest.approx(3.0)
-    draws = calibrated_noise((4, 3), twice, generator=torch.Generator().manual_seed(1))
-    expected = laplace_noise((4, 3), scale=1.0, generator=torch.Generator().manual_seed(1))
+    draws = calibrated_noise((4, 3), twice, noise=SimulationNoise(torch.Generator().manual_seed(1)))
+    expected = SimulationNoise(torch.Generator().manual_seed(1)).draw((4, 3), mechanism="laplace",
+                                                                      scale=1.0)
     assert torch.equal(draws, expected)
     released = SimulationNoise(torch.Generator().manual_seed(1)).release(
         torch.zeros(4, 3), mechanism="twice_laplace", scale=twice.scale)

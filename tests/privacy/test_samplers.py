@@ -19,8 +19,6 @@ from privaterec.errors import ConfigError
 from privaterec.privacy.audit import audit_mechanism, empirical_epsilon_lower_bound
 from privaterec.privacy.calibrate import calibrate
 from privaterec.privacy.mechanisms import add_noise
-from privaterec.privacy.noise.gaussian import gaussian_noise
-from privaterec.privacy.noise.laplace import laplace_noise
 from privaterec.privacy.samplers import (GRID_MARGIN_BITS, NoiseSource, SecureNoise,
                                          SimulationNoise, gaussian_release_rho, grid_exponent,
                                          laplace_release_epsilon)
@@ -73,10 +71,12 @@ def test_gaussian_release_has_sigma(make, secure):
 def test_simulation_noise_draws_exactly_the_seeded_torch_samplers():
     x = torch.randn(7, 5)
     got = SimulationNoise(torch.Generator().manual_seed(9)).release_laplace(x, scale=0.3)
-    want = x + laplace_noise(x.shape, scale=0.3, generator=torch.Generator().manual_seed(9))
+    seeded = SimulationNoise(torch.Generator().manual_seed(9))
+    want = x + seeded.draw(x.shape, mechanism="laplace", scale=0.3)
     assert torch.equal(got, want) and got.dtype == torch.float32
     got = SimulationNoise(torch.Generator().manual_seed(9)).release_gaussian(x, sigma=0.3)
-    want = x + gaussian_noise(x.shape, sigma=0.3, generator=torch.Generator().manual_seed(9))
+    seeded = SimulationNoise(torch.Generator().manual_seed(9))
+    want = x + seeded.draw(x.shape, mechanism="gaussian", scale=0.3)
     assert torch.equal(got, want)
     sim = SimulationNoise(torch.Generator().manual_seed(2))
     assert torch.equal(sim.uniform((4, 3)),
@@ -146,8 +146,8 @@ def test_secure_outputs_lie_on_the_public_grid_for_neighbouring_inputs(secure):
     # The textbook float Laplace (x + float noise) lands off that lattice almost everywhere:
     # the low bits of its outputs depend on the input.
     for seed, value in enumerate((x, x_prime)):
-        old = value + laplace_noise((d,), scale=b, dtype=torch.float64,
-                                    generator=torch.Generator().manual_seed(seed))
+        old = value + SimulationNoise(torch.Generator().manual_seed(seed)).draw(
+            (d,), mechanism="laplace", scale=b, dtype=torch.float64)
         assert (~on_grid(old, k)).float().mean().item() > 0.5
 
 
@@ -168,7 +168,7 @@ def test_mironov_lattice_test_breaks_float_laplace_but_not_secure_noise(secure):
     calibration = calibrate(mechanism="laplace", epsilon=eps, sensitivity=1.0)
 
     def old(x: torch.Tensor, seed: int) -> torch.Tensor:
-        return add_noise(x, calibration, generator=torch.Generator().manual_seed(seed))
+        return add_noise(x, calibration, noise=SimulationNoise(torch.Generator().manual_seed(seed)))
 
     y0, y1 = old(zeros, 1), old(ones, 2)
     assert not bool(mironov_test(y1).logical_not().any())  # input 1 never lands off-lattice

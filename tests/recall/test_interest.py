@@ -11,7 +11,7 @@ from scipy import stats
 
 from privaterec.errors import ConfigError
 from privaterec.privacy.ledger import PrivacyLedger, compose_events
-from privaterec.privacy.noise.laplace import laplace_noise
+from privaterec.privacy.samplers import SimulationNoise
 from privaterec.recall.interest import (BasicInterestEmbeddings, aggregator_weights,
                                         channel_event, perturb_quotas, perturb_scores,
                                         query_events, quota_event)
@@ -44,16 +44,16 @@ def test_dimension_follows_parameter():
 
 def test_clip_without_noise_is_exact():
     a = torch.tensor([-1.0, -0.2, -0.1, 0.0, 0.15, 0.2, 0.5, 7.0])
-    out = perturb_scores(a, clip=0.2, generator=None)
+    out = perturb_scores(a, clip=0.2, noise=None)
     assert out.tolist() == pytest.approx([-0.2, -0.2, -0.1, 0.0, 0.15, 0.2, 0.2, 0.2])
-    assert torch.equal(perturb_scores(a, clip=None, generator=None), a)
+    assert torch.equal(perturb_scores(a, clip=None, noise=None), a)
 
 
 def test_noise_is_laplace_with_scale_lambda():
     gen = torch.Generator().manual_seed(11)
     a = torch.empty(200, 100).uniform_(-1.0, 1.0, generator=gen)
     out = perturb_scores(a, clip=0.2, noise_scale=1.2,
-                         generator=torch.Generator().manual_seed(5))
+                         noise=SimulationNoise(torch.Generator().manual_seed(5)))
     noise = (out - a.clamp(-0.2, 0.2)).double().numpy().ravel()
     # Kolmogorov-Smirnov against Laplace(0, 1.2); a wrong scale (1.0 or 1.44) is rejected.
     assert stats.kstest(noise, stats.laplace(scale=1.2).cdf).pvalue > 1e-3
@@ -67,17 +67,19 @@ def test_noise_is_laplace_with_scale_lambda():
 
 def test_noise_reproducible_and_per_row_generators():
     a = torch.randn(3, 4, 6, generator=torch.Generator().manual_seed(0))
-    one = perturb_scores(a, generator=torch.Generator().manual_seed(9))
-    assert torch.equal(one, perturb_scores(a, generator=torch.Generator().manual_seed(9)))
+    one = perturb_scores(a, noise=SimulationNoise(torch.Generator().manual_seed(9)))
+    assert torch.equal(one, perturb_scores(a,
+                                           noise=SimulationNoise(torch.Generator().manual_seed(9))))
     gens = [torch.Generator().manual_seed(s) for s in (1, 2, 3)]
-    rows = perturb_scores(a, generator=gens)
+    rows = perturb_scores(a, noise=SimulationNoise(gens))
     # row 1 equals a single-row call with its own generator, whatever the other rows are
-    alone = perturb_scores(a[1:2], generator=[torch.Generator().manual_seed(2)])
+    alone = perturb_scores(a[1:2], noise=SimulationNoise([torch.Generator().manual_seed(2)]))
     torch.testing.assert_close(rows[1:2], alone)
     b = a.clone()
     b[0] += 5.0
     torch.testing.assert_close(
-        perturb_scores(b, generator=[torch.Generator().manual_seed(s) for s in (1, 2, 3)])[1:],
+        perturb_scores(b, noise=SimulationNoise(
+            [torch.Generator().manual_seed(s) for s in (1, 2, 3)]))[1:],
         rows[1:])
 
 
@@ -120,8 +122,10 @@ def test_query_events_compose():
 
 def test_perturb_quotas_matches_reference_and_event():
     q = torch.tensor([[0.5, 0.3, 0.2, 0.0, 0.0]])
-    out, event = perturb_quotas(q, noise_scale=0.1, generator=torch.Generator().manual_seed(4))
-    noise = laplace_noise((1, 5), scale=0.1, generator=torch.Generator().manual_seed(4))
+    out, event = perturb_quotas(q, noise_scale=0.1,
+                                noise=SimulationNoise(torch.Generator().manual_seed(4)))
+    noise = SimulationNoise(torch.Generator().manual_seed(4)).draw(
+        (1, 5), mechanism="laplace", scale=0.1)
     ref = (q + noise).clamp_min(0)
     torch.testing.assert_close(out, ref / ref.sum())
     assert event.epsilon == pytest.approx(20.0) and event.sensitivity == 2.0
@@ -132,12 +136,14 @@ def test_perturb_quotas_matches_reference_and_event():
 def test_perturb_quotas_all_negative_falls_back_to_uniform():
     q = torch.tensor([[1.0, 0.0]])
     for seed in range(100):
-        noise = laplace_noise((1, 2), scale=50.0, generator=torch.Generator().manual_seed(seed))
+        noise = SimulationNoise(torch.Generator().manual_seed(seed)).draw(
+            (1, 2), mechanism="laplace", scale=50.0)
         if bool(((q + noise) < 0).all()):
             break
     else:  # pragma: no cover - probability 0.75^100
         pytest.fail("no seed with an all-negative draw")
-    out, _ = perturb_quotas(q, noise_scale=50.0, generator=torch.Generator().manual_seed(seed))
+    out, _ = perturb_quotas(q, noise_scale=50.0,
+                            noise=SimulationNoise(torch.Generator().manual_seed(seed)))
     torch.testing.assert_close(out, torch.tensor([[0.5, 0.5]]))
 
 
@@ -154,6 +160,7 @@ def test_perturb_scores_rejects_bad_parameters():
     with pytest.raises(ConfigError, match="clip"):
         perturb_scores(torch.zeros(3), clip=-0.1)
     with pytest.raises(ConfigError, match="noise"):
-        perturb_scores(torch.zeros(3), noise_scale=-1.0, generator=torch.Generator())
+        perturb_scores(torch.zeros(3), noise_scale=-1.0, noise=SimulationNoise(torch.Generator()))
     with pytest.raises(ConfigError, match="quota_noise_scale"):
-        perturb_quotas(torch.ones(1, 2) / 2, noise_scale=0.0, generator=torch.Generator())
+        perturb_quotas(torch.ones(1, 2) / 2, noise_scale=0.0,
+                       noise=SimulationNoise(torch.Generator()))

@@ -11,7 +11,7 @@ from torch.func import functional_call, grad, vmap
 
 from privaterec.errors import ConfigError
 from privaterec.recall.channels import cluster_history
-from privaterec.privacy.noise.laplace import laplace_noise
+from privaterec.privacy.samplers import SimulationNoise
 from privaterec.recall.model import NUM_NEGATIVES, UniFedRecRecall, info_nce, unified_score
 from privaterec.recall.query import release_query
 
@@ -29,8 +29,8 @@ def make_model(**kwargs) -> UniFedRecRecall:
 
 def score_noise(model: UniFedRecRecall, b: int, generator) -> torch.Tensor:
     """Laplace(λ_I) noise ``[b, M, B]`` of the decomposition scores, as a query draws it."""
-    return laplace_noise((b, model.max_channels, model.num_basis), scale=model.noise_scale,
-                         generator=generator)
+    return SimulationNoise(generator).draw((b, model.max_channels, model.num_basis),
+                                           mechanism="laplace", scale=model.noise_scale)
 
 
 def make_batch(b: int = 4, seed: int = 1, lengths=(7, 4, 1, 0)):
@@ -158,7 +158,7 @@ def test_batch_independence_of_every_stage(keep):
 
     def query(v, m):
         gens = [torch.Generator().manual_seed(20 + s) for s in range(v.shape[0])]
-        out = release_query(model, v, m, generator=gens)
+        out = release_query(model, v, m, noise=SimulationNoise(gens))
         return out.alpha, out.quotas
 
     with torch.no_grad():
@@ -266,7 +266,7 @@ def test_query_events_and_alpha():
     vectors, mask, _ = make_batch()
     batch = model.channels(vectors, mask)
     gens = [torch.Generator().manual_seed(s) for s in range(4)]
-    out = release_query(model, vectors, mask, generator=gens)
+    out = release_query(model, vectors, mask, noise=SimulationNoise(gens))
     assert out.alpha.shape == (4, M, B)
     torch.testing.assert_close(out.alpha.sum(-1), torch.ones(4, M))
     assert torch.equal(out.released, batch.valid)
@@ -283,11 +283,11 @@ def test_query_events_and_alpha():
         assert channel.epsilon == pytest.approx(2 * 0.2 * B / 1.2)
         assert quota.mechanism == "clear_quotas" and not quota.is_private
     # no generator: no noise, and the events say so
-    clean = release_query(model, vectors, mask, generator=None)
+    clean = release_query(model, vectors, mask, noise=None)
     assert not clean.events[0][0][0].is_private
     # noised quotas: every slot released, quotas still on the simplex
-    noised = release_query(model, vectors, mask, generator=gens, quota_noise_scale=0.5,
-                           quota_generator=torch.Generator().manual_seed(0))
+    noised = release_query(model, vectors, mask, noise=SimulationNoise(gens), quota_noise_scale=0.5,
+                           quota_noise=SimulationNoise(torch.Generator().manual_seed(0)))
     assert noised.released.all()
     torch.testing.assert_close(noised.quotas.sum(-1), torch.ones(4))
     assert (noised.quotas >= 0).all()
@@ -303,7 +303,7 @@ def test_invalid_construction_and_serving_without_clip():
     model = make_model(clip=None)
     vectors, mask, _ = make_batch()
     with pytest.raises(ConfigError, match="clip"):
-        release_query(model, vectors, mask, generator=torch.Generator())
+        release_query(model, vectors, mask, noise=SimulationNoise(torch.Generator()))
 
 
 def test_aggregator_scale_is_post_processing_of_the_release():
@@ -312,8 +312,10 @@ def test_aggregator_scale_is_post_processing_of_the_release():
     with torch.no_grad():
         scaled.load_state_dict({**plain.state_dict(), "log_scale": torch.tensor(math.log(4.0))})
     vectors, mask, _ = make_batch()
-    q_plain = release_query(plain, vectors, mask, generator=torch.Generator().manual_seed(3))
-    q_scaled = release_query(scaled, vectors, mask, generator=torch.Generator().manual_seed(3))
+    q_plain = release_query(plain, vectors, mask,
+                            noise=SimulationNoise(torch.Generator().manual_seed(3)))
+    q_scaled = release_query(scaled, vectors, mask,
+                             noise=SimulationNoise(torch.Generator().manual_seed(3)))
     # same noised scores â: α_scaled = softmax(4·â) = α_plain⁴ / Σ α_plain⁴ (softmax identity)
     expected = q_plain.alpha ** 4 / (q_plain.alpha ** 4).sum(-1, keepdim=True)
     torch.testing.assert_close(q_scaled.alpha, expected)

@@ -40,7 +40,7 @@ def test_channel_release_audit_below_two_delta_b_over_lambda():
     xp = torch.full((num_basis,), 5.0, dtype=F64)  # clipped to +δ·1: L1 distance 2δB
 
     def release(batch: torch.Tensor, g: torch.Generator) -> torch.Tensor:
-        return perturb_scores(batch, clip=delta, noise_scale=lam, generator=g)
+        return perturb_scores(batch, clip=delta, noise_scale=lam, noise=SimulationNoise(g))
 
     result = audit_mechanism(release, x, xp, trials=TRIALS, generator=gen(1), alpha=ALPHA,
                              statistic=laplace_llr(delta))
@@ -53,7 +53,7 @@ def test_channel_release_with_the_papers_per_coordinate_noise_exceeds_its_claim(
     lam = 2 * delta / eps
 
     def release(batch: torch.Tensor, g: torch.Generator) -> torch.Tensor:
-        return perturb_scores(batch, clip=delta, noise_scale=lam, generator=g)
+        return perturb_scores(batch, clip=delta, noise_scale=lam, noise=SimulationNoise(g))
 
     x = torch.full((num_basis,), -5.0, dtype=F64)
     result = audit_mechanism(release, x, -x, trials=TRIALS, generator=gen(2), alpha=ALPHA,
@@ -66,7 +66,7 @@ def test_unclipped_scores_exceed_the_claimed_epsilon():
     lam = 2 * delta * num_basis / eps
 
     def release(batch: torch.Tensor, g: torch.Generator) -> torch.Tensor:
-        return perturb_scores(batch, clip=None, noise_scale=lam, generator=g)
+        return perturb_scores(batch, clip=None, noise_scale=lam, noise=SimulationNoise(g))
 
     x = torch.full((num_basis,), -2.0, dtype=F64)
     result = audit_mechanism(release, x, -x, trials=TRIALS, generator=gen(3), alpha=ALPHA)
@@ -80,7 +80,7 @@ def test_quota_noise_audit_below_two_over_lambda():
     qp = torch.tensor([0.0, 1.0], dtype=F64)
 
     def release(batch: torch.Tensor, g: torch.Generator) -> torch.Tensor:
-        out, event = perturb_quotas(batch, noise_scale=lam, generator=g)
+        out, event = perturb_quotas(batch, noise_scale=lam, noise=SimulationNoise(g))
         assert event.epsilon == eps
         return out
 

@@ -22,7 +22,6 @@ from privaterec.fed.sampling import clients_per_round
 from privaterec.privacy.samplers import SimulationNoise
 from privaterec.fed.simulator import sequential_round, simulate_round
 from privaterec.fed.strategies import aggregate
-from privaterec.privacy.noise.laplace import laplace_noise
 from privaterec.recall.model import UniFedRecRecall, info_nce
 from privaterec.recall.news import encode_news_table
 from privaterec.recall.task import (RecallTask, RecallTrainConfig, UniFedRecLDP,
@@ -161,8 +160,8 @@ def test_privatize_clips_l1_and_adds_laplace_of_scale_lambda():
     assert event.epsilon == pytest.approx(20.0)
     noise = (noisy - clean).double()
     # row i's noise is drawn from generator i alone
-    torch.testing.assert_close(noise[2], laplace_noise(
-        (5000,), scale=0.01, generator=torch.Generator().manual_seed(12),
+    torch.testing.assert_close(noise[2], SimulationNoise(torch.Generator().manual_seed(12)).draw(
+        (5000,), mechanism="laplace", scale=0.01,
         dtype=torch.float64), rtol=0, atol=1e-7)
     sample = noise.numpy().ravel()
     assert stats.kstest(sample, stats.laplace(scale=0.01).cdf).pvalue > 1e-3
@@ -221,8 +220,8 @@ def test_client_gradient_equals_autograd_through_the_model():
         n, c = inputs.candidates.shape
         batch = model.channels(h, m)
         model.zero_grad()
-        noise = laplace_noise((1, model.max_channels, model.num_basis), scale=model.noise_scale,
-                              generator=gen)
+        noise = SimulationNoise(gen).draw((1, model.max_channels, model.num_basis),
+                                          mechanism="laplace", scale=model.noise_scale)
         logits = model(h, m, vectors[inputs.candidates].reshape(1, n * c, D),
                        batch.channel_ids, batch.quotas, score_noise=noise).reshape(n, c)
         info_nce(logits).backward()

@@ -499,7 +499,8 @@ def test_vdp_device_release_is_vdp_release(world, server):
             user = world.model.encode_user(vectors, mask)
             calibration = vdp_calibration(clip=0.5, epsilon=1.5, delta=delta,
                                           mechanism=mechanism, dimension=user.shape[-1])
-            want = vdp_release(user, calibration, generator=torch.Generator().manual_seed(5))
+            want = vdp_release(user, calibration,
+                               noise=SimulationNoise(torch.Generator().manual_seed(5)))
         assert sent == pytest.approx(want[0].tolist(), abs=1e-6)
 
 
@@ -511,11 +512,11 @@ def test_recall_release_is_the_recall_models_query(world, quota_noise):
     vectors, mask = world.history_tensors(world.histories[4])
     alpha, quotas, released, events = recall_release(world.recall_model, vectors, mask,
                                                      simulated(8), quota_noise_scale=quota_noise)
-    g = torch.Generator().manual_seed(8)
+    noise = SimulationNoise(torch.Generator().manual_seed(8))
     with torch.no_grad():
-        q = release_query(world.recall_model, vectors, mask, generator=g,
+        q = release_query(world.recall_model, vectors, mask, noise=noise,
                           quota_noise_scale=quota_noise,
-                          quota_generator=None if quota_noise is None else g)
+                          quota_noise=None if quota_noise is None else noise)
     torch.testing.assert_close(alpha, q.alpha[0])
     torch.testing.assert_close(quotas, q.quotas[0])
     assert torch.equal(released, q.released[0]) and events == q.events[0]

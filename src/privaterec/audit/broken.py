@@ -32,7 +32,7 @@ from typing import Any, Iterator
 import torch
 from torch import Tensor
 
-from privaterec.privacy.samplers import NoiseSource
+from privaterec.privacy.samplers import NoiseSource, SecureNoise, SimulationNoise
 
 
 def published_dpl_labels(clicks: Tensor, counts: Tensor, *, size: int, epsilon: float,
@@ -65,20 +65,6 @@ def _patched(module: Any, name: str, value: Any) -> Iterator[None]:
 
 
 @contextmanager
-def _scaled_draws(name: str, keyword: str, factor: float, module: Any,
-                  importer: Any) -> Iterator[None]:
-    """``module.<name>`` and its import into ``importer`` draw with ``keyword`` (the scale)
-    multiplied by ``factor``."""
-    original = getattr(module, name)
-
-    def noise(*args: Any, **kwargs: Any) -> Tensor:
-        return original(*args, **{**kwargs, keyword: kwargs[keyword] * factor})
-
-    with _patched(module, name, noise), _patched(importer, name, noise):
-        yield
-
-
-@contextmanager
 def published_dpl() -> Iterator[None]:
     """PrivateRec clients use :func:`published_dpl_labels` (module docstring)."""
     import privaterec.fed.methods.privaterec as privaterec_client
@@ -87,12 +73,24 @@ def published_dpl() -> Iterator[None]:
         yield
 
 
-def scaled_noise(factor: float) -> AbstractContextManager[None]:
-    """Every Laplace draw (mechanisms and Uni-FedRec's recall upload) at ``factor`` × scale."""
-    import privaterec.privacy.noise.laplace as laplace
-    import privaterec.recall.task as recall_task
+@contextmanager
+def _scaled(cls: Any, method: str, factor: float, scaled: str) -> Iterator[None]:
+    """``cls.method`` (a draw or release taking ``mechanism=`` and ``scale=``) at ``factor`` ×
+    the scale for the mechanism ``scaled``, unchanged for the others."""
+    original = getattr(cls, method)
 
-    return _scaled_draws("laplace_noise", "scale", factor, laplace, recall_task)
+    def draw(self: Any, x: Any, *, mechanism: str, scale: Any, **kwargs: Any) -> Tensor:
+        factor_here = factor if mechanism == scaled else 1.0
+        return original(self, x, mechanism=mechanism, scale=scale * factor_here, **kwargs)
+
+    with _patched(cls, method, draw):
+        yield
+
+
+def scaled_noise(factor: float) -> AbstractContextManager[None]:
+    """Every seeded Laplace draw (:meth:`~privaterec.privacy.samplers.SimulationNoise.draw`:
+    the mechanisms and Uni-FedRec's recall upload) at ``factor`` × scale."""
+    return _scaled(SimulationNoise, "draw", factor, "laplace")
 
 
 @contextmanager
@@ -110,29 +108,15 @@ def reply_with_loss() -> Iterator[None]:
 
 
 def scaled_gaussian_noise(factor: float) -> AbstractContextManager[None]:
-    """Every Gaussian draw (the mechanisms and central DP's aggregator) at ``factor`` × σ."""
-    import privaterec.fed.methods.dp_fedavg as central
-    import privaterec.privacy.noise.gaussian as gaussian
-
-    return _scaled_draws("gaussian_noise", "sigma", factor, gaussian, central)
+    """Every seeded Gaussian draw (the mechanisms and central DP's aggregator) at ``factor``
+    × σ."""
+    return _scaled(SimulationNoise, "draw", factor, "gaussian")
 
 
-@contextmanager
-def scaled_secure_noise(factor: float, mechanism: str = "gaussian") -> Iterator[None]:
+def scaled_secure_noise(factor: float, mechanism: str = "gaussian") -> AbstractContextManager[None]:
     """:meth:`~privaterec.privacy.samplers.SecureNoise.release` of ``mechanism`` noise at
     ``factor`` × its scale (the deployed noise)."""
-    from privaterec.privacy.samplers import SecureNoise
-
-    original = SecureNoise.release
-    scaled = mechanism
-
-    def release(self: SecureNoise, x: Tensor, *, mechanism: str, scale: Any,
-                **kwargs: Any) -> Tensor:
-        factor_here = factor if mechanism == scaled else 1.0
-        return original(self, x, mechanism=mechanism, scale=scale * factor_here, **kwargs)
-
-    with _patched(SecureNoise, "release", release):
-        yield
+    return _scaled(SecureNoise, "release", factor, mechanism)
 
 
 @contextmanager

@@ -335,8 +335,8 @@ def _secagg_view(agg: Any, side: CanarySide, n: int, source: Any) -> torch.Tenso
     return agg.release_sum(view, source).to(torch.float64).reshape(n, dim)
 
 
-def noised_statistics(game: CanaryGame, side: CanarySide, runs: int,
-                      generator: torch.Generator, *, view: str = "simulator") -> np.ndarray:
+def noised_statistics(game: CanaryGame, side: CanarySide, runs: int, *,
+                      noise: NoiseSource, view: str = "simulator") -> np.ndarray:
     """The likelihood-ratio statistic of ``runs`` rounds of ``side`` ``[runs]`` float64: the
     aggregator's real :meth:`~privaterec.fed.methods.dp_fedavg.CentralDP.noised_sums` on
     ``runs`` copies of the pre-noise sum (a simulation's seeded noise), or with ``secure`` a
@@ -351,7 +351,7 @@ def noised_statistics(game: CanaryGame, side: CanarySide, runs: int,
     w, wc = game.statistic_weights()
     agg = game.aggregator
     out = []
-    source: NoiseSource = SimulationNoise(generator)
+    source = noise
     if view in ("deployed", "secagg-deployed"):
         from privaterec.privacy.samplers import SecureNoise
 
@@ -370,7 +370,7 @@ def noised_statistics(game: CanaryGame, side: CanarySide, runs: int,
         else:  # n rounds in one call of the aggregator's batched release
             noisy, counts = agg.noised_rounds(
                 side.total.repeat(n, 1), torch.full((n,), side.indicator, dtype=torch.float64),
-                population=1, generator=generator)
+                population=1, noise=source)
             stat = noisy.to(torch.float64) @ w
             out.append(stat if counts is None else stat + wc * counts)
     return torch.cat(out).numpy()
@@ -388,9 +388,9 @@ def play(game: CanaryGame, *, runs: int, seed: int = 0, alpha: float = 0.05,
     parts = []
     for part in (1, 2):  # select, test: independent generators
         for index, side in enumerate((game.d0, game.d1)):
-            generator = _generator(seed, 0x0CA7A27, part, index)
+            noise = SimulationNoise(_generator(seed, 0x0CA7A27, part, index))
             parts.append(noised_statistics(game, side, half if part == 1 else runs - half,
-                                           generator, view=view))
+                                           noise=noise, view=view))
     result = fixed_statistic_bound((parts[0], parts[1]), (parts[2], parts[3]),
                                    name="canary likelihood ratio", alpha=alpha,
                                    delta=game.claimed_delta)

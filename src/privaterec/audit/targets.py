@@ -160,8 +160,7 @@ def _news_space_target(world: AuditWorld, *, epsilon: float, delta: float,
     def upload(data: ClientData, generator: torch.Generator) -> Release:
         source = SimulationNoise(generator)
         inputs = method.inputs(objective, data, generator=source)
-        user, news, _ = method.news_space_release(objective, params, [inputs],
-                                                  generator=source)
+        user, news, _ = method.news_space_release(objective, params, [inputs], noise=source)
         return Release({"payload": torch.cat([user[user_coords], news.reshape(-1)])}, events)
 
     note = (f"D_U = {int(user_coords.sum())} user-side coordinates + "
@@ -197,10 +196,10 @@ def _central_target(world: AuditWorld, *, adaptive: bool, epsilon: float, delta:
     events = method.population_events(objective.dimension)
 
     def upload(data: ClientData, generator: torch.Generator) -> Release:
-        sent = sent_fields(client_update(objective, params, data, method,
-                                         generator=SimulationNoise(generator)))
+        source = SimulationNoise(generator)
+        sent = sent_fields(client_update(objective, params, data, method, generator=source))
         total, count = method.noised_sums(sent["payload"], float(sent.get(CLIP_INDICATOR, 0.0)),
-                                          population=1, generator=generator)
+                                          population=1, noise=source)
         out: dict[str, Any] = {"payload": total}
         if count is not None:
             out["clip_count"] = count

@@ -14,6 +14,7 @@ from typing import Any
 
 from privaterec.experiments.demo_summary import RecallRow, format_recall_table
 from privaterec.experiments.unifedrec import VARIANTS, recall_train_config
+from privaterec.privacy.samplers import SimulationNoise
 from privaterec.recall.evaluate import query_generator, recall_users
 from privaterec.recall.index import ScoreSpaceIndex
 from privaterec.recall.query import release_query
@@ -89,7 +90,7 @@ def _one_query(run_dir: Path) -> str:
     users = recall_users(dataset.test, ranker.features, history_len=ranker.history_len)
     history, mask = users.history[:1], users.history_mask[:1]
     query = release_query(run.model, ranker.vectors[history], mask,
-                          generator=query_generator(0, 0))
+                          noise=SimulationNoise(query_generator(0, 0)))
     released = query.released[0]
     alpha = query.alpha[0][released]
     quotas = query.quotas[0][released]

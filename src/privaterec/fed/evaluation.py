@@ -25,11 +25,11 @@ from privaterec.data.records import MindSplit
 from privaterec.eval.evaluate import score_impressions
 from privaterec.eval.federated import (DIMENSION, EvaluationPolicy, ImpressionPair,
                                        device_vector, pairs_by_user, release)
-from privaterec.fed.rng import evaluation_client_generator, evaluation_generator
+from privaterec.fed.rng import evaluation_client_noise, evaluation_generator
 from privaterec.errors import ConfigError
 from privaterec.fed.task import FederatedTask
 from privaterec.models.recommender import Recommender
-from privaterec.privacy.samplers import NoiseSource, SimulationNoise
+from privaterec.privacy.samplers import NoiseSource
 
 EvaluateFn = Callable[[torch.Tensor, list[int], int], torch.Tensor]
 """``evaluate_fn(params [D], asked user indices (sorted), round_index)`` → the asked users'
@@ -100,7 +100,7 @@ def local_evaluate_fn(task: FederatedTask[Any], user_ids: Sequence[str],
                       data: TestImpressions, policy: EvaluationPolicy, *,
                       seed: int) -> EvaluateFn:
     """The simulator's :data:`EvaluateFn`: every asked device's release computed in process,
-    each with its own seeded noise (:func:`~privaterec.fed.rng.evaluation_client_generator`;
+    each with its own seeded noise (:func:`~privaterec.fed.rng.evaluation_client_noise`;
     a simulation, never a deployed release)."""
     model = task.model
     if not isinstance(model, Recommender):
@@ -111,8 +111,7 @@ def local_evaluate_fn(task: FederatedTask[Any], user_ids: Sequence[str],
         ids = [user_ids[u] for u in asked]
         scored = score_users(model, data, ids)
         rows = [device_release(scored.get(uid, []), policy,
-                               SimulationNoise(evaluation_client_generator(seed, round_index,
-                                                                           u)))
+                               evaluation_client_noise(seed, round_index, u))
                 for u, uid in zip(asked, ids)]
         return (torch.stack(rows) if rows
                 else torch.zeros(0, DIMENSION, dtype=torch.float64))

@@ -41,10 +41,11 @@ def client_noise(seed: int, round_index: int, client: int) -> SimulationNoise:
     return SimulationNoise(client_generator(seed, round_index, client))
 
 
-def central_noise_generator(seed: int, round_index: int) -> torch.Generator:
-    """The aggregator's generator of round ``round_index`` in a simulated central-DP run (the
-    noise on the sum). Simulation only: a deployed aggregator draws from the OS CSPRNG."""
-    return torch.Generator().manual_seed(_derived_seed(seed, _CENTRAL_NOISE, round_index))
+def aggregator_noise(seed: int, round_index: int) -> SimulationNoise:
+    """The aggregator's noise source of round ``round_index`` in a simulated central-DP run
+    (the noise on the sum). Simulation only: a deployed aggregator draws from the OS CSPRNG."""
+    return SimulationNoise(torch.Generator().manual_seed(
+        _derived_seed(seed, _CENTRAL_NOISE, round_index)))
 
 
 def evaluation_generator(seed: int, round_index: int) -> torch.Generator:
@@ -53,8 +54,8 @@ def evaluation_generator(seed: int, round_index: int) -> torch.Generator:
     return torch.Generator().manual_seed(_derived_seed(seed, _EVAL_SAMPLE, round_index))
 
 
-def evaluation_client_generator(seed: int, round_index: int, client: int) -> torch.Generator:
-    """Client ``client``'s generator in the federated evaluation after round
+def evaluation_client_noise(seed: int, round_index: int, client: int) -> SimulationNoise:
+    """Client ``client``'s noise source in the federated evaluation after round
     ``round_index`` (its release's noise). Simulation only."""
-    return torch.Generator().manual_seed(_derived_seed(seed, _EVAL_CLIENT, round_index,
-                                                       client))
+    return SimulationNoise(torch.Generator().manual_seed(
+        _derived_seed(seed, _EVAL_CLIENT, round_index, client)))

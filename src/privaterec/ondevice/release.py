@@ -38,8 +38,8 @@ from privaterec.privacy.calibrate import Calibration, no_noise
 from privaterec.privacy.dpa import (dpa_calibration, relu_normalize, simplex_project,
                                     softplus_normalize, vdp_calibration)
 from privaterec.privacy.events import PrivacyEvent
+from privaterec.privacy.mechanisms import add_noise, clip_and_noise
 from privaterec.privacy.noise import noise_mechanism
-from privaterec.privacy.randomness import source_release
 from privaterec.privacy.samplers import NoiseSource, SimulationNoise
 
 LOCAL_NOTE = ("local ranking: the device ranks the downloaded pool itself; nothing "
@@ -325,7 +325,7 @@ def dpa_release(model: Recommender, anonymous: torch.Tensor, vectors: torch.Tens
     if config.epsilon == math.inf:
         return DpaRelease(alpha=alpha, noise=torch.zeros_like(alpha), released=alpha,
                           padded=pad, event=event)
-    noisy = source_release(alpha, calibration, noise)  # DPA does not clip: α is on the simplex
+    noisy = add_noise(alpha, calibration, noise=noise)  # DPA does not clip: α is on the simplex
     normalize = _NORMALIZERS[config.normalization]
     return DpaRelease(alpha=alpha, noise=noisy - alpha, released=normalize(noisy), padded=pad,
                       event=event)
@@ -341,7 +341,7 @@ def vdp_user_release(user: torch.Tensor, config: ServingConfig, *,
         raise ConfigError(f"vdp_user_release needs ServingConfig(kind='vdp'), got "
                           f"kind={config.kind!r}")
     calibration = serving_calibration(config, basis_size=0, dim=int(user.shape[-1]))
-    return source_release(user, calibration, noise)
+    return clip_and_noise(user, calibration, noise=noise)
 
 
 __all__ = ["LOCAL_NOTE", "QUERY_MODES", "SERVING_KINDS", "SERVING_MODES", "DpaRelease",

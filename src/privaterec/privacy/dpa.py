@@ -1,6 +1,7 @@
 """PrivateRec's private user representation: behaviour padding, DPA and VDP.
 
-Pure functions of tensors plus an explicit ``torch.Generator`` (docs/architecture.md#seams); the
+Pure functions of tensors plus an explicit
+:class:`~privaterec.privacy.samplers.NoiseSource` (docs/architecture.md#seams); the
 model parts (basic vectors b, the attention α on the simplex, ``Recommender.attention``) live in
 :mod:`privaterec.models`, and the engines compose the two.
 
@@ -38,8 +39,6 @@ from privaterec.privacy.events import DataPart, Phase
 from privaterec.privacy.formulas import SensitivityMode, dpa_sensitivity
 from privaterec.privacy.mechanisms import add_noise, clip_and_noise
 from privaterec.privacy.noise import noise_mechanism
-from privaterec.privacy.noise.base import Generators
-from privaterec.privacy.randomness import rand
 from privaterec.privacy.samplers import NoiseSource
 from privaterec.validators import check_in
 
@@ -48,8 +47,7 @@ PAPER_MODE_NOTE = ("sensitivity='paper' (S = theta): NOT a valid DP guarantee; a
                    "the simplex, whose true sensitivity is L1 = 2 / L2 = sqrt(2)")
 
 
-def padding_mask(mask: Tensor, *, padding_p: float,
-                 generator: NoiseSource | Sequence[torch.Generator]) -> Tensor:
+def padding_mask(mask: Tensor, *, padding_p: float, noise: NoiseSource) -> Tensor:
     """Which history positions are replaced by the anonymous news r₀ (Alg. 2 lines 2-5).
 
     Parameters
@@ -58,9 +56,9 @@ def padding_mask(mask: Tensor, *, padding_p: float,
         ``BoolTensor[m, H]`` (or ``[H]``), ``True`` for a real click.
     padding_p:
         p in [0, 1): each real click is independently replaced with probability p.
-    generator:
-        One source (seeded, or a device's secure source), or one seeded generator per row of
-        ``mask``.
+    noise:
+        The randomness: seeded (one generator, or one per row of ``mask``), or a device's
+        secure source.
 
     Returns
     -------
@@ -70,16 +68,7 @@ def padding_mask(mask: Tensor, *, padding_p: float,
     check_in(padding_p, "padding_p", 0, 1, "a probability in [0, 1)")
     if padding_p == 0:
         return torch.zeros_like(mask, dtype=torch.bool)
-    if isinstance(generator, NoiseSource):  # one source
-        u = rand(generator, mask.shape, dtype=torch.float64)
-    else:
-        gens = list(generator)
-        if mask.ndim < 2 or mask.shape[0] != len(gens):
-            raise ConfigError(f"one generator per row: got {len(gens)} generators for a mask "
-                              f"of shape {tuple(mask.shape)}")
-        u = torch.stack([torch.rand(mask.shape[1:], generator=g, dtype=torch.float64)
-                         for g in gens])
-    return (u < padding_p) & mask
+    return (noise.uniform(mask.shape) < padding_p) & mask
 
 
 def pad_history(rows: Tensor, pad: Tensor, *, anonymous_row: int = 0) -> Tensor:
@@ -137,7 +126,7 @@ def dpa_calibration(*, epsilon: float, delta: float = 0.0, padding_p: float = 0.
                      phase=phase, padding_p=padding_p, valid=valid, note=note, data=data)
 
 
-def dpa_noise(shape: Sequence[int], calibration: Calibration, *, generator: Generators,
+def dpa_noise(shape: Sequence[int], calibration: Calibration, *, noise: NoiseSource,
               dtype: torch.dtype = torch.float32) -> Tensor:
     """DPA noise ``Tensor[m, B]`` for m attention vectors α (one release per row), at the
     scale of ``calibration`` (:func:`dpa_calibration`).
@@ -148,14 +137,14 @@ def dpa_noise(shape: Sequence[int], calibration: Calibration, *, generator: Gene
         ``(m, B)``: m releases (clients or queries) of B coordinates.
     calibration:
         From :func:`dpa_calibration`.
-    generator:
-        One generator, or one per row.
+    noise:
+        The randomness (seeded: one generator, or one per row).
     dtype:
         Of the noise (drawn in float64, then cast).
     """
     if len(shape) != 2:
         raise ConfigError(f"dpa_noise needs a shape (m, B), got {tuple(shape)}")
-    return add_noise(torch.zeros(tuple(shape), dtype=dtype), calibration, generator=generator)
+    return add_noise(torch.zeros(tuple(shape), dtype=dtype), calibration, noise=noise)
 
 
 def softplus_normalize(x: Tensor) -> Tensor:
@@ -227,7 +216,7 @@ def vdp_calibration(*, clip: float, epsilon: float, delta: float = 0.0,
                            note=note)
 
 
-def vdp_release(user: Tensor, calibration: Calibration, *, generator: Generators) -> Tensor:
+def vdp_release(user: Tensor, calibration: Calibration, *, noise: NoiseSource) -> Tensor:
     """VDP (PrivateRec §3.2.1): each user vector clipped to norm θ plus calibrated noise.
 
     Parameters
@@ -236,14 +225,14 @@ def vdp_release(user: Tensor, calibration: Calibration, *, generator: Generators
         ``Tensor[m, d]`` user vectors (one release per row).
     calibration:
         From :func:`vdp_calibration`.
-    generator:
-        One generator, or one per row.
+    noise:
+        The randomness (seeded: one generator, or one per row; float-safe on a device).
 
     Returns
     -------
     ``Tensor[m, d]`` released vectors.
     """
-    return clip_and_noise(user, calibration, generator=generator)
+    return clip_and_noise(user, calibration, noise=noise)
 
 
 def permute_columns(candidates: Tensor, chosen: Tensor) -> Tensor:

@@ -1,9 +1,12 @@
 """Clipping, calibrated noise and randomized response on tensors (docs/privacy.md).
 
-Every random draw goes through an explicit ``torch.Generator``; the global torch RNG is
-never used. The noise is the calibration's mechanism's draw (:mod:`privaterec.privacy.noise`:
-float64, then cast to the requested dtype). As for any floating-point
-implementation, the textbook guarantee ignores rounding effects (Mironov, CCS 2012).
+Every random draw comes from an explicit
+:class:`~privaterec.privacy.samplers.NoiseSource`; the global torch RNG is never used. The
+noise is the calibration's mechanism's (:mod:`privaterec.privacy.noise`): a seeded
+:class:`~privaterec.privacy.samplers.SimulationNoise` draws it in float64, then casts it, and
+as for any floating-point implementation its textbook guarantee ignores rounding effects
+(Mironov, CCS 2012); a device's :class:`~privaterec.privacy.samplers.SecureNoise` releases
+float-safe.
 
 Shapes are free: functions work elementwise or over the dimensions named by ``dim``, so a
 batch of clients ``x[n_clients, D]`` is clipped and noised in one call (one row = one
@@ -24,7 +27,7 @@ from torch import Tensor
 from privaterec.errors import ConfigError
 from privaterec.privacy.calibrate import Calibration
 from privaterec.privacy.events import Phase, PrivacyEvent
-from privaterec.privacy.noise.base import Generators, generator_device
+from privaterec.privacy.samplers import NoiseSource
 
 Dims = int | Sequence[int] | None
 
@@ -121,9 +124,9 @@ def apply_clip(x: Tensor, calibration: Calibration, *, dim: Dims = -1) -> Tensor
     return clip_l2(x, bound, dim=dim)
 
 
-def calibrated_noise(shape: Sequence[int], calibration: Calibration, *, generator: Generators,
-          dtype: torch.dtype = torch.float32,
-          device: torch.device | str | None = None) -> Tensor:
+def calibrated_noise(shape: Sequence[int], calibration: Calibration, *, noise: NoiseSource,
+                     dtype: torch.dtype = torch.float32,
+                     device: torch.device | str | None = None) -> Tensor:
     """The noise of ``calibration`` (its mechanism's draw at its scale), zeros without.
 
     Parameters
@@ -132,41 +135,42 @@ def calibrated_noise(shape: Sequence[int], calibration: Calibration, *, generato
         Output shape, e.g. ``[m, B]``: m releases of B coordinates.
     calibration:
         The release's :class:`~privaterec.privacy.calibrate.Calibration` (its scale).
-    generator:
-        One generator, or one per row (``shape[0]`` of them).
+    noise:
+        The randomness (:meth:`~privaterec.privacy.samplers.NoiseSource.draw`; a
+        :class:`~privaterec.privacy.samplers.SimulationNoise` of one generator per row
+        draws row i from generator i).
     dtype, device:
-        As in :func:`~privaterec.privacy.noise.laplace.laplace_noise`.
+        Of the noise.
     """
-    if calibration.noise is not None:
-        return calibration.noise.draw(shape, scale=calibration.scale, generator=generator,
-                                      dtype=dtype, device=device)
-    return torch.zeros(tuple(shape), dtype=dtype, device=generator_device(generator, device))
+    if calibration.noisy:
+        return noise.draw(shape, mechanism=calibration.mechanism, scale=calibration.scale,
+                          dtype=dtype, device=device)
+    return torch.zeros(tuple(shape), dtype=dtype, device=device)
 
 
-def add_noise(x: Tensor, calibration: Calibration, *, generator: Generators) -> Tensor:
+def add_noise(x: Tensor, calibration: Calibration, *, noise: NoiseSource) -> Tensor:
     """``x`` + the noise of ``calibration`` (same shape and dtype); ``x`` itself without noise.
 
-    ``x`` must already be clipped (:func:`apply_clip`) so that the calibration's sensitivity holds.
-    With one generator per row, row i's noise comes from generator i; the noise is drawn on
-    the generators' device and moved to ``x``'s.
+    ``x`` must already be clipped (:func:`apply_clip`) so that the calibration's sensitivity
+    holds. The release is ``noise``'s
+    (:meth:`~privaterec.privacy.samplers.NoiseSource.release`): float-safe from a device's
+    :class:`~privaterec.privacy.samplers.SecureNoise`; from a seeded
+    :class:`~privaterec.privacy.samplers.SimulationNoise`, drawn on its generators' device
+    and moved to ``x``'s, row i from generator i with one generator per row.
     """
     if not calibration.noisy:
         return x
-    # Drawn on the generators' device (a simulation's seeded CPU generators), then moved to
-    # ``x``'s: the same numbers whatever device the updates live on (docs/gpu.md).
-    noise = calibrated_noise(x.shape, calibration, generator=generator, dtype=x.dtype,
-                             device=generator_device(generator, None))
-    return x + noise.to(x.device)
+    return noise.release(x, mechanism=calibration.mechanism, scale=calibration.scale)
 
 
-def clip_and_noise(x: Tensor, calibration: Calibration, *, generator: Generators) -> Tensor:
+def clip_and_noise(x: Tensor, calibration: Calibration, *, noise: NoiseSource) -> Tensor:
     """One release per row of ``x``: clipped, then noised, as ``calibration`` says
     (e.g. ``[n_clients, D]`` updates; :func:`apply_clip` then :func:`add_noise`)."""
-    return add_noise(apply_clip(x, calibration), calibration, generator=generator)
+    return add_noise(apply_clip(x, calibration), calibration, noise=noise)
 
 
 def randomized_response(labels: Tensor, *, epsilon: float, num_classes: int,
-                        generator: torch.Generator,
+                        noise: NoiseSource,
                         phase: Phase = "train") -> tuple[Tensor, PrivacyEvent]:
     """k-ary randomized response on integer labels (Warner 1965; Kairouz et al. 2016).
 
@@ -181,7 +185,7 @@ def randomized_response(labels: Tensor, *, epsilon: float, num_classes: int,
         ε > 0 per label (``math.inf``: labels returned unchanged).
     num_classes:
         k ≥ 2.
-    generator:
+    noise:
         Randomness.
 
     Returns
@@ -201,8 +205,7 @@ def randomized_response(labels: Tensor, *, epsilon: float, num_classes: int,
         return labels.clone(), event
     # P(keep) = e^ε/(e^ε + k − 1) = 1/(1 + (k − 1)e^{−ε}).
     keep_prob = 1.0 / (1.0 + (num_classes - 1) * math.exp(-epsilon))
-    u = torch.rand(labels.shape, generator=generator, dtype=torch.float64, device=labels.device)
-    shift = torch.randint(1, num_classes, labels.shape, generator=generator,
-                          device=labels.device, dtype=labels.dtype)
+    u = noise.uniform(labels.shape).to(labels.device)
+    shift = (1 + noise.randint(num_classes - 1, labels.shape)).to(labels.device, labels.dtype)
     other = (labels + shift) % num_classes
     return torch.where(u < keep_prob, labels, other), event

@@ -23,21 +23,24 @@ import torch
 from torch import Tensor
 
 from privaterec.privacy.calibrate import Calibration
-from privaterec.privacy.mechanisms import apply_clip, clip_and_noise
+from privaterec.privacy.mechanisms import add_noise, apply_clip
 from privaterec.privacy.samplers import NoiseSource, SimulationNoise
 
 
 def _generator(source: NoiseSource) -> torch.Generator | None:
+    """The one seeded generator of a :class:`SimulationNoise`; ``None`` for a secure source."""
     if not isinstance(source, NoiseSource):
         raise TypeError(f"expected a NoiseSource, got {type(source).__name__}: wrap a seeded "
                         f"torch.Generator in SimulationNoise (simulation only), or use "
                         f"SecureNoise on a device")
-    return source.generator if isinstance(source, SimulationNoise) else None
+    if not isinstance(source, SimulationNoise):
+        return None
+    if not isinstance(source.generator, torch.Generator):
+        raise TypeError(f"{source!r} holds one generator per row; a client's draws take one")
+    return source.generator
 
 
-def seeded_generator(source: NoiseSource) -> torch.Generator:
-    """The seeded ``torch.Generator`` behind a :class:`SimulationNoise`; raises for a secure
-    source, which has none."""
+def _seeded(source: NoiseSource) -> torch.Generator:
     g = _generator(source)
     if g is None:
         raise TypeError(f"{source!r} is a secure source: it has no seeded generator")
@@ -84,8 +87,9 @@ def release_rows(x: Tensor, calibration: Calibration, sources: Sequence[NoiseSou
     """Row i of ``x`` (e.g. ``[m, D]``, one client's update per row) clipped and noised as
     ``calibration`` says, its noise from ``sources[i]``.
 
-    Seeded generators: one batched :func:`~privaterec.privacy.mechanisms.clip_and_noise`
-    (row i's noise drawn from generator i, exactly the simulation's draws). Any secure source
+    Seeded generators: one batched clip, then one
+    :func:`~privaterec.privacy.mechanisms.add_noise` (row i's noise drawn from generator i,
+    exactly the simulation's draws). Any secure source
     (a device): the clipped row is released by its source, float-safe.
 
     Raises
@@ -96,35 +100,16 @@ def release_rows(x: Tensor, calibration: Calibration, sources: Sequence[NoiseSou
     if len(sources) != x.shape[0]:
         raise ValueError(f"need one generator per client: {len(sources)} for "
                          f"{x.shape[0]} updates")
-    if not any(is_secure(s) for s in sources):
-        return clip_and_noise(x, calibration,
-                              generator=[seeded_generator(s) for s in sources])
     clipped = apply_clip(x, calibration)
-    if not calibration.noisy or not calibration.event.is_private:
+    if not calibration.noisy:
         return clipped
-    return torch.stack([source_noise(row, calibration, source)
+    if not any(is_secure(s) for s in sources):
+        return add_noise(clipped, calibration,
+                         noise=SimulationNoise([_seeded(s) for s in sources]))
+    if not calibration.event.is_private:
+        return clipped
+    return torch.stack([add_noise(row, calibration, noise=source)
                         for row, source in zip(clipped, sources)])
 
 
-def source_noise(x: Tensor, calibration: Calibration, source: NoiseSource) -> Tensor:
-    """``x`` plus the noise ``calibration`` states (Laplace or Gaussian at its scale), every
-    draw from ``source`` (a float-safe :class:`~privaterec.privacy.samplers.SecureNoise` on a
-    device; ``SimulationNoise(g)`` in simulation); ``x`` unchanged for a calibration without
-    noise. No clipping: see :func:`source_release`. Same shape and dtype as ``x``.
-    """
-    if calibration.noisy:
-        return source.release(x, mechanism=calibration.mechanism, scale=calibration.scale)
-    return x
-
-
-def source_release(x: Tensor, calibration: Calibration, source: NoiseSource) -> Tensor:
-    """One release per row of ``x`` (e.g. ``Tensor[m, d]``), clipped then noised as
-    ``calibration`` says, every draw from ``source`` (:func:`source_noise`); with
-    ``SimulationNoise(g)`` it draws what :func:`~privaterec.privacy.mechanisms.clip_and_noise`
-    draws with ``g``. ``x`` clipped, without noise, for a calibration without noise.
-    """
-    return source_noise(apply_clip(x, calibration), calibration, source)
-
-
-__all__ = ["is_secure", "rand", "randint", "randperm",
-           "release_rows", "seeded_generator", "source_noise", "source_release"]
+__all__ = ["is_secure", "rand", "randint", "randperm", "release_rows"]

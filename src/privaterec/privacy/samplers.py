@@ -14,10 +14,10 @@ A release is only as private as its randomness. Two sources implement one abstra
   (OpenSSL's ``RAND_bytes``, which the PyPI wheel of OpenDP links). Every output is a
   multiple of 2^k whatever the input, so the low-order bits of the output cannot reveal the
   input as they do for textbook floating-point Laplace (Mironov, CCS 2012).
-* :class:`SimulationNoise` — for simulation, experiments and tests only: the fast seeded
-  torch samplers of :mod:`privaterec.privacy.mechanisms` (``laplace_noise``,
-  ``gaussian_noise``, ``torch.rand``). Reproducible, hence not private against anyone who
-  knows the seed, and not float-safe. Never use it for a deployed release.
+* :class:`SimulationNoise` — for simulation, experiments and tests only: fast seeded torch
+  samplers (each mechanism's seeded sample, ``torch.rand``, ``torch.randint``) on one
+  ``torch.Generator``, or one per row of a batch. Reproducible, hence not private against
+  anyone who knows the seed, and not float-safe. Never use it for a deployed release.
 
 Grid (the ``k`` of OpenDP): for a release of ``d`` coordinates at noise scale ``s`` (Laplace
 b or Gaussian σ) the grid is 2^k with ``k = floor(log2(s / d)) − 40`` (:func:`grid_exponent`,
@@ -29,10 +29,12 @@ precision; the tests check it against OpenDP's map. The grid is public (a functi
 scale and the dimension only). The cost of a release does not depend on ``k`` (measured:
 ``benchmarks/device_noise_cost.py``).
 
-Interface (both sources): ``release_laplace(x, *, scale)`` and ``release_gaussian(x, *,
-sigma)`` return the released value x + noise (they take the value so that the float-safe
-mechanism sees the input: it rounds x itself); ``uniform(shape)`` returns float64 uniforms in
-[0, 1) (padding, candidate draws); ``randint(high, shape)`` returns int64 in [0, high).
+Interface (both sources): ``release(x, *, mechanism, scale)`` (``release_laplace(x, *,
+scale)``, ``release_gaussian(x, *, sigma)``) returns the released value x + noise (it takes
+the value so that the float-safe mechanism sees the input: it rounds x itself);
+``draw(shape, *, mechanism, scale)`` returns the noise alone (the release of zeros);
+``uniform(shape)`` returns float64 uniforms in [0, 1) (padding, candidate draws);
+``randint(high, shape)`` returns int64 in [0, high).
 Releases are elementwise: each coordinate of ``x`` gets independent noise, so a batch
 ``x[m, D]`` is m independent releases. The mechanisms do not clip: clip first so that the
 sensitivity you account for holds.
@@ -46,7 +48,7 @@ import secrets
 from abc import ABC, abstractmethod
 from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
-from typing import Any, ClassVar, Sequence
+from typing import Any, Callable, ClassVar, Sequence
 
 import numpy as np
 import torch
@@ -119,9 +121,19 @@ class NoiseSource(ABC):
     secure: ClassVar[bool] = False
 
     @abstractmethod
-    def release(self, x: Tensor, *, mechanism: str, scale: float | Tensor) -> Tensor:
+    def release(self, x: Tensor, *, mechanism: str, scale: float | Tensor,
+                name: str = "scale") -> Tensor:
         """``x`` + i.i.d. noise of ``mechanism`` (:mod:`privaterec.privacy.noise`) at
-        ``scale`` per coordinate (same shape and dtype)."""
+        ``scale`` per coordinate (same shape and dtype; ``name``: the scale's, in errors)."""
+
+    def draw(self, shape: Sequence[int], *, mechanism: str, scale: float | Tensor,
+             dtype: torch.dtype = torch.float32, device: torch.device | str | None = None,
+             name: str = "scale") -> Tensor:
+        """I.i.d. noise of ``mechanism`` at ``scale`` (a float ≥ 0, or a tensor broadcastable
+        to ``shape``, e.g. per-client ``[n, 1]``) of ``shape``, ``dtype`` and ``device``: the
+        release of zeros. To release a value, use :meth:`release` (float-safe on a device)."""
+        return self.release(torch.zeros(tuple(shape), dtype=dtype, device=device),
+                            mechanism=mechanism, scale=scale, name=name)
 
     def release_laplace(self, x: Tensor, *, scale: float | Tensor) -> Tensor:
         """``x`` + i.i.d. Laplace(0, ``scale``) per coordinate (same shape and dtype)."""
@@ -129,7 +141,7 @@ class NoiseSource(ABC):
 
     def release_gaussian(self, x: Tensor, *, sigma: float | Tensor) -> Tensor:
         """``x`` + i.i.d. N(0, ``sigma``²) per coordinate (same shape and dtype)."""
-        return self.release(x, mechanism="gaussian", scale=sigma)
+        return self.release(x, mechanism="gaussian", scale=sigma, name="sigma")
 
     @abstractmethod
     def uniform(self, shape: Sequence[int]) -> Tensor:
@@ -143,39 +155,78 @@ class NoiseSource(ABC):
 class SimulationNoise(NoiseSource):
     """Seeded torch randomness, for simulation and tests only (NOT for a deployed release).
 
-    Wraps the mechanisms' seeded draws (:meth:`~privaterec.privacy.noise.base.NoiseMechanism.draw`,
-    e.g. :func:`~privaterec.privacy.noise.laplace.laplace_noise`) and ``torch.rand`` /
-    ``torch.randint`` with ``generator``, drawing exactly what those functions draw, so a
-    simulation that switches to this interface keeps its numbers. Anyone who knows the seed
-    can regenerate every draw, and the float samplers are not float-safe (Mironov 2012).
+    Draws a mechanism's seeded unit sample (float64, scaled, then cast to the requested
+    dtype), ``torch.rand`` and ``torch.randint`` with ``generator``. Anyone who knows the
+    seed can regenerate every draw, and the float samplers are not float-safe (Mironov 2012).
 
     Parameters
     ----------
     generator:
-        The seeded ``torch.Generator``.
+        The seeded ``torch.Generator``, or one per row of a batch of releases: row i of every
+        draw (``shape[0]`` rows) comes from generator i, so a client's noise comes from its
+        own generator whichever engine batches it.
     """
 
-    def __init__(self, generator: torch.Generator) -> None:
-        if not isinstance(generator, torch.Generator):
-            raise ConfigError(f"SimulationNoise needs a torch.Generator, got "
-                              f"{type(generator).__name__}")
-        self.generator = generator
+    def __init__(self, generator: torch.Generator | Sequence[torch.Generator]) -> None:
+        rows = (generator,) if isinstance(generator, torch.Generator) else \
+            tuple(generator) if isinstance(generator, Sequence) else ()
+        if not rows or not all(isinstance(g, torch.Generator) for g in rows):
+            raise ConfigError(f"SimulationNoise needs a torch.Generator or a sequence of them, "
+                              f"got {type(generator).__name__}")
+        self.generator = generator if isinstance(generator, torch.Generator) else rows
 
     def __repr__(self) -> str:
         return "SimulationNoise(<seeded torch.Generator>)"
 
-    def release(self, x: Tensor, *, mechanism: str, scale: float | Tensor) -> Tensor:
-        """``x`` + the mechanism's seeded draw of ``x.shape`` (float64, cast)."""
-        return x + noise_mechanism(mechanism).draw(x.shape, scale=scale, generator=self.generator,
-                                                   dtype=x.dtype, device=x.device)
+    def _rows(self, shape: Sequence[int],
+              draw: Callable[[Sequence[int], torch.Generator], Tensor]) -> Tensor:
+        """``draw(shape, generator)``, or with one generator per row, row i =
+        ``draw(shape[1:], generator i)``."""
+        if isinstance(self.generator, torch.Generator):
+            return draw(shape, self.generator)
+        if len(shape) < 1 or shape[0] != len(self.generator):
+            raise ConfigError(f"one generator per row: got {len(self.generator)} generators "
+                              f"for shape {tuple(shape)}")
+        return torch.stack([draw(tuple(shape[1:]), g) for g in self.generator])
+
+    def draw(self, shape: Sequence[int], *, mechanism: str, scale: float | Tensor,
+             dtype: torch.dtype = torch.float32, device: torch.device | str | None = None,
+             name: str = "scale") -> Tensor:
+        """``scale`` × the mechanism's seeded unit sample (float64, then cast to ``dtype``),
+        on ``device`` (default: the generators'); zeros for a scale of 0."""
+        sample = noise_mechanism(mechanism)._sample
+        if isinstance(scale, Tensor):
+            if bool((scale < 0).any()) or not bool(torch.isfinite(scale).all()):
+                raise ConfigError(f"invalid noise parameter '{name}': expected finite values "
+                                  f">= 0")
+        elif not (0 <= scale < math.inf):
+            raise ConfigError(f"invalid noise parameter '{name}': got {scale!r}, expected a "
+                              f"finite number >= 0")
+        first = self.generator if isinstance(self.generator, torch.Generator) else \
+            self.generator[0]
+        where = first.device if device is None else torch.device(device)
+        if not isinstance(scale, Tensor) and scale == 0:
+            return torch.zeros(tuple(shape), dtype=dtype, device=where)
+        if isinstance(scale, Tensor):
+            scale = scale.to(device=where, dtype=torch.float64)
+        return (self._rows(shape, lambda s, g: sample(s, g, where)) * scale).to(dtype)
+
+    def release(self, x: Tensor, *, mechanism: str, scale: float | Tensor,
+                name: str = "scale") -> Tensor:
+        """``x`` + :meth:`draw` of ``x.shape`` in ``x.dtype``, drawn on the generators' device
+        and moved to ``x``'s (the same numbers wherever ``x`` lives, docs/gpu.md)."""
+        return x + self.draw(x.shape, mechanism=mechanism, scale=scale, dtype=x.dtype,
+                             name=name).to(x.device)
 
     def uniform(self, shape: Sequence[int]) -> Tensor:
-        """``torch.rand(shape, generator=..., dtype=float64)``."""
-        return torch.rand(_shape(shape), generator=self.generator, dtype=torch.float64)
+        """``torch.rand(shape, generator=..., dtype=float64)`` (per row with several)."""
+        return self._rows(_shape(shape),
+                          lambda s, g: torch.rand(s, generator=g, dtype=torch.float64))
 
     def randint(self, high: int, shape: Sequence[int]) -> Tensor:
-        """``torch.randint(0, high, shape, generator=...)`` (int64)."""
-        return torch.randint(0, _check_high(high), _shape(shape), generator=self.generator)
+        """``torch.randint(0, high, shape, generator=...)`` (int64; per row with several)."""
+        high = _check_high(high)
+        return self._rows(_shape(shape), lambda s, g: torch.randint(0, high, s, generator=g))
 
 
 def _pass_gradient(x: Tensor, released: Tensor) -> Tensor:
@@ -308,10 +359,6 @@ class SecureNoise(NoiseSource):
         """
         noise_mechanism(mechanism)
         return _pass_gradient(x, self._release(mechanism, x, scale, name))
-
-    def release_gaussian(self, x: Tensor, *, sigma: float | Tensor) -> Tensor:
-        """:meth:`release` with N(0, ``sigma``²) per coordinate."""
-        return self.release(x, mechanism="gaussian", scale=sigma, name="sigma")
 
     # -- uniforms and integers ---------------------------------------------------------
     def uniform(self, shape: Sequence[int]) -> Tensor:

@@ -79,6 +79,7 @@ from privaterec.models.layers import attend_all_if_empty
 from privaterec.ondevice.release import QUERY_MODES
 from privaterec.privacy.events import PrivacyEvent
 from privaterec.privacy.ledger import PrivacyLedger
+from privaterec.privacy.samplers import SimulationNoise
 from privaterec.recall import RECALL_METHODS
 from privaterec.recall.index import (DenseIndex, ScoreSpaceIndex, allocate_quotas,
                                      merge_rankings, top_k)
@@ -395,11 +396,10 @@ def _evaluate(users: RecallUsers, method: str, model: UniFedRecRecall | None,
         batch_events: list[EventList] = []
         if method == "unifedrec":
             assert model is not None
-            gens = [query_generator(seed, u) for u in range(start, stop)]
-            query = release_query(model, vectors, mask,
-                                  generator=gens if serve_noise else None,
+            noise = SimulationNoise([query_generator(seed, u) for u in range(start, stop)])
+            query = release_query(model, vectors, mask, noise=noise if serve_noise else None,
                                   quota_noise_scale=quota_noise_scale,
-                                  quota_generator=None if quota_noise_scale is None else gens)
+                                  quota_noise=None if quota_noise_scale is None else noise)
             for i in range(stop - start):
                 released = query.released[i]
                 assert isinstance(index, ScoreSpaceIndex)

@@ -33,8 +33,7 @@ from privaterec.privacy.calibrate import (SIMPLEX_SENSITIVITY_L1, Calibration, c
                                            no_noise, simplex_release)
 from privaterec.privacy.events import Phase, PrivacyEvent
 from privaterec.privacy.mechanisms import clip_elementwise
-from privaterec.privacy.noise.base import Generators
-from privaterec.privacy.noise.laplace import laplace_noise
+from privaterec.privacy.samplers import NoiseSource
 
 DEFAULT_NUM_BASIS = 30
 DEFAULT_CLIP = 0.2
@@ -106,7 +105,7 @@ class BasicInterestEmbeddings(nn.Module):
 
 def perturb_scores(scores: Tensor, *, clip: float | None = DEFAULT_CLIP,
                    noise_scale: float = DEFAULT_NOISE_SCALE,
-                   generator: Generators | None = None) -> Tensor:
+                   noise: NoiseSource | None = None) -> Tensor:
     """âᵢⱼ = f_δ(aᵢⱼ) + Laplace(0, λ_I) (Uni-FedRec Eq. 2).
 
     Parameters
@@ -118,8 +117,8 @@ def perturb_scores(scores: Tensor, *, clip: float | None = DEFAULT_CLIP,
         as in the official code).
     noise_scale:
         λ_I ≥ 0, the Laplace scale b (density e^{−|x|/b}/2b).
-    generator:
-        Randomness (one generator, or one per row of ``scores``); ``None``: no noise.
+    noise:
+        Randomness (seeded: one generator, or one per row of ``scores``); ``None``: no noise.
 
     Returns
     -------
@@ -129,10 +128,10 @@ def perturb_scores(scores: Tensor, *, clip: float | None = DEFAULT_CLIP,
     if clip is not None:
         _check_positive(clip, "clip")
         out = clip_elementwise(out, clip)
-    if generator is not None:
+    if noise is not None:
         _check_nonneg(noise_scale, "noise_scale")
-        out = out + laplace_noise(scores.shape, scale=noise_scale, generator=generator,
-                                  dtype=scores.dtype, device=scores.device)
+        out = out + noise.draw(scores.shape, mechanism="laplace", scale=noise_scale,
+                               dtype=scores.dtype, device=scores.device)
     return out
 
 
@@ -225,7 +224,7 @@ def query_events(num_channels: int, *, num_basis: int = DEFAULT_NUM_BASIS,
     return events
 
 
-def perturb_quotas(quotas: Tensor, *, noise_scale: float, generator: Generators,
+def perturb_quotas(quotas: Tensor, *, noise_scale: float, noise: NoiseSource,
                    phase: Phase = "serve") -> tuple[Tensor, PrivacyEvent]:
     """Laplace noise on the quota vector, then projection back to the simplex.
 
@@ -241,8 +240,8 @@ def perturb_quotas(quotas: Tensor, *, noise_scale: float, generator: Generators,
         ``Tensor[..., M]`` quota vectors (rows sum to 1; unused slots 0).
     noise_scale:
         λ_q > 0.
-    generator:
-        Randomness (one generator, or one per row).
+    noise:
+        Randomness (seeded: one generator, or one per row).
     phase:
         Recorded in the event.
 
@@ -252,8 +251,8 @@ def perturb_quotas(quotas: Tensor, *, noise_scale: float, generator: Generators,
         ``Tensor[..., M]`` noisy quotas summing to 1 per row, and the event of ONE row.
     """
     _check_positive(noise_scale, "quota_noise_scale")
-    noisy = quotas + laplace_noise(quotas.shape, scale=noise_scale, generator=generator,
-                                   dtype=quotas.dtype, device=quotas.device)
+    noisy = quotas + noise.draw(quotas.shape, mechanism="laplace", scale=noise_scale,
+                                dtype=quotas.dtype, device=quotas.device)
     clamped = noisy.clamp_min(0.0)
     total = clamped.sum(dim=-1, keepdim=True)
     uniform = torch.full_like(clamped, 1.0 / quotas.shape[-1])

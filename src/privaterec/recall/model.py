@@ -194,8 +194,7 @@ class UniFedRecRecall(nn.Module):
     def clipped_scores(self, interests: Tensor) -> Tensor:
         """f_δ(r·eᵏ): the decomposition scores clipped to [−δ, δ] (Eq. 2 without its noise),
         ``[b, M, d]`` → ``[b, M, B]``; unclipped when ``clip`` is None."""
-        return perturb_scores(self.interest.decompose(interests), clip=self.clip,
-                              generator=None)
+        return perturb_scores(self.interest.decompose(interests), clip=self.clip, noise=None)
 
     def protected_weights(self, interests: Tensor, *,
                           score_noise: Tensor | None = None) -> Tensor:
@@ -267,7 +266,7 @@ class UniFedRecRecall(nn.Module):
         r = self.interests(self.context(news_vectors, mask), batch.channel_ids)
         scores = self.interest.decompose(r)
         scores = torch.where(batch.valid.unsqueeze(-1), scores, torch.zeros_like(scores))
-        return perturb_scores(scores, clip=self.clip, generator=None), batch
+        return perturb_scores(scores, clip=self.clip, noise=None), batch
 
 
 __all__ = ["NUM_NEGATIVES", "UniFedRecRecall", "info_nce", "unified_score"]

@@ -20,7 +20,7 @@ from torch import Tensor
 from privaterec.errors import ConfigError
 from privaterec.privacy.events import PrivacyEvent
 from privaterec.privacy.mechanisms import add_noise
-from privaterec.privacy.noise.base import Generators
+from privaterec.privacy.samplers import NoiseSource
 from privaterec.recall.interest import channel_calibration, perturb_quotas, query_events
 from privaterec.recall.model import UniFedRecRecall
 
@@ -51,8 +51,8 @@ class RecallQuery:
 
 @torch.no_grad()
 def release_query(model: UniFedRecRecall, news_vectors: Tensor, mask: Tensor, *,
-                  generator: Generators | None, quota_noise_scale: float | None = None,
-                  quota_generator: Generators | None = None) -> RecallQuery:
+                  noise: NoiseSource | None, quota_noise_scale: float | None = None,
+                  quota_noise: NoiseSource | None = None) -> RecallQuery:
     """The protected upload of each user of a batch (Uni-FedRec §3.4) and its events.
 
     Paper protocol (default): each user uploads αᵢ of its C channels and the quotas in
@@ -68,32 +68,31 @@ def release_query(model: UniFedRecRecall, news_vectors: Tensor, mask: Tensor, *,
         ``noise_scale``.
     news_vectors, mask:
         ``[b, H, d]``, ``[b, H]``.
-    generator:
-        Laplace noise of the decomposition scores (one, or one per user); ``None``:
-        no noise (events then have ε = ∞).
-    quota_noise_scale, quota_generator:
+    noise:
+        Randomness of the decomposition scores' Laplace noise (seeded: one generator, or one
+        per user); ``None``: no noise (events then have ε = ∞).
+    quota_noise_scale, quota_noise:
         λ_q and its randomness (both or neither).
 
     Returns
     -------
     :class:`RecallQuery`.
     """
-    if (quota_noise_scale is None) != (quota_generator is None):
-        raise ConfigError("pass both 'quota_noise_scale' and 'quota_generator' or neither")
+    if (quota_noise_scale is None) != (quota_noise is None):
+        raise ConfigError("pass both 'quota_noise_scale' and 'quota_noise' or neither")
     scores, batch = model.query_scores(news_vectors, mask)  # clipped, [b, M, B]
     assert model.clip is not None
-    noise_scale = model.noise_scale if generator is not None else 0.0
+    noise_scale = model.noise_scale if noise is not None else 0.0
     channel = channel_calibration(num_basis=model.num_basis, clip=model.clip,
                                   noise_scale=noise_scale)
-    noisy = scores if generator is None else add_noise(scores, channel, generator=generator)
+    noisy = scores if noise is None else add_noise(scores, channel, noise=noise)
     alpha = model.weights(noisy)
     quotas = batch.quotas
     if quota_noise_scale is None:
         released = batch.valid
     else:
-        assert quota_generator is not None
-        quotas, _ = perturb_quotas(quotas, noise_scale=quota_noise_scale,
-                                   generator=quota_generator)
+        assert quota_noise is not None
+        quotas, _ = perturb_quotas(quotas, noise_scale=quota_noise_scale, noise=quota_noise)
         released = torch.ones_like(batch.valid)
     events = [query_events(int(n), num_basis=model.num_basis, clip=model.clip,
                            noise_scale=noise_scale, quota_noise_scale=quota_noise_scale,

@@ -76,9 +76,8 @@ from privaterec.fed.simulator import FederatedState
 from privaterec.fed.strategies import build_strategy
 from privaterec.fed.task import ModuleTask, per_client_gradients
 from privaterec.method_settings import UniFedRecSettings, setting
-from privaterec.privacy.noise.laplace import laplace_noise
-from privaterec.privacy.randomness import is_secure, randint, randperm, seeded_generator
-from privaterec.privacy.samplers import NoiseSource
+from privaterec.privacy.randomness import is_secure, randint, randperm
+from privaterec.privacy.samplers import NoiseSource, SimulationNoise
 from privaterec.recall.channels import ChannelBatch, cluster_batch
 from privaterec.recall.interest import perturb_scores
 from privaterec.recall.model import NUM_NEGATIVES, UniFedRecRecall, unified_score
@@ -219,8 +218,7 @@ class _RecallLoss(nn.Module):
                                      reduction="none")
             return (losses * weights).sum() / weights.sum()
         scores = model.interest.decompose(interests)
-        scores = perturb_scores(scores, clip=model.clip if score_clip else None,
-                                generator=None)
+        scores = perturb_scores(scores, clip=model.clip if score_clip else None, noise=None)
         if score_noise is not None:
             scores = scores + score_noise
         protected = model.interest.aggregate(model.weights(scores))  # [1, M, d]
@@ -347,10 +345,10 @@ class RecallTask(ModuleTask):
         noise = None
         if self.options.score_noise and self.model.noise_scale > 0:
             # A regulariser, not a release: a secure device seeds a generator from its source.
-            source = (seeded_generator(generator) if not is_secure(generator) else
-                      torch.Generator().manual_seed(int(randint(generator, 0, 2**62, ()))))
-            noise = laplace_noise(self.score_shape, scale=self.model.noise_scale,
-                                  generator=source)
+            source = (generator if not is_secure(generator) else SimulationNoise(
+                torch.Generator().manual_seed(int(randint(generator, 0, 2**62, ())))))
+            noise = source.draw(self.score_shape, mechanism="laplace",
+                                scale=self.model.noise_scale)
         return RecallClientInputs(data.history, data.history_mask, candidates, noise)
 
     def gradient(self, flat: Tensor, inputs: RecallClientInputs) -> tuple[Tensor, float]:

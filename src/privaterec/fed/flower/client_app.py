@@ -61,13 +61,13 @@ from privaterec.fed.flower.messages import (RUN_RECORD, field_record, field_valu
 from privaterec.fed.flower.secure import MASK_PRG, install_mask_prg
 from privaterec.fed.methods.base import ClientMethod
 from privaterec.fed.methods.dp_fedavg import CentralDP
-from privaterec.fed.rng import client_noise, evaluation_client_generator
+from privaterec.fed.rng import client_noise, evaluation_client_noise
 from privaterec.fed.secagg import SecAggRound
 from privaterec.fed.task import FederatedTask
 from privaterec.ondevice.budget import DEFAULT_DEVICE_BUDGET, default_state_dir
 from privaterec.models.recommender import Recommender
 from privaterec.privacy.events import PrivacyEvent
-from privaterec.privacy.samplers import SecureNoise, SimulationNoise
+from privaterec.privacy.samplers import SecureNoise
 from privaterec.runtime.determinism import deterministic_algorithms, flush_denormals
 
 @dataclass(frozen=True)
@@ -350,8 +350,8 @@ def client_evaluate(load: DeviceLoader, message: Message, context: Context) -> M
         device.task.load(theta)
         scored = ({} if device.test is None else score_users(model, device.test, user_ids))
         rows = [device_release(scored.get(user_id, []), policy,
-                               secure if secure is not None else SimulationNoise(
-                                   evaluation_client_generator(seed, round_index, int(user))))
+                               secure if secure is not None else
+                               evaluation_client_noise(seed, round_index, int(user)))
                 for user_id, user in zip(user_ids, field_values(config, "user-indices", int))]
     event = json.dumps([policy.event.to_dict()])
     return Message(RecordDict({

@@ -12,7 +12,7 @@ strategy, the privacy ledger, checkpoints and evaluation stay in ``train_federat
 Central DP (``dp-fedavg`` with ``secure_aggregation = "secaggplus"``) sums the clipped
 updates through SecAgg+ (:func:`privaterec.fed.flower.secure.secure_sum`), so the server
 decodes only their sum; it then adds the noise (``central``; seeded by
-:func:`~privaterec.fed.rng.central_noise_generator` in a simulation or seeded rehearsal,
+:func:`~privaterec.fed.rng.aggregator_noise` in a simulation or seeded rehearsal,
 float-safe from the OS CSPRNG when deployed) or the clients already added their shares
 (``distributed``).
 """
@@ -42,7 +42,7 @@ from privaterec.fed.flower.messages import (field_record, field_values, public_f
 from privaterec.fed.flower.secure import MASK_PRG, secure_sum
 from privaterec.fed.methods.base import ClientMethod
 from privaterec.fed.methods.dp_fedavg import CentralDP
-from privaterec.fed.rng import central_noise_generator
+from privaterec.fed.rng import aggregator_noise
 from privaterec.fed.sampling import eligible_clients
 from privaterec.fed.simulator import (FederatedState, RoundCallback, RoundResult,
                                       train_federated)
@@ -50,7 +50,7 @@ from privaterec.fed.strategies import Strategy, aggregate
 from privaterec.fed.task import FederatedTask
 from privaterec.fed.update import ClientUpdate
 from privaterec.privacy.events import PrivacyEvent
-from privaterec.privacy.samplers import SecureNoise, SimulationNoise
+from privaterec.privacy.samplers import SecureNoise
 from privaterec.runtime.checkpoint import load_checkpoint
 
 DISCOVERY_TIMEOUT = 120.0
@@ -264,7 +264,7 @@ def _secure_round_fn(grid: Grid, task: FederatedTask[Any], clients: ClientDatase
             total = method.release_sum(total, server_noise)
         else:  # a simulation or seeded rehearsal: the simulator's draw, bit for bit
             total = total.to(torch.float32) + method.central_noise(
-                release_dimension, SimulationNoise(central_noise_generator(seed, t)))
+                release_dimension, aggregator_noise(seed, t))
         direction = (method.direction_from_release(task, params, total)
                      / (method.sampling_rate * population))
         return RoundResult(direction, None, None, [method.events(dimension)] * len(users),

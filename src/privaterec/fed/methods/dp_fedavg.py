@@ -37,7 +37,7 @@ from privaterec.fed.methods.base import ClientMethod, RoundContext, RoundOutput
 from privaterec.fed.methods.ranking import FedRec
 from privaterec.fed.news_space import USER_SIDE_CHUNK, NewsSpaceClipping
 from privaterec.fed.objective import LocalObjective
-from privaterec.fed.rng import central_noise_generator
+from privaterec.fed.rng import aggregator_noise
 from privaterec.fed.sampling import poisson_round
 from privaterec.fed.secagg import SecAggRound, min_clients, plan_round
 from privaterec.fed.strategies import ServerDefaults
@@ -50,12 +50,20 @@ from privaterec.privacy.central_accounting import (calibrate_noise_multiplier, c
                                         central_epsilon)
 from privaterec.privacy.events import PrivacyEvent
 from privaterec.privacy.mechanisms import calibrated_noise
-from privaterec.privacy.noise.gaussian import gaussian_noise
 from privaterec.privacy.samplers import NoiseSource, SimulationNoise
 
 CLIP_INDICATOR = "clip_indicator"
 """The name of adaptive clipping's centred indicator b − ½ in what a client sends."""
 
+
+
+def _simulation_only(source: NoiseSource, what: str) -> None:
+    """Raise unless ``source`` is a simulation's seeded noise (a deployed server's noise goes
+    through :meth:`CentralDP.release_sum`, float-safe)."""
+    if not isinstance(source, SimulationNoise):
+        raise PrivateRecError(
+            f"CentralDP.{what} draws a simulation's seeded noise; a deployed server's noise "
+            f"goes through CentralDP.release_sum (float-safe)")
 
 def expected_clients(sampling_rate: float, population: int) -> int:
     """m, the expected number of clients per round, max(1, round(qN)) (at most N): the
@@ -139,7 +147,7 @@ class CentralDP(ClientMethod[FederatedTask[Any]]):
         """The aggregator's seeded noise N(0, (z·C)² I) ``[dimension]`` (float32) of a
         simulation: ``calibrated_noise``'s draw from ``source``, a seeded
         :class:`~privaterec.privacy.samplers.SimulationNoise`
-        (:func:`~privaterec.fed.rng.central_noise_generator`), added to the sum by the
+        (:func:`~privaterec.fed.rng.aggregator_noise`), added to the sum by the
         caller. Not float-safe, and so never a deployed release: a deployed server noises the
         sum itself with :meth:`release_sum` (:func:`float_safe_sum_release`).
 
@@ -148,12 +156,8 @@ class CentralDP(ClientMethod[FederatedTask[Any]]):
         PrivateRecError
             If ``source`` is not a :class:`~privaterec.privacy.samplers.SimulationNoise`.
         """
-        if not isinstance(source, SimulationNoise):
-            raise PrivateRecError(
-                "CentralDP.central_noise draws a simulation's seeded noise; a deployed "
-                "server's noise goes through CentralDP.release_sum (float-safe)")
-        return calibrated_noise((dimension,), self.central_calibration(),
-                                generator=source.generator)
+        _simulation_only(source, "central_noise")
+        return calibrated_noise((dimension,), self.central_calibration(), noise=source)
 
     def release_sum(self, total: torch.Tensor, source: NoiseSource) -> torch.Tensor:
         """The aggregator's release of the round's clipped sum ``total`` ``[R]``: the sum plus
@@ -396,7 +400,7 @@ class CentralDP(ClientMethod[FederatedTask[Any]]):
     def round(self, task: FederatedTask[Any], params: torch.Tensor, inputs: Sequence[Any],
               generators: Sequence[NoiseSource], context: RoundContext) -> RoundOutput:
         """(Σ clip(Δ_u, C) + N(0, z²C²I)) / (qN); the noise is the simulation's seeded draw
-        (:func:`~privaterec.fed.rng.central_noise_generator`). With adaptive clipping, also
+        (:func:`~privaterec.fed.rng.aggregator_noise`). With adaptive clipping, also
         the noised indicator count and the next clip (:meth:`aggregate`)."""
         if self.clip_space == "news_vectors":
             return self._news_space_round(task, params, inputs, context)
@@ -415,8 +419,7 @@ class CentralDP(ClientMethod[FederatedTask[Any]]):
         if self.adaptive is not None:  # an idle client's zero update is unclipped: +½ each
             indicator_sum += 0.5 * context.idle_clients
         return self.aggregate(total, indicator_sum, population=context.population,
-                              generator=central_noise_generator(context.seed,
-                                                                context.round_index),
+                              noise=aggregator_noise(context.seed, context.round_index),
                               losses=losses)
 
     def _news_space_round(self, task: FederatedTask[Any], params: torch.Tensor,
@@ -429,8 +432,7 @@ class CentralDP(ClientMethod[FederatedTask[Any]]):
         space = self._news_space(task)
         user, news, losses = self._news_space_release(
             space, params, inputs, chunk_clients=context.chunk_clients,
-            generator=SimulationNoise(central_noise_generator(context.seed,
-                                                              context.round_index)))
+            noise=aggregator_noise(context.seed, context.round_index))
         direction = space.direction(params, user, news)
         direction /= self.sampling_rate * context.population
         return RoundOutput(direction, losses, (self.central_event(),))
@@ -446,7 +448,7 @@ class CentralDP(ClientMethod[FederatedTask[Any]]):
                               f"parameters") from error
 
     def news_space_release(self, task: FederatedTask[Any], params: torch.Tensor,
-                           inputs: Sequence[Any], *, generator: NoiseSource,
+                           inputs: Sequence[Any], *, noise: NoiseSource,
                            chunk_clients: int = 16
                            ) -> tuple[torch.Tensor, torch.Tensor, list[float]]:
         """The aggregator's release of one ``clip_space`` news_vectors round.
@@ -463,10 +465,10 @@ class CentralDP(ClientMethod[FederatedTask[Any]]):
         losses)
         """
         return self._news_space_release(self._news_space(task), params, inputs,
-                                        generator=generator, chunk_clients=chunk_clients)
+                                        noise=noise, chunk_clients=chunk_clients)
 
     def _news_space_release(self, space: NewsSpaceClipping, params: torch.Tensor,
-                            inputs: Sequence[Any], *, generator: NoiseSource,
+                            inputs: Sequence[Any], *, noise: NoiseSource,
                             chunk_clients: int
                             ) -> tuple[torch.Tensor, torch.Tensor, list[float]]:
         """:meth:`news_space_release` on an already built ``space`` (one per round)."""
@@ -477,7 +479,7 @@ class CentralDP(ClientMethod[FederatedTask[Any]]):
             losses = [float(x) for x in sums.losses]
         else:
             total, losses = torch.zeros(space.release_dimension, device=params.device), []
-        user, news = space.unpack(self.release_sum(total, generator))
+        user, news = space.unpack(self.release_sum(total, noise))
         return user, news, losses
 
     def release_dimension(self, task: FederatedTask[Any]) -> int:
@@ -501,7 +503,7 @@ class CentralDP(ClientMethod[FederatedTask[Any]]):
         return space.direction(params, user, news)
 
     def noised_sums(self, total: torch.Tensor, indicator_sum: float, *, population: int,
-                    generator: torch.Generator) -> tuple[torch.Tensor, float | None]:
+                    noise: NoiseSource) -> tuple[torch.Tensor, float | None]:
         """The aggregator's release of one round: the sum of the clipped updates plus
         N(0, (z·C)² I) ``Tensor[D]`` (z_Δ·C_t with adaptive clipping) and, with adaptive
         clipping, the sum of the centred indicators plus N(0, σ_b²) (else None).
@@ -509,17 +511,18 @@ class CentralDP(ClientMethod[FederatedTask[Any]]):
         Parameters
         ----------
         total: ``Tensor[D]``, Σ clip(Δ_u, C). indicator_sum: Σ (b_u − ½) (ignored without
-        adaptive clipping). population: N (public), for the default σ_b. generator: the
-        aggregator's source (a simulation's seeded generator); the update's noise is drawn
-        first, then the count's (:meth:`noised_rounds` of one round).
+        adaptive clipping). population: N (public), for the default σ_b. noise: the
+        aggregator's source (a simulation's :class:`~privaterec.privacy.samplers.SimulationNoise`);
+        the update's noise is drawn first, then the count's (:meth:`noised_rounds` of one
+        round).
         """
         totals, counts = self.noised_rounds(
             total.reshape(1, -1), torch.tensor([float(indicator_sum)], dtype=torch.float64),
-            population=population, generator=generator)
+            population=population, noise=noise)
         return totals.reshape(total.shape), None if counts is None else float(counts[0])
 
     def noised_rounds(self, totals: torch.Tensor, indicator_sums: torch.Tensor, *,
-                      population: int, generator: torch.Generator
+                      population: int, noise: NoiseSource
                       ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """:meth:`noised_sums` of ``n`` independent rounds at once (the audit's batched
         rounds; docs/privacy.md#worst-case-canaries): ``totals`` ``Tensor[n, D]``,
@@ -527,27 +530,28 @@ class CentralDP(ClientMethod[FederatedTask[Any]]):
         adaptive clipping, the noised indicator sums ``Tensor[n]`` float64 (else None). The
         n·D update noises are drawn first (one draw), then the n count noises; for n = 1
         these are exactly :meth:`noised_sums`' draws."""
+        _simulation_only(noise, "noised_rounds")
         if self.adaptive is None:
-            noise = self.central_noise(int(totals.numel()), SimulationNoise(generator))
-            return totals + noise.reshape(totals.shape).to(totals.device), None
+            drawn = self.central_noise(int(totals.numel()), noise)
+            return totals + drawn.reshape(totals.shape).to(totals.device), None
         z_update, sigma_b = self.noise_split(expected_clients(self.sampling_rate,
                                                               max(1, population)))
         assert sigma_b is not None
-        noise = gaussian_noise((int(totals.numel()),), sigma=z_update * self.clip,
-                               generator=generator)
-        count_noise = gaussian_noise((int(totals.shape[0]),), sigma=sigma_b,
-                                     generator=generator, dtype=torch.float64)
-        return (totals + noise.reshape(totals.shape).to(totals.device),
+        drawn = noise.draw((int(totals.numel()),), mechanism="gaussian",
+                           scale=z_update * self.clip, name="sigma")
+        count_noise = noise.draw((int(totals.shape[0]),), mechanism="gaussian", scale=sigma_b,
+                                 dtype=torch.float64, name="sigma")
+        return (totals + drawn.reshape(totals.shape).to(totals.device),
                 indicator_sums.to(torch.float64) + count_noise)
 
     def aggregate(self, total: torch.Tensor, indicator_sum: float, *, population: int,
-                  generator: torch.Generator, losses: list[float] | None = None
+                  noise: NoiseSource, losses: list[float] | None = None
                   ) -> RoundOutput:
         """The round's output from the clients' sums: the noised sum over qN, and with
         adaptive clipping the next clip C_{t+1} (``server_state``) and, in ``metrics``, the
         clip C_t used and the noised fraction b̃ of unclipped clients (post-processing)."""
         noisy_total, noisy_count = self.noised_sums(total, indicator_sum,
-                                                    population=population, generator=generator)
+                                                    population=population, noise=noise)
         expected = self.sampling_rate * population
         direction = noisy_total / expected
         events = (self.central_event(),)

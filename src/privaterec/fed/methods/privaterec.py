@@ -36,8 +36,9 @@ from privaterec.privacy.dpa import (dpa_calibration, dpa_noise, pad_history, pad
                                     permute_columns)
 from privaterec.privacy.events import PrivacyEvent
 from privaterec.privacy.labels import candidate_set_event, label_event, release_labels
+from privaterec.privacy.mechanisms import add_noise
 from privaterec.privacy.noise import noise_mechanism
-from privaterec.privacy.randomness import is_secure, randperm, seeded_generator, source_noise
+from privaterec.privacy.randomness import is_secure, randperm
 from privaterec.privacy.samplers import NoiseSource
 from privaterec.validators import check_choice
 
@@ -157,12 +158,11 @@ class PrivateRec(RankingMethod):
         if n > self.max_samples:
             chosen = randperm(generator, n)[: self.max_samples].sort().values
             rows, clicks, counts = rows[chosen], clicks[chosen], counts[chosen]
-        pad = padding_mask(data.history_mask, padding_p=self.padding_p, generator=generator)
+        pad = padding_mask(data.history_mask, padding_p=self.padding_p, noise=generator)
         history = pad_history(data.history, pad)
         noise: torch.Tensor | None = None
         if not is_secure(generator):
-            noise = dpa_noise((1, basis_size), self.dpa_calibration(),
-                              generator=seeded_generator(generator))[0]
+            noise = dpa_noise((1, basis_size), self.dpa_calibration(), noise=generator)[0]
         size = self.label_candidates
         positions, released = release_labels(clicks, counts, size=size, epsilon=self.epsilon,
                                              generator=generator)
@@ -191,7 +191,7 @@ class PrivateRec(RankingMethod):
         """A device's float-safe DPA release α̃ = α + noise ``[B]`` (Alg. 2 lines 6-9), drawn
         from its secure source at the calibration of the method's DPA event."""
         alpha = task.attention(params, inputs.history, inputs.history_mask)
-        return source_noise(alpha, self.dpa_calibration(), source)
+        return add_noise(alpha, self.dpa_calibration(), noise=source)
 
     def _gradient(self, task: LocalObjective, params: torch.Tensor, inputs: ClientInputs,
                   generator: NoiseSource, *, split: bool) -> tuple[torch.Tensor, float]:

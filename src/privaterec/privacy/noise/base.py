@@ -5,72 +5,23 @@ this package (:mod:`.laplace`, :mod:`.gaussian`); :mod:`privaterec.privacy.noise
 there. Everything that maps ε to noise or noise to ε, draws noise, or accounts it asks the
 mechanism: :func:`~privaterec.privacy.calibrate.calibrate` (scale for ε),
 :class:`~privaterec.privacy.events.PrivacyEvent` (ε for scale, the ``dp_accounting`` event),
-:func:`~privaterec.privacy.mechanisms.calibrated_noise` (seeded draws),
+:class:`~privaterec.privacy.samplers.SimulationNoise` (seeded draws),
 :class:`~privaterec.privacy.samplers.SecureNoise` (float-safe releases on a device) and
 ``privaterec privacy calibrate`` (:func:`~privaterec.privacy.report.calibrate_noise`).
 
-Draws are in float64, then cast; one generator, or one per row of a batch of releases
-(row i drawn from generator i, so a client's noise comes from its own generator whichever
-engine batches it).
+A mechanism's seeded draw is one unit-scale float64 sample (:meth:`NoiseMechanism._sample`);
+:class:`~privaterec.privacy.samplers.SimulationNoise` scales it, casts it and draws it per row.
 """
 
 from __future__ import annotations
 
-import math
 from abc import ABC, abstractmethod
-from typing import Any, Callable, ClassVar, Literal, Sequence
+from typing import Any, ClassVar, Literal, Sequence
 
 import torch
 from dp_accounting import dp_event
 from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
 from torch import Tensor
-
-from privaterec.errors import ConfigError
-
-Generators = torch.Generator | Sequence[torch.Generator]
-"""One generator, or one per row of a batch of releases (row i drawn from generator i)."""
-
-
-def iid_noise(shape: Sequence[int], *, scale: float | Tensor, name: str,
-              generator: Generators, dtype: torch.dtype, device: torch.device | str | None,
-              sample: Callable[[Sequence[int], torch.Generator, torch.device], Tensor]
-              ) -> Tensor:
-    """``scale`` × ``sample(row shape, generator, device)`` (float64 draws of unit scale), cast
-    to ``dtype``; zeros for a scale of 0. ``scale`` (its name in errors: ``name``) is a float
-    ≥ 0 or a tensor broadcastable to ``shape`` (e.g. per-client ``[n, 1]``)."""
-    if isinstance(scale, Tensor):
-        if bool((scale < 0).any()) or not bool(torch.isfinite(scale).all()):
-            raise ConfigError(f"invalid noise parameter '{name}': expected finite values >= 0")
-    elif not (0 <= scale < math.inf):
-        raise ConfigError(f"invalid noise parameter '{name}': got {scale!r}, expected a finite "
-                          f"number >= 0")
-    where = generator_device(generator, device)
-    if not isinstance(scale, Tensor) and scale == 0:
-        return torch.zeros(shape, dtype=dtype, device=where)
-    if isinstance(scale, Tensor):
-        scale = scale.to(device=where, dtype=torch.float64)
-    return (per_row(shape, generator, lambda s, g: sample(s, g, where)) * scale).to(dtype)
-
-
-def generator_device(generator: Generators,
-                     device: torch.device | str | None) -> torch.device:
-    """``device``, or the device of (the first of) ``generator``."""
-    if device is not None:
-        return torch.device(device)
-    first = generator if isinstance(generator, torch.Generator) else next(iter(generator))
-    return first.device
-
-
-def per_row(shape: Sequence[int], generator: Generators,
-            draw: Callable[[Sequence[int], torch.Generator], Tensor]) -> Tensor:
-    """``draw(shape, generator)``, or with one generator per row, row i = ``draw(row, g_i)``."""
-    if isinstance(generator, torch.Generator):
-        return draw(shape, generator)
-    generators = list(generator)
-    if len(shape) < 1 or shape[0] != len(generators):
-        raise ConfigError(f"one generator per row: got {len(generators)} generators for "
-                          f"shape {tuple(shape)}")
-    return torch.stack([draw(tuple(shape[1:]), g) for g in generators])
 
 
 class NoiseMechanism(ABC):
@@ -106,11 +57,10 @@ class NoiseMechanism(ABC):
         """The ε of one release at this scale (and δ; 0 scale: ``math.inf``)."""
 
     @abstractmethod
-    def draw(self, shape: Sequence[int], *, scale: float | Tensor, generator: Generators,
-             dtype: torch.dtype = torch.float32,
-             device: torch.device | str | None = None) -> Tensor:
-        """Seeded i.i.d. noise of ``shape`` (simulation only; see
-        :class:`~privaterec.privacy.samplers.SecureNoise` for a device)."""
+    def _sample(self, shape: Sequence[int], generator: torch.Generator,
+                device: torch.device) -> Tensor:
+        """Seeded float64 noise of unit scale and ``shape`` on ``device`` (simulation only:
+        :class:`~privaterec.privacy.samplers.SimulationNoise` draws through it)."""
 
     def measurement(self, dp: Any, size: int, *, scale: float, k: int) -> Any:
         """OpenDP's float-safe measurement of this noise on ``size`` floats, on the grid 2^k
@@ -137,4 +87,4 @@ class NoiseMechanism(ABC):
         return []
 
 
-__all__ = ["Generators", "NoiseMechanism", "generator_device", "iid_noise", "per_row"]
+__all__ = ["NoiseMechanism"]

@@ -13,28 +13,7 @@ from dp_accounting.privacy_accountant import NeighboringRelation
 from torch import Tensor
 
 from privaterec.privacy.formulas import classical_gaussian_sigma, gaussian_sigma
-from privaterec.privacy.noise.base import Generators, NoiseMechanism, iid_noise
-
-
-def gaussian_noise(shape: Sequence[int], *, sigma: float | Tensor, generator: Generators,
-                   dtype: torch.dtype = torch.float32,
-                   device: torch.device | str | None = None) -> Tensor:
-    """I.i.d. N(0, σ²) noise drawn with ``generator`` (float64, then cast to ``dtype``).
-
-    Parameters
-    ----------
-    shape:
-        Output shape.
-    sigma:
-        σ ≥ 0, a float or a tensor broadcastable to ``shape``.
-    generator, dtype, device:
-        As in :func:`~privaterec.privacy.noise.laplace.laplace_noise`.
-    """
-    def draw(row_shape: Sequence[int], g: torch.Generator, where: torch.device) -> Tensor:
-        return torch.randn(row_shape, generator=g, dtype=torch.float64, device=where)
-
-    return iid_noise(shape, scale=sigma, name="sigma", generator=generator, dtype=dtype,
-                     device=device, sample=draw)
+from privaterec.privacy.noise.base import NoiseMechanism
 
 
 class Gaussian(NoiseMechanism):
@@ -55,11 +34,9 @@ class Gaussian(NoiseMechanism):
     def epsilon(self, *, scale: float, sensitivity: float, delta: float) -> float:
         return float(get_epsilon_gaussian(scale / sensitivity, delta)) if scale else float("inf")
 
-    def draw(self, shape: Sequence[int], *, scale: float | Tensor, generator: Generators,
-             dtype: torch.dtype = torch.float32,
-             device: torch.device | str | None = None) -> Tensor:
-        return gaussian_noise(shape, sigma=scale, generator=generator, dtype=dtype,
-                              device=device)
+    def _sample(self, shape: Sequence[int], generator: torch.Generator,
+                device: torch.device) -> Tensor:
+        return torch.randn(shape, generator=generator, dtype=torch.float64, device=device)
 
     def dp_event(self, noise_multiplier: float) -> dp_event.DpEvent:
         return dp_event.GaussianDpEvent(noise_multiplier=noise_multiplier)
@@ -99,4 +76,4 @@ def _sampled_gaussian_pld(noise_multiplier: float, sampling_prob: float,
 
 MECHANISM = Gaussian()
 
-__all__ = ["Gaussian", "MECHANISM", "gaussian_noise"]
+__all__ = ["Gaussian", "MECHANISM"]

@@ -13,41 +13,7 @@ from dp_accounting.privacy_accountant import NeighboringRelation
 from torch import Tensor
 
 from privaterec.privacy.formulas import laplace_scale
-from privaterec.privacy.noise.base import Generators, NoiseMechanism, iid_noise
-
-
-def laplace_noise(shape: Sequence[int], *, scale: float | Tensor, generator: Generators,
-                  dtype: torch.dtype = torch.float32,
-                  device: torch.device | str | None = None) -> Tensor:
-    """I.i.d. Laplace(0, b) noise, density exp(−|x|/b)/(2b).
-
-    Drawn as b·(E₁ − E₂) with E = −log(1 − U), U ~ Uniform[0, 1) from ``torch.rand`` with
-    ``generator`` (the difference of two Exp(1) variables is Laplace(0, 1)), in float64
-    then cast (a float32 inverse-CDF would truncate the tail at about 17 scales).
-
-    Parameters
-    ----------
-    shape:
-        Output shape.
-    scale:
-        b ≥ 0, a float or a tensor broadcastable to ``shape`` (e.g. per-client ``[n, 1]``).
-    generator:
-        Source of randomness, or one generator per row (``shape[0]`` of them).
-    dtype, device:
-        Output dtype and device.
-
-    Returns
-    -------
-    Tensor
-        Shape ``shape``.
-    """
-    def draw(row_shape: Sequence[int], g: torch.Generator, where: torch.device) -> Tensor:
-        u1 = torch.rand(row_shape, generator=g, dtype=torch.float64, device=where)
-        u2 = torch.rand(row_shape, generator=g, dtype=torch.float64, device=where)
-        return torch.log1p(-u2) - torch.log1p(-u1)  # E1 - E2 with E = -log1p(-U)
-
-    return iid_noise(shape, scale=scale, name="scale", generator=generator, dtype=dtype,
-                     device=device, sample=draw)
+from privaterec.privacy.noise.base import NoiseMechanism
 
 
 class Laplace(NoiseMechanism):
@@ -67,11 +33,14 @@ class Laplace(NoiseMechanism):
     def epsilon(self, *, scale: float, sensitivity: float, delta: float = 0.0) -> float:
         return math.inf if scale == 0 else sensitivity / scale
 
-    def draw(self, shape: Sequence[int], *, scale: float | Tensor, generator: Generators,
-             dtype: torch.dtype = torch.float32,
-             device: torch.device | str | None = None) -> Tensor:
-        return laplace_noise(shape, scale=scale, generator=generator, dtype=dtype,
-                             device=device)
+    def _sample(self, shape: Sequence[int], generator: torch.Generator,
+                device: torch.device) -> Tensor:
+        """E₁ − E₂ with E = −log(1 − U), U ~ Uniform[0, 1) from ``torch.rand`` (the difference
+        of two Exp(1) variables is Laplace(0, 1)), in float64 (a float32 inverse-CDF would
+        truncate the tail at about 17 scales)."""
+        u1 = torch.rand(shape, generator=generator, dtype=torch.float64, device=device)
+        u2 = torch.rand(shape, generator=generator, dtype=torch.float64, device=device)
+        return torch.log1p(-u2) - torch.log1p(-u1)
 
     def dp_event(self, noise_multiplier: float) -> dp_event.DpEvent:
         return dp_event.LaplaceDpEvent(noise_multiplier=noise_multiplier)
@@ -96,4 +65,4 @@ def _laplace_pld(noise_multiplier: float, sampling_rate: float | None,
 
 MECHANISM = Laplace()
 
-__all__ = ["Laplace", "MECHANISM", "laplace_noise"]
+__all__ = ["Laplace", "MECHANISM"]
