@@ -29,6 +29,10 @@ from privaterec.validators import check_in, fail
 SensitivityMode = Literal["true", "paper"]
 """DPA's sensitivity: the simplex's (``true``) or the paper's S = θ (``paper``, NOT valid)."""
 SENSITIVITY_MODES: tuple[SensitivityMode, ...] = get_args(SensitivityMode)
+Composition = Literal["basic", "pld", "rdp"]
+"""How a user's releases compose into one (ε, δ)
+(:func:`privaterec.privacy.ledger.compose_events`)."""
+COMPOSITIONS: tuple[Composition, ...] = get_args(Composition)
 
 PAPER_SENSITIVITY_WARNING = (
     "DPA noise calibrated with the paper's sensitivity theta (PrivateRec Alg. 2 line 1); "

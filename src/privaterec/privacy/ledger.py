@@ -35,7 +35,7 @@ import functools
 import math
 import numbers
 import statistics
-from typing import Any, Iterable, Literal, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 from dp_accounting import dp_event, get_epsilon_gaussian
@@ -50,12 +50,10 @@ from privaterec.errors import CheckpointError, ConfigError, PrivacyBudgetExceede
 from privaterec.privacy.events import (ADJACENCIES, ADJACENCY_TEXT, DATA_PARTS, PHASES,
                                        Adjacency, DataPart, EpsilonDeltaDpEvent, Phase,
                                        PrivacyEvent)
+from privaterec.privacy.formulas import COMPOSITIONS, Composition
 from privaterec.privacy.noise import MECHANISMS
 from privaterec.validators import check_in
 
-COMPOSITIONS = ("basic", "pld", "rdp")
-
-Composition = Literal["basic", "pld", "rdp"]
 UserId = str | int
 
 _FORMAT = "privaterec.privacy_ledger"

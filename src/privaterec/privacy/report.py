@@ -25,10 +25,11 @@ import math
 import numbers
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from privaterec.errors import CheckpointError, ConfigError
-from privaterec.privacy.formulas import (PAPER_SENSITIVITY_WARNING, SensitivityMode,
+from privaterec.privacy.formulas import (COMPOSITIONS, PAPER_SENSITIVITY_WARNING,
+                                            Composition, SensitivityMode,
                                             amplified_budget, fednewsrec_coordinate_epsilon,
                                             fednewsrec_update_epsilon)
 from privaterec.validators import check_in, is_integer
@@ -36,9 +37,6 @@ from privaterec.validators import check_in, is_integer
 if TYPE_CHECKING:  # the ledger imports dp_accounting (~1 s): only where it is needed
     from privaterec.privacy.ledger import PrivacyLedger
 
-Composition = Literal["basic", "pld", "rdp"]
-COMPOSITIONS = ("basic", "pld", "rdp")
-"""Same as ``privaterec.privacy.ledger.COMPOSITIONS`` (importable without dp_accounting)."""
 
 PRIVACY_FILE = "privacy.json"
 FORMAT = "privaterec.privacy"
