@@ -14,23 +14,19 @@ release; :func:`privaterec.ondevice.release.serving_event` is its privacy event.
 
 from __future__ import annotations
 
-from typing import Callable
-
 import numpy as np
 import torch
 
 from privaterec.data.features import ANONYMOUS_NEWS, NewsFeatures
 from privaterec.errors import ConfigError
+from privaterec.eval.evaluate import CandidateTransform, UserEncoderFn
 from privaterec.models.recommender import Recommender
 from privaterec.ondevice.release import ServingConfig
 from privaterec.privacy.samplers import SimulationNoise
 
-UserEncoder = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-CandidateTransform = Callable[[torch.Tensor], torch.Tensor]
-
 
 def private_user_encoder(model: Recommender, features: NewsFeatures, config: ServingConfig, *,
-                         generator: torch.Generator) -> UserEncoder:
+                         generator: torch.Generator) -> UserEncoderFn:
     """The device side of one query batch: ``(vectors [b, H, d], mask [b, H]) -> ũ [b, d]``.
 
     Parameters
@@ -73,7 +69,7 @@ def _store_scores(vectors: torch.Tensor, basis: torch.Tensor) -> torch.Tensor:
     return (vectors.double() @ basis.double().T).float()
 
 
-def local_ranking_seams(model: Recommender) -> tuple[UserEncoder, CandidateTransform]:
+def local_ranking_seams(model: Recommender) -> tuple[UserEncoderFn, CandidateTransform]:
     """The ``user_encoder`` and ``candidate_transform`` seams of
     :func:`privaterec.eval.evaluate.score_impressions` for local ranking.
 
@@ -107,5 +103,4 @@ def local_download_bytes(news_ids: list[str], rows: int, dtype: str = "float32")
     return len(encode_full(state, "0" * 64))
 
 
-__all__ = ["CandidateTransform", "UserEncoder", "local_download_bytes", "local_ranking_seams",
-           "private_user_encoder"]
+__all__ = ["local_download_bytes", "local_ranking_seams", "private_user_encoder"]
