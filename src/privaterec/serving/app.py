@@ -35,7 +35,7 @@ each query reads exactly once.
 # No ``from __future__ import annotations``: FastAPI must see the per-app request models
 # (built in create_app) as real annotation objects, not as names to resolve globally.
 import json
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Literal, MutableMapping
+from typing import TYPE_CHECKING, Any, Callable, Literal
 
 import numpy as np
 from fastapi import FastAPI, Header, HTTPException, Query, Request
@@ -50,7 +50,8 @@ from privaterec.serving.bundle import ServingModels
 from privaterec.serving.pool_download import VersionError, delta_pool, full_pool
 from privaterec.ondevice.pool_format import PoolFormatError
 from privaterec.serving.store import NewsPool, NewsStore, article_json, top_k_positions
-from privaterec.serving.write_api import WRITE_ROUTES, WriteGuard, WriteLimits
+from privaterec.serving.write_api import (WRITE_ROUTES, ASGIApp, Message, Receive, Scope, Send,
+                                          WriteGuard, WriteLimits)
 
 DEFAULT_MAX_BODY_BYTES = 1_000_000
 NO_BASIS = ("this model has no basic vectors; train with --method privaterec to serve "
@@ -58,12 +59,8 @@ NO_BASIS = ("this model has no basic vectors; train with --method privaterec to 
 NO_RECALL = ("this server has no Uni-FedRec recall model; serve a Uni-FedRec run "
              "(privaterec train --method unifedrec --ranker RUN)")
 
-Scope = MutableMapping[str, Any]
 Responses = dict[int | str, dict[str, Any]]
 """The ``responses=`` of a FastAPI route: extra status codes documented in OpenAPI."""
-Message = MutableMapping[str, Any]
-ASGIApp = Callable[[Scope, Callable[[], Awaitable[Message]],
-                    Callable[[Message], Awaitable[None]]], Awaitable[None]]
 
 
 def json_response(payload: Any, status_code: int = 200) -> Response:
@@ -116,8 +113,7 @@ class BodyLimit:
         self.app = app
         self.max_bytes = max_bytes
 
-    async def __call__(self, scope: Scope, receive: Callable[[], Awaitable[Message]],
-                       send: Callable[[Message], Awaitable[None]]) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -162,8 +158,7 @@ class BodyLimit:
         return f"request body larger than {self.max_bytes} bytes"
 
     @staticmethod
-    async def _reject(send: Callable[[Message], Awaitable[None]], status: int,
-                      detail: str) -> None:
+    async def _reject(send: Send, status: int, detail: str) -> None:
         body = json.dumps({"detail": detail}).encode()
         await send({"type": "http.response.start", "status": status,
                     "headers": [(b"content-type", b"application/json"),
@@ -172,8 +167,7 @@ class BodyLimit:
         await send({"type": "http.response.body", "body": body})
 
 
-def _replay(messages: list[Message],
-            receive: Callable[[], Awaitable[Message]]) -> Callable[[], Awaitable[Message]]:
+def _replay(messages: list[Message], receive: Receive) -> Receive:
     pending = list(messages)
 
     async def replay() -> Message:
