@@ -21,10 +21,8 @@ from typing import Any, Mapping, Sequence
 from privaterec.data.records import NewsRecord
 from privaterec.errors import ConfigError
 from privaterec.serving.download import DeviceModel, download_model
+from privaterec.serving.schemas import MAX_K
 from privaterec.serving.transport import HttpClient, HttpSession, Transport
-
-MAX_K = 1000
-"""Largest ``k`` (and Uni-FedRec ``total``) the server accepts (serving spec)."""
 
 
 def check_history(history: Sequence[NewsRecord]) -> list[NewsRecord]:
