@@ -24,7 +24,7 @@ from privaterec.method_settings import DPFedAvgSettings
 from privaterec.privacy.adaptive_clip import AdaptiveClipping, clip_indicators
 from privaterec.privacy.audit import audit_mechanism
 from privaterec.privacy.central_accounting import central_epsilon
-from privaterec.privacy.samplers import SimulationNoise
+from privaterec.privacy.samplers import NoiseSource, SimulationNoise
 from privaterec.privacy.report import build_privacy_summary, format_privacy_report
 from privaterec.runs.report import release_description
 from privaterec.runtime.checkpoint import load_checkpoint
@@ -186,19 +186,19 @@ def test_empirical_audit_of_one_round_stays_below_its_claim():
     weights = (x_prime - x).double() / torch.tensor([(z_update * clip) ** 2, sigma_b ** 2])
 
     def release(exact_count: bool):
-        def mechanism(batch: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        def mechanism(batch: torch.Tensor, noise: NoiseSource) -> torch.Tensor:
             rows = []
             for row in batch:
                 total, count = method.noised_sums(row[:1], float(row[1]), population=1,
-                                                  noise=SimulationNoise(generator))
+                                                  noise=noise)
                 rows.append([float(total[0]), float(row[1]) if exact_count else count])
             return torch.tensor(rows, dtype=torch.float64)
         return mechanism
 
     def audit(exact_count: bool, statistic):
         return audit_mechanism(release(exact_count), x, x_prime, trials=8_000,
-                               generator=torch.Generator().manual_seed(5), delta=1e-5,
-                               statistic=statistic).epsilon_lower_bound
+                               noise=SimulationNoise(torch.Generator().manual_seed(5)),
+                               delta=1e-5, statistic=statistic).epsilon_lower_bound
 
     def count_only(out: torch.Tensor) -> torch.Tensor:
         return -out[:, 1]

@@ -30,7 +30,7 @@ from privaterec.fed.rng import client_noise
 from privaterec.privacy.audit import audit_mechanism
 from privaterec.privacy.formulas import gaussian_sigma
 from privaterec.privacy.mechanisms import apply_clip
-from privaterec.privacy.samplers import SimulationNoise
+from privaterec.privacy.samplers import NoiseSource, SimulationNoise
 
 DELTA_CLIP, LAMBDA = 0.005, 0.015  # FedNewsRec's δ and λ
 FEDNEWSREC = FedNewsRec(negatives=4, max_samples=64, clip=DELTA_CLIP, noise_scale=LAMBDA)
@@ -418,8 +418,8 @@ def test_a_method_is_calibrated_once_not_per_round_or_per_event(monkeypatch):
 def _release_fn(method: ClientMethod):
     """Mechanism for the audit: each row of ``inputs`` is one client's update."""
 
-    def release(inputs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-        return method.privatize(inputs, [SimulationNoise(generator)] * inputs.shape[0])[0]
+    def release(inputs: torch.Tensor, noise: NoiseSource) -> torch.Tensor:
+        return method.privatize(inputs, [noise] * inputs.shape[0])[0]
 
     return release
 
@@ -430,8 +430,9 @@ X, X_PRIME = torch.tensor([1.0, 0.0]), torch.tensor([-1.0, 0.0])
 
 def _audit(method: ClientMethod, x: torch.Tensor, x_prime: torch.Tensor, *, trials: int,
            delta: float = 0.0) -> float:
+    noise = SimulationNoise(torch.Generator().manual_seed(0))
     return audit_mechanism(_release_fn(method), x, x_prime, trials=trials, delta=delta,
-                           generator=torch.Generator().manual_seed(0)).epsilon_lower_bound
+                           noise=noise).epsilon_lower_bound
 
 
 @pytest.mark.parametrize("case", ["fednewsrec", "laplace", "gaussian"])

@@ -18,13 +18,13 @@ from privaterec.privacy.audit import (
 from privaterec.privacy.calibrate import calibrate
 from privaterec.privacy.formulas import gaussian_sigma
 from privaterec.privacy.mechanisms import add_noise
-from privaterec.privacy.samplers import SimulationNoise
+from privaterec.privacy.samplers import NoiseSource, SimulationNoise
 
 TRIALS = 100_000
 
 
-def gen(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
+def sim(seed: int) -> SimulationNoise:
+    return SimulationNoise(torch.Generator().manual_seed(seed))
 
 
 def test_clopper_pearson_closed_forms():
@@ -63,9 +63,8 @@ def test_epsilon_from_rates():
 
 def test_empirical_bound_with_fixed_threshold():
     b = 1.0  # Laplace mechanism with ε = 1 on neighbouring inputs 0 and 1
-    d = SimulationNoise(gen(1)).draw((TRIALS,), mechanism="laplace", scale=b, dtype=torch.float64)
-    dp = 1 + SimulationNoise(gen(2)).draw((TRIALS,), mechanism="laplace", scale=b,
-                                          dtype=torch.float64)
+    d = sim(1).draw((TRIALS,), mechanism="laplace", scale=b, dtype=torch.float64)
+    dp = 1 + sim(2).draw((TRIALS,), mechanism="laplace", scale=b, dtype=torch.float64)
     # For t ≥ 1, ln((1 − FNR)/FPR) = ε exactly; only sampling error lowers the bound.
     eps = empirical_epsilon_lower_bound(d, dp, 1.0, alpha=0.05)
     assert 0.8 < eps <= 1.0
@@ -77,9 +76,9 @@ def test_empirical_bound_with_fixed_threshold():
 
 def laplace_claimed(eps: float, noise_factor: float = 1.0):
     """Laplace mechanism claiming ε for Δ₁ = 1; noise_factor < 1 simulates a calibration bug."""
-    def mech(x: torch.Tensor, g: torch.Generator) -> torch.Tensor:
-        return x + SimulationNoise(g).draw(x.shape, mechanism="laplace", scale=noise_factor / eps,
-                                           dtype=x.dtype)
+    def mech(x: torch.Tensor, noise: NoiseSource) -> torch.Tensor:
+        return x + noise.draw(x.shape, mechanism="laplace", scale=noise_factor / eps,
+                              dtype=x.dtype)
     return mech
 
 
@@ -88,10 +87,10 @@ def test_audit_laplace_mechanism_is_consistent_with_its_claim():
 
     calibration = calibrate(mechanism="laplace", epsilon=1.0, sensitivity=1.0)
 
-    def mech(batch, g):
-        return add_noise(batch, calibration, noise=SimulationNoise(g))
+    def mech(batch, noise):
+        return add_noise(batch, calibration, noise=noise)
 
-    result = audit_mechanism(mech, x, xp, trials=TRIALS, generator=gen(3))
+    result = audit_mechanism(mech, x, xp, trials=TRIALS, noise=sim(3))
     assert 0.3 < result.epsilon_lower_bound <= 1.0
     assert result.n_d == result.n_d_prime == TRIALS // 2
 
@@ -99,7 +98,7 @@ def test_audit_laplace_mechanism_is_consistent_with_its_claim():
 def test_audit_catches_laplace_with_too_little_noise():
     x, xp = torch.zeros(1, dtype=torch.float64), torch.ones(1, dtype=torch.float64)
     result = audit_mechanism(laplace_claimed(1.0, noise_factor=0.1), x, xp, trials=TRIALS,
-                             generator=gen(4))
+                             noise=sim(4))
     assert result.epsilon_lower_bound > 1.0  # the audit fails this mechanism
     # The same mechanism passes if it claims its true ε = 10.
     assert result.epsilon_lower_bound <= 10.0
@@ -114,19 +113,19 @@ def test_audit_gaussian_mechanism_and_broken_gaussian():
     calibration = calibrate(mechanism="gaussian", epsilon=1.0, delta=delta, sensitivity=1.0,
                             dimension=4)
 
-    def mech(batch, g):
-        return add_noise(batch, calibration, noise=SimulationNoise(g))
+    def mech(batch, noise):
+        return add_noise(batch, calibration, noise=noise)
 
-    good = audit_mechanism(mech, x, xp, trials=TRIALS, generator=gen(5), delta=delta)
+    good = audit_mechanism(mech, x, xp, trials=TRIALS, noise=sim(5), delta=delta)
     assert 0.2 < good.epsilon_lower_bound <= 1.0
 
     sigma = gaussian_sigma(epsilon=1.0, delta=delta, sensitivity_l2=1.0) / 10
 
-    def broken(batch, g):
-        return batch + SimulationNoise(g).draw(batch.shape, mechanism="gaussian", scale=sigma,
-                                               dtype=batch.dtype)
+    def broken(batch, noise):
+        return batch + noise.draw(batch.shape, mechanism="gaussian", scale=sigma,
+                                  dtype=batch.dtype)
 
-    bad = audit_mechanism(broken, x, xp, trials=TRIALS, generator=gen(6), delta=delta)
+    bad = audit_mechanism(broken, x, xp, trials=TRIALS, noise=sim(6), delta=delta)
     assert bad.epsilon_lower_bound > 1.0
 
 
@@ -134,13 +133,13 @@ def test_audit_direction_and_validation():
     # A mechanism whose output decreases with the input: the audit picks direction "less".
     x, xp = torch.zeros(1, dtype=torch.float64), torch.ones(1, dtype=torch.float64)
 
-    def flipped(batch, g):
-        return -laplace_claimed(1.0, noise_factor=0.1)(batch, g)
+    def flipped(batch, noise):
+        return -laplace_claimed(1.0, noise_factor=0.1)(batch, noise)
 
-    result = audit_mechanism(flipped, x, xp, trials=20_000, generator=gen(7),
+    result = audit_mechanism(flipped, x, xp, trials=20_000, noise=sim(7),
                              statistic=lambda o: o[:, 0])
     assert result.direction == "less" and result.epsilon_lower_bound > 1.0
     with pytest.raises(ConfigError, match="differ"):
-        audit_mechanism(laplace_claimed(1.0), x, x, trials=100, generator=gen(8))
+        audit_mechanism(laplace_claimed(1.0), x, x, trials=100, noise=sim(8))
     with pytest.raises(ConfigError, match="'trials'"):
-        audit_mechanism(laplace_claimed(1.0), x, xp, trials=2, generator=gen(8))
+        audit_mechanism(laplace_claimed(1.0), x, xp, trials=2, noise=sim(8))

@@ -34,22 +34,27 @@ from privaterec.privacy.dpa import (
     vdp_release,
 )
 from privaterec.privacy.mechanisms import CLIP_MARGIN
-from privaterec.privacy.samplers import SimulationNoise
+from privaterec.privacy.samplers import NoiseSource, SimulationNoise
 
 F64 = torch.float64
+
+
+def _source(generator) -> NoiseSource:
+    """A test's randomness as a source: a source itself, or seeded generator(s) wrapped."""
+    return generator if isinstance(generator, NoiseSource) else SimulationNoise(generator)
 
 
 def _dpa_noise(shape, *, generator, dtype=torch.float32, **params):
     """DPA noise ``[m, B]`` and the event of one row: calibrated once, then drawn."""
     calibration = dpa_calibration(dimension=shape[-1], **params)
-    noise = dpa_noise(shape, calibration, noise=SimulationNoise(generator), dtype=dtype)
+    noise = dpa_noise(shape, calibration, noise=_source(generator), dtype=dtype)
     return noise, calibration.event
 
 
 def _vdp_release(user, *, generator, **params):
     """VDP releases ``[m, d]`` and the event of one row: calibrated once, then released."""
     calibration = vdp_calibration(dimension=user.shape[-1], **params)
-    return vdp_release(user, calibration, noise=SimulationNoise(generator)), calibration.event
+    return vdp_release(user, calibration, noise=_source(generator)), calibration.event
 
 
 def gen(seed: int) -> torch.Generator:
@@ -390,14 +395,14 @@ def toy_alpha(history: torch.Tensor) -> torch.Tensor:
 
 def dpa_release(*, epsilon: float, padding_p: float, pad: bool = True,
                 sensitivity: str = "true"):
-    def mechanism(histories: torch.Tensor, g: torch.Generator) -> torch.Tensor:
+    def mechanism(histories: torch.Tensor, source: NoiseSource) -> torch.Tensor:
         mask = torch.ones(histories.shape, dtype=torch.bool)
         if pad:
-            padded = padding_mask(mask, padding_p=padding_p, noise=SimulationNoise(g))
+            padded = padding_mask(mask, padding_p=padding_p, noise=source)
             histories = torch.where(padded, torch.full_like(histories, R0), histories)
         alpha = toy_alpha(histories)
         noise, _ = _dpa_noise(tuple(alpha.shape), epsilon=epsilon, padding_p=padding_p,
-                             sensitivity=sensitivity, generator=g, dtype=F64)
+                             sensitivity=sensitivity, generator=source, dtype=F64)
         return alpha + noise
     return mechanism
 
@@ -424,7 +429,7 @@ def test_toy_user_model_is_a_worst_case_pair():
 def test_audit_dpa_end_to_end_stays_below_the_claimed_epsilon():
     eps, p = 1.0, 0.5
     result = audit_mechanism(dpa_release(epsilon=eps, padding_p=p), HIST_D, HIST_D_PRIME,
-                             trials=100_000, generator=gen(70), alpha=ALPHA,
+                             trials=100_000, noise=sim(70), alpha=ALPHA,
                              statistic=laplace_log_ratio)
     assert result.epsilon_lower_bound <= eps
     # The audit is nearly tight here (it is not vacuous): ε = 1 is the exact privacy loss.
@@ -439,25 +444,25 @@ def test_audit_dpa_broken_variants_exceed_the_claimed_epsilon(variant):
     elif variant == "paper_sensitivity":  # S = θ = 1 (docs/privacy.md#dpa-sensitivity): true ε ≈ 2.34
         mech = dpa_release(epsilon=eps, padding_p=p, sensitivity="paper")
     else:  # noise 10x too small, claiming ε = 1
-        def mech(histories, g):
-            y = dpa_release(epsilon=math.inf, padding_p=p)(histories, g)
+        def mech(histories, source):
+            y = dpa_release(epsilon=math.inf, padding_p=p)(histories, source)
             noise, _ = _dpa_noise((histories.shape[0], 3), epsilon=eps, padding_p=p,
-                                 generator=g, dtype=F64)
+                                 generator=source, dtype=F64)
             return y + noise / 10
-    result = audit_mechanism(mech, HIST_D, HIST_D_PRIME, trials=100_000, generator=gen(71),
+    result = audit_mechanism(mech, HIST_D, HIST_D_PRIME, trials=100_000, noise=sim(71),
                              alpha=ALPHA, statistic=laplace_log_ratio)
     assert result.epsilon_lower_bound > eps
 
 
 def vdp_mechanism(*, eps: float, theta: float, clip: bool = True, delta: float = 0.0,
                   mechanism: str = "laplace"):
-    def mech(batch: torch.Tensor, g: torch.Generator) -> torch.Tensor:
+    def mech(batch: torch.Tensor, source: NoiseSource) -> torch.Tensor:
         if clip:
             return _vdp_release(batch, clip=theta, epsilon=eps, delta=delta,
-                               mechanism=mechanism, generator=g)[0]
+                               mechanism=mechanism, generator=source)[0]
         # Broken: noise calibrated to Δ = 2θ but the input is never clipped.
         released, _ = _vdp_release(torch.zeros_like(batch), clip=theta, epsilon=eps,
-                                  delta=delta, mechanism=mechanism, generator=g)
+                                  delta=delta, mechanism=mechanism, generator=source)
         return batch + released
     return mech
 
@@ -468,10 +473,10 @@ def test_audit_vdp_laplace_below_epsilon_and_unclipped_variant_exceeds():
     x = torch.tensor([3.0, 0.0], dtype=F64)
     xp = torch.tensor([-3.0, 0.0], dtype=F64)
     good = audit_mechanism(vdp_mechanism(eps=eps, theta=theta), x, xp, trials=100_000,
-                           generator=gen(80), alpha=ALPHA)
+                           noise=sim(80), alpha=ALPHA)
     assert 0.8 < good.epsilon_lower_bound <= eps
     bad = audit_mechanism(vdp_mechanism(eps=eps, theta=theta, clip=False), x, xp,
-                          trials=100_000, generator=gen(81), alpha=ALPHA)
+                          trials=100_000, noise=sim(81), alpha=ALPHA)
     assert bad.epsilon_lower_bound > eps
 
 
@@ -481,17 +486,16 @@ def test_audit_vdp_gaussian_below_epsilon_and_small_noise_variant_exceeds():
     xp = torch.tensor([0.0, -2.0, 0.0], dtype=F64)
     good = audit_mechanism(vdp_mechanism(eps=eps, theta=theta, delta=delta,
                                          mechanism="gaussian"), x, xp, trials=100_000,
-                           generator=gen(82), alpha=ALPHA, delta=delta)
+                           noise=sim(82), alpha=ALPHA, delta=delta)
     assert 0.2 < good.epsilon_lower_bound <= eps
     sigma = gaussian_sigma(epsilon=eps, delta=delta, sensitivity_l2=2 * theta) / 10
 
-    def broken(batch, g):  # L2 clip, noise 10x too small
+    def broken(batch, noise):  # L2 clip, noise 10x too small
         l2 = torch.linalg.vector_norm(batch, dim=-1, keepdim=True)
         clipped = batch * torch.clamp(theta / l2, max=1.0)
-        return clipped + SimulationNoise(g).draw(batch.shape, mechanism="gaussian", scale=sigma,
-                                                 dtype=F64)
+        return clipped + noise.draw(batch.shape, mechanism="gaussian", scale=sigma, dtype=F64)
 
-    bad = audit_mechanism(broken, x, xp, trials=100_000, generator=gen(83), alpha=ALPHA,
+    bad = audit_mechanism(broken, x, xp, trials=100_000, noise=sim(83), alpha=ALPHA,
                           delta=delta)
     assert bad.epsilon_lower_bound > eps
 

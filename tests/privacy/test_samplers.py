@@ -207,18 +207,19 @@ def test_two_secure_instances_never_produce_identical_draws():
 # ---------------------------------------------------------------------------- audit
 def test_audit_secure_laplace_release(secure):
     eps = 1.0
-    result = audit_mechanism(lambda batch, _g: secure.release_laplace(batch, scale=1.0 / eps),
+    result = audit_mechanism(lambda batch, source: source.release_laplace(batch, scale=1.0 / eps),
                              torch.tensor(0.0, dtype=torch.float64),
                              torch.tensor(1.0, dtype=torch.float64), trials=60_000,
-                             generator=torch.Generator())
+                             noise=secure)
     claimed = laplace_release_epsilon(sensitivity_l1=1.0, scale=1.0 / eps, dim=60_000)
     assert result.epsilon_lower_bound <= claimed
     assert result.epsilon_lower_bound > 0.7 * eps  # the audit has power
     # The same audit catches a release whose noise is 3x too small for the claim.
-    broken = audit_mechanism(lambda batch, _g: secure.release_laplace(batch, scale=1 / (3 * eps)),
+    broken = audit_mechanism(lambda batch, source: source.release_laplace(batch,
+                                                                          scale=1 / (3 * eps)),
                              torch.tensor(0.0, dtype=torch.float64),
                              torch.tensor(1.0, dtype=torch.float64), trials=20_000,
-                             generator=torch.Generator())
+                             noise=secure)
     assert broken.epsilon_lower_bound > eps
 
 
@@ -247,18 +248,18 @@ def test_audit_secure_gaussian_release(secure):
     # SecureNoise cannot be seeded, so each audit is a fresh random experiment; the
     # threshold search occasionally settles on a useless threshold (bound 0). Power is
     # required of the best of three audits, validity (bound <= eps) of every one.
-    bounds = [audit_mechanism(lambda batch, _g: secure.release_gaussian(batch, sigma=sigma),
+    bounds = [audit_mechanism(lambda batch, source: source.release_gaussian(batch, sigma=sigma),
                               torch.tensor(0.0, dtype=torch.float64),
                               torch.tensor(1.0, dtype=torch.float64), trials=60_000,
-                              generator=torch.Generator(), delta=delta).epsilon_lower_bound
+                              noise=secure, delta=delta).epsilon_lower_bound
               for _ in range(3)]
     assert all(b <= eps for b in bounds)
     assert max(bounds) > 0.15 * eps  # measured 0.35-0.42
     # Noise 4x too small for the claim is caught (measured bounds 1.8-2.4).
-    broken = audit_mechanism(lambda batch, _g: secure.release_gaussian(batch, sigma=sigma / 4),
+    broken = audit_mechanism(lambda batch, source: source.release_gaussian(batch, sigma=sigma / 4),
                              torch.tensor(0.0, dtype=torch.float64),
                              torch.tensor(1.0, dtype=torch.float64), trials=20_000,
-                             generator=torch.Generator(), delta=delta)
+                             noise=secure, delta=delta)
     assert broken.epsilon_lower_bound > eps
 
 

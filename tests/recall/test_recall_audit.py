@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from privaterec.privacy.samplers import SimulationNoise
+from privaterec.privacy.samplers import NoiseSource, SimulationNoise
 from privaterec.privacy.audit import audit_mechanism
 from privaterec.recall.interest import channel_event, perturb_quotas, perturb_scores
 from privaterec.recall.task import UniFedRecLDP
@@ -19,8 +19,8 @@ ALPHA = 0.05
 TRIALS = 100_000
 
 
-def gen(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
+def sim(seed: int) -> SimulationNoise:
+    return SimulationNoise(torch.Generator().manual_seed(seed))
 
 
 def laplace_llr(centre: float):
@@ -39,10 +39,10 @@ def test_channel_release_audit_below_two_delta_b_over_lambda():
     x = torch.full((num_basis,), -5.0, dtype=F64)  # clipped to −δ·1
     xp = torch.full((num_basis,), 5.0, dtype=F64)  # clipped to +δ·1: L1 distance 2δB
 
-    def release(batch: torch.Tensor, g: torch.Generator) -> torch.Tensor:
-        return perturb_scores(batch, clip=delta, noise_scale=lam, noise=SimulationNoise(g))
+    def release(batch: torch.Tensor, noise: NoiseSource) -> torch.Tensor:
+        return perturb_scores(batch, clip=delta, noise_scale=lam, noise=noise)
 
-    result = audit_mechanism(release, x, xp, trials=TRIALS, generator=gen(1), alpha=ALPHA,
+    result = audit_mechanism(release, x, xp, trials=TRIALS, noise=sim(1), alpha=ALPHA,
                              statistic=laplace_llr(delta))
     assert 0.6 < result.epsilon_lower_bound <= eps
 
@@ -52,11 +52,11 @@ def test_channel_release_with_the_papers_per_coordinate_noise_exceeds_its_claim(
     delta, num_basis, eps = 0.5, 4, 1.0
     lam = 2 * delta / eps
 
-    def release(batch: torch.Tensor, g: torch.Generator) -> torch.Tensor:
-        return perturb_scores(batch, clip=delta, noise_scale=lam, noise=SimulationNoise(g))
+    def release(batch: torch.Tensor, noise: NoiseSource) -> torch.Tensor:
+        return perturb_scores(batch, clip=delta, noise_scale=lam, noise=noise)
 
     x = torch.full((num_basis,), -5.0, dtype=F64)
-    result = audit_mechanism(release, x, -x, trials=TRIALS, generator=gen(2), alpha=ALPHA,
+    result = audit_mechanism(release, x, -x, trials=TRIALS, noise=sim(2), alpha=ALPHA,
                              statistic=laplace_llr(delta))
     assert result.epsilon_lower_bound > eps
 
@@ -65,11 +65,11 @@ def test_unclipped_scores_exceed_the_claimed_epsilon():
     delta, num_basis, eps = 0.5, 2, 1.0
     lam = 2 * delta * num_basis / eps
 
-    def release(batch: torch.Tensor, g: torch.Generator) -> torch.Tensor:
-        return perturb_scores(batch, clip=None, noise_scale=lam, noise=SimulationNoise(g))
+    def release(batch: torch.Tensor, noise: NoiseSource) -> torch.Tensor:
+        return perturb_scores(batch, clip=None, noise_scale=lam, noise=noise)
 
     x = torch.full((num_basis,), -2.0, dtype=F64)
-    result = audit_mechanism(release, x, -x, trials=TRIALS, generator=gen(3), alpha=ALPHA)
+    result = audit_mechanism(release, x, -x, trials=TRIALS, noise=sim(3), alpha=ALPHA)
     assert result.epsilon_lower_bound > eps
 
 
@@ -79,12 +79,12 @@ def test_quota_noise_audit_below_two_over_lambda():
     q = torch.tensor([1.0, 0.0], dtype=F64)
     qp = torch.tensor([0.0, 1.0], dtype=F64)
 
-    def release(batch: torch.Tensor, g: torch.Generator) -> torch.Tensor:
-        out, event = perturb_quotas(batch, noise_scale=lam, noise=SimulationNoise(g))
+    def release(batch: torch.Tensor, noise: NoiseSource) -> torch.Tensor:
+        out, event = perturb_quotas(batch, noise_scale=lam, noise=noise)
         assert event.epsilon == eps
         return out
 
-    result = audit_mechanism(release, q, qp, trials=TRIALS, generator=gen(4), alpha=ALPHA)
+    result = audit_mechanism(release, q, qp, trials=TRIALS, noise=sim(4), alpha=ALPHA)
     # post-processing (clamp + renormalise) only loses information: a loose but valid bound
     assert 0.3 < result.epsilon_lower_bound <= eps
 
@@ -97,11 +97,11 @@ def test_recall_upload_audit_below_two_theta_over_lambda():
     x = torch.tensor([-3.0, 0.0], dtype=F64)  # L1-clipped to (−θ, 0)
     xp = torch.tensor([3.0, 0.0], dtype=F64)  # to (+θ, 0): L1 distance 2θ
 
-    def upload(batch: torch.Tensor, g: torch.Generator) -> torch.Tensor:
-        released, _ = method.privatize(batch, [SimulationNoise(g)] * batch.shape[0])
+    def upload(batch: torch.Tensor, noise: NoiseSource) -> torch.Tensor:
+        released, _ = method.privatize(batch, [noise] * batch.shape[0])
         return released
 
-    result = audit_mechanism(upload, x, xp, trials=20_000, generator=gen(5), alpha=ALPHA,
+    result = audit_mechanism(upload, x, xp, trials=20_000, noise=sim(5), alpha=ALPHA,
                              statistic=lambda y: torch.round(
                                  (y[:, 0] + theta).abs() - (y[:, 0] - theta).abs(),
                                  decimals=6))

@@ -23,10 +23,11 @@ from scipy import stats
 from torch import Tensor
 
 from privaterec.errors import ConfigError
+from privaterec.privacy.samplers import NoiseSource
 from privaterec.validators import check_in
 
 ArrayLike = Tensor | np.ndarray
-MechanismFn = Callable[[Tensor, torch.Generator], Tensor | tuple]
+MechanismFn = Callable[[Tensor, NoiseSource], Tensor | tuple]
 
 
 @dataclass(frozen=True)
@@ -166,7 +167,7 @@ def _default_statistic(x: Tensor, x_prime: Tensor) -> Callable[[Tensor], Tensor]
 
 
 def audit_mechanism(mechanism_fn: MechanismFn, x: Tensor, x_prime: Tensor, *, trials: int,
-                    generator: torch.Generator, alpha: float = 0.05, delta: float = 0.0,
+                    noise: NoiseSource, alpha: float = 0.05, delta: float = 0.0,
                     statistic: Callable[[Tensor], Tensor] | None = None,
                     num_thresholds: int = 512) -> AuditResult:
     """Audit a mechanism on neighbouring inputs with a threshold test chosen on held-out data.
@@ -180,13 +181,13 @@ def audit_mechanism(mechanism_fn: MechanismFn, x: Tensor, x_prime: Tensor, *, tr
     Parameters
     ----------
     mechanism_fn:
-        ``f(inputs[trials, *x.shape], generator) -> outputs[trials, ...]`` (one independent
+        ``f(inputs[trials, *x.shape], noise) -> outputs[trials, ...]`` (one independent
         release per row); a ``(outputs, event)`` tuple is accepted.
     x, x_prime:
         Neighbouring inputs (same shape).
     trials:
         Releases per input, ≥ 4.
-    generator:
+    noise:
         Randomness passed to the mechanism.
     alpha, delta:
         As in :func:`empirical_epsilon_lower_bound`.
@@ -210,7 +211,7 @@ def audit_mechanism(mechanism_fn: MechanismFn, x: Tensor, x_prime: Tensor, *, tr
 
     def run(inp: Tensor) -> np.ndarray:
         batch = inp.unsqueeze(0).expand(trials, *inp.shape).clone()
-        out = mechanism_fn(batch, generator)
+        out = mechanism_fn(batch, noise)
         if isinstance(out, tuple):
             out = out[0]
         s = _to_numpy(stat_fn(out)).astype(np.float64).reshape(-1)

@@ -174,6 +174,7 @@ class SimulationNoise(NoiseSource):
             raise ConfigError(f"SimulationNoise needs a torch.Generator or a sequence of them, "
                               f"got {type(generator).__name__}")
         self.generator = generator if isinstance(generator, torch.Generator) else rows
+        self._device = rows[0].device  # where the draws are made unless told otherwise
 
     def __repr__(self) -> str:
         return "SimulationNoise(<seeded torch.Generator>)"
@@ -202,9 +203,7 @@ class SimulationNoise(NoiseSource):
         elif not (0 <= scale < math.inf):
             raise ConfigError(f"invalid noise parameter '{name}': got {scale!r}, expected a "
                               f"finite number >= 0")
-        first = self.generator if isinstance(self.generator, torch.Generator) else \
-            self.generator[0]
-        where = first.device if device is None else torch.device(device)
+        where = self._device if device is None else torch.device(device)
         if not isinstance(scale, Tensor) and scale == 0:
             return torch.zeros(tuple(shape), dtype=dtype, device=where)
         if isinstance(scale, Tensor):
