@@ -133,10 +133,8 @@ def mrr(labels: Sequence[int] | np.ndarray, scores: Sequence[float] | np.ndarray
 
     Parameters
     ----------
-    labels:
-        ``[n]`` 0/1 click labels with at least one 1.
-    scores:
-        ``[n]`` finite scores.
+    labels, scores:
+        As in :func:`auc`: ``[n]`` 0/1 click labels (with at least one 1), ``[n]`` finite scores.
 
     Raises
     ------
@@ -160,7 +158,7 @@ def ndcg(labels: Sequence[int] | np.ndarray, scores: Sequence[float] | np.ndarra
     Parameters
     ----------
     labels, scores:
-        As in :func:`mrr`: ``[n]`` 0/1 click labels with at least one 1, ``[n]`` finite scores.
+        As in :func:`mrr`.
     k:
         Cut-off (positive integer; a cut-off beyond ``n`` uses all candidates).
 
