@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from privaterec.errors import ConfigError
+from privaterec.privacy.events import Adjacency
 from privaterec.audit.distinguisher import DistinguisherResult, distinguish
 from privaterec.audit.targets import Release, Target, Upload, make_target
 from privaterec.audit.world import (AuditWorld, NeighbourPair, make_world,
@@ -44,51 +45,24 @@ class Claim:
     source: str
 
 
-def _event_budget(event: Any, adjacency: str) -> tuple[float, float]:
-    """One event's (ε, δ) under ``adjacency``: ``epsilon_for(adjacency)``, else
-    ``epsilon_<adjacency>`` (and ``delta_<adjacency>``) when set, else ``epsilon``."""
-    for_adjacency = getattr(event, "epsilon_for", None)
-    if callable(for_adjacency):
-        eps = for_adjacency(adjacency)
-        if isinstance(eps, tuple):
-            return float(eps[0]), float(eps[1])
-        delta_for = getattr(event, "delta_for", None)
-        return float(eps), float(delta_for(adjacency) if callable(delta_for) else event.delta)
-    eps = getattr(event, f"epsilon_{adjacency}", None)
-    delta = getattr(event, f"delta_{adjacency}", None)
-    return (float(event.epsilon if eps is None else eps),
-            float(event.delta if delta is None else delta))
-
-
-def _groups(events: list[Any], adjacency: str) -> tuple[list[list[Any]], str]:
-    """The ledger's view of ``events`` under ``adjacency`` (groups of events one neighbour
-    can change, :func:`privaterec.privacy.ledger.adjacency_view`), or one group."""
-    from privaterec.privacy import ledger
-
-    view = getattr(ledger, "adjacency_view", None)
-    if view is None:
-        return [events], "sum of the events' epsilon"
-    groups = [[e for e, _ in group] for group in view([(e, 1) for e in events], adjacency)]
-    return groups, "ledger adjacency_view: max over data parts of the sum"
-
-
-def claimed_budget(events: Iterable[Any], adjacency: str) -> Claim:
+def claimed_budget(events: Iterable[Any], adjacency: Adjacency) -> Claim:
     """The (ε, δ) the events claim for one upload under ``adjacency`` (basic composition).
 
-    With the ledger's :func:`~privaterec.privacy.ledger.adjacency_view` (events tagged with
-    the part of the data they read), the claim is the largest sum over the groups a single
-    neighbour can change (its ``"user"`` view already carries the user-level ε); without
-    it, the sum of every event's ε for the adjacency (:func:`_event_budget`).
+    The claim is the largest sum of the events' (ε, δ) over the groups a single neighbour
+    can change (:func:`~privaterec.privacy.ledger.adjacency_view`: under ``"user"`` one
+    group of every event at its user-level guarantee; under ``"click"`` one group per part
+    of the data the events read).
     """
+    from privaterec.privacy.ledger import adjacency_view
+
     events = list(events)
-    groups, source = _groups(events, adjacency)
     best = (0.0, 0.0)
-    for group in groups:
-        budgets = [_event_budget(e, adjacency) for e in group]
-        total = (sum(b[0] for b in budgets), sum(b[1] for b in budgets))
-        best = max(best, total)
+    for group in adjacency_view([(e, 1) for e in events], adjacency):
+        best = max(best, (sum(float(e.epsilon) for e, _ in group),
+                          sum(float(e.delta) for e, _ in group)))
     valid = all(bool(getattr(e, "valid", True)) for e in events)
-    return Claim(best[0], min(best[1], 1.0), valid, source if events else "no event")
+    source = "ledger adjacency_view: max over data parts of the sum" if events else "no event"
+    return Claim(best[0], min(best[1], 1.0), valid, source)
 
 
 def _flatten(prefix: str, value: Any, out_names: list[str], out_values: list[np.ndarray],

@@ -54,7 +54,7 @@ class UserRecord:
 class NeighbourPair:
     """Two neighbouring client datasets under ``adjacency`` (``name`` says which change)."""
 
-    adjacency: str
+    adjacency: Adjacency
     name: str
     description: str
     d0: ClientData
