@@ -104,17 +104,15 @@ def _client_app_audits(args: argparse.Namespace) -> list[Any]:
     handler returns (:mod:`privaterec.audit.flower_reply`): dp-fedavg's reply through the
     aggregator's noise (``--power`` as for the simulator), dp-fedrec's reply itself (local
     DP; ``--canary-runs`` replies per side, default 320)."""
-    from privaterec.audit.canary import CanaryAudit, audit_power, play
+    from privaterec.audit.canary import POWER_FACTORS, CanaryAudit, audit_power
     from privaterec.audit.flower_reply import flower_canary_games, flower_game, play_flower
 
     out: list[Any] = []
     for method in args.method:
         if method == "dp-fedavg":
-            runs = args.canary_runs or 200_000
-            for game in flower_canary_games(epsilon=args.epsilon):
-                out.append(audit_power(game, runs=runs, seed=args.seed, alpha=args.alpha)
-                           if args.power else
-                           CanaryAudit(play(game, runs=runs, seed=args.seed, alpha=args.alpha)))
+            out += [audit_power(game, runs=args.canary_runs or 200_000, seed=args.seed,
+                                alpha=args.alpha, factors=POWER_FACTORS if args.power else ())
+                    for game in flower_canary_games(epsilon=args.epsilon)]
         elif method == "dp-fedrec":
             reply_game = flower_game("dp-fedrec", epsilon=args.epsilon, noise=args.noise)
             out.append(CanaryAudit(play_flower(reply_game, runs=args.canary_runs or 320,

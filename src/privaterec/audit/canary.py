@@ -51,14 +51,14 @@ from __future__ import annotations
 
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import torch
 
 from privaterec.audit.distinguisher import DistinguisherResult, fixed_statistic_bound
 from privaterec.audit.runner import PairAudit, claimed_budget
-from privaterec.audit.targets import CENTRAL_COUNT_SHARE, TINY_MODEL, fed_run_config, sent_fields
+from privaterec.audit.targets import TINY_MODEL, central_method, sent_fields
 from privaterec.audit.world import BASE_USER, SMALL_USER, AuditWorld, make_world
 from privaterec.config import ModelConfig
 from privaterec.errors import ConfigError
@@ -67,8 +67,7 @@ from privaterec.privacy.samplers import NoiseSource, SimulationNoise
 
 CANARY_METHODS = ("dp-fedavg", "dp-fedavg-adaptive", "dp-fedavg-news")
 CANARY_ADJACENCIES = ("replace", "add-remove")
-DEFAULT_CANARY_RUNS = {"dp-fedavg": 200_000, "dp-fedavg-news": 200_000,
-                       "dp-fedavg-adaptive": 200_000}
+DEFAULT_CANARY_RUNS = dict.fromkeys(CANARY_METHODS, 200_000)
 """Runs per side (half select, half test): 10⁵ test runs detect a 2× noise cut at claimed
 ε = 1 under replacement and add/remove alike (docs/privacy.md#power-of-the-audit)."""
 CANARY_SCALE = 1e3
@@ -148,31 +147,6 @@ def _unit(dimension: int, seed: int) -> torch.Tensor:
     return u / torch.linalg.vector_norm(u)
 
 
-def _central_method(*, adaptive: bool, news: bool, epsilon: float, delta: float,
-                    model: ModelConfig, placement: str | None = None) -> Any:
-    from privaterec.config import replace
-    from privaterec.fed.methods import method_from_config, resolve_run_config
-    from privaterec.fed.methods.dp_fedavg import CentralDP
-    from privaterec.method_settings import DPFedAvgSettings
-
-    config = fed_run_config("dp-fedavg", mode="-", epsilon=epsilon, delta=delta, model=model)
-    settings = config.fed.settings_as(DPFedAvgSettings)
-    if adaptive:
-        z = settings.noise_multiplier
-        assert z is not None
-        settings = replace(settings, adaptive_clip_quantile=0.5,
-                           clip_count_stddev=CENTRAL_COUNT_SHARE * z)
-    if news:
-        settings = replace(settings, clip_space="news_vectors")
-    if placement is not None:
-        settings = replace(settings, secure_aggregation="secaggplus",
-                           noise_placement=placement, max_dropouts=0)
-    config = resolve_run_config(replace(config, fed=replace(config.fed, settings=settings)))
-    method = method_from_config(config)
-    assert isinstance(method, CentralDP)
-    return method
-
-
 def _sent(objective: Any, params: torch.Tensor, method: Any, data: Any,
           seed: int) -> tuple[torch.Tensor, float]:
     """The canary client's real upload (payload ``[D]``, clip indicator b − ½ or 0)."""
@@ -221,8 +195,8 @@ def canary_games(method: str, world: AuditWorld | None = None, *, epsilon: float
                               f"{', '.join(CANARY_ADJACENCIES)}")
     world = make_world() if world is None else world
     adaptive, news = method == "dp-fedavg-adaptive", method == "dp-fedavg-news"
-    aggregator = _central_method(adaptive=adaptive, news=news, epsilon=epsilon, delta=delta,
-                                 model=model, placement=secure_aggregation)
+    _, aggregator = central_method(adaptive=adaptive, news=news, epsilon=epsilon,
+                                   delta=delta, model=model, placement=secure_aggregation)
     clip = aggregator.clip
     z_sum, sigma_b = aggregator.noise_split(expected_clients(1.0, 1))
     sigma = z_sum * clip
@@ -237,69 +211,54 @@ def canary_games(method: str, world: AuditWorld | None = None, *, epsilon: float
     games: list[CanaryGame] = []
     if news:
         objective = LocalObjective(recommender)
-        params = objective.parameters()
-        payload, _ = _sent(objective, params, aggregator, data, seed)
-        norm = _check_norm("news-space", payload, clip)
-        absent = CanarySide("no client", torch.zeros_like(payload), 0.0, 0.0)
-        present = CanarySide("+C u", payload, 0.0, norm)
+        payload, _ = _sent(objective, objective.parameters(), aggregator, data, seed)
+        plus = CanarySide("+C u", payload, 0.0, _check_norm("news-space", payload, clip))
         note = (f"the one-impression user, news-space norm > C, clipped to C = {clip:g}; "
                 f"release D_U + P d = {payload.numel()}, z = {z:.4g}")
-        if "add-remove" in adjacencies:
-            games.append(CanaryGame(method, "add-remove", "canary +C u vs no client",
-                                    "the canary user present or absent", aggregator, absent,
-                                    present, sigma, None, add_remove, delta, note))
-        return games
-    base = LocalObjective(recommender)
-    u = _unit(base.dimension, seed)
-    params = base.parameters()
+    else:
+        base = LocalObjective(recommender)
+        u = _unit(base.dimension, seed)
+        params = base.parameters()
 
-    def side(name: str, scale: float) -> CanarySide:
-        objective = CanaryObjective(recommender, direction=u, scale=scale)
-        payload, indicator = _sent(objective, params, aggregator, data, seed)
-        return CanarySide(name, payload, indicator, float(torch.linalg.vector_norm(
-            payload.to(torch.float64))))
+        def side(name: str, scale: float) -> CanarySide:
+            objective = CanaryObjective(recommender, direction=u, scale=scale)
+            payload, indicator = _sent(objective, params, aggregator, data, seed)
+            return CanarySide(name, payload, indicator, float(torch.linalg.vector_norm(
+                payload.to(torch.float64))))
 
-    # the raw update's length per unit of s (the inner method's steps and learning rate)
-    # the raw update's length per unit of s (the inner method's steps and learning rate),
-    # measured on an update well inside the clip
-    probe = 1e-3 * clip
-    per_unit = side("probe", probe).norm / probe if adaptive else None
-    big = CANARY_SCALE * clip
-    plus = side("+C u", big)
-    _check_norm("+C u", plus.total, clip)
-    if not torch.allclose(plus.total / clip, u, atol=1e-5):
-        raise ConfigError("the +C u canary's upload is not along u")
-    note = (f"D = {base.dimension}, clip {clip:g}, z = {z:.4g}"
-            + (f", z_update = {z_sum:.4g}, sigma_b = {sigma_b:.4g}" if adaptive else ""))
-    if "replace" in adjacencies:
-        if adaptive:
-            assert per_unit is not None
-            minus = side("-(1-eta)C u", -(1 - INSIDE) * clip / per_unit)
-            _check_norm("inside", minus.total, (1 - INSIDE) * clip)
-            if not (plus.indicator == -0.5 and minus.indicator == 0.5):
-                raise ConfigError("the adaptive canaries' clip indicators are not -1/2 and "
-                                  f"+1/2: {plus.indicator}, {minus.indicator}")
-            label = "canary +C u (clipped) vs -(1-eta)C u (inside the clip)"
-        else:
-            minus = side("-C u", -big)
-            _check_norm("-C u", minus.total, clip)
-            label = "canary +C u vs -C u"
-        games.append(CanaryGame(method, "replace", label, "one user's data replaced: the "
-                                "canary's update negated", aggregator, minus, plus, sigma,
-                                sigma_b, replace_claim.epsilon, replace_claim.delta, note))
-    if "add-remove" in adjacencies:
+        # the raw update's length per unit of s (the inner method's steps and learning
+        # rate), measured on an update well inside the clip
+        probe = 1e-3 * clip
+        per_unit = side("probe", probe).norm / probe if adaptive else None
+        big = CANARY_SCALE * clip
+        plus = side("+C u", big)
+        _check_norm("+C u", plus.total, clip)
+        if not torch.allclose(plus.total / clip, u, atol=1e-5):
+            raise ConfigError("the +C u canary's upload is not along u")
+        note = (f"D = {base.dimension}, clip {clip:g}, z = {z:.4g}"
+                + (f", z_update = {z_sum:.4g}, sigma_b = {sigma_b:.4g}" if adaptive else ""))
+        if "replace" in adjacencies:
+            if adaptive:
+                assert per_unit is not None
+                minus = side("-(1-eta)C u", -(1 - INSIDE) * clip / per_unit)
+                _check_norm("inside", minus.total, (1 - INSIDE) * clip)
+                if not (plus.indicator == -0.5 and minus.indicator == 0.5):
+                    raise ConfigError("the adaptive canaries' clip indicators are not -1/2 "
+                                      f"and +1/2: {plus.indicator}, {minus.indicator}")
+                label = "canary +C u (clipped) vs -(1-eta)C u (inside the clip)"
+            else:
+                minus = side("-C u", -big)
+                _check_norm("-C u", minus.total, clip)
+                label = "canary +C u vs -C u"
+            games.append(CanaryGame(method, "replace", label, "one user's data replaced: the "
+                                    "canary's update negated", aggregator, minus, plus, sigma,
+                                    sigma_b, replace_claim.epsilon, replace_claim.delta, note))
+    if "add-remove" in adjacencies:  # news space: sigma_b is None (a fixed clip)
         absent = CanarySide("no client", torch.zeros_like(plus.total), 0.0, 0.0)
         games.append(CanaryGame(method, "add-remove", "canary +C u vs no client",
                                 "the canary user present or absent", aggregator, absent, plus,
                                 sigma, sigma_b, add_remove, delta, note))
     return games
-
-
-def _chunks(runs: int) -> Iterator[int]:
-    left = runs
-    while left > 0:
-        yield min(CHUNK, left)
-        left -= CHUNK
 
 
 VIEWS = ("simulator", "deployed", "secagg", "secagg-deployed")
@@ -361,7 +320,7 @@ def noised_statistics(game: CanaryGame, side: CanarySide, runs: int, *,
                           "has no deployed or SecAgg+ view")
     if view.startswith("secagg") and agg.secure_aggregation == "none":
         raise ConfigError("the SecAgg+ view needs a game built with secure_aggregation")
-    for n in _chunks(runs):
+    for n in (min(CHUNK, runs - start) for start in range(0, runs, CHUNK)):
         if view.startswith("secagg"):
             out.append(_secagg_view(agg, side, n, source) @ w)
         elif view == "deployed":
@@ -425,7 +384,7 @@ def audit_power(game: CanaryGame, *, runs: int, seed: int = 0,
     scaled by each of ``factors`` (:func:`~privaterec.audit.broken.scaled_gaussian_noise`;
     the deployed views: :func:`~privaterec.audit.broken.scaled_secure_noise`; distributed
     noise: :func:`~privaterec.audit.broken.scaled_noise_shares`), stopping at the first one
-    caught."""
+    caught (no ``factors``: the audit alone)."""
     from privaterec.audit import broken
 
     audit = play(game, runs=runs, seed=seed, alpha=alpha, view=view)
@@ -459,13 +418,8 @@ def run_canary_audit(method: str, *, epsilon: float, runs: int | None = None,
                          secure_aggregation=(noise_placement if view.startswith("secagg")
                                              else None))
     runs = DEFAULT_CANARY_RUNS[method] if runs is None else runs
-    out = []
-    for game in games:
-        if power:
-            out.append(audit_power(game, runs=runs, seed=seed, alpha=alpha, view=view))
-        else:
-            out.append(CanaryAudit(play(game, runs=runs, seed=seed, alpha=alpha, view=view)))
-    return out
+    return [audit_power(game, runs=runs, seed=seed, alpha=alpha, view=view,
+                        factors=POWER_FACTORS if power else ()) for game in games]
 
 
 def format_power(audits: Sequence[CanaryAudit]) -> str:

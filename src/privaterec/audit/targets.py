@@ -130,6 +130,36 @@ def fed_run_config(method: FederatedMethod, *, mode: str, epsilon: float, noise:
     return resolve_run_config(config)
 
 
+def central_method(*, epsilon: float, delta: float, model: ModelConfig, adaptive: bool = False,
+                   news: bool = False, placement: str | None = None) -> tuple[RunConfig, Any]:
+    """dp-fedavg's resolved run configuration at the round's ε (one round at q = 1,
+    :func:`fed_run_config`) and its aggregator (a
+    :class:`~privaterec.fed.methods.dp_fedavg.CentralDP`): with ``adaptive``, adaptive
+    clipping (quantile 0.5, count noise :data:`CENTRAL_COUNT_SHARE` · z); with ``news``,
+    clipped in news-vector space; with ``placement``, over SecAgg+ with that noise placement."""
+    from privaterec.config import replace
+    from privaterec.fed.methods import method_from_config, resolve_run_config
+    from privaterec.fed.methods.dp_fedavg import CentralDP
+    from privaterec.method_settings import DPFedAvgSettings
+
+    config = fed_run_config("dp-fedavg", mode="-", epsilon=epsilon, delta=delta, model=model)
+    settings = config.fed.settings_as(DPFedAvgSettings)
+    if adaptive:
+        z = settings.noise_multiplier
+        assert z is not None
+        settings = replace(settings, adaptive_clip_quantile=0.5,
+                           clip_count_stddev=CENTRAL_COUNT_SHARE * z)
+    if news:
+        settings = replace(settings, clip_space="news_vectors")
+    if placement is not None:
+        settings = replace(settings, secure_aggregation="secaggplus",
+                           noise_placement=placement, max_dropouts=0)
+    config = resolve_run_config(replace(config, fed=replace(config.fed, settings=settings)))
+    method = method_from_config(config)
+    assert isinstance(method, CentralDP)
+    return config, method
+
+
 def _news_space_target(world: AuditWorld, *, epsilon: float, delta: float,
                        model: ModelConfig) -> Target:
     """dp-fedavg with ``clip_space`` news_vectors: the aggregator's real release of one
@@ -137,20 +167,11 @@ def _news_space_target(world: AuditWorld, *, epsilon: float, delta: float,
     (:meth:`~privaterec.fed.methods.dp_fedavg.CentralDP.news_space_release`): the noised
     user-side sum and the noised news-vector cotangents of every news of the table, before
     the server's backward pass (which is post-processing)."""
-    from privaterec.config import replace
-    from privaterec.fed.methods import method_from_config, resolve_run_config
-    from privaterec.fed.methods.dp_fedavg import CentralDP
     from privaterec.fed.news_space import NewsSpaceClipping
     from privaterec.fed.objective import LocalObjective
-    from privaterec.method_settings import DPFedAvgSettings
     from privaterec.models.factory import build_recommender
 
-    config = fed_run_config("dp-fedavg", mode="-", epsilon=epsilon, delta=delta, model=model)
-    settings = config.fed.settings_as(DPFedAvgSettings)
-    config = resolve_run_config(replace(config, fed=replace(config.fed, settings=replace(
-        settings, clip_space="news_vectors"))))
-    method = method_from_config(config)
-    assert isinstance(method, CentralDP)
+    config, method = central_method(epsilon=epsilon, delta=delta, model=model, news=True)
     torch.manual_seed(0)
     objective = LocalObjective(build_recommender(config.model, world.vocabs, world.features))
     params = objective.parameters()
@@ -173,23 +194,13 @@ def _central_target(world: AuditWorld, *, adaptive: bool, epsilon: float, delta:
                     model: ModelConfig) -> Target:
     """dp-fedavg's round release (module docstring): the audited user's real clipped update
     (and, with adaptive clipping, its clip indicator) through the aggregator's real noise."""
-    from privaterec.config import replace
     from privaterec.fed.client import client_update
-    from privaterec.fed.methods import method_from_config, resolve_run_config
-    from privaterec.fed.methods.dp_fedavg import CLIP_INDICATOR, CentralDP
+    from privaterec.fed.methods.dp_fedavg import CLIP_INDICATOR
     from privaterec.fed.objective import LocalObjective
-    from privaterec.method_settings import DPFedAvgSettings
     from privaterec.models.factory import build_recommender
 
-    config = fed_run_config("dp-fedavg", mode="-", epsilon=epsilon, delta=delta, model=model)
-    if adaptive:
-        settings = config.fed.settings_as(DPFedAvgSettings)
-        z = settings.noise_multiplier
-        assert z is not None
-        config = resolve_run_config(replace(config, fed=replace(config.fed, settings=replace(
-            settings, adaptive_clip_quantile=0.5, clip_count_stddev=CENTRAL_COUNT_SHARE * z))))
-    method = method_from_config(config)
-    assert isinstance(method, CentralDP)
+    config, method = central_method(epsilon=epsilon, delta=delta, model=model,
+                                    adaptive=adaptive)
     torch.manual_seed(0)
     objective = LocalObjective(build_recommender(config.model, world.vocabs, world.features))
     params = objective.parameters()
@@ -305,5 +316,5 @@ def make_target(method: str, world: AuditWorld, *, mode: str = "strict", epsilon
 
 
 __all__ = ["CENTERED_MODEL", "CENTRAL_COUNT_SHARE", "METHODS", "MODES", "Release",
-           "Target", "TINY_MODEL", "Upload", "fed_run_config", "make_target", "recall_config",
+           "Target", "TINY_MODEL", "Upload", "central_method", "fed_run_config", "make_target", "recall_config",
            "sent_fields"]
