@@ -30,7 +30,8 @@ ROOT = "privaterec"
 # everything below it. The root name covers ``privaterec/__init__`` only. A module may import
 # from its own layer and the layers below it.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("base", ("privaterec.version", "privaterec.errors", "privaterec.validators")),
+    ("base", ("privaterec.version", "privaterec.errors", "privaterec.validators",
+              "privaterec.files")),
     # pure calibration math, the noise mechanisms, randomness sources, ledger, reports
     ("privacy", ("privaterec.privacy",)),
     # the configuration names the mechanisms of privacy/noise/ and checks against them

@@ -42,6 +42,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from privaterec.data.records import NewsRecord
 from privaterec.errors import CheckpointError, ConfigError, PrivacyBudgetExceeded
+from privaterec.files import write_atomic
 from privaterec.privacy.events import PrivacyEvent
 from privaterec.privacy.ledger import Composition, PrivacyLedger, compose_events
 from privaterec.validators import check_in
@@ -205,9 +206,7 @@ class DeviceBudget:
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         state = {"format": _STATE_FORMAT, "ledger": self.ledger.to_dict(),
                  "releases": dict(self.releases), "fresh": dict(self.fresh)}
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        tmp.write_text(json.dumps(state))
-        os.replace(tmp, self.path)
+        write_atomic(self.path, json.dumps(state))
 
     def events(self) -> Events:
         """The device's distinct events and their counts."""

@@ -23,11 +23,11 @@ from __future__ import annotations
 import json
 import math
 import numbers
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
 from privaterec.errors import CheckpointError, ConfigError
+from privaterec.files import write_atomic
 from privaterec.privacy.formulas import (COMPOSITIONS, PAPER_SENSITIVITY_WARNING,
                                             Composition, SensitivityMode,
                                             amplified_budget, fednewsrec_coordinate_epsilon,
@@ -162,7 +162,7 @@ def build_privacy_summary(ledger: PrivacyLedger, *, release: Mapping[str, Any], 
 def write_privacy_json(path: Path, ledger: PrivacyLedger, *, release: Mapping[str, Any],
                        delta: float, rounds: int,
                        composition: Composition = "pld") -> dict[str, Any]:
-    """Write ``privacy.json`` atomically (temporary file + ``os.replace``) and return it.
+    """Write ``privacy.json`` atomically (:func:`~privaterec.files.write_atomic`) and return it.
 
     Parameters are those of :func:`build_privacy_summary`; ``path`` is the file (usually
     ``RUN/privacy.json``; its directory is created if needed).
@@ -174,19 +174,7 @@ def write_privacy_json(path: Path, ledger: PrivacyLedger, *, release: Mapping[st
     """
     summary = build_privacy_summary(ledger, release=release, delta=delta, rounds=rounds,
                                     composition=composition)
-    text = json.dumps(to_json_safe(summary), indent=1, allow_nan=False)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    write_atomic(Path(path), json.dumps(to_json_safe(summary), indent=1, allow_nan=False))
     return summary
 
 

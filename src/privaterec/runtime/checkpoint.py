@@ -2,30 +2,21 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
+import io
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from privaterec.errors import CheckpointError
+from privaterec.files import write_atomic
 
 
 def save_checkpoint(path: str | Path, state: dict[str, Any]) -> None:
-    """Write ``state`` with ``torch.save`` to a temporary file, then rename it over ``path``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name, suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            torch.save(state, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Write ``state`` with ``torch.save`` atomically (:func:`~privaterec.files.write_atomic`)."""
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    write_atomic(Path(path), buffer.getvalue())
 
 
 def load_checkpoint(path: str | Path) -> dict[str, Any]:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +27,7 @@ from privaterec.data.features import ANONYMOUS_NEWS, build_news_features
 from privaterec.data.records import NewsRecord
 from privaterec.data.text import TextVocabularies
 from privaterec.errors import CheckpointError, ConfigError
+from privaterec.files import write_atomic
 from privaterec.models.factory import build_recommender
 from privaterec.models.recommender import Recommender
 from privaterec.recall.model import UniFedRecRecall
@@ -101,10 +101,7 @@ def _download(http: HttpSession, url: str, version: str, name: str,
         data = http.get_bytes(url)
         payload = load_parameters(data, url)
         if cached is not None:
-            cached.parent.mkdir(parents=True, exist_ok=True)
-            tmp = cached.with_name(cached.name + ".tmp")
-            tmp.write_bytes(data)
-            os.replace(tmp, cached)
+            write_atomic(cached, data)
     if payload.get("model_version") != version:
         raise CheckpointError(f"{cached or url}: holds model_version "
                               f"{payload.get('model_version')!r}, the server announces "

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import random
 import time
 from pathlib import Path
@@ -38,6 +37,7 @@ import torch
 
 from privaterec.data.records import NewsRecord
 from privaterec.errors import CheckpointError, ConfigError
+from privaterec.files import write_atomic
 from privaterec.privacy.events import PrivacyEvent
 from privaterec.privacy.ledger import PrivacyLedger
 from privaterec.serving.device_common import MAX_K, DeviceBase, check_count, check_history
@@ -192,12 +192,8 @@ class LocalRankingDevice(DeviceBase):
 
     def _save_pool(self, state: PoolState) -> None:
         path = self._pool_path()
-        if path is None:
-            return
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_bytes(encode_full(state))
-        os.replace(tmp, path)
+        if path is not None:
+            write_atomic(path, encode_full(state))
 
     def _load_ledger(self) -> PrivacyLedger:
         path = None if self.cache_dir is None else self.cache_dir / LEDGER_FILE
@@ -214,11 +210,7 @@ class LocalRankingDevice(DeviceBase):
         for event in events:
             self.ledger.record(LOCAL_USER, event)
         if self.cache_dir is not None:
-            path = self.cache_dir / LEDGER_FILE
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(path.name + ".tmp")
-            tmp.write_text(json.dumps(self.ledger.to_dict()))
-            os.replace(tmp, path)
+            write_atomic(self.cache_dir / LEDGER_FILE, json.dumps(self.ledger.to_dict()))
 
     # ------------------------------------------------------------------ sync
     def _get(self, path: str, etag: str | None) -> Any:
