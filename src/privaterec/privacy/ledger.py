@@ -430,19 +430,18 @@ class PrivacyLedger:
                        "releases": releases_per_event[i]} for i, e in enumerate(self._events)]
         warnings = []
         for i, e in enumerate(self._events):
-            if not e.valid and users_per_event[i]:
-                warnings.append(f"the stated guarantee of {releases_per_event[i]} {e.phase} "
-                                f"'{e.mechanism}' releases does NOT hold (reported epsilon is "
-                                f"not a valid DP bound){': ' + e.note if e.note else ''}")
-            if not e.is_private and users_per_event[i]:
-                warnings.append(f"{releases_per_event[i]} {e.phase} '{e.mechanism}' releases "
-                                f"are not private (epsilon = inf)"
-                                f"{': ' + e.note if e.note else ''}")
-            elif (users_per_event[i] and e.is_private
-                  and not e.at_adjacency("user").is_private):
-                warnings.append(f"{releases_per_event[i]} {e.phase} '{e.mechanism}' releases "
-                                f"are private for one click but NOT for a whole user "
-                                f"(user-level epsilon = inf){': ' + e.note if e.note else ''}")
+            if not users_per_event[i]:
+                continue
+            releases = f"{releases_per_event[i]} {e.phase} '{e.mechanism}' releases"
+            note = f": {e.note}" if e.note else ""
+            if not e.valid:
+                warnings.append(f"the stated guarantee of {releases} does NOT hold (reported "
+                                f"epsilon is not a valid DP bound){note}")
+            if not e.is_private:
+                warnings.append(f"{releases} are not private (epsilon = inf){note}")
+            elif not e.at_adjacency("user").is_private:
+                warnings.append(f"{releases} are private for one click but NOT for a whole "
+                                f"user (user-level epsilon = inf){note}")
         notes = [f"{releases_per_event[i]} {e.phase} '{e.mechanism}' releases with epsilon = "
                  f"{e.epsilon:.6g} > {PLD_MAX_EPSILON:g} per release are composed by basic "
                  f"composition ({composition} is no tighter at such epsilon)"
@@ -465,19 +464,15 @@ class PrivacyLedger:
             basic_eps: list[float] = []
             basic_delta: list[float] = []
             releases: list[int] = []
-            groups = self._groups(self._users, phase)
-            for signature, members in groups.items():
+            for signature, members in self._groups(self._users, phase).items():
                 if not signature:
                     continue
                 eps = self._compose_signature(signature, delta, composition, adjacency)
                 events = [(self._events[i], c) for i, c in signature]
                 pairs = [basic_composition(g) for g in adjacency_view(events, adjacency)]
-                b_eps = max(p[0] for p in pairs)
-                b_delta = max(p[1] for p in pairs)
-                n = len(members)
-                values += [eps] * n
-                basic_eps.append(b_eps)
-                basic_delta.append(b_delta)
+                values += [eps] * len(members)
+                basic_eps.append(max(p[0] for p in pairs))
+                basic_delta.append(max(p[1] for p in pairs))
                 releases.append(sum(c for _, c in signature))
             phases[name] = {
                 "adjacency": adjacency,
