@@ -62,7 +62,6 @@ from pathlib import Path
 from typing import Any, Callable, Literal, Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import grad_and_value
 
@@ -80,7 +79,7 @@ from privaterec.privacy.randomness import is_secure, randint, randperm
 from privaterec.privacy.samplers import NoiseSource, SimulationNoise
 from privaterec.recall.channels import ChannelBatch, cluster_batch
 from privaterec.recall.interest import perturb_scores
-from privaterec.recall.model import NUM_NEGATIVES, UniFedRecRecall, unified_score
+from privaterec.recall.model import NUM_NEGATIVES, UniFedRecRecall, info_nce, unified_score
 from privaterec.runtime.checkpoint import load_checkpoint
 from privaterec.runtime.device import module_device
 from privaterec.validators import fail
@@ -210,22 +209,15 @@ class _RecallLoss(nn.Module):
         assert channel_ids is not None and quotas is not None and weights is not None
         interests = model.interests(context, channel_ids)
         n, c, d = candidates.shape
-        if not model.use_bie:  # no-BIE ablation: r_i scored directly
-            logits = unified_score(interests, quotas.to(interests.dtype),
-                                   candidates.reshape(1, n * c, d)).reshape(n, c)
-            losses = F.cross_entropy(logits, torch.zeros(n, dtype=torch.long,
-                                                         device=logits.device),
-                                     reduction="none")
-            return (losses * weights).sum() / weights.sum()
-        scores = model.interest.decompose(interests)
-        scores = perturb_scores(scores, clip=model.clip if score_clip else None, noise=None)
-        if score_noise is not None:
-            scores = scores + score_noise
-        protected = model.interest.aggregate(model.weights(scores))  # [1, M, d]
-        logits = unified_score(protected, quotas.to(protected.dtype),
+        if model.use_bie:  # the no-BIE ablation scores r_i directly
+            scores = model.interest.decompose(interests)
+            scores = perturb_scores(scores, clip=model.clip if score_clip else None, noise=None)
+            if score_noise is not None:
+                scores = scores + score_noise
+            interests = model.interest.aggregate(model.weights(scores))  # [1, M, d]
+        logits = unified_score(interests, quotas.to(interests.dtype),
                                candidates.reshape(1, n * c, d)).reshape(n, c)
-        losses = F.cross_entropy(logits, torch.zeros(n, dtype=torch.long, device=logits.device),
-                                 reduction="none")
+        losses = info_nce(logits, reduction="none")
         return (losses * weights).sum() / weights.sum()
 
 
@@ -242,8 +234,6 @@ class RecallClientInputs:
     history_mask: Tensor
     candidates: Tensor
     score_noise: Tensor | None = None
-
-
 
 
 class RecallTask(ModuleTask):
