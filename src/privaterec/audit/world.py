@@ -27,16 +27,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Sequence, get_args
+from typing import Sequence
 
 from privaterec.data.clients import ClientData, build_client_dataset
 from privaterec.data.features import NewsFeatures, build_news_features, build_vocabularies
 from privaterec.data.records import Impression, MindSplit, NewsRecord
 from privaterec.data.text import TextVocabularies
 from privaterec.errors import ConfigError
-from privaterec.privacy.events import Adjacency
+from privaterec.privacy.events import ADJACENCIES, Adjacency
 
-ADJACENCIES: tuple[Adjacency, ...] = get_args(Adjacency)
 HISTORY_LEN = 5
 NUM_NEWS = 40
 _START = datetime(2020, 1, 1)

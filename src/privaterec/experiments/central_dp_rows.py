@@ -23,17 +23,17 @@ from typing import Any, Literal, Sequence
 
 from privaterec.config import PrivacyMode, RunConfig
 from privaterec.method_settings import ClipSpace, DPFedAvgSettings, FedNewsRecSettings
-from privaterec.experiments.common import (METRICS, ExperimentMethod, RunSpec, Summary,
-                                           format_epsilon, metric_columns, summarize_metrics)
+from privaterec.experiments.common import (METRICS, SERVE_PADDING, ExperimentMethod, RunSpec,
+                                           Summary, format_epsilon, metric_columns,
+                                           summarize_metrics)
 from privaterec.experiments.populations import Population
+from privaterec.fed.methods import PRIVATEREC_BASIS
 from privaterec.experiments.run_privacy import LedgerEpsilon, combine_ledgers
 from privaterec.ondevice.release import ServingConfig
 
 INF = math.inf
 LDP_EPSILON = 10.0  # ε_t per round of the local-DP rows
 SERVE_EPSILONS = (1.0, 10.0)  # DPA serving of the PrivateRec central-trained model
-SERVE_PADDING = 0.5
-PRIVATEREC_BASIS = 5
 
 Group = Literal["untrained", "central", "ldp", "privaterec"]
 

@@ -34,6 +34,7 @@ from privaterec.config import (EMBEDDINGS, FEDERATED_METHODS, NEWS_ENCODERS, PRI
 from privaterec.config import fed_config as flat_fed_config
 from privaterec.data.synth import write_synthetic
 from privaterec.errors import ConfigError
+from privaterec.eval.federated import METRICS
 from privaterec.experiments.settings import DEMO_ROUNDS, demo_synth_config
 from privaterec.fed.methods import PRIVATEREC_BASIS, resolve_run_config
 from privaterec.method_settings import CLIP_SPACES, ClipSpace, settings_type
@@ -47,7 +48,6 @@ QUICK_ROUNDS = 20
 EPOCHS = 3  # centralized epochs
 QUICK_EPOCHS = 1
 
-METRICS = ("auc", "mrr", "ndcg@5", "ndcg@10")
 METRIC_LABELS = {"auc": "AUC", "mrr": "MRR", "ndcg@5": "nDCG@5", "ndcg@10": "nDCG@10"}
 MODEL_LABELS = {"nrms": "NRMS", "naml": "NAML", "plm": "PLM-NR (frozen MiniLM)",
                 "fednewsrec": "FedNewsRec", "id": "ID"}
@@ -73,6 +73,8 @@ _EPSILON_TRAIN_METHODS = tuple(m for m in FEDERATED_METHODS
 # How a DP-FedAvg row's label names its clipping (parameters: the default, unnamed).
 CLIP_SPACE_LABELS = {"parameters": "", "news_vectors": ", clipped in news-vector space"}
 SCALE = 100.0  # metrics are printed ×100, as in the paper's tables
+TRAIN_EPSILON = 10.0  # ε_t of the private runs of Tables 1-2 and Figs. 4-7 (one run cache)
+SERVE_PADDING = 0.5  # PrivateRec serving's padding probability p (Table 2, Fig. 4, central-dp)
 DIGITS = 2
 
 
@@ -579,8 +581,8 @@ class Stopwatch:
 
 __all__ = ["CLIP_SPACE_LABELS", "DIGITS", "EPOCHS", "EXPERIMENT_METHODS", "ExperimentMethod",
            "METRICS", "METRIC_LABELS", "MODEL_LABELS", "QUICK_EPOCHS", "QUICK_ROUNDS", "ROUNDS",
-           "RunSpec", "SCALE", "Stopwatch", "Summary", "cached_serving", "check_models", "check_seeds",
-           "ensure_run", "finished_metrics", "format_epsilon", "format_summary", "log",
-           "markdown_table", "metric_columns", "model_label", "over_seeds", "parse_model",
+           "RunSpec", "SCALE", "SERVE_PADDING", "Stopwatch", "Summary", "TRAIN_EPSILON",
+           "cached_serving", "check_models", "check_seeds", "ensure_run", "finished_metrics",
+           "format_epsilon", "format_summary", "log", "markdown_table", "metric_columns", "model_label", "over_seeds", "parse_model",
            "resolve_data", "run_dir", "run_metrics", "serve_run", "serving_key", "summarize",
            "summarize_metrics", "training_budget", "write_csv", "write_text"]

@@ -22,11 +22,12 @@ from typing import Any, Callable, Iterator
 from privaterec.config import FedConfig, ModelConfig, RunConfig, TrainConfig, fed_config
 from privaterec.data.mind import load_dataset
 from privaterec.data.synth import write_synthetic
+from privaterec.experiments.common import training_budget
 from privaterec.experiments.demo_recall import RecallDemo, run_recall_demo
 from privaterec.experiments.demo_summary import (DemoFacts, DemoRow, chance_auc_se,
                                                  demo_conclusion, format_main_footnotes,
                                                  format_main_table, format_recall_footnote)
-from privaterec.experiments.settings import DEMO_ROUNDS, demo_synth_config
+from privaterec.experiments.settings import demo_synth_config
 from privaterec.runs.ranking import evaluate_run, train_run
 from privaterec.runtime.device import current_device, set_current_device
 from privaterec.ondevice.release import ServingConfig
@@ -55,8 +56,7 @@ def demo_entries(quick: bool) -> list[DemoEntry]:
     whole run) and PrivateRec. Private serving: VDP on the FedRec model, and
     PrivateRec's B-float release and zero-ε local ranking on the PrivateRec model.
     """
-    epochs = 1 if quick else 3
-    rounds = 20 if quick else DEMO_ROUNDS
+    rounds, epochs = training_budget(quick)
     nrms = ModelConfig(news_encoder="nrms")
     vdp = (ServingConfig(kind="vdp", epsilon=DEMO_SERVE_EPSILON),)
     return [

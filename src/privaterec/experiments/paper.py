@@ -22,16 +22,14 @@ from typing import Any, Literal, Sequence
 
 from privaterec.fed.methods import method_from_config, resolve_run_config
 from privaterec.experiments.common import (DIGITS, METRIC_LABELS, METRICS, SCALE,
-                                           RunSpec, Stopwatch, Summary, check_models,
+                                           SERVE_PADDING, TRAIN_EPSILON, RunSpec, Stopwatch, Summary, check_models,
                                            check_seeds, format_epsilon, format_summary, log,
                                            markdown_table, metric_columns, model_label, over_seeds,
                                            resolve_data, training_budget, write_csv,
                                            write_text)
 from privaterec.ondevice.release import ServingConfig
 
-TRAIN_EPSILON = 10.0  # ε_t of the private rows (Tables 1-2)
 SERVE_EPSILON = 10.0  # ε_s of Table 2
-SERVE_PADDING = 0.5  # PrivateRec's padding probability p in Table 2
 
 CENTRALIZED = RunSpec("centralized")
 FEDREC = RunSpec("dp-fedrec", math.inf)

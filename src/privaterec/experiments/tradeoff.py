@@ -22,8 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from privaterec.experiments.common import (SCALE, ExperimentMethod, RunSpec,
-                                           Stopwatch, Summary, check_models, check_seeds,
+from privaterec.experiments.common import (SCALE, SERVE_PADDING, TRAIN_EPSILON,
+                                           ExperimentMethod, RunSpec, Stopwatch, Summary,
+                                           check_models, check_seeds,
                                            format_epsilon, format_summary, log, markdown_table,
                                            model_label, over_seeds, resolve_data, training_budget,
                                            write_csv, write_text)
@@ -32,8 +33,6 @@ from privaterec.privacy.dpa import dpa_calibration
 from privaterec.ondevice.release import ServingConfig
 
 INF = math.inf
-TRAIN_EPSILON = 10.0  # ε_t of the PrivateRec run served in Figs. 4-5 and of Fig. 7
-SERVE_PADDING = 0.5  # p of PrivateRec serving in Fig. 4
 PADDING_SERVE_EPSILON = 10.0  # ε_s of Fig. 5 (right)
 
 SERVING_EPSILONS = (0.1, 1.0, 5.0, 10.0, 20.0, 50.0, INF)

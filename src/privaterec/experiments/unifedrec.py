@@ -40,8 +40,9 @@ from typing import Any, Callable, Sequence
 
 from privaterec.config import FedConfig
 from privaterec.data.synth import SynthConfig, write_synthetic
-from privaterec.experiments.common import (RunSpec, Stopwatch, Summary, check_seeds,
-                                           checkpoint_stamp, ensure_run, format_summary, log,
+from privaterec.experiments.common import (SCALE, TRAIN_EPSILON, RunSpec, Stopwatch,
+                                           Summary, check_seeds, checkpoint_stamp,
+                                           ensure_run, format_summary, log,
                                            markdown_table, run_dir, summarize, write_csv,
                                            write_text)
 from privaterec.recall.evaluate import RECALL_KS
@@ -56,7 +57,7 @@ QUICK_SYNTH = SynthConfig(users=400, news=1200, seed=0)
 
 MODEL = "nrms"
 RANKER = RunSpec("dp-fedrec", math.inf)
-PRIVATE_RANKER = RunSpec("privaterec", 10.0, privacy_mode="paper")
+PRIVATE_RANKER = RunSpec("privaterec", TRAIN_EPSILON, privacy_mode="paper")
 SERVE_EPSILON = 10.0  # ε_s of the PrivateRec and VDP rows
 INTEREST_NOISES = (0.075, 0.15, 0.3, 0.6, 1.2, 2.4)  # λ_I of Fig. 5 (paper default 1.2)
 QUICK_INTEREST_NOISES = (0.3, 1.2)
@@ -66,8 +67,6 @@ LDP_RECALL_ROUNDS = 300  # the LDP upload's noise dominates: its loss stays at l
 QUICK_RECALL_ROUNDS = 30
 RECALL_CLIENTS = 100  # clients per round of the recall model's training
 DISTANCE_THRESHOLD = 0.5  # d_c (cosine, average linkage): 1.0 gives one channel per user
-
-SCALE = 100.0  # recalls are printed in % like the paper's tables
 
 
 def recall_train_config(*, ldp: bool, quick: bool) -> tuple[FedConfig, RecallTrainConfig]:
