@@ -15,7 +15,6 @@ import torch
 
 from privaterec.fed.client import client_update
 from privaterec.privacy.mechanisms import apply_clip
-from privaterec.privacy.randomness import is_secure, rand, randint, randperm
 from privaterec.privacy.samplers import SecureNoise, SimulationNoise, grid_exponent
 
 
@@ -87,21 +86,19 @@ def test_secure_privaterec_releases_alpha_on_the_grid_and_uses_it_exactly(make_o
 
 def test_secure_draws_are_uniform_and_fresh():
     source = SecureNoise(workers=1)
-    assert is_secure(source) and not is_secure(SimulationNoise(torch.Generator()))
-    with pytest.raises(TypeError, match="SimulationNoise"):  # one type: no bare generator
-        is_secure(torch.Generator())  # type: ignore[arg-type]
-    u = rand(source, (20000,))
+    assert source.secure and not SimulationNoise(torch.Generator()).secure
+    u = source.uniform((20000,), dtype=torch.float32)
     assert u.dtype == torch.float32 and float(u.max()) < 1.0 and float(u.min()) >= 0.0
     # 5 standard errors: SecureNoise cannot be seeded, so a correct sampler fails this with
     # probability 6e-7 on every run (4 standard errors: 6e-5); a mean off by 0.02 fails it.
     assert float(u.mean()) == pytest.approx(0.5, abs=5 * math.sqrt(1 / 12 / 20000))
-    assert not torch.equal(rand(source, (8,)), rand(source, (8,)))
-    p = randperm(source, 50)
+    assert not torch.equal(source.uniform((8,)), source.uniform((8,)))
+    p = source.permutation(50)
     assert sorted(p.tolist()) == list(range(50))
-    r = randint(source, 1, 6, (6000,))
+    r = 1 + source.randint(5, (6000,))
     assert set(r.tolist()) == {1, 2, 3, 4, 5}
     # The seeded path is exactly torch's.
     g1, g2 = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
     s1 = SimulationNoise(g1)
-    assert torch.equal(rand(s1, (5,)), torch.rand(5, generator=g2))
-    assert torch.equal(randperm(s1, 9), torch.randperm(9, generator=g2))
+    assert torch.equal(s1.uniform((5,), dtype=torch.float32), torch.rand(5, generator=g2))
+    assert torch.equal(s1.permutation(9), torch.randperm(9, generator=g2))

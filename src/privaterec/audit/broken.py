@@ -41,16 +41,15 @@ def published_dpl_labels(clicks: Tensor, counts: Tensor, *, size: int, epsilon: 
     candidate set: positions ``[n, size]`` with a clicked position in slot 0 and ``size − 1``
     non-clicked ones, and the label kept in slot 0 with probability e^ε/(e^ε + size − 1)."""
     from privaterec.privacy.labels import keep_probability
-    from privaterec.privacy.randomness import rand, randint
 
     n, width = clicks.shape
     clicked = clicks.float().argmax(dim=1)
-    keys = rand(generator, (n, width), dtype=torch.float64)
+    keys = generator.uniform((n, width))
     keys = keys.masked_fill(clicks | (torch.arange(width) >= counts[:, None]), 2.0)
     positions = torch.cat([clicked[:, None], keys.argsort(dim=1)[:, : size - 1]], dim=1)
     keep = keep_probability(epsilon=epsilon, size=size - 1)
-    u = rand(generator, (n,), dtype=torch.float64)
-    other = randint(generator, 1, size, (n,))
+    u = generator.uniform((n,))
+    other = 1 + generator.randint(size - 1, (n,))
     return positions, torch.where(u < keep, torch.zeros(n, dtype=torch.long), other)
 
 

@@ -17,7 +17,6 @@ import torch
 from privaterec.data.features import NewsFeatures
 from privaterec.data.history import history_rows
 from privaterec.data.records import MindSplit
-from privaterec.privacy.randomness import rand
 from privaterec.privacy.samplers import NoiseSource
 
 
@@ -174,13 +173,14 @@ def draw_candidates(positives: torch.Tensor, pool: torch.Tensor, counts: torch.T
     negatives: k, drawn without replacement when an impression has at least k, with
         replacement otherwise (FedNewsRec §3.1).
     generator: the only source of randomness (a seeded generator, or a device's secure
-        source: :mod:`privaterec.privacy.randomness`).
+        source: :class:`~privaterec.privacy.samplers.NoiseSource`).
     """
     s, m = pool.shape
-    keys = rand(generator, (s, m))
+    keys = generator.uniform((s, m), dtype=torch.float32)
     keys = keys.masked_fill(torch.arange(m) >= counts[:, None], 2.0)
     without = keys.argsort(dim=1)[:, :negatives] if negatives <= m else None
-    with_repl = (rand(generator, (s, negatives)) * counts[:, None]).long().clamp(max=m - 1)
+    with_repl = (generator.uniform((s, negatives), dtype=torch.float32)
+                 * counts[:, None]).long().clamp(max=m - 1)
     if without is None:
         choice = with_repl
     else:

@@ -59,7 +59,7 @@ def client_update(task: FederatedTask[Any], params: torch.Tensor, data: ClientDa
     generator:
         The client's only source of randomness: its seeded generator in simulation, or on a
         real device a secure source (:class:`~privaterec.privacy.samplers.SecureNoise`: OS
-        CSPRNG, float-safe releases; :mod:`privaterec.privacy.randomness`).
+        CSPRNG, float-safe releases).
 
     A sampled client without a training sample (every method samples from the roster)
     sends :meth:`~privaterec.fed.methods.base.ClientMethod.idle_release`: a noised zero

@@ -32,7 +32,6 @@ from privaterec.data.clients import ClientData, draw_candidates
 from privaterec.fed.task import ModuleTask, ParamSpec, per_client_gradients
 from privaterec.models.recommender import Recommender
 from privaterec.privacy.dpa import relu_normalize
-from privaterec.privacy.randomness import randperm
 from privaterec.privacy.samplers import NoiseSource
 from privaterec.runtime.device import module_device
 
@@ -199,7 +198,7 @@ def draw_samples(data: ClientData, *, max_samples: int, negatives: int,
     non-clicked news per click), in this order on ``generator``."""
     n = data.num_samples
     if n > max_samples:
-        chosen = randperm(generator, n)[: max_samples].sort().values
+        chosen = generator.permutation(n)[: max_samples].sort().values
     else:
         chosen = torch.arange(n)
     return chosen, draw_candidates(data.positives[chosen], data.negatives[chosen],

@@ -65,7 +65,7 @@ def sample_round(eligible: torch.Tensor, m: int, *, seed: int, round_index: int,
     a simulation, a uniformly random permutation from ``source`` (the OS CSPRNG) when
     deployed."""
     order = (torch.randperm(len(eligible), generator=round_generator(seed, round_index))
-             if source is None else torch.argsort(source.uniform([len(eligible)])))
+             if source is None else source.permutation(len(eligible)))
     return sorted(int(u) for u in eligible[order[:m]])
 
 

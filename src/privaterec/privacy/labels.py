@@ -32,7 +32,6 @@ from torch import Tensor
 
 from privaterec.errors import ConfigError
 from privaterec.privacy.events import Phase, PrivacyEvent
-from privaterec.privacy.randomness import rand, randint
 from privaterec.privacy.samplers import NoiseSource
 
 
@@ -61,10 +60,10 @@ def draw_positions(counts: Tensor, *, size: int, generator: NoiseSource) -> Tens
     """
     n = counts.shape[0]
     width = max(int(counts.max()) if n else 1, size)
-    keys = rand(generator, (n, width), dtype=torch.float64)
+    keys = generator.uniform((n, width))
     keys = keys.masked_fill(torch.arange(width) >= counts[:, None], 2.0)
     without = keys.argsort(dim=1)[:, :size]
-    with_repl = (rand(generator, (n, size), dtype=torch.float64)
+    with_repl = (generator.uniform((n, size))
                  * counts[:, None]).long().clamp(max=width - 1)
     return torch.where((counts >= size)[:, None], without, with_repl)
 
@@ -85,8 +84,8 @@ def release_labels(clicks: Tensor, counts: Tensor, *, size: int, epsilon: float,
     epsilon:
         ε of one impression's release (> 0; ``math.inf``: t̃ = t).
     generator:
-        The client's generator (simulation) or its device's secure source
-        (:mod:`privaterec.privacy.randomness`) — the draws are the only randomness.
+        The client's seeded source (simulation) or its device's secure source
+        (:class:`~privaterec.privacy.samplers.NoiseSource`) — the draws are the only randomness.
 
     Returns
     -------
@@ -99,13 +98,13 @@ def release_labels(clicks: Tensor, counts: Tensor, *, size: int, epsilon: float,
     drawn_clicked = clicks.gather(1, positions.clamp(max=clicks.shape[1] - 1)) & (
         positions < counts[:, None])
     # t: a uniformly chosen clicked slot (random keys, largest among clicked), else `size`.
-    keys = rand(generator, (n, size), dtype=torch.float64)
+    keys = generator.uniform((n, size))
     keys = keys.masked_fill(~drawn_clicked, -1.0)
     truth = torch.where(drawn_clicked.any(dim=1), keys.argmax(dim=1),
                         torch.full((n,), size, dtype=torch.long))
     keep = keep_probability(epsilon=epsilon, size=size)
-    u = rand(generator, (n,), dtype=torch.float64)
-    shift = randint(generator, 1, size + 1, (n,))
+    u = generator.uniform((n,))
+    shift = 1 + generator.randint(size, (n,))
     other = (truth + shift) % (size + 1)
     released = torch.where(u < keep, truth, other)
     return positions, released

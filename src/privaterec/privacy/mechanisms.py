@@ -27,7 +27,7 @@ from torch import Tensor
 from privaterec.errors import ConfigError
 from privaterec.privacy.calibrate import Calibration
 from privaterec.privacy.events import Phase, PrivacyEvent
-from privaterec.privacy.samplers import NoiseSource
+from privaterec.privacy.samplers import NoiseSource, SimulationNoise
 
 Dims = int | Sequence[int] | None
 
@@ -167,6 +167,37 @@ def clip_and_noise(x: Tensor, calibration: Calibration, *, noise: NoiseSource) -
     """One release per row of ``x``: clipped, then noised, as ``calibration`` says
     (e.g. ``[n_clients, D]`` updates; :func:`apply_clip` then :func:`add_noise`)."""
     return add_noise(apply_clip(x, calibration), calibration, noise=noise)
+
+
+def release_rows(x: Tensor, calibration: Calibration, sources: Sequence[NoiseSource]) -> Tensor:
+    """Row i of ``x`` (e.g. ``[m, D]``, one client's update per row) clipped and noised as
+    ``calibration`` says, its noise from ``sources[i]``.
+
+    Seeded sources: one batched clip, then one :func:`add_noise` from a
+    :class:`~privaterec.privacy.samplers.SimulationNoise` of their generators (row i drawn
+    from generator i, exactly the simulation's draws). Any other source (a device's
+    :class:`~privaterec.privacy.samplers.SecureNoise`): the clipped row is released by its
+    source, float-safe.
+
+    Raises
+    ------
+    ValueError
+        If there is not one source per row.
+    """
+    if len(sources) != x.shape[0]:
+        raise ValueError(f"need one generator per client: {len(sources)} for "
+                         f"{x.shape[0]} updates")
+    clipped = apply_clip(x, calibration)
+    if not calibration.noisy:
+        return clipped
+    seeded = [s.generator for s in sources
+              if isinstance(s, SimulationNoise) and isinstance(s.generator, torch.Generator)]
+    if len(seeded) == len(sources):
+        return add_noise(clipped, calibration, noise=SimulationNoise(seeded))
+    if not calibration.event.is_private:
+        return clipped
+    return torch.stack([add_noise(row, calibration, noise=source)
+                        for row, source in zip(clipped, sources)])
 
 
 def randomized_response(labels: Tensor, *, epsilon: float, num_classes: int,

@@ -33,8 +33,9 @@ Interface (both sources): ``release(x, *, mechanism, scale)`` (``release_laplace
 scale)``, ``release_gaussian(x, *, sigma)``) returns the released value x + noise (it takes
 the value so that the float-safe mechanism sees the input: it rounds x itself);
 ``draw(shape, *, mechanism, scale)`` returns the noise alone (the release of zeros);
-``uniform(shape)`` returns float64 uniforms in [0, 1) (padding, candidate draws);
-``randint(high, shape)`` returns int64 in [0, high).
+``uniform(shape, dtype=float64)`` returns uniforms in [0, 1) (padding, candidate draws);
+``randint(high, shape)`` returns int64 in [0, high); ``permutation(n)`` a random order of
+``range(n)``.
 Releases are elementwise: each coordinate of ``x`` gets independent noise, so a batch
 ``x[m, D]`` is m independent releases. The mechanisms do not clip: clip first so that the
 sensitivity you account for holds.
@@ -144,12 +145,17 @@ class NoiseSource(ABC):
         return self.release(x, mechanism="gaussian", scale=sigma, name="sigma")
 
     @abstractmethod
-    def uniform(self, shape: Sequence[int]) -> Tensor:
-        """Float64 uniforms in [0, 1) of ``shape``."""
+    def uniform(self, shape: Sequence[int], dtype: torch.dtype = torch.float64) -> Tensor:
+        """Uniforms in [0, 1) of ``shape`` and ``dtype`` (a float type)."""
 
     @abstractmethod
     def randint(self, high: int, shape: Sequence[int]) -> Tensor:
         """Int64 uniform in [0, ``high``) of ``shape``."""
+
+    def permutation(self, n: int) -> Tensor:
+        """A uniformly random permutation of ``range(n)`` (``LongTensor[n]``): the order of
+        ``n`` float64 uniforms."""
+        return torch.argsort(self.uniform((n,)))
 
 
 class SimulationNoise(NoiseSource):
@@ -217,15 +223,20 @@ class SimulationNoise(NoiseSource):
         return x + self.draw(x.shape, mechanism=mechanism, scale=scale, dtype=x.dtype,
                              name=name).to(x.device)
 
-    def uniform(self, shape: Sequence[int]) -> Tensor:
-        """``torch.rand(shape, generator=..., dtype=float64)`` (per row with several)."""
-        return self._rows(_shape(shape),
-                          lambda s, g: torch.rand(s, generator=g, dtype=torch.float64))
+    def uniform(self, shape: Sequence[int], dtype: torch.dtype = torch.float64) -> Tensor:
+        """``torch.rand(shape, generator=..., dtype=dtype)`` (per row with several)."""
+        return self._rows(_shape(shape), lambda s, g: torch.rand(s, generator=g, dtype=dtype))
 
     def randint(self, high: int, shape: Sequence[int]) -> Tensor:
         """``torch.randint(0, high, shape, generator=...)`` (int64; per row with several)."""
         high = _check_high(high)
         return self._rows(_shape(shape), lambda s, g: torch.randint(0, high, s, generator=g))
+
+    def permutation(self, n: int) -> Tensor:
+        """``torch.randperm(n, generator=...)`` (one generator)."""
+        if not isinstance(self.generator, torch.Generator):
+            raise ConfigError("a permutation draws from one generator, not one per row")
+        return torch.randperm(n, generator=self.generator)
 
 
 def _pass_gradient(x: Tensor, released: Tensor) -> Tensor:
@@ -360,12 +371,18 @@ class SecureNoise(NoiseSource):
         return _pass_gradient(x, self._release(mechanism, x, scale, name))
 
     # -- uniforms and integers ---------------------------------------------------------
-    def uniform(self, shape: Sequence[int]) -> Tensor:
-        """Float64 uniforms in [0, 1): j·2^−53 with j uniform on 53 CSPRNG bits."""
+    def uniform(self, shape: Sequence[int], dtype: torch.dtype = torch.float64) -> Tensor:
+        """Uniforms in [0, 1): j·2^−53 with j uniform on 53 CSPRNG bits, in float64; in a
+        narrower ``dtype``, rounded down to as many bits as its significand holds (float32:
+        24, float16: 11, bfloat16: 8), so that the value stays < 1 after the cast."""
         dims = _shape(shape)
         n = math.prod(dims)
         bits = np.frombuffer(secrets.token_bytes(8 * n), dtype=np.uint64) >> np.uint64(11)
-        return torch.from_numpy(bits.astype(np.float64) * 2.0 ** -_UNIFORM_BITS).reshape(dims)
+        u = torch.from_numpy(bits.astype(np.float64) * 2.0 ** -_UNIFORM_BITS).reshape(dims)
+        if dtype == torch.float64:
+            return u
+        kept = {torch.float32: 24, torch.float16: 11, torch.bfloat16: 8}[dtype]
+        return (torch.floor(u * 2.0 ** kept) / 2.0 ** kept).to(dtype)
 
     def randint(self, high: int, shape: Sequence[int]) -> Tensor:
         """Int64 uniform in [0, ``high``): rejection sampling of ⌈log2 high⌉-bit integers."""

@@ -75,7 +75,6 @@ from privaterec.fed.simulator import FederatedState
 from privaterec.fed.strategies import build_strategy
 from privaterec.fed.task import ModuleTask, per_client_gradients
 from privaterec.method_settings import UniFedRecSettings, setting
-from privaterec.privacy.randomness import is_secure, randint, randperm
 from privaterec.privacy.samplers import NoiseSource, SimulationNoise
 from privaterec.recall.channels import ChannelBatch, cluster_batch
 from privaterec.recall.interest import perturb_scores
@@ -317,7 +316,7 @@ class RecallTask(ModuleTask):
         if n == 0:
             raise ValueError(f"client {data.user_id!r} has no training click")
         if n > max_samples:
-            chosen = randperm(generator, n)[: max_samples].sort().values
+            chosen = generator.permutation(n)[: max_samples].sort().values
         else:
             chosen = torch.arange(n)
         positives = data.positives[chosen]
@@ -327,7 +326,7 @@ class RecallTask(ModuleTask):
                                          negatives=negatives, generator=generator)
         else:
             pool = self.pool_rows
-            idx = randint(generator, 0, pool.numel(), (positives.shape[0], negatives))
+            idx = generator.randint(pool.numel(), (positives.shape[0], negatives))
             rows = pool[idx]
             rows = torch.where(rows == positives[:, None], pool[(idx + 1) % pool.numel()],
                                rows)
@@ -335,8 +334,8 @@ class RecallTask(ModuleTask):
         noise = None
         if self.options.score_noise and self.model.noise_scale > 0:
             # A regulariser, not a release: a secure device seeds a generator from its source.
-            source = (generator if not is_secure(generator) else SimulationNoise(
-                torch.Generator().manual_seed(int(randint(generator, 0, 2**62, ())))))
+            source = (generator if not generator.secure else SimulationNoise(
+                torch.Generator().manual_seed(int(generator.randint(2**62, ())))))
             noise = source.draw(self.score_shape, mechanism="laplace",
                                 scale=self.model.noise_scale)
         return RecallClientInputs(data.history, data.history_mask, candidates, noise)

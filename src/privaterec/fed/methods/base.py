@@ -35,7 +35,7 @@ from privaterec.method_settings import MethodSettings
 from privaterec.privacy.calibrate import Calibration
 from privaterec.privacy.events import Adjacency, PrivacyEvent
 from privaterec.privacy.ledger import adjacency_view, basic_composition
-from privaterec.privacy.randomness import release_rows
+from privaterec.privacy.mechanisms import release_rows
 from privaterec.privacy.samplers import NoiseSource
 
 TaskT = TypeVar("TaskT", bound="FederatedTask[Any]")

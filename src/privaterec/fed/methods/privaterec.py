@@ -38,7 +38,6 @@ from privaterec.privacy.events import PrivacyEvent
 from privaterec.privacy.labels import candidate_set_event, label_event, release_labels
 from privaterec.privacy.mechanisms import add_noise
 from privaterec.privacy.noise import noise_mechanism
-from privaterec.privacy.randomness import is_secure, randperm
 from privaterec.privacy.samplers import NoiseSource
 from privaterec.validators import check_choice
 
@@ -156,12 +155,12 @@ class PrivateRec(RankingMethod):
         rows, clicks, counts = data.impressions()
         n = rows.shape[0]
         if n > self.max_samples:
-            chosen = randperm(generator, n)[: self.max_samples].sort().values
+            chosen = generator.permutation(n)[: self.max_samples].sort().values
             rows, clicks, counts = rows[chosen], clicks[chosen], counts[chosen]
         pad = padding_mask(data.history_mask, padding_p=self.padding_p, noise=generator)
         history = pad_history(data.history, pad)
         noise: torch.Tensor | None = None
-        if not is_secure(generator):
+        if not generator.secure:
             noise = dpa_noise((1, basis_size), self.dpa_calibration(), noise=generator)[0]
         size = self.label_candidates
         positions, released = release_labels(clicks, counts, size=size, epsilon=self.epsilon,
