@@ -27,6 +27,17 @@ from privaterec.runs.engines import load_device
 from privaterec.runs.ranking import train_run
 
 
+_FLOWER_KEYS: dict[str, tuple[str, type, Any]] = {
+    "method": ("train", str, ""), "seed": ("train", int, -1), "rounds": ("fed", int, 0),
+    "clients-per-round": ("fed", int, 0), "eval-every": ("fed", int, -1),
+    "secure-aggregation": ("fed", str, ""), "noise-placement": ("fed", str, ""),
+    "max-dropouts": ("fed", int, -1), "evaluation": ("fed", str, ""),  # server | federated
+    "eval-epsilon": ("fed", float, 0), "eval-clip": ("fed", float, 0),
+    "eval-fraction": ("fed", float, 0)}
+"""The run-config keys of :func:`run_config_from_flower` that set a configuration key:
+key → (``train`` or ``fed``, its type, the value that leaves the configuration's)."""
+
+
 def run_config_from_flower(run_config: Mapping[str, Any]) -> tuple[RunConfig, Path, bool]:
     """The run configuration, run directory and ``drop_missing`` of a ``flwr run``.
 
@@ -63,32 +74,17 @@ def run_config_from_flower(run_config: Mapping[str, Any]) -> tuple[RunConfig, Pa
     config = RunConfig.from_yaml(yaml_path) if yaml_path else RunConfig()
     train: dict[str, Any] = {}
     fed: dict[str, Any] = {}
-    if str(run_config.get("method", "")):
-        train["method"] = str(run_config["method"])
-    if int(run_config.get("seed", -1)) != -1:
-        train["seed"] = int(run_config["seed"])
-    if int(run_config.get("rounds", 0)) != 0:
-        fed["rounds"] = int(run_config["rounds"])
-    if int(run_config.get("clients-per-round", 0)) != 0:
-        fed["clients_per_round"] = int(run_config["clients-per-round"])
-    if int(run_config.get("eval-every", -1)) != -1:
-        fed["eval_every"] = int(run_config["eval-every"])
-    for key in ("secure-aggregation", "noise-placement"):
-        if str(run_config.get(key, "")):
-            fed[key.replace("-", "_")] = str(run_config[key])
-    if int(run_config.get("max-dropouts", -1)) != -1:
-        fed["max_dropouts"] = int(run_config["max-dropouts"])
-    if str(run_config.get("evaluation", "")):  # server | federated
-        fed["evaluation"] = str(run_config["evaluation"])
-    for key in ("eval-epsilon", "eval-clip", "eval-fraction"):
-        if float(run_config.get(key, 0)) != 0:
-            fed[key.replace("-", "_")] = float(run_config[key])
+    for key, (section, kind, unset) in _FLOWER_KEYS.items():
+        value = kind(run_config.get(key, unset))
+        if value != unset:
+            (train if section == "train" else fed)[key.replace("-", "_")] = value
     method = train.get("method", config.train.method)
     if method not in FEDERATED_METHODS:
         raise ConfigError(f"run config 'method' must be one of {', '.join(FEDERATED_METHODS)}"
                           f" (got {method!r}); pass --run-config "
                           f"\"method='fednewsrec'\" or set train.method in the YAML")
-    config = replace(config, data=paths.get("public-dir") or paths["data-dir"], train=replace(config.train, **train),
+    config = replace(config, data=paths.get("public-dir") or paths["data-dir"],
+                     train=replace(config.train, **train),
                      fed=fed_with_changes(config.fed, method, {"engine": "flower", **fed}))
     return (resolve_run_config(config), Path(paths["out-dir"]),
             bool(run_config.get("drop-missing", False)))
