@@ -14,6 +14,7 @@ import torch
 from privaterec.data.features import NewsFeatures
 from privaterec.data.history import history_rows
 from privaterec.data.records import MindSplit
+from privaterec.eval.evaluate import eval_mode
 from privaterec.models.basis import AttentionDiagnostics, attention_diagnostics
 from privaterec.models.recommender import Recommender
 
@@ -40,28 +41,23 @@ def basis_diagnostics(model: Recommender, split: MindSplit, features: NewsFeatur
     histories = [history_rows(h, features, history_len) for h in last.values()]
     rows = torch.stack([r for r, _ in histories])  # [n, H]
     mask = torch.stack([m for _, m in histories])  # [n, H]
-    was_training = model.training
-    model.eval()
     alphas, users, inputs, scored = [], [], [], []
-    try:
-        with torch.no_grad():
-            center = model.reference_user() if basis.centered else None
-            used, inverse = torch.unique(rows, return_inverse=True)  # each news encoded once
-            device = next(iter(model.parameters()), torch.zeros(0)).device
-            table = features.to(device)
-            cache = torch.cat([model.encode_features(table.select(chunk.to(device)))
-                               for chunk in used.split(batch_size)])  # [U, d]
-            inverse, mask = inverse.to(device), mask.to(device)
-            for start in range(0, rows.shape[0], batch_size):
-                idx, m = inverse[start: start + batch_size], mask[start: start + batch_size]
-                u = model.interest(cache[idx], m)  # [b, d]
-                alpha = model.attention(cache[idx], m)  # [b, B]
-                alphas.append(alpha)
-                users.append(u)
-                inputs.append(u if center is None else u - center)
-                scored.append(basis.reconstruct(alpha))
-    finally:
-        model.train(was_training)
+    with eval_mode(model), torch.no_grad():
+        center = model.reference_user() if basis.centered else None
+        used, inverse = torch.unique(rows, return_inverse=True)  # each news encoded once
+        device = next(iter(model.parameters()), torch.zeros(0)).device
+        table = features.to(device)
+        cache = torch.cat([model.encode_features(table.select(chunk.to(device)))
+                           for chunk in used.split(batch_size)])  # [U, d]
+        inverse, mask = inverse.to(device), mask.to(device)
+        for start in range(0, rows.shape[0], batch_size):
+            idx, m = inverse[start: start + batch_size], mask[start: start + batch_size]
+            u = model.interest(cache[idx], m)  # [b, d]
+            alpha = model.attention(cache[idx], m)  # [b, B]
+            alphas.append(alpha)
+            users.append(u)
+            inputs.append(u if center is None else u - center)
+            scored.append(basis.reconstruct(alpha))
     return attention_diagnostics(torch.cat(alphas).cpu(), torch.cat(users).cpu(),
                                  torch.cat(scored).cpu(), attention_input=torch.cat(inputs).cpu())
 

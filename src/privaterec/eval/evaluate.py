@@ -20,8 +20,9 @@ releases a noisy representation: :mod:`privaterec.eval.serving`). They run under
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
@@ -110,6 +111,21 @@ def _check_batch_size(batch_size: int) -> None:
         raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
 
 
+@contextmanager
+def eval_mode(module: object) -> Iterator[None]:
+    """Put an ``nn.Module`` in eval mode (no dropout) for the block, then restore its mode;
+    anything else (``None``, a plain callable) is left as it is."""
+    if not isinstance(module, torch.nn.Module):
+        yield
+        return
+    was_training = module.training
+    module.eval()
+    try:
+        yield
+    finally:
+        module.train(was_training)
+
+
 def _device(model: Recommender) -> torch.device:
     """The device of the model's parameters (the CPU for a model without any)."""
     return next(iter(model.parameters()), torch.zeros(0)).device
@@ -195,8 +211,6 @@ def score_impressions(model: Recommender, split: MindSplit, features: NewsFeatur
     compact = torch.full((len(features),), -1, dtype=torch.long)
     compact[used] = torch.arange(used.numel())
 
-    was_training = model.training
-    model.eval()
     # Scores and labels go into two preallocated flat arrays, and each impression's pair is a
     # view of them: one small score buffer per impression, kept alive between the freed
     # per-batch torch temporaries, fragmented the heap (RSS grew ~175 KB per impression on
@@ -204,39 +218,35 @@ def score_impressions(model: Recommender, split: MindSplit, features: NewsFeatur
     all_scores = np.empty(int(offsets[-1]), dtype=np.float32)  # [Σ C_i]
     all_labels = np.fromiter((label for imp in labelled for label in imp.labels or ()),
                              dtype=np.int64, count=int(offsets[-1]))  # [Σ C_i]
-    try:
-        with torch.no_grad():
-            cache = _encode_news(model, features, used, batch_size, progress)  # [U, d]
-            scored = cache if candidate_transform is None else candidate_transform(cache)
-            device = cache.device  # the model's: the users are scored there too
-            hist_idx = compact[hist_rows].to(device)
-            cand_idx = compact[cand_rows].to(device)
-            hist_mask, counts = hist_mask.to(device), counts.to(device)
-            n = len(labelled)
-            bar = tqdm(total=n, desc="scoring impressions", unit="imp", disable=not progress)
-            for start in range(0, n, batch_size):
-                end = min(start + batch_size, n)
-                vectors = cache[hist_idx[start:end]]  # [b, H, d]
-                mask = hist_mask[start:end]  # [b, H]
-                if history_transform is not None:
-                    vectors, mask = history_transform(vectors, mask)
-                encode = model.encode_user if user_encoder is None else user_encoder
-                user = encode(vectors, mask)  # [b, d]
-                if user_transform is not None:
-                    transformed = user_transform(user)
-                    if transformed.shape != user.shape:
-                        raise ValueError(f"user_transform must return a tensor of shape "
-                                         f"{tuple(user.shape)}, got {tuple(transformed.shape)}")
-                    user = transformed
-                owners = torch.repeat_interleave(torch.arange(end - start, device=device),
-                                                 counts[start:end])
-                cands = scored[cand_idx[offsets[start]:offsets[end]]]  # [Σ C_i, d or D]
-                all_scores[offsets[start]:offsets[end]] = (
-                    (user[owners] * cands).sum(dim=-1).cpu())
-                bar.update(end - start)
-            bar.close()
-    finally:
-        model.train(was_training)
+    with eval_mode(model), torch.no_grad():
+        cache = _encode_news(model, features, used, batch_size, progress)  # [U, d]
+        scored = cache if candidate_transform is None else candidate_transform(cache)
+        device = cache.device  # the model's: the users are scored there too
+        hist_idx = compact[hist_rows].to(device)
+        cand_idx = compact[cand_rows].to(device)
+        hist_mask, counts = hist_mask.to(device), counts.to(device)
+        n = len(labelled)
+        bar = tqdm(total=n, desc="scoring impressions", unit="imp", disable=not progress)
+        for start in range(0, n, batch_size):
+            end = min(start + batch_size, n)
+            vectors = cache[hist_idx[start:end]]  # [b, H, d]
+            mask = hist_mask[start:end]  # [b, H]
+            if history_transform is not None:
+                vectors, mask = history_transform(vectors, mask)
+            encode = model.encode_user if user_encoder is None else user_encoder
+            user = encode(vectors, mask)  # [b, d]
+            if user_transform is not None:
+                transformed = user_transform(user)
+                if transformed.shape != user.shape:
+                    raise ValueError(f"user_transform must return a tensor of shape "
+                                     f"{tuple(user.shape)}, got {tuple(transformed.shape)}")
+                user = transformed
+            owners = torch.repeat_interleave(torch.arange(end - start, device=device),
+                                             counts[start:end])
+            cands = scored[cand_idx[offsets[start]:offsets[end]]]  # [Σ C_i, d or D]
+            all_scores[offsets[start]:offsets[end]] = (user[owners] * cands).sum(dim=-1).cpu()
+            bar.update(end - start)
+        bar.close()
     pairs = [(all_labels[offsets[i]:offsets[i + 1]], all_scores[offsets[i]:offsets[i + 1]])
              for i in range(len(labelled))]
     return ScoredImpressions([imp.impression_id for imp in labelled], pairs, unlabelled)

@@ -60,9 +60,8 @@ clear (one non-private event). With ``ledger`` they are also recorded there (pha
 from __future__ import annotations
 
 import math
-from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Iterator, Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 import numpy as np
 import torch
@@ -73,6 +72,7 @@ from privaterec.data.features import NewsFeatures
 from privaterec.data.history import check_history_len, history_rows
 from privaterec.data.records import MindSplit
 from privaterec.errors import ConfigError, DataFormatError
+from privaterec.eval.evaluate import eval_mode
 from privaterec.eval.metrics import auc as impression_auc
 from privaterec.eval.metrics import recall_at_k
 from privaterec.models.layers import attend_all_if_empty
@@ -343,7 +343,7 @@ def evaluate_recall(split: MindSplit, features: NewsFeatures, news_vectors: Tens
     else:
         index = DenseIndex(pool_vectors)
     users = recall_users(split, features, history_len=history_len)
-    with _eval_mode(ranker):
+    with eval_mode(ranker):
         result, events = _evaluate(users, method, model, vectors_table, pool, in_pool, ks,
                                    size_of, sizes, auc_size, ranker, seed, serve_noise,
                                    quota_noise_scale, index, batch_size, progress,
@@ -354,20 +354,6 @@ def evaluate_recall(split: MindSplit, features: NewsFeatures, news_vectors: Tens
                 ledger.record(user, event, count)
     result["events"] = events
     return result
-
-
-@contextmanager
-def _eval_mode(module: object) -> Iterator[None]:
-    """Put an ``nn.Module`` in eval mode (no dropout) for the block, then restore it."""
-    if not isinstance(module, torch.nn.Module):
-        yield
-        return
-    was_training = module.training
-    module.eval()
-    try:
-        yield
-    finally:
-        module.train(was_training)
 
 
 def _evaluate(users: RecallUsers, method: str, model: UniFedRecRecall | None,

@@ -11,6 +11,7 @@ from tqdm.auto import tqdm
 
 from privaterec.data.features import NewsFeatures
 from privaterec.errors import ConfigError
+from privaterec.eval.evaluate import eval_mode
 from privaterec.models.recommender import Recommender
 
 
@@ -26,15 +27,11 @@ def encode_news_table(model: Recommender, features: NewsFeatures, *, batch_size:
             and batch_size >= 1):
         raise ConfigError(f"invalid recall training parameter 'batch_size': got "
                           f"{batch_size!r}, expected an integer >= 1")
-    was_training = model.training
-    model.eval()
-    try:
-        rows = torch.arange(len(features))
+    rows = torch.arange(len(features))
+    with eval_mode(model):
         chunks = [model.encode_features(features.select(chunk))
                   for chunk in tqdm(rows.split(batch_size), desc="encoding news",
                                     unit="batch", disable=not progress)]
-    finally:
-        model.train(was_training)
     return torch.cat(chunks).detach().float()
 
 
