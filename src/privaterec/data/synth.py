@@ -174,11 +174,9 @@ class SynthConfig:
         for f in fields(self):
             value = getattr(self, f.name)
             if f.name == "start_date":
-                if not isinstance(value, str):
-                    _fail(f.name, f"got {value!r}, expected a date string YYYY-MM-DD")
                 try:
                     date.fromisoformat(value)
-                except ValueError:
+                except (TypeError, ValueError):
                     _fail(f.name, f"got {value!r}, expected a date string YYYY-MM-DD")
             elif f.type == "int":
                 if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
@@ -480,10 +478,9 @@ def _histories(latent: _Latent, rng: np.random.Generator) -> Histories:
     c = latent.config
     pool = np.flatnonzero(latent.expire <= 0)
     if len(pool) < c.min_history:
-        raise ConfigError(
-            f"invalid configuration value 'history_days' of SynthConfig: only {len(pool)} news "
-            f"expire before the logged period, fewer than min_history={c.min_history}; raise "
-            f"news or history_days, or lower min_history")
+        _fail("history_days", f"only {len(pool)} news expire before the logged period, fewer "
+                              f"than min_history={c.min_history}; raise news or history_days, "
+                              f"or lower min_history")
     lengths = np.exp(rng.uniform(np.log(c.min_history), np.log(c.max_history + 1),
                                  size=c.users)).astype(np.int64).clip(c.min_history, c.max_history)
     lengths = np.minimum(lengths, len(pool))
@@ -523,10 +520,7 @@ def _smallest(values: np.ndarray, k: int) -> np.ndarray:
     rows, n = values.shape
     m = max(8 * k, int(2 * math.sqrt(k * n)))
     if 2 * m >= n:
-        top = np.argpartition(values, k - 1, axis=1)[:, :k] if k < n \
-            else np.tile(np.arange(n), (rows, 1))
-        order = np.argsort(np.take_along_axis(values, top, axis=1), axis=1, kind="stable")
-        return np.take_along_axis(top, order, axis=1)
+        return _smallest_exact(values, k)
     bound = np.partition(values[:, :m], k - 1, axis=1)[:, k - 1]
     flat = np.flatnonzero(values <= bound[:, None])  # >= k per row, row-major
     row = flat // n
@@ -539,10 +533,16 @@ def _smallest(values: np.ndarray, k: int) -> np.ndarray:
     column = np.zeros(rows * width, dtype=np.int64)
     column[position] = flat - row * n
     below, column = below.reshape(rows, width), column.reshape(rows, width)
-    top = np.argpartition(below, k - 1, axis=1)[:, :k] if k < width \
-        else np.tile(np.arange(width), (rows, 1))
-    order = np.argsort(np.take_along_axis(below, top, axis=1), axis=1, kind="stable")
-    return np.take_along_axis(column, np.take_along_axis(top, order, axis=1), axis=1)
+    return np.take_along_axis(column, _smallest_exact(below, k), axis=1)
+
+
+def _smallest_exact(values: np.ndarray, k: int) -> np.ndarray:
+    """:func:`_smallest` by a full ``argpartition`` and a sort of the ``k`` selected."""
+    rows, n = values.shape
+    top = np.argpartition(values, k - 1, axis=1)[:, :k] if k < n \
+        else np.tile(np.arange(n), (rows, 1))
+    order = np.argsort(np.take_along_axis(values, top, axis=1), axis=1, kind="stable")
+    return np.take_along_axis(top, order, axis=1)
 
 
 def _impression_chunks(latent: _Latent, rng: np.random.Generator
@@ -691,12 +691,12 @@ def write_synthetic(out_dir: str | Path, config: SynthConfig,
     c = config
     records, latent, rng = _prepare(c, news_pool)
     histories = _histories(latent, rng)
-    summary = write_streaming(Path(out_dir), records, latent.user_ids, histories,
+    summary = write_streaming(out, records, latent.user_ids, histories,
                               _impression_chunks(latent, rng), start=_start(c),
                               split_at=_split_at(c))
     summary["config"] = asdict(config)
     summary["news_from"] = "synthetic" if news_pool is None else "pool"
-    summary["path"] = str(Path(out_dir))
+    summary["path"] = str(out)
     return summary
 
 
