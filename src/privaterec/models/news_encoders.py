@@ -54,14 +54,19 @@ class NRMSNewsEncoder(NewsEncoderModule):
         Hidden size of the additive attention.
     dropout:
         Dropout probability on word vectors and on the self-attention output.
+    cnn:
+        ``(filters, window)`` of a CNN between the word vectors and the self-attention,
+        followed by dropout (:class:`FedNewsRecNewsEncoder`); ``None``: none (NRMS).
     """
 
     def __init__(self, embedding: WordEmbedding, *, num_heads: int, head_dim: int,
-                 attention_dim: int, dropout: float) -> None:
+                 attention_dim: int, dropout: float, cnn: tuple[int, int] | None = None) -> None:
         super().__init__()
         self.embedding = embedding
         self.dropout = nn.Dropout(dropout)
-        self.self_attention = MultiHeadSelfAttention(embedding.dim, num_heads, head_dim)
+        self.cnn = None if cnn is None else TextCNN(embedding.dim, *cnn)
+        self.self_attention = MultiHeadSelfAttention(embedding.dim if cnn is None else cnn[0],
+                                                     num_heads, head_dim)
         self.dim = self.self_attention.out_dim
         self.pooling = AdditiveAttention(self.dim, attention_dim)
 
@@ -69,11 +74,13 @@ class NRMSNewsEncoder(NewsEncoderModule):
         title = features["title"]
         mask = token_mask(title)
         x = self.dropout(self.embedding(title))
+        if self.cnn is not None:
+            x = self.dropout(self.cnn(x))
         x = self.dropout(self.self_attention(x, mask))
         return self.pooling(x, mask)
 
 
-class FedNewsRecNewsEncoder(NewsEncoderModule):
+class FedNewsRecNewsEncoder(NRMSNewsEncoder):
     """FedNewsRec news model (§3.1, Fig. 1): title → word embeddings → CNN (local contexts)
     → multi-head self-attention (long-range contexts) → additive attention → d.
 
@@ -95,21 +102,9 @@ class FedNewsRecNewsEncoder(NewsEncoderModule):
 
     def __init__(self, embedding: WordEmbedding, *, cnn_filters: int, cnn_window: int,
                  num_heads: int, head_dim: int, attention_dim: int, dropout: float) -> None:
-        super().__init__()
-        self.embedding = embedding
-        self.dropout = nn.Dropout(dropout)
-        self.cnn = TextCNN(embedding.dim, cnn_filters, cnn_window)
-        self.self_attention = MultiHeadSelfAttention(cnn_filters, num_heads, head_dim)
-        self.dim = self.self_attention.out_dim
-        self.pooling = AdditiveAttention(self.dim, attention_dim)
-
-    def forward(self, features: dict[str, torch.Tensor]) -> torch.Tensor:
-        title = features["title"]
-        mask = token_mask(title)
-        x = self.dropout(self.embedding(title))
-        x = self.dropout(self.cnn(x))
-        x = self.dropout(self.self_attention(x, mask))
-        return self.pooling(x, mask)
+        super().__init__(embedding, num_heads=num_heads, head_dim=head_dim,
+                         attention_dim=attention_dim, dropout=dropout,
+                         cnn=(cnn_filters, cnn_window))
 
 
 class _TextView(nn.Module):
