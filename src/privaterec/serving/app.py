@@ -51,7 +51,7 @@ from privaterec.serving.pool_download import VersionError, delta_pool, full_pool
 from privaterec.ondevice.pool_format import PoolFormatError
 from privaterec.serving.store import NewsPool, NewsStore, article_json, top_k_positions
 from privaterec.serving.write_api import (WRITE_ROUTES, ASGIApp, Message, Receive, Scope, Send,
-                                          WriteGuard, WriteLimits)
+                                          WriteGuard, WriteLimits, reject)
 
 DEFAULT_MAX_BODY_BYTES = 1_000_000
 NO_BASIS = ("this model has no basic vectors; train with --method privaterec to serve "
@@ -159,12 +159,7 @@ class BodyLimit:
 
     @staticmethod
     async def _reject(send: Send, status: int, detail: str) -> None:
-        body = json.dumps({"detail": detail}).encode()
-        await send({"type": "http.response.start", "status": status,
-                    "headers": [(b"content-type", b"application/json"),
-                                (b"content-length", str(len(body)).encode()),
-                                (b"connection", b"close")]})
-        await send({"type": "http.response.body", "body": body})
+        await reject(send, status, detail, [(b"connection", b"close")])
 
 
 def _replay(messages: list[Message], receive: Receive) -> Receive:

@@ -215,21 +215,21 @@ class WriteGuard:
             await self.app(scope, receive, send)
             return
         if self._token is None:
-            await _reject(send, 403, "writes are disabled on this server (started with "
+            await reject(send, 403, "writes are disabled on this server (started with "
                                      "--no-ingest)")
             return
         given = _bearer(scope)
         if given is None:
-            await _reject(send, 401, "the write API needs 'Authorization: Bearer TOKEN' with "
+            await reject(send, 401, "the write API needs 'Authorization: Bearer TOKEN' with "
                                      "the server's write token",
                           [(b"www-authenticate", REALM.encode())])
             return
         if not hmac.compare_digest(given, self._token):
-            await _reject(send, 403, "wrong write token")
+            await reject(send, 403, "wrong write token")
             return
         wait = self.bucket.take()
         if wait > 0:
-            await _reject(send, 429, f"too many writes: at most {self.bucket.limits.rate:g} "
+            await reject(send, 429, f"too many writes: at most {self.bucket.limits.rate:g} "
                                      f"per second (bursts of {self.bucket.limits.burst}); "
                                      f"retry later",
                           [(b"retry-after", str(max(1, math.ceil(wait))).encode())])
@@ -237,8 +237,9 @@ class WriteGuard:
         await self.app(scope, receive, send)
 
 
-async def _reject(send: Send, status: int, detail: str,
-                  headers: list[tuple[bytes, bytes]] | None = None) -> None:
+async def reject(send: Send, status: int, detail: str,
+                 headers: list[tuple[bytes, bytes]] | None = None) -> None:
+    """Answer with ``status`` and the JSON body ``{"detail": detail}`` (plus ``headers``)."""
     body = json.dumps({"detail": detail}).encode()
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"),
@@ -248,5 +249,5 @@ async def _reject(send: Send, status: int, detail: str,
 
 
 __all__ = ["MIN_TOKEN_LENGTH", "REALM", "TokenBucket", "WRITE_ROUTES", "WRITE_TOKEN_ENV",
-           "WriteGuard", "WriteLimits", "check_token", "read_token_file",
+           "WriteGuard", "WriteLimits", "check_token", "read_token_file", "reject",
            "resolve_write_token"]
