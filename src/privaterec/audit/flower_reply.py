@@ -9,7 +9,7 @@ a simulation or ``deployed``), a node :class:`~flwr.app.Context`, and the handle
 message taken apart as the server takes it apart — the ``updates`` array ``[k, D]``, the
 ``result`` record (users, privacy events, and for a method that sends metadata the sample
 counts) and the ``metrics`` record. No network is involved; the handler, its message
-parsing, its checks, its per-user randomness (``client_generator(seed, round, user)`` on a
+parsing, its checks, its per-user randomness (``client_noise(seed, round, user)`` on a
 simulated partition, :class:`~privaterec.privacy.samplers.SecureNoise` with the node option
 ``os-entropy``) and its reply packaging are the deployed code.
 
@@ -62,8 +62,8 @@ from privaterec.errors import ConfigError
 
 FLOWER_METHODS = ("dp-fedrec", "dp-fedavg")
 FLOWER_SEED = 11
-"""The simulated partition's ``seed`` of the audited rounds (its per-user generators are
-``client_generator(seed, round, user)``)."""
+"""The simulated partition's ``seed`` of the audited rounds (its per-user sources are
+``client_noise(seed, round, user)``)."""
 USER_ID = "canary-user"
 
 

@@ -25,7 +25,7 @@ from privaterec.data.records import MindSplit
 from privaterec.eval.evaluate import score_impressions
 from privaterec.eval.federated import (DIMENSION, EvaluationPolicy, ImpressionPair,
                                        device_vector, pairs_by_user, release)
-from privaterec.fed.rng import evaluation_client_noise, evaluation_generator
+from privaterec.fed.rng import evaluation_client_noise, evaluation_noise
 from privaterec.errors import ConfigError
 from privaterec.fed.task import FederatedTask
 from privaterec.models.recommender import Recommender
@@ -51,8 +51,8 @@ def evaluation_sample(num_users: int, fraction: float, *, seed: int, round_index
     ``source`` (the OS CSPRNG) on a deployed server."""
     if fraction >= 1.0:
         return list(range(num_users))
-    u = (torch.rand(num_users, generator=evaluation_generator(seed, round_index),
-                    dtype=torch.float64) if source is None else source.uniform([num_users]))
+    noise = evaluation_noise(seed, round_index) if source is None else source
+    u = noise.uniform([num_users])
     return [int(i) for i in torch.nonzero(u < fraction).flatten()]
 
 

@@ -2,7 +2,7 @@
 (docs/architecture.md#seams).
 
 In a simulation, client sampling of round t is a function of (seed, t) only
-(:func:`~privaterec.fed.rng.round_generator`), so a resumed run and every engine sample the
+(:func:`~privaterec.fed.rng.round_noise`), so a resumed run and every engine sample the
 same clients. A deployed server passes ``source`` (the OS CSPRNG,
 :class:`~privaterec.privacy.samplers.SecureNoise`): whoever knows the run's seed (it is in the
 public ``config.yaml``)
@@ -16,7 +16,7 @@ import torch
 
 from privaterec.config import FedConfig
 from privaterec.data.clients import ClientDataset
-from privaterec.fed.rng import round_generator
+from privaterec.fed.rng import round_noise
 from privaterec.privacy.samplers import NoiseSource
 
 
@@ -53,9 +53,8 @@ def poisson_round(eligible: torch.Tensor, q: float, *, seed: int, round_index: i
     the uniforms are ``source.uniform`` (j·2^−53 for 53 random bits j, so each user is
     taken with probability ⌈q·2^53⌉/2^53, q to within 2^−53).
     """
-    u = (torch.rand(len(eligible), generator=round_generator(seed, round_index),
-                    dtype=torch.float64) if source is None
-         else source.uniform([len(eligible)]))
+    noise = round_noise(seed, round_index) if source is None else source
+    u = noise.uniform([len(eligible)])
     return sorted(int(x) for x in eligible[u < q])
 
 
@@ -64,8 +63,8 @@ def sample_round(eligible: torch.Tensor, m: int, *, seed: int, round_index: int,
     """m distinct clients for round ``round_index`` (without replacement), sorted: seeded in
     a simulation, a uniformly random permutation from ``source`` (the OS CSPRNG) when
     deployed."""
-    order = (torch.randperm(len(eligible), generator=round_generator(seed, round_index))
-             if source is None else source.permutation(len(eligible)))
+    noise = round_noise(seed, round_index) if source is None else source
+    order = noise.permutation(len(eligible))
     return sorted(int(u) for u in eligible[order[:m]])
 
 

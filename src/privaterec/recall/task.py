@@ -11,8 +11,8 @@ settings (rounds, sampling, server strategy, samples per client) are a
 :class:`RecallTrainConfig` holds what only the recall task has.
 
 Per round t the server samples a fraction r of the users that have a training click (seeded
-by (seed, t)). Each sampled client u, with its own generator (seeded by (seed, t, u),
-:func:`privaterec.fed.rng.client_generator`):
+by (seed, t)). Each sampled client u, with its own source (seeded by (seed, t, u),
+:func:`privaterec.fed.rng.client_noise`):
 
 1. keeps at most ``max_client_samples`` of its training clicks (random subset when it has
    more);
