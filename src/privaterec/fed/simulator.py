@@ -201,6 +201,8 @@ class FederatedState:
 RoundCallback = Callable[[int, "FederatedState"], dict[str, Any] | None]
 
 
+@deterministic_algorithms()
+@flush_denormals()
 def train_federated(task: FederatedTask[Any], clients: ClientDataset, fed: FedConfig,
                     method: ClientMethod, strategy: Strategy, *, seed: int,
                     round_fn: RoundFn | None = None,
@@ -251,24 +253,6 @@ def train_federated(task: FederatedTask[Any], clients: ClientDataset, fed: FedCo
             return simulate_round(task, params, clients, selected, method, seed=seed,
                                   round_index=t, chunk_clients=fed.chunk_clients,
                                   server_state=server_state)
-    with deterministic_algorithms(), flush_denormals():
-        return _train(task, clients, fed, method, strategy, seed=seed, round_fn=round_fn,
-                      checkpoint_path=checkpoint_path, on_evaluate=on_evaluate,
-                      on_checkpoint=on_checkpoint, progress=progress,
-                      stop_after_rounds=stop_after_rounds,
-                      checkpoint_extra=checkpoint_extra or {},
-                      sampling_source=sampling_source, evaluation=evaluation,
-                      evaluate_fn=evaluate_fn)
-
-
-def _train(task: FederatedTask[Any], clients: ClientDataset, fed: FedConfig,
-           method: ClientMethod, strategy: Strategy, *, seed: int, round_fn: RoundFn,
-           checkpoint_path: str | Path | None, on_evaluate: RoundCallback | None,
-           on_checkpoint: Callable[[FederatedState], None] | None, progress: bool,
-           stop_after_rounds: int | None, checkpoint_extra: dict[str, Any],
-           sampling_source: NoiseSource | None,
-           evaluation: FederatedEvaluation | None = None,
-           evaluate_fn: EvaluateFn | None = None) -> FederatedState:
     if checkpoint_path is not None and Path(checkpoint_path).exists():
         saved = load_checkpoint(checkpoint_path)
         task.model.load_state_dict(saved["model"])  # frozen parameters too
@@ -292,8 +276,8 @@ def _train(task: FederatedTask[Any], clients: ClientDataset, fed: FedConfig,
 
     def checkpoint() -> None:
         if checkpoint_path is not None:
-            save_checkpoint(checkpoint_path,
-                            {**state.to_checkpoint(task, method.name), **checkpoint_extra})
+            save_checkpoint(checkpoint_path, {**state.to_checkpoint(task, method.name),
+                                              **(checkpoint_extra or {})})
         if on_checkpoint is not None:
             on_checkpoint(state)
 
