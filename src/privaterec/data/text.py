@@ -69,6 +69,9 @@ class Vocabulary:
         return ids + [PAD] * (length - len(ids))
 
 
+_VOCABULARIES = ("words", "categories", "subcategories", "news_ids")  # vocab.json's order
+
+
 @dataclass
 class TextVocabularies:
     """Everything needed to turn news records into model inputs, saved in a run directory.
@@ -85,26 +88,29 @@ class TextVocabularies:
     subcategories: Vocabulary
     news_ids: Vocabulary
 
+    def to_json(self) -> str:
+        """The JSON text of ``vocab.json`` (:meth:`save`; :meth:`from_json` reads it)."""
+        return json.dumps({"kind": self.kind,
+                           **{name: getattr(self, name).tokens for name in _VOCABULARIES}})
+
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps({
-            "kind": self.kind,
-            "words": self.words.tokens,
-            "categories": self.categories.tokens,
-            "subcategories": self.subcategories.tokens,
-            "news_ids": self.news_ids.tokens,
-        }))
+        Path(path).write_text(self.to_json())
+
+    @classmethod
+    def from_json(cls, text: str | bytes, where: str) -> "TextVocabularies":
+        """The vocabularies of :meth:`to_json`'s text, or a :class:`CheckpointError` naming
+        ``where`` (the file or download it came from)."""
+        try:
+            raw = json.loads(text)
+            return cls(kind=raw["kind"],
+                       **{name: Vocabulary(raw[name]) for name in _VOCABULARIES})
+        except (KeyError, ValueError, TypeError) as exc:
+            raise CheckpointError(f"{where}: corrupt vocabulary file ({exc})") from None
 
     @classmethod
     def load(cls, path: str | Path) -> "TextVocabularies":
         path = Path(path)
-        try:
-            raw = json.loads(path.read_text())
-            return cls(kind=raw["kind"], words=Vocabulary(raw["words"]),
-                       categories=Vocabulary(raw["categories"]),
-                       subcategories=Vocabulary(raw["subcategories"]),
-                       news_ids=Vocabulary(raw["news_ids"]))
-        except FileNotFoundError:
+        if not path.is_file():
             raise CheckpointError(f"{path}: vocabulary file missing; is this a run "
-                                  f"directory written by 'privaterec train'?") from None
-        except (KeyError, ValueError, TypeError) as exc:
-            raise CheckpointError(f"{path}: corrupt vocabulary file ({exc})") from None
+                                  f"directory written by 'privaterec train'?")
+        return cls.from_json(path.read_bytes(), str(path))

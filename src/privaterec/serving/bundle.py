@@ -21,7 +21,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import io
-import tempfile
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
@@ -266,10 +265,7 @@ class ServingModels:
     @property
     def vocab_json(self) -> str:
         if self._vocab_json is None:
-            with tempfile.TemporaryDirectory() as tmp:
-                path = Path(tmp) / "vocab.json"
-                self.vocabs.save(path)
-                self._vocab_json = path.read_text()
+            self._vocab_json = self.vocabs.to_json()
         return self._vocab_json
 
     @cached_property

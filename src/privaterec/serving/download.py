@@ -12,8 +12,6 @@ With a ``cache_dir`` the downloaded bundles are kept per model version (``model-
 from __future__ import annotations
 
 import io
-import json
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -125,14 +123,11 @@ def download_model(http: HttpSession, info: Mapping[str, Any],
     try:
         raw = yaml.safe_load(payload["config_yaml"]) or {}
         config = RunConfig.from_dict(raw)
-        vocab_raw = json.loads(payload["vocab_json"])
+        vocab_text = payload["vocab_json"]
     except (KeyError, yaml.YAMLError, ValueError, TypeError) as exc:
         raise CheckpointError(f"model parameters {version}: bad config/vocabulary ({exc})"
                               ) from None
-    with tempfile.TemporaryDirectory() as tmp:  # reuse TextVocabularies.load's validation
-        path = Path(tmp) / "vocab.json"
-        path.write_text(json.dumps(vocab_raw))
-        vocabs = TextVocabularies.load(path)
+    vocabs = TextVocabularies.from_json(vocab_text, f"model parameters {version}")
     model = build_recommender(config.model, vocabs, for_checkpoint=True)
     _load_weights(model, payload["state_dict"], f"model parameters {version}: do not match "
                                                 f"the announced configuration")
