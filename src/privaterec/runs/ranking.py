@@ -61,6 +61,7 @@ def evaluation_split(dataset: MindDataset, split: str) -> MindSplit:
     raise ConfigError(f"invalid split {split!r}; expected 'train' or 'test'")
 
 
+@flush_denormals()
 def train_run(config: RunConfig, out: str | Path, *, drop_missing: bool = False,
               progress: bool = True, evaluate_each_epoch: bool = False,
               grid: Any = None, seeded_rehearsal: bool = False,
@@ -83,42 +84,8 @@ def train_run(config: RunConfig, out: str | Path, *, drop_missing: bool = False,
     public or consented holdout ``eval_data``, or not at all.
     Returns the metrics written to ``metrics.json`` (test metrics when a test split exists).
     """
-    with flush_denormals():
-        return _train_run(resolve_run_config(config), out, drop_missing=drop_missing,
-                          progress=progress, evaluate_each_epoch=evaluate_each_epoch,
-                          grid=grid, seeded_rehearsal=seeded_rehearsal,
-                          device=run_device(device), eval_data=eval_data)
-
-
-def evaluate_untrained(config: RunConfig, *, progress: bool = False,
-                       device: str | torch.device | None = None) -> dict[str, Any]:
-    """Test metrics of the initial model θ₀ of ``config``'s run, without any training.
-
-    θ₀ is the model :func:`train_run` starts from (:func:`build_run_model`, seeded with
-    ``train.seed``). It has seen no user data, so it is the ε = 0 point every private row
-    must be measured against: an encoder whose untrained news vectors already carry the
-    data's structure (e.g. NAML's shared category embeddings) scores above 0.5 before any
-    training.
-
-    Raises
-    ------
-    ConfigError
-        If ``config.data`` has no ``test/`` split.
-    """
-    with flush_denormals():
-        config = resolve_run_config(config)
-        prepared = prepare_data(config)
-        test = evaluation_split(prepared.dataset, "test")
-        model = build_run_model(config, prepared).to(run_device(device))
-        return dict(evaluate_model(model, test, prepared.features,
-                                   history_len=config.model.history_len,
-                                   batch_size=config.train.eval_batch_size,
-                                   progress=progress))
-
-
-def _train_run(config: RunConfig, out: str | Path, *, drop_missing: bool, progress: bool,
-               evaluate_each_epoch: bool, grid: Any, seeded_rehearsal: bool,
-               device: torch.device, eval_data: str | Path | None) -> dict[str, Any]:
+    config = resolve_run_config(config)
+    train_device = run_device(device)
     public = is_public_dir(config.data)
     if public and (grid is None or config.train.method not in FEDERATED_METHODS):
         raise ConfigError(f"{config.data}: holds a roster (a deployed server's public "
@@ -144,8 +111,33 @@ def _train_run(config: RunConfig, out: str | Path, *, drop_missing: bool, progre
     with run.lock():
         return _train_locked(config, run, prepared, progress=progress,
                              evaluate_each_epoch=evaluate_each_epoch, grid=grid,
-                             seeded_rehearsal=seeded_rehearsal, device=device,
+                             seeded_rehearsal=seeded_rehearsal, device=train_device,
                              eval_data=None if eval_data is None else str(eval_data))
+
+
+@flush_denormals()
+def evaluate_untrained(config: RunConfig, *, progress: bool = False,
+                       device: str | torch.device | None = None) -> dict[str, Any]:
+    """Test metrics of the initial model θ₀ of ``config``'s run, without any training.
+
+    θ₀ is the model :func:`train_run` starts from (:func:`build_run_model`, seeded with
+    ``train.seed``). It has seen no user data, so it is the ε = 0 point every private row
+    must be measured against: an encoder whose untrained news vectors already carry the
+    data's structure (e.g. NAML's shared category embeddings) scores above 0.5 before any
+    training.
+
+    Raises
+    ------
+    ConfigError
+        If ``config.data`` has no ``test/`` split.
+    """
+    config = resolve_run_config(config)
+    prepared = prepare_data(config)
+    test = evaluation_split(prepared.dataset, "test")
+    model = build_run_model(config, prepared).to(run_device(device))
+    return dict(evaluate_model(model, test, prepared.features,
+                               history_len=config.model.history_len,
+                               batch_size=config.train.eval_batch_size, progress=progress))
 
 
 def check_training_data(prepared: PreparedData) -> None:
@@ -179,7 +171,7 @@ def _train_locked(config: RunConfig, run: RunDirectory, prepared: PreparedData, 
                   progress: bool, evaluate_each_epoch: bool, grid: Any,
                   seeded_rehearsal: bool, device: torch.device,
                   eval_data: str | None = None) -> dict[str, Any]:
-    """:func:`_train_run` once the run directory's training lock is held."""
+    """:func:`train_run` once the run directory's training lock is held."""
     if run.start(config, data=config.data):
         _check_vocabularies(run, prepared.vocabs)
         run.record_data(config.data)
