@@ -113,6 +113,7 @@ def _task_identity() -> Iterator[None]:
         TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = saved
 
 
+@_task_identity()
 def client_app_replies(device: Any, *, runs: int, round_index: int, first_user: int = 0,
                        secure: bool = False, seed: int = FLOWER_SEED) -> Replies:
     """``runs`` rounds of the device's user through the ClientApp's ``train`` handler
@@ -121,13 +122,6 @@ def client_app_replies(device: Any, *, runs: int, round_index: int, first_user: 
     node draws from :class:`~privaterec.privacy.samplers.SecureNoise` (node option
     ``os-entropy``, a deployed server's message without a seed) instead of its seeded
     partition stream."""
-    with _task_identity():
-        return _replies(device, runs=runs, round_index=round_index, first_user=first_user,
-                        secure=secure, seed=seed)
-
-
-def _replies(device: Any, *, runs: int, round_index: int, first_user: int, secure: bool,
-             seed: int) -> Replies:
     from flwr.app import (Array, ArrayRecord, ConfigRecord, Context, Message, MessageType,
                           RecordDict)
 
