@@ -49,6 +49,8 @@ ADJACENCY_TEXT = {
 }
 
 _REL_TOL = 1e-9
+_FLOAT_FIELDS = ("epsilon", "delta", "noise_scale", "sensitivity", "padding_p",
+                 "coordinate_epsilon", "epsilon_user", "delta_user", "sampling_rate")
 
 
 @attr.s(frozen=True, slots=True, auto_attribs=True)
@@ -171,21 +173,17 @@ class PrivacyEvent:
             value = getattr(self, name)
             if value is not None and not (is_real(value) and value >= 0):
                 _fail(name, value, "None or a number >= 0")
+        if self.sampling_rate is not None and not (
+                isinstance(self.sampling_rate, numbers.Real) and 0 < self.sampling_rate <= 1
+                and self.mechanism in MECHANISMS and self.padding_p == 0):
+            _fail("sampling_rate", self.sampling_rate, "None, or q in (0, 1] on an "
+                  "unpadded noise event ('gaussian')")
         # Normalise numeric types so equal events hash equally (np.float64(1) == 1.0 anyway).
-        for name in ("epsilon", "delta", "padding_p"):
-            object.__setattr__(self, name, float(getattr(self, name)))
-        for name in ("noise_scale", "sensitivity", "coordinate_epsilon", "epsilon_user",
-                     "delta_user"):
+        for name in _FLOAT_FIELDS:
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, float(getattr(self, name)))
         object.__setattr__(self, "dimension", int(self.dimension))
         object.__setattr__(self, "valid", bool(self.valid))
-        if self.sampling_rate is not None:
-            if not (isinstance(self.sampling_rate, numbers.Real) and 0 < self.sampling_rate <= 1
-                    and self.mechanism in MECHANISMS and self.padding_p == 0):
-                _fail("sampling_rate", self.sampling_rate, "None, or q in (0, 1] on an "
-                      "unpadded noise event ('gaussian')")
-            object.__setattr__(self, "sampling_rate", float(self.sampling_rate))
         if self.mechanism in MECHANISMS:
             self._check_noise_fields()
         if self.padding_p > 0 and self.epsilon_user is None and math.isfinite(self.epsilon):
@@ -278,10 +276,8 @@ class PrivacyEvent:
         if unknown:
             raise CheckpointError(f"privacy event has unknown fields {sorted(unknown)}; "
                                   f"expected a subset of {sorted(names)}")
-        float_fields = ("epsilon", "delta", "noise_scale", "sensitivity", "padding_p",
-                        "coordinate_epsilon", "epsilon_user", "delta_user", "sampling_rate")
         # Untyped JSON values: the constructor checks every field (``__post_init__``).
-        values: dict[str, Any] = {k: _decode_float(v) if k in float_fields and v is not None
+        values: dict[str, Any] = {k: float(v) if k in _FLOAT_FIELDS and v is not None
                                   else v for k, v in data.items()}
         return cls(**values)
 
@@ -294,10 +290,6 @@ def replace_event(event: PrivacyEvent, **changes: Any) -> PrivacyEvent:
 
 def _encode_float(x: float) -> float | str:
     return x if math.isfinite(x) else repr(x)  # 'inf', '-inf', 'nan'
-
-
-def _decode_float(x: float | str) -> float:
-    return float(x)
 
 
 __all__ = ["ADJACENCIES", "ADJACENCY_TEXT", "Adjacency", "DATA_PARTS", "DataPart",
