@@ -116,6 +116,9 @@ def train_recall_run(config: RecallRunConfig, out: str | Path, *, progress: bool
     from privaterec.data.mind import load_dataset
     from privaterec.fed.engine import check_sampling
     from privaterec.fed.sampling import eligible_clients
+    from privaterec.privacy.report import write_privacy_json
+    from privaterec.recall.task import train_recall
+    from privaterec.runs.engines import build_engine
 
     run = RunDirectory(Path(out))
     ranker_config = RunDirectory(Path(config.ranker)).config()
@@ -129,45 +132,37 @@ def train_recall_run(config: RecallRunConfig, out: str | Path, *, progress: bool
     # load (and validate) the data and the ranker before the run directory exists
     dataset = load_dataset(data, drop_missing=drop_missing)
     setup = recall_setup(config, dataset, progress=progress)
-    if len(eligible_clients(setup.clients)) == 0:
+    eligible = len(eligible_clients(setup.clients))
+    if eligible == 0:
         raise DataFormatError(
             dataset.train.path or data, None,
             f"the training split has no user with a training click "
             f"({len(dataset.train.behaviors)} impressions): nothing to train the recall model "
             f"on. Training needs labelled impressions (candidates as NID-1/NID-0); check the "
             f"data with 'privaterec data check'")
-    check_sampling(config.fed, len(eligible_clients(setup.clients)))
+    check_sampling(config.fed, eligible)
     if config.fed.engine == "simulator":
         setup.model.to(run_device(device))
     with run.lock():
-        return _train_recall_locked(config, run, setup, data, progress=progress)
-
-
-def _train_recall_locked(config: RecallRunConfig, run: RunDirectory, setup: RecallSetup,
-                         data: str, *, progress: bool) -> dict[str, Any]:
-    """:func:`train_recall_run` once the run directory's training lock is held."""
-    from privaterec.privacy.report import write_privacy_json
-    from privaterec.recall.task import train_recall
-    from privaterec.runs.engines import build_engine
-
-    run.start(config, data=data)
-    run.record_data(data)
-    engine = build_engine(config.fed.engine,
-                          run_files={RECALL_CONFIG_FILE: run.recall_config_path.read_text()})
-    state = train_recall(setup.model, setup.vectors, setup.clients, config.fed, config.train,
-                         seed=config.seed, pool_rows=setup.pool_rows, engine=engine,
-                         checkpoint_path=run.checkpoint_path, progress=progress)
-    release = recall_release(config)
-    write_privacy_json(run.privacy_path, state.ledger, release=release,
-                       delta=config.fed.report_delta, rounds=state.round_index)
-    losses = [entry["loss"] for entry in state.log if "loss" in entry]
-    metrics = {"method": METHOD, "rounds": state.round_index,
-               "first_loss": losses[0] if losses else math.nan,
-               "last_loss": losses[-1] if losses else math.nan,
-               "train_epsilon_per_round": release["epsilon_per_round"],
-               "users_trained": len(state.ledger.users)}
-    run.metrics_path.write_text(json.dumps(metrics, indent=2))
-    return metrics
+        run.start(config, data=data)
+        run.record_data(data)
+        engine = build_engine(config.fed.engine, run_files={
+            RECALL_CONFIG_FILE: run.recall_config_path.read_text()})
+        state = train_recall(setup.model, setup.vectors, setup.clients, config.fed,
+                             config.train, seed=config.seed, pool_rows=setup.pool_rows,
+                             engine=engine, checkpoint_path=run.checkpoint_path,
+                             progress=progress)
+        release = recall_release(config)
+        write_privacy_json(run.privacy_path, state.ledger, release=release,
+                           delta=config.fed.report_delta, rounds=state.round_index)
+        losses = [entry["loss"] for entry in state.log if "loss" in entry]
+        metrics = {"method": METHOD, "rounds": state.round_index,
+                   "first_loss": losses[0] if losses else math.nan,
+                   "last_loss": losses[-1] if losses else math.nan,
+                   "train_epsilon_per_round": release["epsilon_per_round"],
+                   "users_trained": len(state.ledger.users)}
+        run.metrics_path.write_text(json.dumps(metrics, indent=2))
+        return metrics
 
 
 def recall_release(config: RecallRunConfig) -> dict[str, Any]:
