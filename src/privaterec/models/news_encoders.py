@@ -88,16 +88,10 @@ class FedNewsRecNewsEncoder(NRMSNewsEncoder):
 
     Parameters
     ----------
-    embedding:
-        The :class:`WordEmbedding` (it owns e₀).
     cnn_filters, cnn_window:
         Number of convolution filters and window size ("same" padding).
-    num_heads, head_dim:
-        Self-attention shape; d = ``num_heads * head_dim``.
-    attention_dim:
-        Hidden size of the additive attention.
-    dropout:
-        Dropout probability.
+    embedding, num_heads, head_dim, attention_dim, dropout:
+        As in :class:`NRMSNewsEncoder`.
     """
 
     def __init__(self, embedding: WordEmbedding, *, cnn_filters: int, cnn_window: int,
