@@ -191,24 +191,22 @@ class UniFedRecRecall(nn.Module):
         x = context.unsqueeze(-3).expand(*member.shape, context.shape[-1])
         return self.channel_attention(x, member)
 
-    def clipped_scores(self, interests: Tensor) -> Tensor:
-        """f_δ(r·eᵏ): the decomposition scores clipped to [−δ, δ] (Eq. 2 without its noise),
-        ``[b, M, d]`` → ``[b, M, B]``; unclipped when ``clip`` is None."""
-        return perturb_scores(self.interest.decompose(interests), clip=self.clip, noise=None)
-
-    def protected_weights(self, interests: Tensor, *,
-                          score_noise: Tensor | None = None) -> Tensor:
+    def protected_weights(self, interests: Tensor, *, score_noise: Tensor | None = None,
+                          score_clip: bool = True) -> Tensor:
         """α = softmax(f_δ(r·eᵏ) + n): ``[b, M, d]`` → ``[b, M, B]`` (Eq. 2-3).
 
-        ``score_noise``: the Laplace(λ_I) noise n ``[b, M, B]`` drawn by the caller (the
-        model draws no noise; :func:`privaterec.recall.query.release_query`); ``None``: none.
+        f_δ clips the decomposition scores to [−δ, δ] (none when ``clip`` is None or
+        ``score_clip`` is false). ``score_noise``: the Laplace(λ_I) noise n ``[b, M, B]``
+        drawn by the caller (the model draws no noise;
+        :func:`privaterec.recall.query.release_query`); ``None``: none.
         """
-        scores = self.clipped_scores(interests)
+        scores = perturb_scores(self.interest.decompose(interests),
+                                clip=self.clip if score_clip else None, noise=None)
         return self.weights(scores if score_noise is None else scores + score_noise)
 
     def forward(self, news_vectors: Tensor, mask: Tensor, candidates: Tensor,
                 channel_ids: Tensor | None = None, quotas: Tensor | None = None, *,
-                score_noise: Tensor | None = None) -> Tensor:
+                score_noise: Tensor | None = None, score_clip: bool = True) -> Tensor:
         """Unified recall scores z of the candidates (Eq. 5).
 
         Parameters
@@ -223,9 +221,10 @@ class UniFedRecRecall(nn.Module):
         channel_ids, quotas:
             ``LongTensor[b, H]`` and ``Tensor[b, M]`` from :meth:`channels`; computed here
             when omitted (then not ``torch.func`` traceable).
-        score_noise:
+        score_noise, score_clip:
             ``Tensor[b, M, B]`` noise added to the clipped decomposition scores (training with
-            noise; drawn by the caller, the model draws none); ``None``: none.
+            noise; drawn by the caller, the model draws none; ``None``: none), and whether
+            they are clipped (:meth:`protected_weights`).
 
         Returns
         -------
@@ -241,7 +240,7 @@ class UniFedRecRecall(nn.Module):
         r = self.interests(self.context(news_vectors, mask), channel_ids)
         if not self.use_bie:
             return unified_score(r, quotas.to(r.dtype), candidates)
-        alpha = self.protected_weights(r, score_noise=score_noise)
+        alpha = self.protected_weights(r, score_noise=score_noise, score_clip=score_clip)
         return unified_score(self.interest.aggregate(alpha), quotas.to(alpha.dtype), candidates)
 
     # -- serving --------------------------------------------------------------------------

@@ -77,8 +77,7 @@ from privaterec.fed.task import ModuleTask, per_client_gradients
 from privaterec.method_settings import UniFedRecSettings, setting
 from privaterec.privacy.samplers import NoiseSource, SimulationNoise
 from privaterec.recall.channels import ChannelBatch, cluster_batch
-from privaterec.recall.interest import perturb_scores
-from privaterec.recall.model import NUM_NEGATIVES, UniFedRecRecall, info_nce, unified_score
+from privaterec.recall.model import NUM_NEGATIVES, UniFedRecRecall, info_nce
 from privaterec.runtime.checkpoint import load_checkpoint
 from privaterec.runtime.device import module_device
 from privaterec.validators import fail
@@ -201,21 +200,12 @@ class _RecallLoss(nn.Module):
                 score_clip: bool = True) -> Tensor:
         """Context ``[b, H, d]`` when only (vectors, mask) are given, else the weighted mean
         InfoNCE of b = 1 user: candidates ``[n, 1 + K, d]``, weights ``[n]``."""
-        model = self.model
-        context = model.context(vectors, mask)
         if candidates is None:
-            return context
+            return self.model.context(vectors, mask)
         assert channel_ids is not None and quotas is not None and weights is not None
-        interests = model.interests(context, channel_ids)
         n, c, d = candidates.shape
-        if model.use_bie:  # the no-BIE ablation scores r_i directly
-            scores = model.interest.decompose(interests)
-            scores = perturb_scores(scores, clip=model.clip if score_clip else None, noise=None)
-            if score_noise is not None:
-                scores = scores + score_noise
-            interests = model.interest.aggregate(model.weights(scores))  # [1, M, d]
-        logits = unified_score(interests, quotas.to(interests.dtype),
-                               candidates.reshape(1, n * c, d)).reshape(n, c)
+        logits = self.model(vectors, mask, candidates.reshape(1, n * c, d), channel_ids, quotas,
+                            score_noise=score_noise, score_clip=score_clip).reshape(n, c)
         losses = info_nce(logits, reduction="none")
         return (losses * weights).sum() / weights.sum()
 
