@@ -343,28 +343,6 @@ def evaluate_recall(split: MindSplit, features: NewsFeatures, news_vectors: Tens
     else:
         index = DenseIndex(pool_vectors)
     users = recall_users(split, features, history_len=history_len)
-    with eval_mode(ranker):
-        result, events = _evaluate(users, method, model, vectors_table, pool, in_pool, ks,
-                                   size_of, sizes, auc_size, ranker, seed, serve_noise,
-                                   quota_noise_scale, index, batch_size, progress,
-                                   user_encoder, user_events)
-    if ledger is not None:
-        for user, pairs in events.items():
-            for event, count in pairs:
-                ledger.record(user, event, count)
-    result["events"] = events
-    return result
-
-
-def _evaluate(users: RecallUsers, method: str, model: UniFedRecRecall | None,
-              vectors_table: Tensor, pool: np.ndarray, in_pool: np.ndarray,
-              ks: tuple[int, ...], size_of: dict[int, int], sizes: list[int], auc_size: int,
-              ranker: Ranker | None, seed: int, serve_noise: bool,
-              quota_noise_scale: float | None, index: ScoreSpaceIndex | DenseIndex,
-              batch_size: int, progress: bool, user_encoder: UserEncoder | None,
-              user_events: EventList | None) -> tuple[dict[str, object], dict[str, EventList]]:
-    """The loop of :func:`evaluate_recall` over batches of users (its docstring): the result
-    without ``events``, and the events."""
     longest = max(sizes)
     future_tally = _RecallTally({k: 0.0 for k in ks})
     history_tally = _RecallTally({k: 0.0 for k in ks})
@@ -373,77 +351,78 @@ def _evaluate(users: RecallUsers, method: str, model: UniFedRecRecall | None,
     events: dict[str, EventList] = {}
     bar = tqdm(total=users.num_users, desc=f"recall ({method})", unit="user",
                disable=not progress)
-    for start in range(0, users.num_users, batch_size):
-        stop = min(start + batch_size, users.num_users)
-        rows = users.history[start:stop]
-        mask = users.history_mask[start:stop]
-        vectors = vectors_table[rows]  # [b, H, d]
-        per_user: list[tuple[list[np.ndarray], np.ndarray]] = []
-        batch_events: list[EventList] = []
-        if method == "unifedrec":
-            assert model is not None
-            noise = SimulationNoise([query_generator(seed, u) for u in range(start, stop)])
-            query = release_query(model, vectors, mask, noise=noise if serve_noise else None,
-                                  quota_noise_scale=quota_noise_scale,
-                                  quota_noise=None if quota_noise_scale is None else noise)
-            for i in range(stop - start):
-                released = query.released[i]
-                assert isinstance(index, ScoreSpaceIndex)
-                scores = index.channel_scores(query.alpha[i][released])  # [C, P]
-                per_user.append((list(top_k(scores, longest)),
-                                 query.quotas[i][released].double().numpy()))
-            batch_events = query.events
-        elif method == "no-bie":
-            assert model is not None
-            channels = model.channels(vectors, mask)
-            interests = model.interests(model.context(vectors, mask), channels.channel_ids)
-            for i in range(stop - start):
-                valid = channels.valid[i]
-                assert isinstance(index, DenseIndex)
-                _, positions = index.search(interests[i][valid], longest)
-                per_user.append((list(positions), channels.quotas[i][valid].double().numpy()))
-                batch_events.append(_clear_event(int(valid.sum()) * vectors.shape[-1],
-                                                 "no-bie: channel interests r_i and quotas"))
-        else:
-            if method == "youtubenet":
-                attend = attend_all_if_empty(mask).unsqueeze(-1).to(vectors.dtype)
-                user_vectors = (vectors * attend).sum(1) / attend.sum(1)
-                query_events = _clear_event(vectors.shape[-1],
-                                            "youtubenet: mean clicked-news vector")
+    with eval_mode(ranker):  # no dropout in the ranker (nor in a user encoder of its model)
+        for start in range(0, users.num_users, batch_size):
+            stop = min(start + batch_size, users.num_users)
+            rows = users.history[start:stop]
+            mask = users.history_mask[start:stop]
+            vectors = vectors_table[rows]  # [b, H, d]
+            per_user: list[tuple[list[np.ndarray], np.ndarray]] = []
+            batch_events: list[EventList] = []
+            if method == "unifedrec":
+                assert model is not None
+                noise = SimulationNoise([query_generator(seed, u) for u in range(start, stop)])
+                query = release_query(model, vectors, mask, noise=noise if serve_noise else None,
+                                      quota_noise_scale=quota_noise_scale,
+                                      quota_noise=None if quota_noise_scale is None else noise)
+                for i in range(stop - start):
+                    released = query.released[i]
+                    assert isinstance(index, ScoreSpaceIndex)
+                    scores = index.channel_scores(query.alpha[i][released])  # [C, P]
+                    per_user.append((list(top_k(scores, longest)),
+                                     query.quotas[i][released].double().numpy()))
+                batch_events = query.events
+            elif method == "no-bie":
+                assert model is not None
+                channels = model.channels(vectors, mask)
+                interests = model.interests(model.context(vectors, mask), channels.channel_ids)
+                for i in range(stop - start):
+                    valid = channels.valid[i]
+                    assert isinstance(index, DenseIndex)
+                    _, positions = index.search(interests[i][valid], longest)
+                    per_user.append((list(positions), channels.quotas[i][valid].double().numpy()))
+                    batch_events.append(_clear_event(int(valid.sum()) * vectors.shape[-1],
+                                                     "no-bie: channel interests r_i and quotas"))
             else:
-                assert user_encoder is not None and user_events is not None
-                user_vectors = user_encoder(vectors, mask)
-                query_events = list(user_events)
-            assert isinstance(index, DenseIndex)
-            _, positions = index.search(user_vectors, longest)
-            positions = np.atleast_2d(positions)
-            for i in range(stop - start):
-                per_user.append(([positions[i]], np.ones(1)))
-                batch_events.append(query_events)
-        ranker_users = None
-        if ranker is not None:
-            ranker_users = ranker.encode_user(vectors, mask)  # [b, d]
-        for i, (rankings, quotas) in enumerate(per_user):
-            u = start + i
-            recalled = dict(zip(sizes, (pool[s] for s in recalled_sets(rankings, quotas,
-                                                                          sizes))))
-            events[users.user_ids[u]] = batch_events[i]
-            at_k = {k: recalled[size_of[k]] for k in ks}
-            clicks = np.unique(users.history[u][users.history_mask[u]].numpy())
-            future_tally.add(users.future[u], in_pool, at_k)
-            history_tally.add(clicks, in_pool, at_k)
-            if ranker_users is not None:
-                shown = recalled[auc_size]
-                for cands, labels in users.impressions[u]:
-                    if labels.sum() in (0, labels.size):
-                        single_class += 1
-                        continue
-                    scores = (vectors_table[torch.from_numpy(cands)]
-                              @ ranker_users[i]).double().numpy()
-                    hit = np.isin(cands, shown)
-                    floor = scores[hit].min() - 1.0 if hit.any() else 0.0
-                    aucs.append(impression_auc(labels, np.where(hit, scores, floor)))
-        bar.update(stop - start)
+                if method == "youtubenet":
+                    attend = attend_all_if_empty(mask).unsqueeze(-1).to(vectors.dtype)
+                    user_vectors = (vectors * attend).sum(1) / attend.sum(1)
+                    query_events = _clear_event(vectors.shape[-1],
+                                                "youtubenet: mean clicked-news vector")
+                else:
+                    assert user_encoder is not None and user_events is not None
+                    user_vectors = user_encoder(vectors, mask)
+                    query_events = list(user_events)
+                assert isinstance(index, DenseIndex)
+                _, positions = index.search(user_vectors, longest)
+                positions = np.atleast_2d(positions)
+                for i in range(stop - start):
+                    per_user.append(([positions[i]], np.ones(1)))
+                    batch_events.append(query_events)
+            ranker_users = None
+            if ranker is not None:
+                ranker_users = ranker.encode_user(vectors, mask)  # [b, d]
+            for i, (rankings, quotas) in enumerate(per_user):
+                u = start + i
+                recalled = dict(zip(sizes, (pool[s] for s in recalled_sets(rankings, quotas,
+                                                                              sizes))))
+                events[users.user_ids[u]] = batch_events[i]
+                at_k = {k: recalled[size_of[k]] for k in ks}
+                clicks = np.unique(users.history[u][users.history_mask[u]].numpy())
+                future_tally.add(users.future[u], in_pool, at_k)
+                history_tally.add(clicks, in_pool, at_k)
+                if ranker_users is not None:
+                    shown = recalled[auc_size]
+                    for cands, labels in users.impressions[u]:
+                        if labels.sum() in (0, labels.size):
+                            single_class += 1
+                            continue
+                        scores = (vectors_table[torch.from_numpy(cands)]
+                                  @ ranker_users[i]).double().numpy()
+                        hit = np.isin(cands, shown)
+                        floor = scores[hit].min() - 1.0 if hit.any() else 0.0
+                        aucs.append(impression_auc(labels, np.where(hit, scores, floor)))
+            bar.update(stop - start)
     bar.close()
     result: dict[str, object] = {**future_tally.means("future"),
                                   **history_tally.means("history")}
@@ -453,7 +432,12 @@ def _evaluate(users: RecallUsers, method: str, model: UniFedRecRecall | None,
                   history_outside_pool=history_tally.outside,
                   auc_impressions=len(aucs), single_class_impressions=single_class,
                   pool_size=int(pool.size), method=method)
-    return result, events
+    if ledger is not None:
+        for user, pairs in events.items():
+            for event, count in pairs:
+                ledger.record(user, event, count)
+    result["events"] = events
+    return result
 
 
 __all__ = ["AUC_RECALL_SIZE", "RECALL_KS", "RECALL_METHODS", "Ranker", "RecallUsers",
