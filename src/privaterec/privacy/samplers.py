@@ -161,9 +161,9 @@ class NoiseSource(ABC):
 class SimulationNoise(NoiseSource):
     """Seeded torch randomness, for simulation and tests only (NOT for a deployed release).
 
-    Draws a mechanism's seeded unit sample (float64, scaled, then cast to the requested
-    dtype), ``torch.rand`` and ``torch.randint`` with ``generator``. Anyone who knows the
-    seed can regenerate every draw, and the float samplers are not float-safe (Mironov 2012).
+    Draws a mechanism's seeded unit sample (float64, scaled, then cast), ``torch.rand``,
+    ``torch.randint`` and ``torch.randperm`` with ``generator``. Anyone who knows the seed can
+    regenerate every draw, and the float samplers are not float-safe (Mironov 2012).
 
     Parameters
     ----------
