@@ -13,14 +13,13 @@ from pathlib import Path
 from typing import Any
 
 from privaterec.experiments.demo_summary import RecallRow, format_recall_table
-from privaterec.experiments.unifedrec import VARIANTS, recall_train_config
+from privaterec.experiments.unifedrec import UNIFEDREC
 from privaterec.privacy.samplers import SimulationNoise
 from privaterec.recall.evaluate import query_generator, recall_users
 from privaterec.recall.index import ScoreSpaceIndex
 from privaterec.recall.query import release_query
 from privaterec.runs.recall import (RecallRunConfig, evaluate_recall_run, load_ranker_news,
-                                   load_recall_run,
-                                   query_bytes, train_recall_run)
+                                   load_recall_run, query_bytes, train_recall_run)
 
 DEMO_RECALL_ROUNDS = 300
 QUICK_RECALL_ROUNDS = 10
@@ -30,12 +29,10 @@ DEMO_RECALL_SIZE = 100  # R of the shown query
 
 def demo_recall_config(ranker: Path, *, quick: bool) -> RecallRunConfig:
     """The demo's recall model: the experiment's LDP training at a smaller budget."""
-    (paper,) = [v for v in VARIANTS if v.slug == "unifedrec"]
-    config = paper.run_config(ranker, seed=0, quick=quick)
-    fed, train = recall_train_config(ldp=True, quick=quick)
-    fed = dataclasses.replace(fed, rounds=QUICK_RECALL_ROUNDS if quick else
+    config = UNIFEDREC.run_config(ranker, seed=0, quick=quick)
+    fed = dataclasses.replace(config.fed, rounds=QUICK_RECALL_ROUNDS if quick else
                               DEMO_RECALL_ROUNDS, clients_per_round=DEMO_RECALL_CLIENTS)
-    return dataclasses.replace(config, fed=fed, train=train)
+    return dataclasses.replace(config, fed=fed)
 
 
 @dataclass(frozen=True)
