@@ -195,13 +195,13 @@ class RunSpec:
         if self.method == "centralized":
             return "Centralized"
         if self.method in ("fedrec", "fednewsrec"):
-            return "FedRec" if self.method == "fedrec" else "FedNewsRec"
+            return settings_type(self.method).title
         if self.method == "dp-fedrec":
             return "DP-FedRec" if self.epsilon_train < math.inf else "DP-FedRec (= FedRec)"
         if self.method == "dp-fedavg":
-            return ("DP-FedAvg (central)" + CLIP_SPACE_LABELS[self.clip_space]
-                    if not self.basis else f"PrivateRec model (B = {self.basis}) by DP-FedAvg"
-                    + CLIP_SPACE_LABELS[self.clip_space])
+            return ("DP-FedAvg (central)" if not self.basis else
+                    f"PrivateRec model (B = {self.basis}) by DP-FedAvg"
+                    ) + CLIP_SPACE_LABELS[self.clip_space]
         return f"PrivateRec ({self.privacy_mode} mode)"
 
     def run_config(self, *, data: str, model: str, seed: int, quick: bool) -> RunConfig:
