@@ -41,7 +41,7 @@ import torch
 from privaterec.errors import ConfigError
 from privaterec.privacy.central_accounting import central_round_event
 from privaterec.privacy.events import PrivacyEvent
-from privaterec.validators import check_adaptive_clip
+from privaterec.validators import check_adaptive_clip, check_in
 
 COUNT_STDDEV_PER_CLIENT = 0.05
 """σ_b's default: the expected number of clients per round m / 20 (the paper's choice)."""
@@ -60,12 +60,10 @@ def update_noise_multiplier(*, noise_multiplier: float, count_stddev: float) -> 
     ConfigError
         If σ_b ≤ z/2 (no split exists: the indicator alone would exceed the budget).
     """
-    if not (0 < noise_multiplier < math.inf):
-        raise ConfigError(f"invalid privacy parameter 'noise_multiplier': got "
-                          f"{noise_multiplier!r}, expected a finite number > 0")
-    if not (0 < count_stddev < math.inf):
-        raise ConfigError(f"invalid privacy parameter 'clip_count_stddev': got "
-                          f"{count_stddev!r}, expected a finite number > 0")
+    check_in(noise_multiplier, "noise_multiplier", 0, math.inf, "a finite number > 0",
+             open_low=True)
+    check_in(count_stddev, "clip_count_stddev", 0, math.inf, "a finite number > 0",
+             open_low=True)
     rest = noise_multiplier ** -2 - (2 * count_stddev) ** -2
     if not count_stddev > noise_multiplier / 2 or rest <= 0:
         raise ConfigError(f"adaptive clipping: the noise on the count of unclipped clients "

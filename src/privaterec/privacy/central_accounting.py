@@ -33,7 +33,7 @@ from dp_accounting.rdp import rdp_privacy_accountant
 from privaterec.errors import ConfigError
 from privaterec.privacy.calibrate import Calibration
 from privaterec.privacy.events import PrivacyEvent
-from privaterec.validators import MIN_NOISE_MULTIPLIER, check_noise_multiplier
+from privaterec.validators import MIN_NOISE_MULTIPLIER, check_in, check_noise_multiplier
 
 ACCOUNTANTS = ("pld", "rdp")
 
@@ -47,9 +47,7 @@ def _check(*, noise_multiplier: float | None = None, sampling_rate: float, round
                           f"0 < q <= 1 (the fraction of users sampled per round)")
     if not (isinstance(rounds, int) and rounds >= 1):
         raise ConfigError(f"invalid 'rounds': got {rounds!r}, expected an integer >= 1")
-    if not (0 < delta < 1):
-        raise ConfigError(f"invalid privacy parameter 'delta': got {delta!r}, expected "
-                          f"0 < delta < 1 (below 1/N for N users)")
+    check_in(delta, "delta", 0, 1, "0 < delta < 1 (below 1/N for N users)", open_low=True)
 
 
 def _round_event(noise_multiplier: float, sampling_rate: float) -> dp_event.DpEvent:
@@ -133,9 +131,7 @@ def calibrate_noise_multiplier(*, target_epsilon: float, sampling_rate: float, r
     ConfigError
         If the target is not positive and finite.
     """
-    if not (0 < target_epsilon < math.inf):
-        raise ConfigError(f"invalid privacy parameter 'target_epsilon': got "
-                          f"{target_epsilon!r}, expected a finite number > 0")
+    check_in(target_epsilon, "target_epsilon", 0, math.inf, "a finite number > 0", open_low=True)
     _check(sampling_rate=sampling_rate, rounds=rounds, delta=delta)
 
     def eps(z: float) -> float:

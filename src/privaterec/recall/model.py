@@ -32,6 +32,7 @@ channels is ``torch.func`` friendly (vmap/grad over users) and rows never intera
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 import torch
@@ -39,6 +40,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from privaterec.errors import ConfigError
+from privaterec.validators import check_in
 from privaterec.models.layers import AdditiveAttention, MultiHeadSelfAttention, attend_all_if_empty
 from privaterec.recall.channels import (DEFAULT_DISTANCE_THRESHOLD, MAX_CHANNELS, ChannelBatch,
                                         ClusterOptions, Overflow, cluster_batch,
@@ -140,12 +142,9 @@ class UniFedRecRecall(nn.Module):
         if num_heads * head_dim != dim:
             raise ConfigError(f"num_heads * head_dim = {num_heads * head_dim} must equal the "
                               f"news vector size dim = {dim}")
-        if clip is not None and not clip > 0:
-            raise ConfigError(f"invalid privacy parameter 'clip': got {clip!r}, expected > 0 "
-                              f"or None")
-        if not noise_scale >= 0:
-            raise ConfigError(f"invalid privacy parameter 'noise_scale': got {noise_scale!r}, "
-                              f"expected >= 0")
+        if clip is not None:
+            check_in(clip, "clip", 0, math.inf, "> 0 or None", open_low=True, open_high=False)
+        check_in(noise_scale, "noise_scale", 0, math.inf, ">= 0", open_high=False)
         options = cluster_options(distance_threshold=distance_threshold, method=method,
                                   metric=metric, max_channels=max_channels, overflow=overflow)
         self.dim = dim
