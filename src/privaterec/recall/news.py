@@ -3,16 +3,14 @@
 
 from __future__ import annotations
 
-import numbers
-
 import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
 from privaterec.data.features import NewsFeatures
-from privaterec.errors import ConfigError
 from privaterec.eval.evaluate import eval_mode
 from privaterec.models.recommender import Recommender
+from privaterec.validators import fail, is_integer
 
 
 @torch.no_grad()
@@ -23,10 +21,8 @@ def encode_news_table(model: Recommender, features: NewsFeatures, *, batch_size:
     Row 0 (the anonymous all-padding news) is encoded too, so history padding has a vector.
     The model is put in eval mode and restored afterwards.
     """
-    if not (isinstance(batch_size, numbers.Integral) and not isinstance(batch_size, bool)
-            and batch_size >= 1):
-        raise ConfigError(f"invalid recall training parameter 'batch_size': got "
-                          f"{batch_size!r}, expected an integer >= 1")
+    if not (is_integer(batch_size) and not isinstance(batch_size, bool) and batch_size >= 1):
+        fail("batch_size", batch_size, "an integer >= 1", kind="recall training parameter")
     rows = torch.arange(len(features))
     with eval_mode(model):
         chunks = [model.encode_features(features.select(chunk))

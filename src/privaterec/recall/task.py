@@ -56,7 +56,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import numbers
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Literal, Sequence
@@ -80,7 +79,7 @@ from privaterec.recall.channels import ChannelBatch, cluster_batch
 from privaterec.recall.model import NUM_NEGATIVES, UniFedRecRecall, info_nce
 from privaterec.runtime.checkpoint import load_checkpoint
 from privaterec.runtime.device import module_device
-from privaterec.validators import fail
+from privaterec.validators import fail, is_integer
 
 NegativeSource = Literal["impression", "pool"]
 
@@ -106,10 +105,6 @@ _LEGACY_RESULT_FIELDS = {"fed.clip": "fed.settings.clip",
 
 def _fail(name: str, value: object, expected: str) -> None:
     fail(name, value, expected, kind="recall training parameter")
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True)
@@ -143,7 +138,8 @@ class RecallTrainConfig:
     score_noise: bool = False
 
     def __post_init__(self) -> None:
-        if not (_is_int(self.negatives) and self.negatives >= 1):
+        if not (is_integer(self.negatives) and not isinstance(self.negatives, bool)
+                and self.negatives >= 1):
             _fail("negatives", self.negatives, "an integer >= 1")
         if self.negative_source not in ("impression", "pool"):
             _fail("negative_source", self.negative_source, "'impression' or 'pool'")
