@@ -59,7 +59,8 @@ def test_only_the_stage_with_a_vector_reaches_the_device(monkeypatch, stage, pat
             call_next(message, context)
         return message
 
-    monkeypatch.setattr(flower_client, "_device", lambda: (Handlers, None))
+    monkeypatch.setattr(flower_client, "_handle", lambda handler, message, context:
+                        getattr(Handlers, handler)(None, message, context))
     monkeypatch.setattr(flower_client, "secaggplus_mod", mod)
     context = Context(run_id=1, node_id=7, node_config={}, state=RecordDict(), run_config={})
     flower_client.client_app(message=_message(stage), context=context)

@@ -20,8 +20,6 @@ uses it.
 
 from __future__ import annotations
 
-from typing import Any
-
 from flwr.app import Context, Message
 from flwr.client.mod import secaggplus_mod
 from flwr.clientapp import ClientApp
@@ -29,11 +27,13 @@ from flwr.common.secure_aggregation.secaggplus_constants import (RECORD_KEY_CONF
                                                                  Stage)
 
 
-def _device() -> tuple[Any, Any]:
-    """The device's handlers and loader (imported on first use)."""
+def _handle(handler: str, message: Message, context: Context) -> Message:
+    """The device's ``handler`` of :mod:`privaterec.fed.flower.client_app` with the run
+    layer's device loader (both imported on first use)."""
     from privaterec.fed.flower import client_app as handlers
     from privaterec.runs.engines import load_device
-    return handlers, load_device
+    reply: Message = getattr(handlers, handler)(load_device, message, context)
+    return reply
 
 
 def _keys_only_stage(message: Message) -> bool:
@@ -52,25 +52,19 @@ client_app = ClientApp()
 
 @client_app.query()
 def query(message: Message, context: Context) -> Message:
-    handlers, load_device = _device()
-    reply: Message = handlers.client_query(load_device, message, context)
-    return reply
+    return _handle("client_query", message, context)
 
 
 @client_app.train()
 def train(message: Message, context: Context) -> Message:
     if _keys_only_stage(message):
         return secaggplus_mod(message, context, _not_called)
-    handlers, load_device = _device()
-    reply: Message = handlers.handle_train(load_device, message, context)
-    return reply
+    return _handle("handle_train", message, context)
 
 
 @client_app.evaluate()
 def evaluate(message: Message, context: Context) -> Message:
-    handlers, load_device = _device()
-    reply: Message = handlers.client_evaluate(load_device, message, context)
-    return reply
+    return _handle("client_evaluate", message, context)
 
 
 __all__ = ["client_app"]
