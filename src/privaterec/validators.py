@@ -31,14 +31,15 @@ def check_choice(value: object, name: str, choices: tuple[C, ...], *,
     for choice in choices:
         if value == choice:
             return choice
-    raise ConfigError(f"invalid {kind} '{name}': got {value!r}, expected one of "
-                      f"{', '.join(choices)}")
+    fail(name, value, f"one of {', '.join(choices)}", kind=kind)
 
 
 def fail(name: str, value: object, expected: str, *,
          kind: str = "privacy parameter") -> NoReturn:
-    """Raise ``ConfigError("invalid <kind> '<name>': got <value!r>, expected <expected>")``."""
-    raise ConfigError(f"invalid {kind} '{name}': got {value!r}, expected {expected}")
+    """Raise ``ConfigError("invalid <kind> '<name>': got <value!r>, expected <expected>")``
+    (``kind=""``: ``"invalid '<name>': ..."``)."""
+    raise ConfigError(f"invalid {kind + ' ' if kind else ''}'{name}': got {value!r}, expected "
+                      f"{expected}")
 
 
 def check_in(value: object, name: str, low: float, high: float, expected: str, *,

@@ -45,7 +45,7 @@ from privaterec.errors import CheckpointError, ConfigError, PrivacyBudgetExceede
 from privaterec.files import write_atomic
 from privaterec.privacy.events import PrivacyEvent
 from privaterec.privacy.ledger import Composition, PrivacyLedger, compose_events
-from privaterec.validators import check_in
+from privaterec.validators import check_in, fail
 
 DEVICE_USER = "device"
 """The ledger's user id: a device accounts for one user."""
@@ -104,11 +104,9 @@ def _check_limit(max_fresh_releases: int | None, release_window: float) -> None:
     if max_fresh_releases is not None and (isinstance(max_fresh_releases, bool)
                                            or not isinstance(max_fresh_releases, int)
                                            or max_fresh_releases < 1):
-        raise ConfigError(f"invalid 'max_fresh_releases': got {max_fresh_releases!r}, expected "
-                          f"an int >= 1 (None: no limit)")
-    if not (isinstance(release_window, (int, float)) and 0 < release_window < math.inf):
-        raise ConfigError(f"invalid 'release_window': got {release_window!r}, expected a "
-                          f"finite number of seconds > 0")
+        fail("max_fresh_releases", max_fresh_releases, "an int >= 1 (None: no limit)", kind="")
+    check_in(release_window, "release_window", 0, math.inf, "a finite number of seconds > 0",
+             open_low=True, kind="")
 
 
 class DeviceBudget:

@@ -85,6 +85,7 @@ from privaterec.recall.index import (DenseIndex, ScoreSpaceIndex, allocate_quota
                                      merge_rankings, top_k)
 from privaterec.recall.model import UniFedRecRecall
 from privaterec.recall.query import release_query
+from privaterec.validators import fail
 
 RECALL_KS = (100, 200, 300, 400)
 """The cut-offs of Uni-FedRec Tables 2-3."""
@@ -239,12 +240,10 @@ def _check_ks(ks: Sequence[int], auc_recall_size: int) -> tuple[int, ...]:
     ks = tuple(ks)
     if not ks or any(isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1
                      for k in ks):
-        raise ConfigError(f"invalid recall cut-offs 'ks': got {ks!r}, expected positive "
-                          f"integers")
+        fail("ks", ks, "positive integers", kind="recall cut-offs")
     if isinstance(auc_recall_size, bool) or not isinstance(auc_recall_size, int) \
             or auc_recall_size < 1:
-        raise ConfigError(f"invalid 'auc_recall_size': got {auc_recall_size!r}, expected an "
-                          f"int >= 1")
+        fail("auc_recall_size", auc_recall_size, "an int >= 1", kind="")
     return tuple(int(k) for k in ks)
 
 

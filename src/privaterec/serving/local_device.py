@@ -47,6 +47,7 @@ from privaterec.ondevice.pool_format import (DTYPES, PoolFormatError, PoolState,
 from privaterec.serving.store import top_k_positions
 from privaterec.serving.transport import (ModelChangedError, ServerError, Transport, json_body,
                                           raise_for_status)
+from privaterec.validators import check_choice, fail
 
 LOCAL_USER = "device"
 """The ledger's user id (a device accounts for one user)."""
@@ -110,18 +111,12 @@ class LocalRankingDevice(DeviceBase):
                  space: str = "auto", titles: str = "pool", decoys: int = 20,
                  decoy_rng: random.Random | None = None, cache_dir: str | Path | None = None,
                  transport: Transport | None = None, timeout: float = 30.0) -> None:
-        if dtype not in DTYPES:
-            raise ConfigError(f"invalid 'dtype': got {dtype!r}, expected one of "
-                              f"{', '.join(DTYPES)}")
+        check_choice(dtype, "dtype", DTYPES, kind="")
         if space not in ("auto", "scores", "vectors"):
-            raise ConfigError(f"invalid 'space': got {space!r}, expected 'auto', 'scores' or "
-                              f"'vectors'")
-        if titles not in TITLE_MODES:
-            raise ConfigError(f"invalid 'titles': got {titles!r}, expected one of "
-                              f"{', '.join(TITLE_MODES)}")
+            fail("space", space, "'auto', 'scores' or 'vectors'", kind="")
+        check_choice(titles, "titles", TITLE_MODES, kind="")
         if isinstance(decoys, bool) or not isinstance(decoys, int) or not 0 <= decoys <= 999:
-            raise ConfigError(f"invalid 'decoys': got {decoys!r}, expected an integer in "
-                              f"[0, 999]")
+            fail("decoys", decoys, "an integer in [0, 999]", kind="")
         self.dtype = dtype
         self.titles = titles
         self.decoys = decoys
