@@ -51,6 +51,7 @@ from privaterec.experiments.common import (METRICS, RunSpec, Stopwatch, cached_s
 from privaterec.experiments.populations import Population, make_populations, synthesize
 from privaterec.experiments.run_privacy import LedgerEpsilon, epsilon_cell, ledger_epsilon
 from privaterec.fed.methods import resolve_run_config
+from privaterec.fed.methods.dp_fedavg import CentralDP
 from privaterec.method_settings import CLIP_SPACES, ClipSpace
 from privaterec.runs.directory import RunDirectory
 from privaterec.validators import check_choice
@@ -63,7 +64,7 @@ QUICK_EPSILONS = (1.0, 8.0, INF)
 USERS = (2000, 20000, 50000)
 MODELS = ("nrms", "naml")
 QUICK_MODELS = ("nrms",)
-CLIENT_FRACTION = 0.02  # the federated methods' default r (q for dp-fedavg)
+CLIENT_FRACTION = CentralDP.server_defaults.client_fraction  # the default r (q for dp-fedavg)
 
 
 # --- running ---------------------------------------------------------------------------------

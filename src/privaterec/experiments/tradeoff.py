@@ -209,10 +209,8 @@ def _fig6(ctx: _Context) -> tuple[dict[str, Any], list[str]]:
             curve.points.append((eps, ctx.auc(spec, None,
                                               f"fig6 {name} ε_t={format_epsilon(eps)}")))
     for name, method, curve in methods:
-        rows += _point_rows("fig6", "epsilon_train", [(name, "", curve)])
-    for row in rows:
-        method = "privaterec" if row["method"] == "PrivateRec" else "dp-fedrec"
-        row["run"] = RunSpec(method, row["epsilon_train"]).slug
+        rows += [{**row, "run": RunSpec(method, row["epsilon_train"]).slug}
+                 for row in _point_rows("fig6", "epsilon_train", [(name, "", curve)])]
     fig, (ax,) = new_figure()
     plot_curves(ax, [curve for _, _, curve in methods], infinity_label="ε_t")
     set_log_x(ax, epsilons)
