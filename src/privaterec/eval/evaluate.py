@@ -106,11 +106,6 @@ def _check_labelled(split: MindSplit, imp: Impression) -> None:
             f"candidate and at least one candidate")
 
 
-def _check_batch_size(batch_size: int) -> None:
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
-
-
 @contextmanager
 def eval_mode(module: object) -> Iterator[None]:
     """Put an ``nn.Module`` in eval mode (no dropout) for the block, then restore its mode;
@@ -126,16 +121,11 @@ def eval_mode(module: object) -> Iterator[None]:
         module.train(was_training)
 
 
-def _device(model: Recommender) -> torch.device:
-    """The device of the model's parameters (the CPU for a model without any)."""
-    return next(iter(model.parameters()), torch.zeros(0)).device
-
-
 def _encode_news(model: Recommender, features: NewsFeatures, rows: torch.Tensor,
                  batch_size: int, progress: bool) -> torch.Tensor:
     """Θ_N of each of ``rows`` (distinct table rows, ``[U]``) once → ``Tensor[U, d]``."""
     chunks = []
-    device = _device(model)
+    device = next(iter(model.parameters()), torch.zeros(0)).device  # the CPU without any
     table = features.to(device)  # one copy of the table, not one per batch
     for chunk in tqdm(rows.split(batch_size), desc="encoding news", unit="batch",
                       disable=not progress):
@@ -187,7 +177,8 @@ def score_impressions(model: Recommender, split: MindSplit, features: NewsFeatur
         a wrongly shaped tensor.
     """
     check_history_len(history_len)
-    _check_batch_size(batch_size)
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
     labelled = [imp for imp in split.behaviors if imp.labels is not None]
     unlabelled = len(split.behaviors) - len(labelled)
     for imp in labelled:
