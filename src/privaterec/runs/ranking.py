@@ -135,9 +135,7 @@ def evaluate_untrained(config: RunConfig, *, progress: bool = False,
     prepared = prepare_data(config)
     test = evaluation_split(prepared.dataset, "test")
     model = build_run_model(config, prepared).to(run_device(device))
-    return dict(evaluate_model(model, test, prepared.features,
-                               history_len=config.model.history_len,
-                               batch_size=config.train.eval_batch_size, progress=progress))
+    return _evaluate(model, test, prepared.features, config, progress=progress)
 
 
 def check_training_data(prepared: PreparedData) -> None:
@@ -195,9 +193,7 @@ def _train_locked(config: RunConfig, run: RunDirectory, prepared: PreparedData, 
     def test_auc() -> dict[str, Any] | None:
         if test is None:
             return None
-        result = evaluate_model(model, test, prepared.features,
-                                history_len=config.model.history_len,
-                                batch_size=config.train.eval_batch_size)
+        result = _evaluate(model, test, prepared.features, config)
         return {"test_auc": result["auc"]}
 
     def validate(epoch: int, entry: dict[str, float]) -> dict[str, Any] | None:
@@ -225,9 +221,7 @@ def _train_locked(config: RunConfig, run: RunDirectory, prepared: PreparedData, 
     if federated:  # the accounted estimate of the last federated evaluation
         metrics = run.update_metrics(test_federated=federated[-1])
     if test is not None:
-        result = evaluate_model(model, test, prepared.features,
-                                history_len=config.model.history_len,
-                                batch_size=config.train.eval_batch_size, progress=progress)
+        result = _evaluate(model, test, prepared.features, config, progress=progress)
         metrics = run.update_metrics(test=result)
         basis = _basis_diagnostics(model, test, prepared.features, config)
         if basis is not None:
@@ -254,6 +248,14 @@ def _check_vocabularies(run: RunDirectory, vocabs: TextVocabularies) -> None:
             f"from those of its data now ({len(vocabs.words.tokens)} words): the training news "
             f"changed since the run started. Restore the data, or train a new run with "
             f"another --out")
+
+
+def _evaluate(model: Recommender, split: MindSplit, features: NewsFeatures, config: RunConfig,
+              **options: Any) -> dict[str, Any]:
+    """:func:`~privaterec.eval.evaluate.evaluate_model` at the run's history length and
+    evaluation batch size."""
+    return dict(evaluate_model(model, split, features, history_len=config.model.history_len,
+                               batch_size=config.train.eval_batch_size, **options))
 
 
 def _basis_diagnostics(model: Recommender, split: MindSplit, features: NewsFeatures,
@@ -459,9 +461,7 @@ def _evaluate_model_run(run: RunDirectory, config: RunConfig, vocabs: TextVocabu
                                    title_len=config.model.title_len,
                                    abstract_len=config.model.abstract_len)
     if serving is None:
-        plain: dict[str, Any] = dict(evaluate_model(
-            model, target, features, history_len=config.model.history_len,
-            batch_size=config.train.eval_batch_size, progress=progress))
+        plain = _evaluate(model, target, features, config, progress=progress)
         diagnostics = _basis_diagnostics(model, target, features, config)
         if diagnostics is not None:
             plain["basis"] = diagnostics
@@ -473,10 +473,8 @@ def _evaluate_model_run(run: RunDirectory, config: RunConfig, vocabs: TextVocabu
         encoder = private_user_encoder(model, features, serving,
                                        generator=torch.Generator().manual_seed(serving.seed))
         candidates = None
-    result: dict[str, Any] = dict(evaluate_model(
-        model, target, features, history_len=config.model.history_len,
-        batch_size=config.train.eval_batch_size, progress=progress, user_encoder=encoder,
-        candidate_transform=candidates))
+    result = _evaluate(model, target, features, config, progress=progress,
+                       user_encoder=encoder, candidate_transform=candidates)
     basis = 0 if model.basis is None else int(model.basis.size)
     event = serving_event(serving, basis_size=basis, dim=model.dim)
     queries = Counter(imp.user_id for imp in target.behaviors if imp.labels is not None)
