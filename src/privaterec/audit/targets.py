@@ -302,17 +302,16 @@ def make_target(method: str, world: AuditWorld, *, mode: str = "strict", epsilon
     if not (isinstance(epsilon, (int, float)) and epsilon > 0):
         raise ConfigError(f"invalid audit parameter 'epsilon': got {epsilon!r}, expected a "
                           f"number > 0")
+    epsilon, model = float(epsilon), TINY_MODEL if model is None else model
     if audited == "unifedrec":
-        return _recall_target(world, epsilon=float(epsilon))
+        return _recall_target(world, epsilon=epsilon)
     if audited == "dp-fedavg-news":
-        return _news_space_target(world, epsilon=float(epsilon), delta=delta,
-                                  model=TINY_MODEL if model is None else model)
+        return _news_space_target(world, epsilon=epsilon, delta=delta, model=model)
     if audited == "dp-fedavg" or audited == "dp-fedavg-adaptive":
         return _central_target(world, adaptive=audited == "dp-fedavg-adaptive",
-                               epsilon=float(epsilon), delta=delta,
-                               model=TINY_MODEL if model is None else model)
-    return _federated_target(audited, world, mode=mode, epsilon=float(epsilon), noise=noise,
-                             delta=delta, model=TINY_MODEL if model is None else model)
+                               epsilon=epsilon, delta=delta, model=model)
+    return _federated_target(audited, world, mode=mode, epsilon=epsilon, noise=noise,
+                             delta=delta, model=model)
 
 
 __all__ = ["CENTERED_MODEL", "CENTRAL_COUNT_SHARE", "METHODS", "MODES", "Release",
