@@ -473,7 +473,8 @@ class NewsStore:
         self._remove_stale_files()
         same_encoder = (meta["encoder_version"] == self.encoder_version
                         and int(meta["dim"]) == self.dim)
-        vectors = self._read_vectors(slots) if same_encoder else None
+        vectors = self._read_rows("vectors", self.dim, slots) if same_encoder else None
+        new_content = True  # re-encoded vectors, or the same vectors in new score spaces
         if vectors is None:
             if not articles:
                 vectors = np.zeros((0, self.dim), np.float32)
@@ -484,22 +485,17 @@ class NewsStore:
             else:
                 vectors = self._encode(articles)
             vectors = self._check_vectors(vectors, len(articles))
-            self._pool = snapshot(vectors, {})
-            self._rewrite(vectors, new_content=True)
-            return
-        if (meta["spaces"] != json.dumps(self._kinds(), sort_keys=True)
-                or meta["basis_digest"] != basis_digest(self.bases)):
-            self._pool = snapshot(vectors, {})
-            self._rewrite(vectors, new_content=True)  # same vectors, new score matrices
-            return
-        scores = {name: self._read_rows(f"scores-{name}", int(b.shape[0]), slots)
-                  for name, b in self.bases.items()}
-        readable = {name: rows.T for name, rows in scores.items() if rows is not None}
-        if len(readable) < len(scores):  # a damaged score file
-            self._pool = snapshot(vectors, {})
-            self._rewrite(vectors)  # the same score matrices, recomputed
-            return
-        self._pool = snapshot(vectors, readable)
+        elif (meta["spaces"] == json.dumps(self._kinds(), sort_keys=True)
+                and meta["basis_digest"] == basis_digest(self.bases)):
+            scores = {name: self._read_rows(f"scores-{name}", int(b.shape[0]), slots)
+                      for name, b in self.bases.items()}
+            readable = {name: rows.T for name, rows in scores.items() if rows is not None}
+            if len(readable) == len(scores):
+                self._pool = snapshot(vectors, readable)
+                return
+            new_content = False  # a damaged score file: the same matrices, recomputed
+        self._pool = snapshot(vectors, {})
+        self._rewrite(vectors, new_content=new_content)
 
     def _read_articles(self) -> tuple[list[NewsRecord], np.ndarray, np.ndarray]:
         rows = self._db.execute("SELECT news_id, category, subcategory, title, abstract, slot, "
@@ -529,9 +525,6 @@ class NewsStore:
             return None
         rows = data[slots].astype(np.float32)
         return rows if np.isfinite(rows).all() else None
-
-    def _read_vectors(self, slots: np.ndarray) -> np.ndarray | None:
-        return self._read_rows("vectors", self.dim, slots)
 
     def _remove_stale_files(self) -> None:
         for path in self.path.glob("*.g*.f32"):
