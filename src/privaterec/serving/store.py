@@ -603,20 +603,19 @@ class NewsStore:
                                 article.abstract, slot, position))
                 updated_rows.append((position, j))
         # the next snapshot, built before anything is written
+        version = pool.version + 1
         new_vectors = np.concatenate([pool.vectors, vectors[added_rows]])
         new_scores = {name: np.concatenate([pool.scores[name],
                                             rows[f"scores-{name}"][added_rows].T], axis=1)
                       for name in self.bases}
+        new_versions = np.concatenate([pool.versions,
+                                       np.full(len(added_rows), version, np.int64)])
         if updated_rows:
             at = np.asarray([p for p, _ in updated_rows])
             src = np.asarray([j for _, j in updated_rows])
             new_vectors[at] = vectors[src]
             for name in self.bases:
                 new_scores[name][:, at] = rows[f"scores-{name}"][src].T
-        version = pool.version + 1
-        new_versions = np.concatenate([pool.versions,
-                                       np.full(len(added_rows), version, np.int64)])
-        if updated_rows:
             new_versions[at] = version
         snapshot = NewsPool(new_articles, new_vectors, new_scores, positions, version=version,
                             versions=new_versions, pool_id=pool.pool_id,
