@@ -31,7 +31,6 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-import httpx
 import numpy as np
 import torch
 
@@ -212,13 +211,10 @@ class LocalRankingDevice(DeviceBase):
         """An (idempotent) GET, retried once when the connection failed — e.g. a keep-alive
         connection the server closed while the device was idle."""
         headers = {"If-None-Match": etag} if etag else None
-        for attempt in (0, 1):
-            try:
-                response = self._http.transport.request("GET", path, headers=headers)
-                break
-            except httpx.TransportError as exc:
-                if attempt:
-                    raise ServerError("GET", path, 0, f"{type(exc).__name__}: {exc}") from None
+        try:
+            response = self._http.send_raw("GET", path, None, headers)
+        except ServerError:  # the server could not be reached: once more
+            response = self._http.send_raw("GET", path, None, headers)
         self.bytes_downloaded += len(response.content)
         return response
 
