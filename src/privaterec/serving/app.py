@@ -352,8 +352,7 @@ def create_app(store: NewsStore, models: ServingModels, *,
               openapi_extra={"security": [{"writeToken": []}]},
               summary="Add or update articles (the operator's write API: bearer token)")
     def ingest(request: schemas.IngestRequest) -> Response:
-        articles = [NewsRecord(item.news_id, item.category, item.subcategory, item.title,
-                               item.abstract) for item in request.news]
+        articles = [NewsRecord(**item.model_dump()) for item in request.news]
         result = store.upsert(articles)
         return json_response({"added": result.added, "updated": result.updated,
                               "num_news": result.num_news})

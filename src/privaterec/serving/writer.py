@@ -13,6 +13,7 @@ from typing import Any, Callable, Sequence
 
 from privaterec.data.records import NewsRecord
 from privaterec.serving.schemas import MAX_NEWS_PER_REQUEST
+from privaterec.serving.store import article_json
 from privaterec.serving.transport import (HttpClient, HttpSession, Transport, json_body,
                                           json_of, raise_for_status)
 from privaterec.serving.write_api import check_token
@@ -64,10 +65,7 @@ class NewsWriter(HttpClient):
         total = {"added": 0, "updated": 0, "num_news": 0}
         for lo in range(0, len(articles), MAX_NEWS_PER_REQUEST):
             batch = articles[lo:lo + MAX_NEWS_PER_REQUEST]
-            body = json_body({"news": [{"news_id": a.news_id, "category": a.category,
-                                        "subcategory": a.subcategory, "title": a.title,
-                                        "abstract": a.abstract} for a in batch]})
-            answer = self._post(body)
+            answer = self._post(json_body({"news": [article_json(a) for a in batch]}))
             total["added"] += int(answer["added"])
             total["updated"] += int(answer["updated"])
             total["num_news"] = int(answer["num_news"])
