@@ -74,6 +74,7 @@ from privaterec.serving.download import RecallBuilder, build_recall_model, downl
 from privaterec.ondevice.release import Normalization, ServingConfig, serving_event
 from privaterec.serving.transport import (ModelChangedError, ServerError, Transport, json_body,
                                           json_floats)
+from privaterec.validators import check_in, fail
 
 _log = logging.getLogger(__name__)
 
@@ -488,18 +489,16 @@ class UniFedRecDevice(_Device):
                                             and 0 < noise_scale < math.inf):
             raise ConfigError(f"invalid privacy parameter 'noise_scale' (lambda_I): got "
                               f"{noise_scale!r}, expected a finite number > 0")
-        if quota_noise_scale is not None and not (isinstance(quota_noise_scale, (int, float))
-                                                  and 0 < quota_noise_scale < math.inf):
-            raise ConfigError(f"invalid privacy parameter 'quota_noise_scale': got "
-                              f"{quota_noise_scale!r}, expected a finite number > 0 or None")
+        if quota_noise_scale is not None:
+            check_in(quota_noise_scale, "quota_noise_scale", 0, math.inf,
+                     "a finite number > 0 or None", open_low=True)
         if math.isfinite(budget) and quota_noise_scale is None:
             raise ConfigError("quotas sent in the clear (Uni-FedRec Eq. 4) have no DP "
                               "guarantee, so no finite 'budget' (default 10) can hold: pass "
                               "quota_noise_scale=... (e.g. 1.0), or budget=math.inf to send "
                               "them in the clear with no guarantee")
         if candidate_vectors not in ("server", "local"):
-            raise ConfigError(f"invalid 'candidate_vectors': got {candidate_vectors!r}, "
-                              f"expected 'server' or 'local'")
+            fail("candidate_vectors", candidate_vectors, "'server' or 'local'", kind="")
         self.noise_scale = noise_scale
         self.quota_noise_scale = quota_noise_scale
         self.total = check_count(total, "total", MAX_K)
