@@ -14,7 +14,7 @@ import math
 import os
 import sys
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from privaterec.version import __version__
 from privaterec.config import (BASIS_ATTENTION_KINDS, FEDERATED_METHODS, METHODS, MODEL_PRESETS,
@@ -61,6 +61,14 @@ def _print_json(payload: Any) -> None:
     print(json.dumps(payload, indent=2, sort_keys=True, default=str))
 
 
+def _output(args: argparse.Namespace, payload: Any, text: Callable[[], str]) -> None:
+    """``payload`` as JSON with ``--json``, else the text ``text()``."""
+    if args.json:
+        _print_json(payload)
+    else:
+        print(text())
+
+
 def _metrics_table(rows: Sequence[tuple[str, dict[str, Any]]]) -> str:
     """Markdown table of evaluation results (AUC, MRR, nDCG@5, nDCG@10, impressions)."""
     lines = ["| run | AUC | MRR | nDCG@5 | nDCG@10 | impressions |",
@@ -97,15 +105,12 @@ def cmd_data_check(args: argparse.Namespace) -> int:
                                                "(news.tsv and behaviors.tsv, or train/ and "
                                                "test/)")
     valid, report = check_dataset(args.path, drop_missing=args.drop_missing)
-    if args.json:
-        _print_json(report)
-    else:
-        print(format_statistics(report))
+    _output(args, report, lambda: format_statistics(report))
     return EXIT_OK if valid else EXIT_CHECK_FAILED
 
 
 def cmd_data_synth(args: argparse.Namespace) -> int:
-    from privaterec.data.synth import SynthConfig, write_synthetic
+    from privaterec.data.synth import SynthConfig, format_synth_summary, write_synthetic
 
     overrides = {k: getattr(args, k) for k in ("users", "news", "topics", "days", "seed")
                  if getattr(args, k) is not None}
@@ -116,11 +121,7 @@ def cmd_data_synth(args: argparse.Namespace) -> int:
         from privaterec.data.mind import read_news
         pool = read_news(args.news_from)
     summary = write_synthetic(args.out, config, news_pool=pool, overwrite=args.overwrite)
-    if args.json:
-        _print_json(summary)
-    else:
-        from privaterec.data.synth import format_synth_summary
-        print(format_synth_summary(summary))
+    _output(args, summary, lambda: format_synth_summary(summary))
     return EXIT_OK
 
 
@@ -140,12 +141,10 @@ def cmd_data_public_dir(args: argparse.Namespace) -> int:
     users = write_public_dir(args.data, args.out)
     summary = {"out": str(args.out), "news": "news.tsv", "roster": ROSTER_FILE,
                "users": len(users)}
-    if args.json:
-        _print_json(summary)
-    else:
-        print(f"wrote {args.out}: news.tsv (the public catalogue) and {ROSTER_FILE} "
-              f"({len(users)} enrolled user ids); start the Flower server with "
-              f"--run-config \"public-dir='{Path(args.out).resolve()}'\"")
+    _output(args, summary, lambda: (
+        f"wrote {args.out}: news.tsv (the public catalogue) and {ROSTER_FILE} "
+        f"({len(users)} enrolled user ids); start the Flower server with "
+        f"--run-config \"public-dir='{Path(args.out).resolve()}'\""))
     return EXIT_OK
 
 
@@ -153,13 +152,11 @@ def cmd_data_device_dirs(args: argparse.Namespace) -> int:
     from privaterec.data.roster import write_device_dirs
 
     dirs = write_device_dirs(args.data, args.out)
-    if args.json:
-        _print_json({"out": str(args.out), "users": len(dirs)})
-    else:
-        first = next(iter(dirs), "U1")
-        print(f"wrote {args.out}: one data directory per user ({len(dirs)}), each with that "
-              f"user's impressions only; start each user's SuperNode with --node-config "
-              f"\"user-id='{first}' data-dir='{Path(args.out).resolve() / first}'\"")
+    first = next(iter(dirs), "U1")
+    _output(args, {"out": str(args.out), "users": len(dirs)}, lambda: (
+        f"wrote {args.out}: one data directory per user ({len(dirs)}), each with that "
+        f"user's impressions only; start each user's SuperNode with --node-config "
+        f"\"user-id='{first}' data-dir='{Path(args.out).resolve() / first}'\""))
     return EXIT_OK
 
 
@@ -238,13 +235,11 @@ def cmd_train_unifedrec(args: argparse.Namespace) -> int:
     config = recall_config_from_args(args)
     metrics = train_recall_run(config, args.out, progress=not args.no_progress,
                                drop_missing=args.drop_missing)
-    if args.json:
-        _print_json(metrics)
-    else:
-        print(f"Uni-FedRec recall model: {metrics['rounds']} rounds, loss "
-              f"{metrics['first_loss']:.4f} -> {metrics['last_loss']:.4f}, training epsilon "
-              f"per round {metrics['train_epsilon_per_round']}, serving epsilon per channel "
-              f"{config.model.channel_epsilon:g} (quotas in the clear)")
+    _output(args, metrics, lambda: (
+        f"Uni-FedRec recall model: {metrics['rounds']} rounds, loss "
+        f"{metrics['first_loss']:.4f} -> {metrics['last_loss']:.4f}, training epsilon "
+        f"per round {metrics['train_epsilon_per_round']}, serving epsilon per channel "
+        f"{config.model.channel_epsilon:g} (quotas in the clear)"))
     print(f"run written to {args.out}; evaluate with `privaterec evaluate --run {args.out} "
           f"--recall unifedrec`", file=sys.stderr)
     return EXIT_OK
