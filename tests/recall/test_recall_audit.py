@@ -92,7 +92,7 @@ def test_quota_noise_audit_below_two_over_lambda():
 def test_recall_upload_audit_below_two_theta_over_lambda():
     theta, lam = 0.1, 0.2
     method = UniFedRecLDP(negatives=4, max_samples=64, clip=theta, noise_scale=lam)
-    eps = method.upload_event(2).epsilon
+    eps = method.event(2).epsilon
     assert eps == 2 * theta / lam
     x = torch.tensor([-3.0, 0.0], dtype=F64)  # L1-clipped to (−θ, 0)
     xp = torch.tensor([3.0, 0.0], dtype=F64)  # to (+θ, 0): L1 distance 2θ

@@ -132,15 +132,15 @@ def test_config_defaults_and_validation():
 
 
 def test_upload_events():
-    l1 = ldp(clip=0.1, noise_scale=0.01).upload_event(1000)
+    l1 = ldp(clip=0.1, noise_scale=0.01).event(1000)
     assert l1.epsilon == pytest.approx(20.0) and l1.sensitivity == pytest.approx(0.2)
     assert l1.noise_scale == 0.01 and l1.phase == "train" and "2*theta/lambda_g" in l1.note
-    elem = ldp(clipping="elementwise", clip=0.1, noise_scale=0.01).upload_event(1000)
+    elem = ldp(clipping="elementwise", clip=0.1, noise_scale=0.01).event(1000)
     assert elem.epsilon == pytest.approx(20.0 * 1000)
     assert elem.coordinate_epsilon == pytest.approx(20.0)
-    assert not ldp(noise_scale=0.0).upload_event(10).is_private
-    assert not ldp(clipping="none", noise_scale=0.0).upload_event(10).is_private
-    assert ldp().events(10) == (ldp().upload_event(10),)
+    assert not ldp(noise_scale=0.0).event(10).is_private
+    assert not ldp(clipping="none", noise_scale=0.0).event(10).is_private
+    assert ldp().events(10) == (ldp().event(10),)
 
 
 # --------------------------------------------------------------------- clipping and noise

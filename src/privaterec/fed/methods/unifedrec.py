@@ -11,7 +11,6 @@ from privaterec.fed.methods.base import ClientMethod
 from privaterec.fed.strategies import ServerDefaults
 from privaterec.method_settings import GradientClipping, UniFedRecSettings
 from privaterec.privacy.calibrate import Calibration, clipped_release, no_noise
-from privaterec.privacy.events import PrivacyEvent
 from privaterec.validators import fail, is_integer
 
 
@@ -51,10 +50,6 @@ class UniFedRecLDP(ClientMethod[Any]):
         private one's stay on the device and the server weighs clients equally."""
         return not self.event(1).is_private
 
-    def upload_event(self, dimension: int) -> PrivacyEvent:
-        """The privacy event of ONE client's upload of a D-dim gradient (module docstring)."""
-        return self.calibration(dimension).event
-
     def _calibrate(self, dimension: int) -> Calibration:
         """ONE client's upload of a D-dim gradient, calibrated (Eq. 8, module docstring):
         Laplace at the given λ_g on the clipped gradient (Δ₁ = 2θ for an L1 clip, 2θD
@@ -78,7 +73,7 @@ class UniFedRecLDP(ClientMethod[Any]):
 
     def describe(self, *, dimension: int, parameters: Sequence[str], clients_per_round: int,
                  client_fraction: float) -> dict[str, Any]:
-        event = self.upload_event(1)
+        event = self.event(1)
         return {"method": self.name, "mechanism": "laplace" if self.noise_scale else "none",
                 "clipping": self.clipping, "clip": self.clip, "noise_scale": self.noise_scale,
                 "epsilon_per_round": event.epsilon if self.clipping == "l1" else None,
