@@ -57,10 +57,10 @@ def test_none_and_infinite_epsilon_are_the_model_itself(model_and_features):
         expected = model.encode_user(vectors, mask)
         for kind in ("none", "privaterec"):
             enc = private_user_encoder(model, features, ServingConfig(kind=kind),
-                                       generator=torch.Generator())
+                                       noise=SimulationNoise(torch.Generator()))
             torch.testing.assert_close(enc(vectors, mask), expected)
         vdp = private_user_encoder(model, features, ServingConfig(kind="vdp", vdp_clip=0.5),
-                                   generator=torch.Generator())(vectors, mask)
+                                   noise=SimulationNoise(torch.Generator()))(vectors, mask)
     # VDP at ε = ∞ only L1-clips: same direction, norm ≤ θ.
     assert bool((vdp.abs().sum(-1) <= 0.5 + 1e-6).all())
     torch.testing.assert_close(vdp / vdp.norm(dim=-1, keepdim=True),
@@ -79,7 +79,8 @@ def test_vdp_user_encoder_draws_what_vdp_release_draws(model_and_features, mecha
                            mechanism=mechanism)
     with torch.no_grad():
         got = private_user_encoder(model, features, config,
-                                   generator=torch.Generator().manual_seed(4))(vectors, mask)
+                                   noise=SimulationNoise(torch.Generator().manual_seed(4))
+                                  )(vectors, mask)
         user = model.encode_user(vectors, mask)
         calibration = vdp_calibration(clip=0.5, epsilon=1.5, delta=delta, mechanism=mechanism,
                                       dimension=model.dim)
@@ -95,9 +96,11 @@ def test_privaterec_release_lies_in_the_span_of_b_and_is_noisy(model_and_feature
     config = ServingConfig(kind="privaterec", epsilon=1.0, padding_p=0.5)
     with torch.no_grad():
         out = private_user_encoder(model, features, config,
-                                   generator=torch.Generator().manual_seed(1))(vectors, mask)
+                                   noise=SimulationNoise(torch.Generator().manual_seed(1))
+                                  )(vectors, mask)
         again = private_user_encoder(model, features, config,
-                                     generator=torch.Generator().manual_seed(1))(vectors, mask)
+                                     noise=SimulationNoise(torch.Generator().manual_seed(1))
+                                    )(vectors, mask)
         clean = model.encode_user(vectors, mask)
     torch.testing.assert_close(out, again)  # seeded
     assert not torch.allclose(out, clean)
@@ -112,7 +115,7 @@ def test_privaterec_serving_needs_basic_vectors(model_and_features):
     _, plain, features = model_and_features
     with pytest.raises(ConfigError, match="basic vectors"):
         private_user_encoder(plain, features, ServingConfig(kind="privaterec", epsilon=1.0),
-                             generator=torch.Generator())
+                             noise=SimulationNoise(torch.Generator()))
 
 
 def test_serving_events():

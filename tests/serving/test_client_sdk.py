@@ -238,7 +238,7 @@ def test_device_release_is_the_offline_privaterec_encoder(world, server):
     vectors, mask = world.history_tensors(history)
     config = ServingConfig(kind="privaterec", epsilon=2.0, padding_p=0.5)
     offline = private_user_encoder(world.model, world.features, config,
-                                   generator=torch.Generator().manual_seed(7))
+                                   noise=SimulationNoise(torch.Generator().manual_seed(7)))
     with torch.no_grad():
         expected = offline(vectors, mask)[0]
         clean = world.model.encode_user(vectors, mask)[0]

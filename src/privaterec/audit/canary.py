@@ -341,13 +341,13 @@ def play(game: CanaryGame, *, runs: int, seed: int = 0, alpha: float = 0.05,
     ``view``: which release (:func:`noised_statistics`)."""
     if not (isinstance(runs, int) and runs >= 16):
         raise ConfigError(f"invalid audit parameter 'runs': got {runs!r}, expected an int >= 16")
-    from privaterec.audit.runner import _generator
+    from privaterec.audit.runner import _noise
 
     half = runs // 2
     parts = []
     for part in (1, 2):  # select, test: independent generators
         for index, side in enumerate((game.d0, game.d1)):
-            noise = SimulationNoise(_generator(seed, 0x0CA7A27, part, index))
+            noise = _noise(seed, 0x0CA7A27, part, index)
             parts.append(noised_statistics(game, side, half if part == 1 else runs - half,
                                            noise=noise, view=view))
     result = fixed_statistic_bound((parts[0], parts[1]), (parts[2], parts[3]),

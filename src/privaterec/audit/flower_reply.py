@@ -14,7 +14,7 @@ simulated partition, :class:`~privaterec.privacy.samplers.SecureNoise` with the 
 ``os-entropy``) and its reply packaging are the deployed code.
 
 **Batching.** One ``train`` message may ask a node for many users; the handler loops over
-them, each with its own generator. A message asking for the canary user ``runs`` times under
+them, each with its own noise source. A message asking for the canary user ``runs`` times under
 ``runs`` distinct user indices is therefore ``runs`` independent rounds of that user's
 reply, computed by one handler call.
 
@@ -55,7 +55,7 @@ import torch
 
 from privaterec.audit.canary import CANARY_SCALE, CanaryGame, CanaryObjective, CanarySide
 from privaterec.audit.distinguisher import fixed_statistic_bound
-from privaterec.audit.runner import PairAudit, _generator, claimed_budget
+from privaterec.audit.runner import PairAudit, claimed_budget
 from privaterec.audit.targets import TINY_MODEL, fed_run_config
 from privaterec.audit.world import BASE_USER, AuditWorld, make_world
 from privaterec.errors import ConfigError

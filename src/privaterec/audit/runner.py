@@ -1,7 +1,7 @@
 """Play the distinguishing game on a client's real upload and compare with its claim.
 
 For a neighbouring pair (D, D′) the client's upload is run ``runs`` times on each, every
-run with a fresh generator (seeded from (seed, pair, side, run)); everything the server
+run with a fresh noise source (seeded from (seed, pair, side, run)); everything the server
 receives is flattened into one row of numbers (:func:`flatten_sent`); the distinguisher of
 :mod:`~privaterec.audit.distinguisher` gives a 95% lower bound ε_lb, and the
 claim is what the client's privacy events state for the pair's adjacency
@@ -22,6 +22,7 @@ import torch
 
 from privaterec.errors import ConfigError
 from privaterec.privacy.events import Adjacency
+from privaterec.privacy.samplers import SimulationNoise
 from privaterec.audit.distinguisher import DistinguisherResult, distinguish
 from privaterec.audit.targets import Release, Target, Upload, make_target
 from privaterec.audit.world import (AuditWorld, NeighbourPair, make_world,
@@ -103,10 +104,10 @@ def flatten_sent(sent: Mapping[str, Any], categories: dict[str, dict[Any, int]] 
     return names, (np.concatenate(values) if values else np.zeros(0))
 
 
-def _generator(*key: int) -> torch.Generator:
-    """A fresh generator per run, seeded from ``key`` = (seed, pair, part, side, run)."""
+def _noise(*key: int) -> SimulationNoise:
+    """A fresh simulation source per run, seeded from ``key`` = (seed, pair, part, side, run)."""
     state = np.random.SeedSequence(list(key)).generate_state(2, np.uint32)
-    return torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1]))
+    return SimulationNoise(torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1])))
 
 
 @contextmanager
@@ -169,11 +170,11 @@ LEARN, SELECT, TEST = 0, 1, 2
 def _collect(upload: Upload, data: Any, keys: Sequence[tuple[int, ...]],
              categories: dict[str, dict[Any, int]]) -> tuple[list[str], np.ndarray,
                                                              list[Release]]:
-    """Run ``upload`` once per generator key; (column names, ``[runs, p]``, releases)."""
+    """Run ``upload`` once per seed key; (column names, ``[runs, p]``, releases)."""
     names: list[str] | None = None
     rows, releases = [], []
     for key in keys:
-        release = upload(data, _generator(*key))
+        release = upload(data, _noise(*key))
         row_names, row = flatten_sent(release.sent, categories)
         if names is None:
             names = row_names
@@ -218,15 +219,15 @@ def audit_pair(upload: Upload, pair: NeighbourPair, *, method: str = "", mode: s
     """Play the game on one neighbouring pair (module docstring).
 
     Of the ``runs`` uploads per dataset, a quarter are *learn* runs paired across D and D′
-    (the same generator seed on both: the distinguisher's statistics are fitted on them), a
-    quarter *select* runs and the rest *test* runs, each with its own fresh generator; only
+    (the same seed on both: the distinguisher's statistics are fitted on them), a
+    quarter *select* runs and the rest *test* runs, each with its own fresh seed; only
     the test runs enter the bound
     (:func:`~privaterec.audit.distinguisher.distinguish`).
 
     Parameters
     ----------
     upload:
-        ``upload(data, generator) -> Release``, the client's whole upload of one round.
+        ``upload(data, noise) -> Release``, the client's whole upload of one round.
     pair:
         The neighbouring datasets and their adjacency.
     method, mode:
@@ -234,7 +235,7 @@ def audit_pair(upload: Upload, pair: NeighbourPair, *, method: str = "", mode: s
     runs:
         Uploads per dataset (≥ 16).
     seed:
-        Seeds every run's generator (with the pair, the part and the run index).
+        Seeds every run's noise source (with the pair, the part and the run index).
     alpha:
         The bound holds with probability ≥ 1 − α.
     """

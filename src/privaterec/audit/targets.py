@@ -3,7 +3,7 @@
 A :class:`Target` wraps the function a device runs in one round —
 :func:`privaterec.fed.client.client_update` (the one both engines call, for FedRec,
 FedNewsRec, DP-FedRec, PrivateRec and Uni-FedRec's recall model with
-:class:`privaterec.recall.task.UniFedRecLDP`) — as ``upload(data, generator) -> Release``: everything the
+:class:`privaterec.recall.task.UniFedRecLDP`) — as ``upload(data, noise) -> Release``: everything the
 server receives (:func:`sent_fields`) and the privacy events the client records.
 
 The models are tiny so that thousands of uploads take seconds: a 1-d ``id`` news encoder
@@ -25,7 +25,7 @@ from privaterec.errors import ConfigError
 from privaterec.audit.world import AuditWorld
 from privaterec.method_settings import PRIVACY_MODES, SETTINGS
 from privaterec.privacy.calibrate import clipped_release
-from privaterec.privacy.samplers import SimulationNoise
+from privaterec.privacy.samplers import NoiseSource
 from privaterec.validators import check_choice
 
 if TYPE_CHECKING:
@@ -68,7 +68,7 @@ class Release:
     events: tuple[Any, ...]
 
 
-Upload = Callable[[ClientData, torch.Generator], Release]
+Upload = Callable[[ClientData, NoiseSource], Release]
 
 
 @dataclass(frozen=True)
@@ -178,10 +178,9 @@ def _news_space_target(world: AuditWorld, *, epsilon: float, delta: float,
     user_coords = ~NewsSpaceClipping(objective).news_mask
     events = method.population_events(objective.dimension)
 
-    def upload(data: ClientData, generator: torch.Generator) -> Release:
-        source = SimulationNoise(generator)
-        inputs = method.inputs(objective, data, generator=source)
-        user, news, _ = method.news_space_release(objective, params, [inputs], noise=source)
+    def upload(data: ClientData, noise: NoiseSource) -> Release:
+        inputs = method.inputs(objective, data, generator=noise)
+        user, news, _ = method.news_space_release(objective, params, [inputs], noise=noise)
         return Release({"payload": torch.cat([user[user_coords], news.reshape(-1)])}, events)
 
     note = (f"D_U = {int(user_coords.sum())} user-side coordinates + "
@@ -206,11 +205,10 @@ def _central_target(world: AuditWorld, *, adaptive: bool, epsilon: float, delta:
     params = objective.parameters()
     events = method.population_events(objective.dimension)
 
-    def upload(data: ClientData, generator: torch.Generator) -> Release:
-        source = SimulationNoise(generator)
-        sent = sent_fields(client_update(objective, params, data, method, generator=source))
+    def upload(data: ClientData, noise: NoiseSource) -> Release:
+        sent = sent_fields(client_update(objective, params, data, method, generator=noise))
         total, count = method.noised_sums(sent["payload"], float(sent.get(CLIP_INDICATOR, 0.0)),
-                                          population=1, noise=source)
+                                          population=1, noise=noise)
         out: dict[str, Any] = {"payload": total}
         if count is not None:
             out["clip_count"] = count
@@ -243,9 +241,8 @@ def _federated_target(method: FederatedMethod, world: AuditWorld, *, mode: str, 
     client = method_from_config(config)
     params = objective.parameters()
 
-    def upload(data: ClientData, generator: torch.Generator) -> Release:
-        return _release(client_update(objective, params, data, client,
-                                      generator=SimulationNoise(generator)))
+    def upload(data: ClientData, noise: NoiseSource) -> Release:
+        return _release(client_update(objective, params, data, client, generator=noise))
 
     return Target(method, mode if method == "privaterec" else "-", upload,
                   note=f"D = {objective.dimension}")
@@ -275,9 +272,8 @@ def _recall_target(world: AuditWorld, *, epsilon: float) -> Target:
     method = recall_config(epsilon=epsilon)
     params = task.parameters()
 
-    def upload(data: ClientData, generator: torch.Generator) -> Release:
-        return _release(client_update(task, params, data, method,
-                                      generator=SimulationNoise(generator)))
+    def upload(data: ClientData, noise: NoiseSource) -> Release:
+        return _release(client_update(task, params, data, method, generator=noise))
 
     return Target("unifedrec", "-", upload, note=f"recall model, D = {task.dimension}")
 

@@ -22,11 +22,11 @@ from privaterec.errors import ConfigError
 from privaterec.eval.evaluate import CandidateTransform, UserEncoderFn
 from privaterec.models.recommender import Recommender
 from privaterec.ondevice.release import ServingConfig
-from privaterec.privacy.samplers import SimulationNoise
+from privaterec.privacy.samplers import NoiseSource
 
 
 def private_user_encoder(model: Recommender, features: NewsFeatures, config: ServingConfig, *,
-                         generator: torch.Generator) -> UserEncoderFn:
+                         noise: NoiseSource) -> UserEncoderFn:
     """The device side of one query batch: ``(vectors [b, H, d], mask [b, H]) -> ũ [b, d]``.
 
     Parameters
@@ -37,7 +37,7 @@ def private_user_encoder(model: Recommender, features: NewsFeatures, config: Ser
         The news table; row 0 (all-padding title) gives the anonymous news r₀ = Θ_N(e₀…e₀).
     config:
         The serving mechanism.
-    generator:
+    noise:
         Randomness of the simulated devices (padding and noise), used batch after batch.
 
     Raises
@@ -56,10 +56,9 @@ def private_user_encoder(model: Recommender, features: NewsFeatures, config: Ser
     with torch.no_grad():  # r₀ = Θ_N(all-padding news), for a mode that pads
         r0 = (model.encode_features(features.select(torch.tensor([ANONYMOUS_NEWS])))[0]
               if mode.padded else torch.zeros(0))
-    source = SimulationNoise(generator)
 
     def release(vectors: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        return mode.server_user(model, mode.release(model, r0, vectors, mask, config, source))
+        return mode.server_user(model, mode.release(model, r0, vectors, mask, config, noise))
     return release
 
 

@@ -36,6 +36,7 @@ from privaterec.fed.evaluation import (FederatedEvaluation, TestImpressions,
 from privaterec.fed.methods import resolve_run_config
 from privaterec.models.recommender import Recommender
 from privaterec.privacy.events import PrivacyEvent
+from privaterec.privacy.samplers import SimulationNoise
 from privaterec.runs.artifacts import WORD_VECTORS_FILE, encode_word_vectors, word_vectors_of
 from privaterec.runs.directory import RunDirectory
 from privaterec.runs.engines import build_engine
@@ -470,8 +471,9 @@ def _evaluate_model_run(run: RunDirectory, config: RunConfig, vocabs: TextVocabu
         from privaterec.eval.serving import local_ranking_seams
         encoder, candidates = local_ranking_seams(model)
     else:
-        encoder = private_user_encoder(model, features, serving,
-                                       generator=torch.Generator().manual_seed(serving.seed))
+        encoder = private_user_encoder(
+            model, features, serving,
+            noise=SimulationNoise(torch.Generator().manual_seed(serving.seed)))
         candidates = None
     result = _evaluate(model, target, features, config, progress=progress,
                        user_encoder=encoder, candidate_transform=candidates)

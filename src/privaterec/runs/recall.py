@@ -248,6 +248,7 @@ def evaluate_recall_run(run_dir: str | Path, *, method: str, data: str | Path | 
 
     from privaterec.data.mind import load_dataset
     from privaterec.eval.serving import private_user_encoder
+    from privaterec.privacy.samplers import SimulationNoise
     from privaterec.recall.evaluate import (AUC_RECALL_SIZE, RECALL_KS, RECALL_METHODS,
                                             evaluate_recall)
     from privaterec.runs.ranking import (SERVING_RECORDS, evaluation_key, record_serving,
@@ -292,9 +293,9 @@ def evaluate_recall_run(run_dir: str | Path, *, method: str, data: str | Path | 
         if serving.kind != method:
             raise ConfigError(f"--recall {method} needs serving kind {method!r}, got "
                               f"{serving.kind!r}")
-        generator = torch.Generator().manual_seed(seed)
-        user_encoder = private_user_encoder(ranker.model, ranker.features, serving,
-                                            generator=generator)
+        user_encoder = private_user_encoder(
+            ranker.model, ranker.features, serving,
+            noise=SimulationNoise(torch.Generator().manual_seed(seed)))
         basis = ranker.model.basis
         event = serving_event(serving, basis_size=0 if basis is None else basis.size, dim=dim)
         user_events = [(event, 1)]
