@@ -330,19 +330,17 @@ def release_checks(release: Mapping[str, Any], report: Mapping[str, Any]) -> lis
     out: list[str] = []
     fnr = fednewsrec_epsilons(release)
     if fnr is not None:
-        for key, label in (("coordinate_epsilon", "2*clip/lambda"),
-                           ("epsilon_per_round", "2*clip*D/lambda")):
-            ref = fnr["update_epsilon" if key == "epsilon_per_round" else key]
-            stated = release.get(key)
+        for key, ref_key, label in (("coordinate_epsilon", "coordinate_epsilon", "2*clip/lambda"),
+                                    ("epsilon_per_round", "update_epsilon", "2*clip*D/lambda")):
+            ref, stated = fnr[ref_key], release.get(key)
             if isinstance(stated, numbers.Real) and not _close(float(stated), ref):
                 out.append(f"release {key}={stated:.6g} differs from {label}={ref:.6g}")
     stated = release.get("epsilon_per_round")
     train = [m for m in report.get("mechanisms", []) if m.get("phase") == "train"]
     # PrivateRec strict mode's per-round ε is the sum of its DPA and history-gradient events.
     if isinstance(stated, numbers.Real) and train and "history_gradient" not in release:
-        recorded = [_NON_FINITE.get(m["epsilon"], m["epsilon"])
-                    if isinstance(m["epsilon"], str) else m["epsilon"] for m in train]
-        if not any(_close(float(stated), float(e)) for e in recorded):
+        recorded = [float(m["epsilon"]) for m in train]  # "inf" as written: float("inf")
+        if not any(_close(float(stated), e) for e in recorded):
             out.append(f"release epsilon_per_round={stated:.6g} matches no recorded train "
                        f"event (recorded: {', '.join(f'{e:.6g}' for e in recorded)})")
     return out
@@ -505,7 +503,7 @@ def format_privacy_report(summary: Mapping[str, Any]) -> str:
                 extra.append((f"{k} #{i + 1}", ", ".join(f"{a}={_fmt(b)}"
                                                          for a, b in item.items())))
         else:
-            extra.append((k, _short(v) if isinstance(v, (list, tuple)) else _fmt(v)))
+            extra.append((k, _fmt(v)))
     lines += _table(rows + extra)
 
     lines.append("")
