@@ -22,7 +22,6 @@ from privaterec.experiments.plots import new_figure, save_png, set_log_x
 from privaterec.experiments.populations import Population
 from privaterec.experiments.run_privacy import epsilon_cell, short_epsilon
 
-INF = math.inf
 
 _AUC_HEADER = f"test AUC (×{SCALE:g})"
 
@@ -61,7 +60,7 @@ def pivot_table(results: Sequence[RowResult], epsilons: Sequence[float], *,
         elif r.row.group == "central":
             target = spec.target_epsilon
             if target is None:  # FedRec
-                shared.setdefault(key, {})[INF] = cell
+                shared.setdefault(key, {})[math.inf] = cell
             else:
                 lines.setdefault((*key, spec.clip_space), {})[target] = cell
     for key in shared:  # a population and model without DP-FedAvg runs: one line

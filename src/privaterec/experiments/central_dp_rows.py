@@ -31,7 +31,6 @@ from privaterec.fed.methods import PRIVATEREC_BASIS
 from privaterec.experiments.run_privacy import LedgerEpsilon, combine_ledgers
 from privaterec.ondevice.release import ServingConfig
 
-INF = math.inf
 LDP_EPSILON = 10.0  # ε_t per round of the local-DP rows
 SERVE_EPSILONS = (1.0, 10.0)  # DPA serving of the PrivateRec central-trained model
 
@@ -95,7 +94,7 @@ def plan_rows(epsilons: Sequence[float], *, ldp: bool, client_fraction: float | 
     rows and the PrivateRec central-trained rows, once per number of basic vectors B of
     ``privaterec_bases`` (trained at the largest finite ε, none if there is no finite ε;
     clipped in parameter space)."""
-    def spec(method: ExperimentMethod, epsilon_train: float = INF,
+    def spec(method: ExperimentMethod, epsilon_train: float = math.inf,
              privacy_mode: PrivacyMode = "paper", **more: Any) -> RunSpec:
         return RunSpec(method, epsilon_train, privacy_mode, client_fraction=client_fraction,
                        rounds=rounds, **more)

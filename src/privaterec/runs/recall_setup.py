@@ -29,12 +29,11 @@ from privaterec.recall.interest import (DEFAULT_CLIP, DEFAULT_NOISE_SCALE, DEFAU
                                         channel_event)
 from privaterec.recall.model import UniFedRecRecall
 from privaterec.recall.news import encode_news_table
-from privaterec.recall.task import (RecallTrainConfig, UniFedRecLDP, recall_fed_config,
-                                    resolve_recall_fed)
+from privaterec.recall.task import (METHOD, RecallTrainConfig, UniFedRecLDP,
+                                    recall_fed_config, resolve_recall_fed)
 from privaterec.runs.directory import RECALL_CONFIG_FILE
 from privaterec.runs.ranking_setup import load_run_model
 
-METHOD = UniFedRecSettings.method
 REPORT_DELTA = 1e-5  # target δ of privacy.json's composed ε (FedConfig.report_delta's default)
 HEAD_DIM = 16
 
