@@ -334,7 +334,7 @@ def apply_delta(state: PoolState, delta: PoolDelta) -> PoolState:
     keep = [i for i, news_id in enumerate(state.ids) if news_id not in gone]
     ids = [state.ids[i] for i in keep]
     index = {news_id: j for j, news_id in enumerate(ids)}
-    data = state.data[keep]
+    data = state.data[keep]  # copies (advanced indexing): updated in place below
     scales = None if state.scales is None else state.scales[keep]
     titles = None if state.titles is None else [state.titles[i] for i in keep]
     update_at, update_from, append_from = [], [], []
@@ -345,11 +345,9 @@ def apply_delta(state: PoolState, delta: PoolDelta) -> PoolState:
         else:
             update_at.append(at)
             update_from.append(j)
-    data = np.array(data, copy=True)
     if update_at:
         data[update_at] = rec.data[update_from]
         if scales is not None and rec.scales is not None:
-            scales = np.array(scales, copy=True)
             scales[update_at] = rec.scales[update_from]
         if titles is not None and rec.titles is not None:
             for at, j in zip(update_at, update_from):
