@@ -597,6 +597,9 @@ def _dest(flag: Any, by_flag: bool) -> str:
     return flag.flags[0][2:].replace("-", "_") if by_flag else flag.dest
 
 
+_DROP_MISSING_HELP = "drop references to news absent from news.tsv (and report them)"
+
+
 def _add_device_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="auto", metavar="DEVICE",
                         help="where models, rounds and evaluation run: auto (CUDA when "
@@ -618,8 +621,7 @@ def build_parser() -> argparse.ArgumentParser:
     check = data_sub.add_parser("check", help="validate a MIND-format directory, print statistics")
     check.add_argument("path", help="a directory with news.tsv/behaviors.tsv or train/ and test/")
     check.add_argument("--json", action="store_true", help="print JSON")
-    check.add_argument("--drop-missing", action="store_true",
-                       help="drop references to news absent from news.tsv (and report them)")
+    check.add_argument("--drop-missing", action="store_true", help=_DROP_MISSING_HELP)
     check.set_defaults(func=cmd_data_check)
 
     from privaterec.data.synth import SYNTH_FLAG_HELP
@@ -716,8 +718,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--config", default=None, help="YAML run configuration; flags override it")
     train.add_argument("--out", required=True, help="run directory (resumed if it exists)")
     train.add_argument("--drop-missing", action="store_true",
-                       help="drop references to news absent from news.tsv (and report them) "
-                            "instead of refusing the data")
+                       help=f"{_DROP_MISSING_HELP} instead of refusing the data")
     train.add_argument("--no-progress", action="store_true", help="no progress bars")
     train.add_argument("--json", action="store_true",
                        help="print the run's metrics as JSON instead of a table")
@@ -730,9 +731,7 @@ def build_parser() -> argparse.ArgumentParser:
                           help="split to evaluate on (default test)")
     evaluate.add_argument("--json", action="store_true",
                           help="print the metrics as JSON instead of a table")
-    evaluate.add_argument("--drop-missing", action="store_true",
-                          help="drop references to news absent from news.tsv (and report "
-                               "them)")
+    evaluate.add_argument("--drop-missing", action="store_true", help=_DROP_MISSING_HELP)
     evaluate.add_argument("--no-progress", action="store_true", help="no progress bars")
     evaluate.add_argument("--serving", choices=SERVING_KINDS, default=None,
                           help="private serving: each test impression is a query (PrivateRec "
