@@ -85,7 +85,7 @@ class CentralDP(ClientMethod[FederatedTask[Any]]):
         only; see the group of fields below).
     """
 
-    name: ClassVar[str] = "dp-fedavg"
+    name: ClassVar[str] = DPFedAvgSettings.method
     settings_type: ClassVar[type[DPFedAvgSettings]] = DPFedAvgSettings
     server_defaults: ClassVar[ServerDefaults] = ServerDefaults(strategy="fedadam")
     trusted_aggregator: ClassVar[bool] = True

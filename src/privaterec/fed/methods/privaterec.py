@@ -63,7 +63,7 @@ class PrivateRec(RankingMethod):
     amplification). sensitivity_mode: DPA's ``true`` sensitivity or the paper's.
     """
 
-    name: ClassVar[str] = "privaterec"
+    name: ClassVar[str] = PrivateRecSettings.method
     settings_type: ClassVar[type[PrivateRecSettings]] = PrivateRecSettings
     server_defaults: ClassVar[ServerDefaults] = ServerDefaults(strategy="fedadam")
     privacy_mode: ClassVar[PrivacyMode] = "paper"

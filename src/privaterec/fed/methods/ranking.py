@@ -141,7 +141,7 @@ class RankingMethod(ClientMethod[LocalObjective]):
 class FedRec(RankingMethod):
     """Plain federated learning: raw updates, weighted by the clients' sample counts."""
 
-    name: ClassVar[str] = "fedrec"
+    name: ClassVar[str] = FedRecSettings.method
     settings_type: ClassVar[type[FedRecSettings]] = FedRecSettings
     server_defaults: ClassVar[ServerDefaults] = ServerDefaults(strategy="fedadam")
 
@@ -165,7 +165,7 @@ class FedNewsRec(RankingMethod):
     """FedNewsRec Eq. 4-5: element-wise clip to [−δ, δ] (``clip``), Laplace(λ)
     (``noise_scale``) per coordinate."""
 
-    name: ClassVar[str] = "fednewsrec"
+    name: ClassVar[str] = FedNewsRecSettings.method
     settings_type: ClassVar[type[FedNewsRecSettings]] = FedNewsRecSettings
     server_defaults: ClassVar[ServerDefaults] = ServerDefaults(strategy="sgd")
 
@@ -200,7 +200,7 @@ class DPFedRec(RankingMethod):
     """DP-FedRec: L1 clip + Laplace or L2 clip + analytic Gaussian at (ε_t, δ_t) per round,
     sensitivity 2θ (``clip``)."""
 
-    name: ClassVar[str] = "dp-fedrec"
+    name: ClassVar[str] = DPFedRecSettings.method
     settings_type: ClassVar[type[DPFedRecSettings]] = DPFedRecSettings
     # FedAdam's τ far below the per-coordinate size of its L1-clipped updates, θ/D ≈ 5e-8
     # (τ = 1e-6 made its server step a vanishing SGD step; BENCHMARKS.md).
