@@ -33,7 +33,6 @@ Each user is clustered on its own, so a user's channels never depend on other us
 from __future__ import annotations
 
 import math
-import numbers
 from dataclasses import dataclass
 from typing import Literal, TypedDict, get_args
 
@@ -43,7 +42,7 @@ from scipy.cluster.hierarchy import fcluster, linkage
 from scipy.spatial.distance import pdist
 
 from privaterec.errors import ConfigError
-from privaterec.validators import check_choice
+from privaterec.validators import check_choice, fail, is_integer, is_real
 
 MAX_CHANNELS = 5
 """Default maximum number of interest channels (the official Uni-FedRec code)."""
@@ -157,7 +156,7 @@ def channel_quotas(counts: np.ndarray | torch.Tensor) -> np.ndarray:
 def check_cluster_params(distance_threshold: float, method: str, metric: str,
                          max_channels: int, overflow: str) -> None:
     """Raise :class:`ConfigError` naming the first invalid clustering parameter."""
-    if not (isinstance(distance_threshold, numbers.Real) and 0 <= distance_threshold < math.inf):
+    if not (is_real(distance_threshold) and 0 <= distance_threshold < math.inf):
         raise ConfigError(f"invalid 'distance_threshold' (d_c): got {distance_threshold!r}, "
                           f"expected a finite number >= 0")
     if method not in LINKAGE_METHODS:
@@ -169,9 +168,8 @@ def check_cluster_params(distance_threshold: float, method: str, metric: str,
     if method in _EUCLIDEAN_ONLY and metric != "euclidean":
         raise ConfigError(f"linkage method {method!r} requires metric='euclidean', got "
                           f"{metric!r}")
-    if not (isinstance(max_channels, numbers.Integral) and not isinstance(max_channels, bool)
-            and max_channels >= 1):
-        raise ConfigError(f"invalid 'max_channels': got {max_channels!r}, expected an int >= 1")
+    if not (is_integer(max_channels) and not isinstance(max_channels, bool) and max_channels >= 1):
+        fail("max_channels", max_channels, "an int >= 1", kind="")
     if overflow not in ("merge", "single"):
         raise ConfigError(f"invalid 'overflow': got {overflow!r}, expected 'merge' or 'single'")
 
