@@ -60,7 +60,6 @@ from privaterec.audit.targets import TINY_MODEL, fed_run_config
 from privaterec.audit.world import BASE_USER, AuditWorld, make_world
 from privaterec.errors import ConfigError
 
-FLOWER_METHODS = ("dp-fedrec", "dp-fedavg")
 FLOWER_SEED = 11
 """The simulated partition's ``seed`` of the audited rounds (its per-user sources are
 ``client_noise(seed, round, user)``)."""
@@ -293,5 +292,5 @@ def flower_canary_games(world: AuditWorld | None = None, *, epsilon: float,
     return out
 
 
-__all__ = ["FLOWER_METHODS", "FlowerGame", "Replies", "client_app_replies",
+__all__ = ["FlowerGame", "Replies", "client_app_replies",
            "flower_canary_games", "flower_game", "play_flower"]
