@@ -37,6 +37,7 @@ from privaterec.config import RunConfig
 from privaterec.errors import ConfigError
 from privaterec.fed.methods.base import RoundContext, RoundOutput
 from privaterec.fed.methods.dp_fedavg import CentralDP
+from privaterec.validators import fail
 
 
 def canary_vectors(count: int, dimension: int, *, seed: int) -> torch.Tensor:
@@ -63,8 +64,7 @@ class CanaryRounds(CentralDP):
                               "a fixed --clip in parameter space only (no "
                               "--adaptive-clip-quantile, --clip-space parameters)")
         if self.canary_count < 1:
-            raise ConfigError(f"invalid audit parameter 'canaries': got {self.canary_count!r}, "
-                              f"expected an int >= 1")
+            fail("canaries", self.canary_count, "an int >= 1", kind="audit parameter")
 
     def canary_sum(self, dimension: int, round_index: int) -> torch.Tensor:
         """Σ C·c_i ``[D]`` float32 over the canaries that join round ``round_index``."""

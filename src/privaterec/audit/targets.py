@@ -26,7 +26,7 @@ from privaterec.audit.world import AuditWorld
 from privaterec.method_settings import PRIVACY_MODES, SETTINGS
 from privaterec.privacy.calibrate import clipped_release
 from privaterec.privacy.samplers import NoiseSource
-from privaterec.validators import check_choice
+from privaterec.validators import check_choice, fail
 
 if TYPE_CHECKING:
     from privaterec.recall.task import UniFedRecLDP
@@ -296,8 +296,7 @@ def make_target(method: str, world: AuditWorld, *, mode: str = "strict", epsilon
         raise ConfigError(f"invalid audit parameter 'mode': got {mode!r}, expected 'paper' "
                           f"or 'strict'")
     if not (isinstance(epsilon, (int, float)) and epsilon > 0):
-        raise ConfigError(f"invalid audit parameter 'epsilon': got {epsilon!r}, expected a "
-                          f"number > 0")
+        fail("epsilon", epsilon, "a number > 0", kind="audit parameter")
     epsilon, model = float(epsilon), TINY_MODEL if model is None else model
     if audited == "unifedrec":
         return _recall_target(world, epsilon=epsilon)

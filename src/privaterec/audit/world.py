@@ -33,8 +33,8 @@ from privaterec.data.clients import ClientData, build_client_dataset
 from privaterec.data.features import NewsFeatures, build_news_features, build_vocabularies
 from privaterec.data.records import Impression, MindSplit, NewsRecord
 from privaterec.data.text import TextVocabularies
-from privaterec.errors import ConfigError
 from privaterec.privacy.events import ADJACENCIES, Adjacency
+from privaterec.validators import check_choice
 
 HISTORY_LEN = 5
 NUM_NEWS = 40
@@ -128,9 +128,7 @@ def _replace_impression(user: UserRecord, index: int, clicked: Sequence[int]) ->
 
 def neighbour_pairs(world: AuditWorld, adjacency: str) -> list[NeighbourPair]:
     """The neighbouring pairs audited under ``adjacency`` (module docstring)."""
-    if adjacency not in ADJACENCIES:
-        raise ConfigError(f"invalid audit parameter 'adjacency': got {adjacency!r}, "
-                          f"expected one of {', '.join(ADJACENCIES)}")
+    check_choice(adjacency, "adjacency", ADJACENCIES, kind="audit parameter")
     base = world.client(BASE_USER)
     if adjacency == "click":
         history = UserRecord(_ids(1, 2, 3, 4, 26), BASE_USER.impressions)
