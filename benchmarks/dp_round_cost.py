@@ -123,7 +123,7 @@ def measure(data: Path, clients_per_round: int, *, model_name: str, repeats: int
                      target_delta=0.1 / population, clip_space="news_vectors")
 
     # The work a per-client gradient does that the fedrec round shares.
-    inputs = [fedrec.inputs(objective, clients.client(u), generator=client_noise(0, 0, u))
+    inputs = [fedrec.inputs(objective, clients.client(u), noise=client_noise(0, 0, u))
               for u in selected]
     batch = objective.batch(inputs)
     real = batch.weights > 0

@@ -106,7 +106,7 @@ def time_round(task: LocalObjective, params: torch.Tensor, clients: ClientDatase
     started = time.perf_counter()
     data = {u: clients.client(u) for u in selected}
     generators = [client_noise(0, 1, u) for u in selected]
-    inputs = [method.inputs(task, data[u], generator=g) for u, g in zip(selected, generators)]
+    inputs = [method.inputs(task, data[u], noise=g) for u, g in zip(selected, generators)]
     drawn = time.perf_counter()
     context = RoundContext(seed=0, round_index=1, chunk_clients=chunk,
                            population=clients.num_users)

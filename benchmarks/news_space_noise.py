@@ -61,7 +61,7 @@ def measure(data: str, *, clients: int, embeddings: str, noise_multiplier: float
     population = prepared.train_clients
     selected = sample_round(eligible_clients(population), clients, seed=seed, round_index=0)
     inputs = [objective.client_inputs(population.client(u), max_samples=64, negatives=4,
-                                      generator=client_noise(seed, 0, u))
+                                      noise=client_noise(seed, 0, u))
               for u in selected]
     batch = objective.batch(inputs)
     space = NewsSpaceClipping(objective)

@@ -76,7 +76,7 @@ def main() -> None:
     # the ranking task's client_inputs; it reads no model, so no objective is built
     for u in selected:
         LocalObjective.client_inputs(None, ds.client(u), max_samples=64,  # type: ignore[arg-type]
-                                     negatives=4, generator=client_noise(0, 1, u))
+                                     negatives=4, noise=client_noise(0, 1, u))
     c = time.perf_counter() - t
     print(f"inputs of {len(selected):,} clients: {c:.2f} s "
           f"({1e3 * c / len(selected):.2f} ms per client)")

@@ -65,7 +65,7 @@ def conventional_round(model, objective: LocalObjective, params: torch.Tensor, c
     for u in selected:
         generator = client_noise(seed, round_index, u)
         data = clients.client(u)
-        candidates = client_candidates(data, method, generator=generator)
+        candidates = client_candidates(data, method, noise=generator)
         objective.load(params)
         model.zero_grad(set_to_none=True)
         n = candidates.shape[0]
@@ -152,7 +152,7 @@ def main() -> None:
                 return strategy.step(params, state, result.direction)
             _, tf = _timed(fed_round)
             candidates = [client_candidates(clients.client(u), plain,
-                                            generator=client_noise(0, t, u))
+                                            noise=client_noise(0, t, u))
                           for u in selected]
             users = torch.cat([torch.full((c.shape[0],), u) for u, c in zip(selected, candidates)])
             cands = torch.cat(candidates)

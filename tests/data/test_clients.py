@@ -36,8 +36,8 @@ def test_history_is_latest_impression_history_right_aligned(tiny_split):
 def test_draw_candidates_uses_only_the_impressions_negatives_and_is_seeded(tiny_split):
     features, clients = _clients(tiny_split)
     g1, g2 = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
-    a = clients.draw_candidates(negatives=4, generator=SimulationNoise(g1))
-    b = clients.draw_candidates(negatives=4, generator=SimulationNoise(g2))
+    a = clients.draw_candidates(negatives=4, noise=SimulationNoise(g1))
+    b = clients.draw_candidates(negatives=4, noise=SimulationNoise(g2))
     assert torch.equal(a, b)
     assert a.shape == (5, 5)
     assert torch.equal(a[:, 0], clients.positives)
@@ -50,7 +50,7 @@ def test_draw_without_replacement_when_enough_negatives(tiny_split):
     features, clients = _clients(tiny_split)
     for seed in range(20):
         c = clients.draw_candidates(negatives=2,
-                                    generator=SimulationNoise(torch.Generator().manual_seed(seed)))
+                                    noise=SimulationNoise(torch.Generator().manual_seed(seed)))
         for s in range(5):
             if clients.negative_counts[s] >= 2:
                 assert len(set(c[s, 1:].tolist())) == 2

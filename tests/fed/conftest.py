@@ -140,7 +140,7 @@ def client_batch(clients: ClientDataset) -> Callable[..., tuple[ClientBatch, lis
              negatives: int = 4) -> tuple[ClientBatch, list[torch.Tensor]]:
         method = FedRec(negatives=negatives, max_samples=10**6)
         generator = SimulationNoise(torch.Generator().manual_seed(seed))
-        candidates = [client_candidates(clients.client(u), method, generator=generator)
+        candidates = [client_candidates(clients.client(u), method, noise=generator)
                       for u in users]
         batch = ClientBatch.stack([clients.history[u] for u in users],
                                   [clients.history_mask[u] for u in users], candidates)

@@ -99,7 +99,7 @@ def test_clients_send_their_indicator_and_the_round_noises_both_sums(make_object
     theta = objective.parameters()
     selected = [1, 4, 9, 20]
     grads = torch.stack([objective.gradient(theta, FedRec(negatives=4, max_samples=64).inputs(
-        objective, clients.client(u), generator=client_noise(3, 2, u)))[0]
+        objective, clients.client(u), noise=client_noise(3, 2, u)))[0]
         for u in selected])
     norms = grads.norm(dim=1).sort().values
     clip = float(norms[1] + norms[2]) / 2  # two clients clipped, two not (none at the edge)
@@ -109,7 +109,7 @@ def test_clients_send_their_indicator_and_the_round_noises_both_sums(make_object
     result = simulate_round(objective, theta, clients, selected, method, seed=3,
                             round_index=2)
     updates = [client_update(objective, theta, clients.client(u), method,
-                             generator=client_noise(3, 2, u)) for u in selected]
+                             noise=client_noise(3, 2, u)) for u in selected]
     indicators = [u.sent()[CLIP_INDICATOR] for u in updates]
     assert indicators == clip_indicators(grads, clip).tolist()
     assert sorted(set(indicators)) == [-0.5, 0.5]

@@ -70,7 +70,7 @@ def test_round_is_the_noised_sum_of_clipped_updates_over_qn(make_objective, clie
     result = simulate_round(objective, theta, clients, selected, method, seed=3,
                             round_index=2)
     payloads = [client_update(objective, theta, clients.client(u), method,
-                              generator=client_noise(3, 2, u)).payload for u in selected]
+                              noise=client_noise(3, 2, u)).payload for u in selected]
     assert all(float(p.double().norm()) <= 0.05 for p in payloads)  # clipped to C, exactly
     noise = aggregator_noise(3, 2).draw((objective.dimension,), mechanism="gaussian",
                                         scale=1.0 * 0.05)

@@ -51,7 +51,7 @@ def _check_candidates(data: ClientData, candidates: torch.Tensor, k: int) -> lis
 
 def test_candidates_use_every_sample_when_under_the_cap():
     data = _hand_made_client()
-    cands = client_candidates(data, _method(), generator=seeded(0))
+    cands = client_candidates(data, _method(), noise=seeded(0))
     assert cands.shape == (8, 5)
     assert _check_candidates(data, cands, 4) == list(range(8))
 
@@ -61,7 +61,7 @@ def test_candidates_subsample_at_most_max_samples():
     seen = set()
     for seed in range(5):
         cands = client_candidates(data, _method(max_samples=3),
-                                  generator=seeded(seed))
+                                  noise=seeded(seed))
         samples = _check_candidates(data, cands, 4)
         assert len(samples) == 3 and samples == sorted(set(samples))  # distinct, in order
         seen.add(tuple(samples))
@@ -71,7 +71,7 @@ def test_candidates_subsample_at_most_max_samples():
 def test_candidates_are_a_function_of_the_generator():
     data = _hand_made_client()
     draw = lambda seed: client_candidates(data, _method(max_samples=5),  # noqa: E731
-                                          generator=seeded(seed))
+                                          noise=seeded(seed))
     assert torch.equal(draw(3), draw(3))
     assert not torch.equal(draw(3), draw(4))
 
@@ -82,10 +82,10 @@ def test_client_update_follows_the_documented_generator_order(make_objective, cl
     theta = objective.parameters()
     method = FedNewsRec(negatives=4, max_samples=3, clip=0.005, noise_scale=0.015)
     data = clients.client(0)  # 9 samples > max_samples
-    update = client_update(objective, theta, data, method, generator=client_noise(5, 2, 0))
+    update = client_update(objective, theta, data, method, noise=client_noise(5, 2, 0))
 
     generator = client_noise(5, 2, 0)
-    candidates = client_candidates(data, method, generator=generator)
+    candidates = client_candidates(data, method, noise=generator)
     grad, loss = objective.client_gradient(theta, data.history, data.history_mask, candidates)
     expected, event = method.privatize(grad[None], [generator])
     assert isinstance(update, ClientUpdate)
@@ -102,7 +102,7 @@ def test_num_examples_is_the_number_of_samples_used(make_objective, clients):
     for u in (0, 6, 13):
         for cap in (2, 64):
             update = client_update(objective, theta, clients.client(u),
-                                   _method(max_samples=cap), generator=client_noise(0, 0, u))
+                                   _method(max_samples=cap), noise=client_noise(0, 0, u))
             assert update.num_examples == min(int(counts[u]), cap)
 
 
@@ -110,8 +110,8 @@ def test_fedrec_uploads_the_plain_gradient(make_objective, clients, perturb):
     objective = make_objective("nrms")
     theta = perturb(objective)
     data = clients.client(3)
-    update = client_update(objective, theta, data, _method(), generator=client_noise(1, 0, 3))
-    candidates = client_candidates(data, _method(), generator=client_noise(1, 0, 3))
+    update = client_update(objective, theta, data, _method(), noise=client_noise(1, 0, 3))
+    candidates = client_candidates(data, _method(), noise=client_noise(1, 0, 3))
     grad, _ = objective.client_gradient(theta, data.history, data.history_mask, candidates)
     assert torch.equal(update.payload, grad)
     assert not update.privacy_events[0].is_private
@@ -124,8 +124,8 @@ def test_fedavg_client_runs_local_sgd_steps(make_objective, clients, perturb):
     theta_copy = theta.clone()
     data = clients.client(12)
     method = _method(local_steps=3, local_lr=0.2)
-    update = client_update(objective, theta, data, method, generator=client_noise(0, 4, 12))
-    candidates = client_candidates(data, method, generator=client_noise(0, 4, 12))
+    update = client_update(objective, theta, data, method, noise=client_noise(0, 4, 12))
+    candidates = client_candidates(data, method, noise=client_noise(0, 4, 12))
     local = theta.clone()
     first_loss = None
     for _ in range(3):
@@ -149,7 +149,7 @@ def test_a_client_without_samples_sends_a_noised_zero(make_objective):
                                impression_size=torch.zeros(0, dtype=torch.long))
     method = FedNewsRec(negatives=4, max_samples=3, clip=0.005, noise_scale=0.015)
     update = client_update(objective, objective.parameters(), data, method,
-                           generator=client_noise(0, 0, 7))
+                           noise=client_noise(0, 0, 7))
     noise, _ = method.privatize(torch.zeros(1, objective.dimension),
                                 [client_noise(0, 0, 7)])
     assert torch.equal(update.payload, noise[0]) and update.payload.shape == (objective.dimension,)
@@ -157,5 +157,5 @@ def test_a_client_without_samples_sends_a_noised_zero(make_objective):
     assert update.num_examples == 0 and update.privacy_events == method.events(objective.dimension)
     assert update.sent().keys() == {"payload"}
     fedrec = client_update(objective, objective.parameters(), data, _method(),
-                           generator=SimulationNoise(torch.Generator()))
+                           noise=SimulationNoise(torch.Generator()))
     assert fedrec.weight == 0.0 and not bool(fedrec.payload.any())  # fedrec weighs it 0

@@ -142,12 +142,12 @@ def test_device_releases_sum_to_the_rounds_clipped_sum(make_objective, perturb, 
     theta = perturb(objective)
     method = _news_method(run_config)
     space = NewsSpaceClipping(objective)
-    inputs = [method.inputs(objective, clients.client(u), generator=client_noise(1, 0, u))
+    inputs = [method.inputs(objective, clients.client(u), noise=client_noise(1, 0, u))
               for u in USERS]
     uploads = []
     for one in inputs:
         payload, loss, reports = method.release(objective, theta, one,
-                                                generator=SimulationNoise(torch.Generator()))
+                                                noise=SimulationNoise(torch.Generator()))
         assert payload.shape == (method.release_dimension(objective),)
         assert method.release_dimension(objective) == space.release_dimension
         assert float(payload.double().norm()) <= 0.05 and reports == {}
@@ -183,7 +183,7 @@ def test_round_is_the_backward_pass_of_the_noised_clipped_sums_over_qn(make_obje
                             round_index=2)
     space = NewsSpaceClipping(objective)
     from privaterec.fed.rng import client_noise
-    inputs = [method.inputs(objective, clients.client(u), generator=client_noise(3, 2, u))
+    inputs = [method.inputs(objective, clients.client(u), noise=client_noise(3, 2, u))
               for u in selected]
     sums = space.clipped_sum(theta, objective.batch(inputs), clip=0.05)
     noise = aggregator_noise(3, 2).draw((space.release_dimension,), mechanism="gaussian",

@@ -82,14 +82,14 @@ def test_client_inputs_pad_with_row_zero_and_draw_b_noise(client_method, clients
     method = client_method("privaterec", epsilon_train=1.0, padding_p=0.6)
     u = 3
     data = clients.client(u)
-    inputs = method.draw_inputs(data, basis_size=4, generator=client_noise(0, 0, u))
+    inputs = method.draw_inputs(data, basis_size=4, noise=client_noise(0, 0, u))
     padded = (inputs.history != data.history)
     assert bool((inputs.history[padded] == 0).all())
     assert bool(data.history_mask[padded].all())  # only real clicks are padded
     torch.testing.assert_close(inputs.history_mask, data.history_mask)
     assert inputs.attention_noise is not None and inputs.attention_noise.shape == (4,)
     assert bool((inputs.attention_noise != 0).all())
-    again = method.draw_inputs(data, basis_size=4, generator=client_noise(0, 0, u))
+    again = method.draw_inputs(data, basis_size=4, noise=client_noise(0, 0, u))
     torch.testing.assert_close(again.attention_noise, inputs.attention_noise)
     assert torch.equal(again.candidates, inputs.candidates)
     # Every row's candidates come from one of the client's impressions (drawn blind to the
@@ -103,7 +103,7 @@ def test_client_inputs_pad_with_row_zero_and_draw_b_noise(client_method, clients
 def test_infinite_epsilon_keeps_the_clicked_label_and_adds_no_noise(client_method, clients):
     method = client_method("privaterec")
     data = clients.client(5)
-    inputs = method.draw_inputs(data, basis_size=3, generator=client_noise(0, 1, 5))
+    inputs = method.draw_inputs(data, basis_size=3, noise=client_noise(0, 1, 5))
     assert torch.equal(inputs.history, data.history)
     assert bool((inputs.attention_noise == 0).all())
     # Without label noise, column 0 is a clicked news of the row's impression, and exactly
@@ -121,7 +121,7 @@ def test_dpa_noise_of_a_client_has_the_amplified_laplace_scale(client_method, cl
     method = client_method("privaterec", privacy_mode="paper", epsilon_train=eps, padding_p=p)
     data = clients.client(1)
     noise = torch.stack([method.draw_inputs(data, basis_size=5,
-                                       generator=client_noise(7, t, 1)).attention_noise
+                                       noise=client_noise(7, t, 1)).attention_noise
                          for t in range(800)]).double()
     eps_base, _ = amplified_budget(epsilon=eps, delta=0.0, padding_p=p)
     scale = 2.0 / eps_base  # simplex L1 sensitivity 2
@@ -140,7 +140,7 @@ def test_split_gradient_parts_sum_to_the_full_gradient(make_objective, client_me
     theta = perturb(objective)
     method = client_method("privaterec", privacy_mode="paper", epsilon_train=3.0)
     data = clients.client(2)
-    inputs = method.draw_inputs(data, basis_size=3, generator=client_noise(0, 0, 2))
+    inputs = method.draw_inputs(data, basis_size=3, noise=client_noise(0, 0, 2))
     args = (theta, inputs.history, inputs.history_mask, inputs.candidates)
     full, loss = objective.client_gradient(*args, attention_noise=inputs.attention_noise)
     split, loss2 = objective.client_gradient(*args, attention_noise=inputs.attention_noise,
@@ -189,7 +189,7 @@ def test_paper_round_uses_each_clients_noise(make_objective, clients, client_met
     theta = objective.parameters()
     users = [0, 4, 9, 11]
     inputs = [method.draw_inputs(clients.client(u), basis_size=3,
-                            generator=client_noise(1, 0, u)) for u in users]
+                            noise=client_noise(1, 0, u)) for u in users]
     batch = ClientBatch.stack([x.history for x in inputs], [x.history_mask for x in inputs],
                               [x.candidates for x in inputs],
                               [x.attention_noise for x in inputs])
@@ -245,8 +245,8 @@ def test_strict_update_noise_follows_the_history_gradient_budget(make_objective,
     method = client_method("privaterec", epsilon_train=4.0, privacy_mode="strict", clip=0.01)
     data = clients.client(3)
     gen = client_noise(2, 0, 3)
-    update = client_update(objective, theta, data, method, generator=gen)
-    inputs = method.draw_inputs(data, basis_size=3, generator=client_noise(2, 0, 3))
+    update = client_update(objective, theta, data, method, noise=gen)
+    inputs = method.draw_inputs(data, basis_size=3, noise=client_noise(2, 0, 3))
     split, _ = objective.client_gradient(theta, inputs.history, inputs.history_mask,
                                          inputs.candidates,
                                          attention_noise=inputs.attention_noise,

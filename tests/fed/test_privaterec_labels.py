@@ -38,7 +38,7 @@ def test_candidate_set_does_not_reveal_the_click(client_method):
         data = _client(clicked)
         for s in range(runs):
             inputs = method.draw_inputs(data, basis_size=3,
-                                   generator=client_noise(9, s, 0))
+                                   noise=client_noise(9, s, 0))
             # News 20 appears in the uploaded candidates about as often whoever was clicked
             # (drawn w.p. 1/2, kept w.p. 0.65-0.85 by the randomized response at ε = 1).
             shown[clicked] += 20 in set(inputs.candidates.flatten().tolist())
@@ -59,8 +59,8 @@ def test_upload_depends_on_the_clicks_only_through_the_released_label(make_objec
     same = 0
     runs = 100
     for s in range(runs):
-        ua = client_update(objective, theta, a, method, generator=client_noise(5, s, 0))
-        ub = client_update(objective, theta, b, method, generator=client_noise(5, s, 0))
+        ua = client_update(objective, theta, a, method, noise=client_noise(5, s, 0))
+        ub = client_update(objective, theta, b, method, noise=client_noise(5, s, 0))
         same += bool(torch.equal(ua.sent()["payload"], ub.sent()["payload"]))
         assert set(ua.sent()) == {"payload"}  # no count, no loss
     # When neither news 20 nor 21 is drawn (P = C(8,5)/C(10,5) = 0.22) both neighbours

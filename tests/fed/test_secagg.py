@@ -385,7 +385,7 @@ def _news_space_release(s: Setup, params: torch.Tensor, selected: list[int], *,
     """The simulator's noised release of a news-vector round ``[D_U + P·d]`` (the seeded
     server noise of round 0, or none)."""
     inputs = [s.method.inputs(s.task, s.clients.client(u),
-                              generator=client_noise(SEED, 0, u)) for u in selected]
+                              noise=client_noise(SEED, 0, u)) for u in selected]
     space = NewsSpaceClipping(s.task)
     if not noise:
         sums = space.clipped_sum(params, s.task.batch(inputs), clip=s.method.clip)
@@ -653,8 +653,8 @@ def test_the_server_sees_masked_vectors_only(data_dir, tmp_path):
     plain = {}
     for u in selected:
         update = s.method.update(s.task, params, s.method.inputs(
-            s.task, s.clients.client(u), generator=client_noise(SEED, 0, u)),
-            generator=client_noise(SEED, 0, u))[0]
+            s.task, s.clients.client(u), noise=client_noise(SEED, 0, u)),
+            noise=client_noise(SEED, 0, u))[0]
         plain[u] = quantize([plan.quantize(update).numpy()], plan.clipping_range,
                             plan.quantization_range)[0]
     for reply in masked:
@@ -784,7 +784,7 @@ def test_audit_what_a_client_sends_under_secagg(data_dir, tmp_path, clip_space):
     for u in range(3):  # users 0 and 1 are the neighbouring datasets of the audited client
         g = client_noise(SEED, 0, u)
         update = s.method.update(s.task, params, s.method.inputs(
-            s.task, s.clients.client(u), generator=g), generator=g)[0]
+            s.task, s.clients.client(u), noise=g), noise=g)[0]
         vectors[u] = plan.client_vector(update, g).numpy()
     assert vectors[0].shape == (s.method.release_dimension(s.task),)
     assert not np.array_equal(vectors[0], vectors[1])

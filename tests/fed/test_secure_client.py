@@ -34,8 +34,8 @@ def test_secure_update_is_fresh_and_on_the_public_grid(make_objective, clients, 
     method = client_method(method_name, **fed)
     data = clients.client(2)
     source = SecureNoise(workers=1)
-    a = client_update(objective, theta, data, method, generator=source)
-    b = client_update(objective, theta, data, method, generator=source)
+    a = client_update(objective, theta, data, method, noise=source)
+    b = client_update(objective, theta, data, method, noise=source)
     assert not torch.equal(a.payload, b.payload)  # nothing replays
     event = a.privacy_events[0]
     k = grid_exponent(float(event.noise_scale), objective.dimension)
@@ -69,7 +69,7 @@ def test_secure_privaterec_releases_alpha_on_the_grid_and_uses_it_exactly(make_o
         return seen[-1]
 
     monkeypatch.setattr(type(method), "released_attention", spy)
-    update = client_update(objective, theta, data, method, generator=SecureNoise(workers=1))
+    update = client_update(objective, theta, data, method, noise=SecureNoise(workers=1))
     (alpha_tilde,) = seen
     dpa = method.events(objective.dimension)[0]
     assert _on_grid(alpha_tilde, grid_exponent(float(dpa.noise_scale), 3))

@@ -155,7 +155,7 @@ def _full_loss(objective, clients, params):
     users = list(range(clients.num_users))
     method = FedRec(negatives=4, max_samples=64)
     generator = SimulationNoise(torch.Generator().manual_seed(123))
-    candidates = [client_candidates(clients.client(u), method, generator=generator)
+    candidates = [client_candidates(clients.client(u), method, noise=generator)
                   for u in users]
     batch = ClientBatch.stack([clients.history[u] for u in users],
                               [clients.history_mask[u] for u in users], candidates)

@@ -32,7 +32,7 @@ def _impressions(clicked: list[int], count: int = 12, width: int = 12):
 
 def test_positions_are_uniform_and_blind_to_the_clicks():
     counts = torch.tensor([12] * 4000 + [3] * 4000)
-    pos = draw_positions(counts, size=5, generator=seeded(0))
+    pos = draw_positions(counts, size=5, noise=seeded(0))
     big, small = pos[:4000], pos[4000:]
     # Without replacement in an impression of 12: 5 distinct positions, each position drawn
     # with probability 5/12.
@@ -49,7 +49,7 @@ def test_randomized_response_keeps_the_truth_at_the_stated_rate():
     clicks = torch.ones(n, size, dtype=torch.bool)
     counts = torch.full((n,), size)
     pos, released = release_labels(clicks, counts, size=size, epsilon=eps,
-                                   generator=seeded(1))
+                                   noise=seeded(1))
     none_rate = float((released == size).double().mean())
     # P(output = "none" | truth is a position) = 1/(e^ε + size).
     expected_none = 1 / (math.exp(eps) + size)
@@ -61,7 +61,7 @@ def test_randomized_response_keeps_the_truth_at_the_stated_rate():
 def test_infinite_epsilon_releases_the_true_click():
     clicks, counts = _impressions([3] * 200)
     pos, released = release_labels(clicks, counts, size=5, epsilon=math.inf,
-                                   generator=seeded(2))
+                                   noise=seeded(2))
     drew = (pos == 3).any(dim=1)
     assert bool((released[~drew] == 5).all())
     assert bool((pos[drew].gather(1, released[drew, None]) == 3).all())
@@ -75,7 +75,7 @@ def test_label_release_audit_lower_bound_stays_below_epsilon():
     for clicked, seed in ((0, 3), (1, 4)):
         clicks, counts = _impressions([clicked] * n)
         pos, released = release_labels(clicks, counts, size=5, epsilon=eps,
-                                       generator=seeded(seed))
+                                       noise=seeded(seed))
         labelled = torch.where(released < 5, pos.gather(1, released.clamp(max=4)[:, None])[:, 0],
                                torch.full((n,), -1))
         outs.append(int((labelled == 0).sum()))

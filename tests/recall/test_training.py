@@ -57,7 +57,7 @@ def task_of(model: UniFedRecRecall, vectors: torch.Tensor, pool_rows=None,
 
 
 def inputs_of(task: RecallTask, data, method: UniFedRecLDP, generator):
-    return method.inputs(task, data, generator=SimulationNoise(generator))
+    return method.inputs(task, data, noise=SimulationNoise(generator))
 
 
 def make_model(**kwargs) -> UniFedRecRecall:
@@ -176,18 +176,18 @@ def test_client_update_bound_noise_and_determinism():
     params = objective.parameters()
     data = clients.client(3)  # 4 clicks
     raw = client_update(objective, params, data, ldp(clipping="none", noise_scale=0.0),
-                        generator=client_noise(7, 3, 3))
+                        noise=client_noise(7, 3, 3))
     clean = client_update(objective, params, data, ldp(noise_scale=0.0),
-                          generator=client_noise(7, 3, 3))
+                          noise=client_noise(7, 3, 3))
     assert float(raw.payload.abs().sum()) > 0.1  # the clip is active
     # clipped payload = raw gradient scaled to L1 norm θ
     torch.testing.assert_close(clean.payload, raw.payload * (0.1 / raw.payload.abs().sum()))
     noisy = client_update(objective, params, data, ldp(noise_scale=0.05),
-                          generator=client_noise(7, 3, 3))
+                          noise=client_noise(7, 3, 3))
     again = client_update(objective, params, data, ldp(noise_scale=0.05),
-                          generator=client_noise(7, 3, 3))
+                          noise=client_noise(7, 3, 3))
     other = client_update(objective, params, data, ldp(noise_scale=0.05),
-                          generator=client_noise(7, 4, 3))
+                          noise=client_noise(7, 4, 3))
     assert torch.equal(noisy.payload, again.payload)
     assert not torch.equal(noisy.payload, other.payload)
     noise = (noisy.payload - clean.payload).double().numpy()
@@ -210,7 +210,7 @@ def test_client_gradient_equals_autograd_through_the_model():
         data = clients.client(u)
         inputs = inputs_of(objective, data, method, torch.Generator().manual_seed(u))
         update = client_update(objective, objective.parameters(), data, method,
-                               generator=SimulationNoise(torch.Generator().manual_seed(u)))
+                               noise=SimulationNoise(torch.Generator().manual_seed(u)))
         # reference: the model's own forward, same draws (samples, negatives, then noise)
         gen = torch.Generator().manual_seed(u)
         ref_inputs = inputs_of(task_of(model, vectors, **{**config, "score_noise": False}),
@@ -257,7 +257,7 @@ def test_vectorized_round_equals_sequential_client_updates():
         result = simulate_round(objective, params, clients, selected, method, seed=3,
                                 round_index=2, chunk_clients=fed.chunk_clients)
         updates = [client_update(objective, params, clients.client(u), method,
-                                 generator=client_noise(3, 2, u))
+                                 noise=client_noise(3, 2, u))
                    for u in selected]
         torch.testing.assert_close(result.direction, aggregate(updates), rtol=1e-5, atol=1e-7)
         reference = sequential_round(objective, params, clients, selected, method, seed=3,
@@ -306,7 +306,7 @@ def test_resume_equals_uninterrupted_run(tmp_path):
 def _mean_loss(objective: RecallTask, clients: ClientDataset) -> float:
     method = ldp(clipping="none", noise_scale=0.0)
     inputs = [method.inputs(objective, clients.client(u),
-                            generator=SimulationNoise(torch.Generator().manual_seed(100 + u)))
+                            noise=SimulationNoise(torch.Generator().manual_seed(100 + u)))
               for u in range(clients.num_users)]
     _, losses = objective.gradients(objective.parameters(), inputs)
     return float(losses.mean())

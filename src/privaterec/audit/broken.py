@@ -36,7 +36,7 @@ from privaterec.privacy.samplers import NoiseSource, SecureNoise, SimulationNois
 
 
 def published_dpl_labels(clicks: Tensor, counts: Tensor, *, size: int, epsilon: float,
-                         generator: NoiseSource) -> tuple[Tensor, Tensor]:
+                         noise: NoiseSource) -> tuple[Tensor, Tensor]:
     """Drop-in for :func:`privaterec.privacy.labels.release_labels` with the published
     candidate set: positions ``[n, size]`` with a clicked position in slot 0 and ``size − 1``
     non-clicked ones, and the label kept in slot 0 with probability e^ε/(e^ε + size − 1)."""
@@ -44,12 +44,12 @@ def published_dpl_labels(clicks: Tensor, counts: Tensor, *, size: int, epsilon: 
 
     n, width = clicks.shape
     clicked = clicks.float().argmax(dim=1)
-    keys = generator.uniform((n, width))
+    keys = noise.uniform((n, width))
     keys = keys.masked_fill(clicks | (torch.arange(width) >= counts[:, None]), 2.0)
     positions = torch.cat([clicked[:, None], keys.argsort(dim=1)[:, : size - 1]], dim=1)
     keep = keep_probability(epsilon=epsilon, size=size - 1)
-    u = generator.uniform((n,))
-    other = 1 + generator.randint(size - 1, (n,))
+    u = noise.uniform((n,))
+    other = 1 + noise.randint(size - 1, (n,))
     return positions, torch.where(u < keep, torch.zeros(n, dtype=torch.long), other)
 
 

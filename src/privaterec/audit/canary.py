@@ -154,7 +154,7 @@ def _sent(objective: Any, params: torch.Tensor, method: Any, data: Any,
     from privaterec.fed.methods.dp_fedavg import CLIP_INDICATOR
 
     update = client_update(objective, params, data, method,
-                           generator=SimulationNoise(torch.Generator().manual_seed(seed)))
+                           noise=SimulationNoise(torch.Generator().manual_seed(seed)))
     sent = sent_fields(update)
     return sent["payload"].detach().to(torch.float32), float(sent.get(CLIP_INDICATOR, 0.0))
 

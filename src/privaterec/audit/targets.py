@@ -179,7 +179,7 @@ def _news_space_target(world: AuditWorld, *, epsilon: float, delta: float,
     events = method.population_events(objective.dimension)
 
     def upload(data: ClientData, noise: NoiseSource) -> Release:
-        inputs = method.inputs(objective, data, generator=noise)
+        inputs = method.inputs(objective, data, noise=noise)
         user, news, _ = method.news_space_release(objective, params, [inputs], noise=noise)
         return Release({"payload": torch.cat([user[user_coords], news.reshape(-1)])}, events)
 
@@ -206,7 +206,7 @@ def _central_target(world: AuditWorld, *, adaptive: bool, epsilon: float, delta:
     events = method.population_events(objective.dimension)
 
     def upload(data: ClientData, noise: NoiseSource) -> Release:
-        sent = sent_fields(client_update(objective, params, data, method, generator=noise))
+        sent = sent_fields(client_update(objective, params, data, method, noise=noise))
         total, count = method.noised_sums(sent["payload"], float(sent.get(CLIP_INDICATOR, 0.0)),
                                           population=1, noise=noise)
         out: dict[str, Any] = {"payload": total}
@@ -242,7 +242,7 @@ def _federated_target(method: FederatedMethod, world: AuditWorld, *, mode: str, 
     params = objective.parameters()
 
     def upload(data: ClientData, noise: NoiseSource) -> Release:
-        return _release(client_update(objective, params, data, client, generator=noise))
+        return _release(client_update(objective, params, data, client, noise=noise))
 
     return Target(method, mode if method == "privaterec" else "-", upload,
                   note=f"D = {objective.dimension}")
@@ -273,7 +273,7 @@ def _recall_target(world: AuditWorld, *, epsilon: float) -> Target:
     params = task.parameters()
 
     def upload(data: ClientData, noise: NoiseSource) -> Release:
-        return _release(client_update(task, params, data, method, generator=noise))
+        return _release(client_update(task, params, data, method, noise=noise))
 
     return Target("unifedrec", "-", upload, note=f"recall model, D = {task.dimension}")
 

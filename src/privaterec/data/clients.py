@@ -83,7 +83,7 @@ class ClientDataset:
             return self.samples_per_user()
         return self.impression_offsets[1:] - self.impression_offsets[:-1]
 
-    def draw_candidates(self, *, negatives: int, generator: NoiseSource,
+    def draw_candidates(self, *, negatives: int, noise: NoiseSource,
                         samples: torch.Tensor | None = None) -> torch.Tensor:
         """Candidates ``LongTensor[s, 1 + k]`` with the clicked news in column 0.
 
@@ -98,7 +98,7 @@ class ClientDataset:
         idx = torch.arange(self.num_samples) if samples is None else samples
         return draw_candidates(self.positives[idx], self.negatives[idx],
                                self.negative_counts[idx], negatives=negatives,
-                               generator=generator)
+                               noise=noise)
 
     def client(self, user: int) -> "ClientData":
         """The data that client (user index) ``user`` holds on its device."""
@@ -163,7 +163,7 @@ class ClientData:
 
 
 def draw_candidates(positives: torch.Tensor, pool: torch.Tensor, counts: torch.Tensor, *,
-                    negatives: int, generator: NoiseSource) -> torch.Tensor:
+                    negatives: int, noise: NoiseSource) -> torch.Tensor:
     """Candidates ``LongTensor[s, 1 + k]``: each clicked news followed by k non-clicked ones.
 
     Parameters
@@ -172,14 +172,14 @@ def draw_candidates(positives: torch.Tensor, pool: torch.Tensor, counts: torch.T
         non-clicked rows (padded). counts: ``LongTensor[s]`` valid entries of ``pool`` (≥ 1).
     negatives: k, drawn without replacement when an impression has at least k, with
         replacement otherwise (FedNewsRec §3.1).
-    generator: the only source of randomness (a seeded generator, or a device's secure
+    noise: the only source of randomness (a seeded generator, or a device's secure
         source: :class:`~privaterec.privacy.samplers.NoiseSource`).
     """
     s, m = pool.shape
-    keys = generator.uniform((s, m), dtype=torch.float32)
+    keys = noise.uniform((s, m), dtype=torch.float32)
     keys = keys.masked_fill(torch.arange(m) >= counts[:, None], 2.0)
     without = keys.argsort(dim=1)[:, :negatives] if negatives <= m else None
-    with_repl = (generator.uniform((s, negatives), dtype=torch.float32)
+    with_repl = (noise.uniform((s, negatives), dtype=torch.float32)
                  * counts[:, None]).long().clamp(max=m - 1)
     if without is None:
         choice = with_repl

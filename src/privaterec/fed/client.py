@@ -1,11 +1,11 @@
 """The client update: the one function that computes what a device uploads
 (docs/architecture.md#seams).
 
-``client_update(task, θ, client data, method, generator)`` → :class:`ClientUpdate`. The
-vectorized simulator computes exactly this for many clients at once (same generator use,
+``client_update(task, θ, client data, method, noise)`` → :class:`ClientUpdate`. The
+vectorized simulator computes exactly this for many clients at once (same draws,
 batched gradients) and the Flower ClientApp calls it directly on the device.
 
-A client's generator is used in a fixed order: first its method's draws of its inputs
+A client's noise source is drawn from in a fixed order: first its method's draws of its inputs
 (:meth:`~privaterec.fed.methods.base.ClientMethod.inputs`: which samples, which negatives;
 PrivateRec also its padding, its DPA noise and its label release), last the noise on its
 update (:meth:`~privaterec.fed.methods.base.ClientMethod.privatize`).
@@ -32,17 +32,17 @@ from privaterec.privacy.samplers import NoiseSource
 
 
 def client_candidates(data: ClientData, method: ClientMethod, *,
-                      generator: NoiseSource) -> torch.Tensor:
+                      noise: NoiseSource) -> torch.Tensor:
     """A ranking client's first draws: its samples' candidates ``LongTensor[n, 1 + k]``.
 
     A client with more than ``method.max_samples`` samples uses a random subset of that size.
     """
     return draw_samples(data, max_samples=method.max_samples, negatives=method.negatives,
-                        generator=generator)[1]
+                        noise=noise)[1]
 
 
 def client_update(task: FederatedTask[Any], params: torch.Tensor, data: ClientData,
-                  method: ClientMethod, *, generator: NoiseSource) -> ClientUpdate:
+                  method: ClientMethod, *, noise: NoiseSource) -> ClientUpdate:
     """One client's round (FedNewsRec Eq. 3-5; DP-FedRec; PrivateRec Alg. 3 lines 14-21;
     Uni-FedRec §3.5): its inputs, its update, what it sends and spends.
 
@@ -56,7 +56,7 @@ def client_update(task: FederatedTask[Any], params: torch.Tensor, data: ClientDa
         The client's own history and samples (never leaves the device).
     method:
         What the client does (:class:`~privaterec.fed.methods.base.ClientMethod`).
-    generator:
+    noise:
         The client's only source of randomness: its seeded generator in simulation, or on a
         real device a secure source (:class:`~privaterec.privacy.samplers.SecureNoise`: OS
         CSPRNG, float-safe releases).
@@ -72,14 +72,14 @@ def client_update(task: FederatedTask[Any], params: torch.Tensor, data: ClientDa
         one.
     """
     if not method.has_update(data):
-        payload = method.idle_release(task.dimension, [generator])[0].to(params.device)
+        payload = method.idle_release(task.dimension, [noise])[0].to(params.device)
         return ClientUpdate(payload=payload, num_examples=0,
                             privacy_events=method.events(task.dimension),
                             metrics={"loss": math.nan}, weight=method.aggregation_weight(0),
                             sends_metadata=method.sends_metadata)
-    inputs = method.inputs(task, data, generator=generator)
+    inputs = method.inputs(task, data, noise=noise)
     n = method.num_examples(inputs)
-    payload, loss, reports = method.release(task, params, inputs, generator=generator)
+    payload, loss, reports = method.release(task, params, inputs, noise=noise)
     return ClientUpdate(payload=payload, num_examples=n,
                         privacy_events=method.events(task.dimension), metrics={"loss": loss},
                         weight=method.aggregation_weight(n),

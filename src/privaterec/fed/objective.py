@@ -192,18 +192,18 @@ class ClientInputs:
 
 
 def draw_samples(data: ClientData, *, max_samples: int, negatives: int,
-                 generator: NoiseSource) -> tuple[torch.Tensor, torch.Tensor]:
+                 noise: NoiseSource) -> tuple[torch.Tensor, torch.Tensor]:
     """A ranking client's draws: chosen sample indices ``[n]`` (at most ``max_samples``, a
     random subset when it has more) and their candidates ``[n, 1 + k]`` (k = ``negatives``
-    non-clicked news per click), in this order on ``generator``."""
+    non-clicked news per click), in this order on ``noise``."""
     n = data.num_samples
     if n > max_samples:
-        chosen = generator.permutation(n)[: max_samples].sort().values
+        chosen = noise.permutation(n)[: max_samples].sort().values
     else:
         chosen = torch.arange(n)
     return chosen, draw_candidates(data.positives[chosen], data.negatives[chosen],
                                    data.negative_counts[chosen], negatives=negatives,
-                                   generator=generator)
+                                   noise=noise)
 
 
 class LocalObjective(ModuleTask):
@@ -245,10 +245,10 @@ class LocalObjective(ModuleTask):
 
     # -- the task protocol (privaterec.fed.task.FederatedTask) --------------------------------
     def client_inputs(self, data: ClientData, *, max_samples: int, negatives: int,
-                      generator: NoiseSource) -> ClientInputs:
+                      noise: NoiseSource) -> ClientInputs:
         """A client's history and the candidates of its drawn samples (:func:`draw_samples`)."""
         _, candidates = draw_samples(data, max_samples=max_samples, negatives=negatives,
-                                     generator=generator)
+                                     noise=noise)
         return ClientInputs(data.history, data.history_mask, candidates)
 
     @staticmethod

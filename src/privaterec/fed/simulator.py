@@ -115,7 +115,7 @@ def simulate_round(task: FederatedTask[Any], params: torch.Tensor, clients: Clie
     idle = [u for u in selected if u not in taking_part]
     local_idle = bool(idle) and not method.trusted_aggregator
     generators = [client_noise(seed, round_index, u) for u in active]
-    inputs = [method.inputs(task, data[u], generator=g) for u, g in zip(active, generators)]
+    inputs = [method.inputs(task, data[u], noise=g) for u, g in zip(active, generators)]
     population = len(method.population(clients))
     context = RoundContext(seed=seed, round_index=round_index, chunk_clients=chunk_clients,
                            population=population,  # public N
@@ -149,7 +149,7 @@ def sequential_round(task: FederatedTask[Any], params: torch.Tensor, clients: Cl
     # A local method's client without a training sample sends a noised zero (client_update);
     # central DP's adds a zero update to the sum, which its round counts.
     updates = {u: client_update(task, params, data[u], method,
-                                generator=client_noise(seed, round_index, u))
+                                noise=client_noise(seed, round_index, u))
                for u in selected
                if method.has_update(data[u]) or not method.trusted_aggregator}
     summed = [x for x in updates.values() if x.weight > 0]  # fedrec weighs an idle one 0

@@ -111,9 +111,9 @@ class FederatedTask(Protocol[InputsT]):
         ...
 
     def client_inputs(self, data: ClientData, *, max_samples: int, negatives: int,
-                      generator: NoiseSource) -> InputsT:
+                      noise: NoiseSource) -> InputsT:
         """A client's inputs to its gradient after its own random draws (which samples,
-        which negatives, ...), drawn from ``generator`` in a fixed order."""
+        which negatives, ...), drawn from ``noise`` in a fixed order."""
         ...
 
     def gradient(self, flat: torch.Tensor, inputs: InputsT) -> tuple[torch.Tensor, float]:

@@ -52,7 +52,7 @@ def keep_probability(*, epsilon: float, size: int) -> float:
     return 1.0 / (1.0 + size * math.exp(-epsilon))
 
 
-def draw_positions(counts: Tensor, *, size: int, generator: NoiseSource) -> Tensor:
+def draw_positions(counts: Tensor, *, size: int, noise: NoiseSource) -> Tensor:
     """Uniform candidate positions ``LongTensor[n, size]`` in each impression, label-blind.
 
     ``counts``: ``LongTensor[n]`` number of displayed news of each impression (≥ 1). Without
@@ -60,16 +60,16 @@ def draw_positions(counts: Tensor, *, size: int, generator: NoiseSource) -> Tens
     """
     n = counts.shape[0]
     width = max(int(counts.max()) if n else 1, size)
-    keys = generator.uniform((n, width))
+    keys = noise.uniform((n, width))
     keys = keys.masked_fill(torch.arange(width) >= counts[:, None], 2.0)
     without = keys.argsort(dim=1)[:, :size]
-    with_repl = (generator.uniform((n, size))
+    with_repl = (noise.uniform((n, size))
                  * counts[:, None]).long().clamp(max=width - 1)
     return torch.where((counts >= size)[:, None], without, with_repl)
 
 
 def release_labels(clicks: Tensor, counts: Tensor, *, size: int, epsilon: float,
-                   generator: NoiseSource) -> tuple[Tensor, Tensor]:
+                   noise: NoiseSource) -> tuple[Tensor, Tensor]:
     """The label release of n impressions (module docstring, steps 1-3).
 
     Parameters
@@ -83,7 +83,7 @@ def release_labels(clicks: Tensor, counts: Tensor, *, size: int, epsilon: float,
         Candidates per impression (1 + k negatives in training).
     epsilon:
         ε of one impression's release (> 0; ``math.inf``: t̃ = t).
-    generator:
+    noise:
         The client's seeded source (simulation) or its device's secure source
         (:class:`~privaterec.privacy.samplers.NoiseSource`) — the draws are the only randomness.
 
@@ -94,17 +94,17 @@ def release_labels(clicks: Tensor, counts: Tensor, *, size: int, epsilon: float,
     """
     _check(size, epsilon)
     n = clicks.shape[0]
-    positions = draw_positions(counts, size=size, generator=generator)
+    positions = draw_positions(counts, size=size, noise=noise)
     drawn_clicked = clicks.gather(1, positions.clamp(max=clicks.shape[1] - 1)) & (
         positions < counts[:, None])
     # t: a uniformly chosen clicked slot (random keys, largest among clicked), else `size`.
-    keys = generator.uniform((n, size))
+    keys = noise.uniform((n, size))
     keys = keys.masked_fill(~drawn_clicked, -1.0)
     truth = torch.where(drawn_clicked.any(dim=1), keys.argmax(dim=1),
                         torch.full((n,), size, dtype=torch.long))
     keep = keep_probability(epsilon=epsilon, size=size)
-    u = generator.uniform((n,))
-    shift = 1 + generator.randint(size, (n,))
+    u = noise.uniform((n,))
+    shift = 1 + noise.randint(size, (n,))
     other = (truth + shift) % (size + 1)
     released = torch.where(u < keep, truth, other)
     return positions, released

@@ -295,36 +295,36 @@ class RecallTask(ModuleTask):
 
     # -- the task protocol -----------------------------------------------------------------
     def client_inputs(self, data: ClientData, *, max_samples: int, negatives: int,
-                      generator: NoiseSource) -> RecallClientInputs:
-        """Steps 1-3 of a client round, in this order on ``generator``: the sample subset,
+                      noise: NoiseSource) -> RecallClientInputs:
+        """Steps 1-3 of a client round, in this order on ``noise``: the sample subset,
         the ``negatives`` negatives per click, the score noise (module docstring)."""
         n = data.num_samples
         if n == 0:
             raise ValueError(f"client {data.user_id!r} has no training click")
         if n > max_samples:
-            chosen = generator.permutation(n)[: max_samples].sort().values
+            chosen = noise.permutation(n)[: max_samples].sort().values
         else:
             chosen = torch.arange(n)
         positives = data.positives[chosen]
         if self.options.negative_source == "impression":
             candidates = draw_candidates(positives, data.negatives[chosen],
                                          data.negative_counts[chosen],
-                                         negatives=negatives, generator=generator)
+                                         negatives=negatives, noise=noise)
         else:
             pool = self.pool_rows
-            idx = generator.randint(pool.numel(), (positives.shape[0], negatives))
+            idx = noise.randint(pool.numel(), (positives.shape[0], negatives))
             rows = pool[idx]
             rows = torch.where(rows == positives[:, None], pool[(idx + 1) % pool.numel()],
                                rows)
             candidates = torch.cat([positives[:, None], rows], dim=1)
-        noise = None
+        score_noise = None
         if self.options.score_noise and self.model.noise_scale > 0:
             # A regulariser, not a release: a secure device seeds a generator from its source.
-            source = (generator if not generator.secure else SimulationNoise(
-                torch.Generator().manual_seed(int(generator.randint(2**62, ())))))
-            noise = source.draw(self.score_shape, mechanism="laplace",
-                                scale=self.model.noise_scale)
-        return RecallClientInputs(data.history, data.history_mask, candidates, noise)
+            source = (noise if not noise.secure else SimulationNoise(
+                torch.Generator().manual_seed(int(noise.randint(2**62, ())))))
+            score_noise = source.draw(self.score_shape, mechanism="laplace",
+                                      scale=self.model.noise_scale)
+        return RecallClientInputs(data.history, data.history_mask, candidates, score_noise)
 
     def gradient(self, flat: Tensor, inputs: RecallClientInputs) -> tuple[Tensor, float]:
         """∇θ of one client's loss ``[D]`` and the loss (no ``vmap``: the reference)."""

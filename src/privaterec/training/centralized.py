@@ -119,7 +119,7 @@ def _train(model: Recommender, clients: ClientDataset, config: TrainConfig, *,
     while epoch < config.epochs:
         generator = epoch_generator(config.seed, epoch)
         candidates = clients.draw_candidates(negatives=config.negatives,
-                                          generator=SimulationNoise(generator))
+                                          noise=SimulationNoise(generator))
         order = torch.randperm(n, generator=generator)
         if step_in_epoch == 0:
             torch.manual_seed(config.seed * 7919 + epoch)  # dropout stream of this epoch

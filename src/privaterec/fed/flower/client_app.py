@@ -308,10 +308,9 @@ def client_train(load: DeviceLoader, message: Message, context: Context) -> Mess
     with deterministic_algorithms(), flush_denormals():  # as the simulator computes
         for user_id, user in zip(user_ids, field_values(config, "user-indices", int)):
             data = device.clients.client(device.index[user_id])
-            generator = (secure if secure is not None
-                         else client_noise(seed, round_index, int(user)))
-            update = client_update(device.task, theta, data, device.method,
-                                   generator=generator)
+            noise = (secure if secure is not None
+                     else client_noise(seed, round_index, int(user)))
+            update = client_update(device.task, theta, data, device.method, noise=noise)
             sent = update.sent()  # a private method sends its released update only
             payloads.append(sent["payload"])
             if device.method.sends_metadata:
@@ -454,7 +453,7 @@ def client_secure_fit(load: DeviceLoader, message: Message, context: Context) ->
         data = device.clients.client(device.index[user_id])
         if method.has_update(data):
             payload = client_update(device.task, theta, data, method,
-                                    generator=source).sent()["payload"]
+                                    noise=source).sent()["payload"]
         else:  # sampled without a training sample: a zero update, so that the round's plan
             # and (distributed noise) its noise shares do not depend on this user's data
             payload = torch.zeros(method.release_dimension(device.task))

@@ -214,10 +214,10 @@ class ClientMethod(ABC, Generic[TaskT]):
         return True
 
     # -------------------------------------------------------------------- the hooks
-    def inputs(self, task: TaskT, data: ClientData, *, generator: NoiseSource) -> Any:
+    def inputs(self, task: TaskT, data: ClientData, *, noise: NoiseSource) -> Any:
         """The client's inputs after its own random draws (the task's, by default)."""
         return task.client_inputs(data, max_samples=self.max_samples,
-                                  negatives=self.negatives, generator=generator)
+                                  negatives=self.negatives, noise=noise)
 
     def calibration(self, dimension: int) -> Calibration:
         """How one client's D-dim update is released (clip, noise, event), calibrated once
@@ -299,18 +299,18 @@ class ClientMethod(ABC, Generic[TaskT]):
         return int(inputs.candidates.shape[0])
 
     def update(self, task: TaskT, params: torch.Tensor, inputs: Any, *,
-               generator: NoiseSource) -> tuple[torch.Tensor, float]:
+               noise: NoiseSource) -> tuple[torch.Tensor, float]:
         """One client's released update ``Tensor[D]`` and its loss (the reference)."""
         grad, loss = task.gradient(params, inputs)
-        released, _ = self.privatize(grad[None], [generator])
+        released, _ = self.privatize(grad[None], [noise])
         return released[0], loss
 
     def release(self, task: TaskT, params: torch.Tensor, inputs: Any, *,
-                generator: NoiseSource) -> tuple[torch.Tensor, float, dict[str, float]]:
+                noise: NoiseSource) -> tuple[torch.Tensor, float, dict[str, float]]:
         """One client's upload: :meth:`update` and the scalars it sends next to it (none by
         default; adaptive clipping: the centred clip indicator), each covered by an
         accounted release."""
-        payload, loss = self.update(task, params, inputs, generator=generator)
+        payload, loss = self.update(task, params, inputs, noise=noise)
         return payload, loss, {}
 
     def client_updates(self, task: TaskT, params: torch.Tensor,

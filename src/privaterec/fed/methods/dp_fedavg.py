@@ -335,8 +335,8 @@ class CentralDP(ClientMethod[FederatedTask[Any]]):
                              source=source)
 
     def inputs(self, task: FederatedTask[Any], data: ClientData, *,
-               generator: NoiseSource) -> Any:
-        return self.inner.inputs(task, data, generator=generator)
+               noise: NoiseSource) -> Any:
+        return self.inner.inputs(task, data, noise=noise)
 
     def _calibrate(self, dimension: int) -> Calibration:
         """Clip each client's update to L2 norm C; the aggregator adds the noise to the sum."""
@@ -363,13 +363,13 @@ class CentralDP(ClientMethod[FederatedTask[Any]]):
         return (self.central_event(),)
 
     def update(self, task: FederatedTask[Any], params: torch.Tensor, inputs: Any, *,
-               generator: NoiseSource) -> tuple[torch.Tensor, float]:
+               noise: NoiseSource) -> tuple[torch.Tensor, float]:
         """The wrapped method's update, clipped to L2 norm C (sent to the aggregator)."""
-        payload, loss, _ = self.release(task, params, inputs, generator=generator)
+        payload, loss, _ = self.release(task, params, inputs, noise=noise)
         return payload, loss
 
     def release(self, task: FederatedTask[Any], params: torch.Tensor, inputs: Any, *,
-                generator: NoiseSource) -> tuple[torch.Tensor, float, dict[str, float]]:
+                noise: NoiseSource) -> tuple[torch.Tensor, float, dict[str, float]]:
         """The clipped update ``Tensor[D]``, the loss and, with adaptive clipping, the
         centred clip indicator b − ½ (``clip_indicator``), all sent to the aggregator.
 
@@ -383,8 +383,8 @@ class CentralDP(ClientMethod[FederatedTask[Any]]):
             space = self._news_space(task)
             sums = space.clipped_sum(params, space.objective.batch([inputs]), clip=self.clip)
             return space.pack(sums.user, sums.news), float(sums.losses[0]), {}
-        update, loss = self.inner.update(task, params, inputs, generator=generator)
-        clipped, _ = self.privatize(update[None], [generator])
+        update, loss = self.inner.update(task, params, inputs, noise=noise)
+        clipped, _ = self.privatize(update[None], [noise])
         reports = ({} if self.adaptive is None else
                    {CLIP_INDICATOR: float(clip_indicators(update[None], self.clip)[0])})
         return clipped[0], loss, reports

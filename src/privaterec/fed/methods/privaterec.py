@@ -140,34 +140,34 @@ class PrivateRec(RankingMethod):
             raise ValueError(f"client {data.user_id!r} has no labelled impression")
 
     def inputs(self, task: LocalObjective, data: ClientData, *,
-               generator: NoiseSource) -> ClientInputs:
-        return self.draw_inputs(data, basis_size=task.basis_size, generator=generator)
+               noise: NoiseSource) -> ClientInputs:
+        return self.draw_inputs(data, basis_size=task.basis_size, noise=noise)
 
     def draw_inputs(self, data: ClientData, *, basis_size: int,
-                    generator: NoiseSource) -> ClientInputs:
+                    noise: NoiseSource) -> ClientInputs:
         """Alg. 2 lines 2-5 and 9, Alg. 3 lines 16-18: the chosen impressions, the padded
         history, the DPA noise on α ``[B]`` (B = ``basis_size``; None on a secure source: the
         device releases α̃ itself, :meth:`update`) and the released labels, in this order on
-        ``generator``."""
+        ``noise``."""
         if basis_size < 1:
             raise ConfigError("privaterec needs a model with basic vectors (ModelConfig."
                               "basis_size >= 1; resolve_run_config sets 5)")
         rows, clicks, counts = data.impressions()
         n = rows.shape[0]
         if n > self.max_samples:
-            chosen = generator.permutation(n)[: self.max_samples].sort().values
+            chosen = noise.permutation(n)[: self.max_samples].sort().values
             rows, clicks, counts = rows[chosen], clicks[chosen], counts[chosen]
-        pad = padding_mask(data.history_mask, padding_p=self.padding_p, noise=generator)
+        pad = padding_mask(data.history_mask, padding_p=self.padding_p, noise=noise)
         history = pad_history(data.history, pad)
-        noise: torch.Tensor | None = None
-        if not generator.secure:
-            noise = dpa_noise((1, basis_size), self.dpa_calibration(), noise=generator)[0]
+        attention_noise: torch.Tensor | None = None
+        if not noise.secure:
+            attention_noise = dpa_noise((1, basis_size), self.dpa_calibration(), noise=noise)[0]
         size = self.label_candidates
         positions, released = release_labels(clicks, counts, size=size, epsilon=self.epsilon,
-                                             generator=generator)
+                                             noise=noise)
         keep = released < size
         candidates = permute_columns(rows.gather(1, positions)[keep], released[keep])
-        return ClientInputs(history, data.history_mask, candidates, noise)
+        return ClientInputs(history, data.history_mask, candidates, attention_noise)
 
     def _calibrate(self, dimension: int) -> Calibration:
         """Paper mode uploads the gradient raw (its releases are DPA's and the labels')."""
@@ -193,21 +193,21 @@ class PrivateRec(RankingMethod):
         return add_noise(alpha, self.dpa_calibration(), noise=source)
 
     def _gradient(self, task: LocalObjective, params: torch.Tensor, inputs: ClientInputs,
-                  generator: NoiseSource, *, split: bool) -> tuple[torch.Tensor, float]:
+                  noise: NoiseSource, *, split: bool) -> tuple[torch.Tensor, float]:
         # A client whose label release dropped every impression computes a zero gradient
         # (and, in strict mode, still releases the noised history part): its upload has the
         # same form as anyone's.
         released = inputs.attention_noise is None
-        attention = (self.released_attention(task, params, inputs, generator)
+        attention = (self.released_attention(task, params, inputs, noise)
                      if released else inputs.attention_noise)
         return task.client_gradient(params, inputs.history, inputs.history_mask,
                                     inputs.candidates, attention_noise=attention,
                                     split_history=split, released_attention=released)
 
     def update(self, task: LocalObjective, params: torch.Tensor,
-               inputs: ClientInputs, *, generator: NoiseSource) -> tuple[torch.Tensor, float]:
+               inputs: ClientInputs, *, noise: NoiseSource) -> tuple[torch.Tensor, float]:
         """The gradient of the loss on ũ = Σ α̃ᵢ bᵢ (Alg. 3 lines 14-21), uploaded raw."""
-        return self._gradient(task, params, inputs, generator, split=False)
+        return self._gradient(task, params, inputs, noise, split=False)
 
     def round(self, task: LocalObjective, params: torch.Tensor,
               inputs: Sequence[ClientInputs], generators: Sequence[NoiseSource],
@@ -293,10 +293,10 @@ class PrivateRecStrict(PrivateRec):
                                data="history")
 
     def update(self, task: LocalObjective, params: torch.Tensor,
-               inputs: ClientInputs, *, generator: NoiseSource) -> tuple[torch.Tensor, float]:
+               inputs: ClientInputs, *, noise: NoiseSource) -> tuple[torch.Tensor, float]:
         """The candidate-path gradient raw plus the history-path gradient privatized."""
-        grad, loss = self._gradient(task, params, inputs, generator, split=True)
-        noised, _ = self.privatize(grad[1][None], [generator])
+        grad, loss = self._gradient(task, params, inputs, noise, split=True)
+        noised, _ = self.privatize(grad[1][None], [noise])
         return grad[0] + noised[0], loss
 
     def round(self, task: LocalObjective, params: torch.Tensor,

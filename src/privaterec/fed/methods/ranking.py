@@ -79,7 +79,7 @@ class RankingMethod(ClientMethod[LocalObjective]):
         return "none"
 
     def update(self, task: LocalObjective, params: torch.Tensor,
-               inputs: ClientInputs, *, generator: NoiseSource) -> tuple[torch.Tensor, float]:
+               inputs: ClientInputs, *, noise: NoiseSource) -> tuple[torch.Tensor, float]:
         if self.local_steps == 1:
             grad, loss = task.client_gradient(params, inputs.history, inputs.history_mask,
                                               inputs.candidates)
@@ -90,7 +90,7 @@ class RankingMethod(ClientMethod[LocalObjective]):
             update, losses = task.local_deltas(params, batch, steps=self.local_steps,
                                                lr=self.local_lr)
             loss = float(losses[0])
-        released, _ = self.privatize(update, [generator])
+        released, _ = self.privatize(update, [noise])
         return released[0], loss
 
     def raw_updates(self, task: LocalObjective, params: torch.Tensor, batch: ClientBatch,
