@@ -54,7 +54,7 @@ from privaterec.fed.methods import resolve_run_config
 from privaterec.fed.methods.dp_fedavg import CentralDP
 from privaterec.method_settings import CLIP_SPACES, ClipSpace
 from privaterec.runs.directory import RunDirectory
-from privaterec.validators import check_choice
+from privaterec.validators import check_choice, fail
 
 INF = math.inf
 NAME = "central_dp"  # output files: central_dp.md, .csv, _runs.csv, .png
@@ -240,8 +240,7 @@ def run_central_dp(out: Path, *, data: str | None = None, users: Sequence[int] |
     eps = check_epsilons(epsilons if epsilons is not None else
                          (QUICK_EPSILONS if quick else EPSILONS))
     if client_fraction is not None and not 0 < client_fraction <= 1:
-        raise ConfigError(f"invalid 'client_fraction': got {client_fraction!r}, expected "
-                          f"0 < q <= 1")
+        fail("client_fraction", client_fraction, "0 < q <= 1", kind="")
     budget, _ = training_budget(quick)
     if rounds is not None and (isinstance(rounds, bool) or not isinstance(rounds, int)
                                or rounds < 1):
@@ -252,8 +251,7 @@ def run_central_dp(out: Path, *, data: str | None = None, users: Sequence[int] |
     bases = tuple(dict.fromkeys(privaterec_bases or (PRIVATEREC_BASIS,)))
     for basis in bases:
         if isinstance(basis, bool) or not isinstance(basis, int) or basis < 2:
-            raise ConfigError(f"invalid 'privaterec_bases': got {basis!r}, expected integers "
-                              f">= 2 (B basic vectors)")
+            fail("privaterec_bases", basis, "integers >= 2 (B basic vectors)", kind="")
     populations = make_populations(out, data, users, ldp_users, default_users=USERS,
                                    quick=quick)
     # The defaults stay out of the run names, so the runs of table1 are reused.

@@ -40,7 +40,7 @@ from privaterec.fed.methods import PRIVATEREC_BASIS, resolve_run_config
 from privaterec.method_settings import CLIP_SPACES, ClipSpace, settings_type
 from privaterec.runs.directory import RunDirectory
 from privaterec.ondevice.release import ServingConfig
-from privaterec.validators import check_choice
+from privaterec.validators import check_choice, fail
 
 # Training budget of every experiment run: the ONE place to change it.
 ROUNDS = DEMO_ROUNDS  # federated rounds (FedAdam at r = 2%)
@@ -131,8 +131,7 @@ class RunSpec:
                               f"{', '.join(EXPERIMENT_METHODS)}")
         check_choice(self.privacy_mode, "privacy_mode", PRIVACY_MODES)
         if not self.epsilon_train > 0:
-            raise ConfigError(f"invalid 'epsilon_train': got {self.epsilon_train!r}, "
-                              f"expected > 0 (inf: no noise)")
+            fail("epsilon_train", self.epsilon_train, "> 0 (inf: no noise)", kind="")
         if self.method not in _EPSILON_TRAIN_METHODS and self.epsilon_train != math.inf:
             raise ConfigError(f"epsilon_train applies to {' and '.join(_EPSILON_TRAIN_METHODS)}"
                               f" only, not {self.method}")
@@ -151,12 +150,10 @@ class RunSpec:
                                              or self.rounds is not None):
             raise ConfigError("client_fraction and rounds apply to federated methods only")
         if self.client_fraction is not None and not 0 < self.client_fraction <= 1:
-            raise ConfigError(f"invalid 'client_fraction': got {self.client_fraction!r}, "
-                              f"expected 0 < r <= 1")
+            fail("client_fraction", self.client_fraction, "0 < r <= 1", kind="")
         if self.rounds is not None and (isinstance(self.rounds, bool)
                                         or not isinstance(self.rounds, int) or self.rounds < 1):
-            raise ConfigError(f"invalid 'rounds': got {self.rounds!r}, expected an integer "
-                              f">= 1")
+            fail("rounds", self.rounds, "an integer >= 1", kind="")
 
     @property
     def basis(self) -> int:
@@ -510,8 +507,7 @@ def check_seeds(seeds: Sequence[int]) -> tuple[int, ...]:
     values = tuple(seeds)
     if not values or any(isinstance(s, bool) or not isinstance(s, (int, np.integer))
                          or s < 0 for s in values) or len(set(values)) != len(values):
-        raise ConfigError(f"invalid 'seeds': got {list(values)!r}, expected one or more "
-                          f"distinct integers >= 0")
+        fail("seeds", list(values), "one or more distinct integers >= 0", kind="")
     return tuple(int(s) for s in values)
 
 

@@ -19,6 +19,7 @@ from typing import Sequence
 
 from privaterec.data.synth import SynthConfig, write_synthetic
 from privaterec.errors import ConfigError
+from privaterec.validators import fail
 from privaterec.experiments.common import log, resolve_data
 from privaterec.experiments.settings import demo_synth_config
 
@@ -86,8 +87,7 @@ def check_users(users: Sequence[int], name: str = "users") -> tuple[int, ...]:
     values = tuple(users)
     if not values or any(isinstance(u, bool) or not isinstance(u, int) or u < 2
                          for u in values) or len(set(values)) != len(values):
-        raise ConfigError(f"invalid '{name}': got {list(values)!r}, expected one or more "
-                          f"distinct integers >= 2 (synthetic users)")
+        fail(name, list(values), "one or more distinct integers >= 2 (synthetic users)", kind="")
     return tuple(sorted(values))
 
 
