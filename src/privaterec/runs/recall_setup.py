@@ -33,6 +33,7 @@ from privaterec.recall.task import (METHOD, RecallTrainConfig, UniFedRecLDP,
                                     recall_fed_config, resolve_recall_fed)
 from privaterec.runs.directory import RECALL_CONFIG_FILE
 from privaterec.runs.ranking_setup import load_run_model
+from privaterec.validators import fail
 
 REPORT_DELTA = 1e-5  # target δ of privacy.json's composed ε (FedConfig.report_delta's default)
 HEAD_DIM = 16
@@ -116,8 +117,7 @@ class RecallModelConfig:
         for name in ("num_basis", "attention_dim", "max_channels"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"invalid 'recall.{name}': got {value!r}, expected an "
-                                  f"integer >= 1")
+                fail(f"recall.{name}", value, "an integer >= 1", kind="")
         check_cluster_params(self.distance_threshold, self.cluster_method,
                              self.cluster_metric, self.max_channels, "merge")
         if not (isinstance(self.clip, (int, float)) and 0 < self.clip < math.inf):
