@@ -74,11 +74,11 @@ class CanaryRounds(CentralDP):
         vectors = canary_vectors(self.canary_count, dimension, seed=self.canary_seed)
         return (self.clip * vectors[joined].sum(0)).to(torch.float32)
 
-    def round(self, task: Any, params: torch.Tensor, inputs: Any, generators: Any,
+    def round(self, task: Any, params: torch.Tensor, inputs: Any, sources: Any,
               context: RoundContext) -> RoundOutput:
         """The real round (:meth:`CentralDP.round`), with the canaries' sum over qN added
         to its direction: the same as adding their clipped updates to the clients' sum."""
-        out = super().round(task, params, inputs, generators, context)
+        out = super().round(task, params, inputs, sources, context)
         extra = self.canary_sum(task.dimension, context.round_index)
         return dataclasses.replace(
             out, direction=out.direction + extra / (self.sampling_rate * context.population))

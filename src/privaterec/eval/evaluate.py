@@ -15,7 +15,7 @@ Two seams let private serving plug in without re-implementing the loop:
 Both default to the identity. A third seam, ``user_encoder(vectors [b, H, d], mask [b, H])
 -> [b, d]``, replaces the model's user encoder altogether (private serving, where the device
 releases a noisy representation: :mod:`privaterec.eval.serving`). They run under
-``torch.no_grad()``; a seam that draws randomness must carry its own ``torch.Generator``.
+``torch.no_grad()``; a seam that draws randomness must carry its own ``NoiseSource``.
 """
 
 from __future__ import annotations

@@ -114,14 +114,14 @@ def simulate_round(task: FederatedTask[Any], params: torch.Tensor, clients: Clie
     taking_part = set(active)
     idle = [u for u in selected if u not in taking_part]
     local_idle = bool(idle) and not method.trusted_aggregator
-    generators = [client_noise(seed, round_index, u) for u in active]
-    inputs = [method.inputs(task, data[u], noise=g) for u, g in zip(active, generators)]
+    sources = [client_noise(seed, round_index, u) for u in active]
+    inputs = [method.inputs(task, data[u], noise=g) for u, g in zip(active, sources)]
     population = len(method.population(clients))
     context = RoundContext(seed=seed, round_index=round_index, chunk_clients=chunk_clients,
                            population=population,  # public N
                            idle_clients=len(selected) - len(active))
     if active or not local_idle:
-        out = method.round(task, params, inputs, generators, context)
+        out = method.round(task, params, inputs, sources, context)
     else:
         out = RoundOutput(torch.zeros(task.dimension, device=params.device), [])
     direction = out.direction

@@ -229,14 +229,14 @@ class ClientMethod(ABC, Generic[TaskT]):
         """:meth:`calibration`, computed (the cache calls it once per (method, D))."""
 
     def privatize(self, updates: torch.Tensor,
-                  generators: Sequence[NoiseSource]) -> tuple[torch.Tensor, PrivacyEvent]:
+                  sources: Sequence[NoiseSource]) -> tuple[torch.Tensor, PrivacyEvent]:
         """Clip and noise each client's update before upload, as :meth:`calibration` says.
 
         Parameters
         ----------
         updates:
             ``Tensor[m, D]``, row i is client i's gradient (or FedAvg pseudo-gradient).
-        generators:
+        sources:
             One per row: client i's noise comes from its own generator (on a real device,
             its own secure source, :class:`~privaterec.privacy.samplers.SecureNoise`), so
             every engine draws the same noise for the same client. Clipping is batched;
@@ -246,19 +246,19 @@ class ClientMethod(ABC, Generic[TaskT]):
         -------
         (``Tensor[m, D]`` released updates, the :class:`PrivacyEvent` of ONE client's release)
         """
-        if len(generators) != updates.shape[0]:
-            raise ValueError(f"need one generator per client: {len(generators)} for "
+        if len(sources) != updates.shape[0]:
+            raise ValueError(f"need one generator per client: {len(sources)} for "
                              f"{updates.shape[0]} updates")
         calibration = self.calibration(int(updates.shape[1]))
-        return release_rows(updates, calibration, generators), calibration.event
+        return release_rows(updates, calibration, sources), calibration.event
 
     def idle_release(self, dimension: int,
-                     generators: Sequence[NoiseSource]) -> torch.Tensor:
+                     sources: Sequence[NoiseSource]) -> torch.Tensor:
         """The releases ``Tensor[k, D]`` of k sampled users without a training sample: a
         zero update released as any client's (:meth:`privatize`: clipped, then noised from
         each user's own source), so that what the server receives, and the ledger, have the
         same shape whether or not the user has data."""
-        return self.privatize(torch.zeros(len(generators), dimension), generators)[0]
+        return self.privatize(torch.zeros(len(sources), dimension), sources)[0]
 
     def event(self, dimension: int) -> PrivacyEvent:
         """The privacy event of one client's upload in one round."""
@@ -314,18 +314,18 @@ class ClientMethod(ABC, Generic[TaskT]):
         return payload, loss, {}
 
     def client_updates(self, task: TaskT, params: torch.Tensor,
-                       inputs: Sequence[Any], generators: Sequence[NoiseSource], *,
+                       inputs: Sequence[Any], sources: Sequence[NoiseSource], *,
                        chunk_clients: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The released updates ``Tensor[m, D]`` and losses ``Tensor[m]`` of a round's
         clients, vectorized (equal to one :meth:`update` per client up to rounding)."""
         updates, losses = task.gradients(params, inputs, chunk_clients=chunk_clients)
-        released, _ = self.privatize(updates, generators)
+        released, _ = self.privatize(updates, sources)
         return released, losses
 
     def round(self, task: TaskT, params: torch.Tensor, inputs: Sequence[Any],
-              generators: Sequence[NoiseSource], context: RoundContext) -> RoundOutput:
+              sources: Sequence[NoiseSource], context: RoundContext) -> RoundOutput:
         """A round's aggregate: the weighted mean of :meth:`client_updates`."""
-        released, losses = self.client_updates(task, params, inputs, generators,
+        released, losses = self.client_updates(task, params, inputs, sources,
                                                chunk_clients=context.chunk_clients)
         weights = torch.tensor([self.aggregation_weight(self.num_examples(x)) for x in inputs])
         return RoundOutput(weighted_mean(released, weights), [float(x) for x in losses])

@@ -390,15 +390,15 @@ class CentralDP(ClientMethod[FederatedTask[Any]]):
         return clipped[0], loss, reports
 
     def client_updates(self, task: FederatedTask[Any], params: torch.Tensor,
-                       inputs: Sequence[Any], generators: Sequence[NoiseSource], *,
+                       inputs: Sequence[Any], sources: Sequence[NoiseSource], *,
                        chunk_clients: int) -> tuple[torch.Tensor, torch.Tensor]:
-        updates, losses = self.inner.client_updates(task, params, inputs, generators,
+        updates, losses = self.inner.client_updates(task, params, inputs, sources,
                                                     chunk_clients=chunk_clients)
-        clipped, _ = self.privatize(updates, generators)
+        clipped, _ = self.privatize(updates, sources)
         return clipped, losses
 
     def round(self, task: FederatedTask[Any], params: torch.Tensor, inputs: Sequence[Any],
-              generators: Sequence[NoiseSource], context: RoundContext) -> RoundOutput:
+              sources: Sequence[NoiseSource], context: RoundContext) -> RoundOutput:
         """(Σ clip(Δ_u, C) + N(0, z²C²I)) / (qN); the noise is the simulation's seeded draw
         (:func:`~privaterec.fed.rng.aggregator_noise`). With adaptive clipping, also
         the noised indicator count and the next clip (:meth:`aggregate`)."""
@@ -409,9 +409,9 @@ class CentralDP(ClientMethod[FederatedTask[Any]]):
         indicator_sum = 0.0
         losses: list[float] = []
         if inputs:
-            updates, loss_t = self.inner.client_updates(task, params, inputs, generators,
+            updates, loss_t = self.inner.client_updates(task, params, inputs, sources,
                                                         chunk_clients=context.chunk_clients)
-            clipped, _ = self.privatize(updates, generators)
+            clipped, _ = self.privatize(updates, sources)
             total = clipped.sum(0)
             if self.adaptive is not None:
                 indicator_sum = float(clip_indicators(updates, self.clip).sum())

@@ -210,7 +210,7 @@ class PrivateRec(RankingMethod):
         return self._gradient(task, params, inputs, noise, split=False)
 
     def round(self, task: LocalObjective, params: torch.Tensor,
-              inputs: Sequence[ClientInputs], generators: Sequence[NoiseSource],
+              inputs: Sequence[ClientInputs], sources: Sequence[NoiseSource],
               context: RoundContext) -> RoundOutput:
         """One backward pass: the DPA noise and released labels are part of the batch."""
         batch = task.batch(inputs, with_noise=True)
@@ -300,14 +300,14 @@ class PrivateRecStrict(PrivateRec):
         return grad[0] + noised[0], loss
 
     def round(self, task: LocalObjective, params: torch.Tensor,
-              inputs: Sequence[ClientInputs], generators: Sequence[NoiseSource],
+              inputs: Sequence[ClientInputs], sources: Sequence[NoiseSource],
               context: RoundContext) -> RoundOutput:
         """Per-client split gradients: candidate path raw, history path clipped + noised."""
         batch = task.batch(inputs, with_noise=True)
         split, loss_t = task.client_gradients(params, batch,
                                               chunk_clients=context.chunk_clients,
                                               split_history=True)
-        noised, _ = self.privatize(split[:, 1], generators)
+        noised, _ = self.privatize(split[:, 1], sources)
         weights = torch.tensor([self.aggregation_weight(int(x.candidates.shape[0]))
                                 for x in inputs])
         return RoundOutput(weighted_mean(split[:, 0] + noised, weights),

@@ -103,14 +103,14 @@ class RankingMethod(ClientMethod[LocalObjective]):
                                  chunk_clients=chunk_clients)
 
     def client_updates(self, task: LocalObjective, params: torch.Tensor,
-                       inputs: Sequence[ClientInputs], generators: Sequence[NoiseSource],
+                       inputs: Sequence[ClientInputs], sources: Sequence[NoiseSource],
                        *, chunk_clients: int) -> tuple[torch.Tensor, torch.Tensor]:
         updates, losses = self.raw_updates(task, params, task.batch(inputs), chunk_clients)
-        released, _ = self.privatize(updates, generators)
+        released, _ = self.privatize(updates, sources)
         return released, losses
 
     def round(self, task: LocalObjective, params: torch.Tensor,
-              inputs: Sequence[ClientInputs], generators: Sequence[NoiseSource],
+              inputs: Sequence[ClientInputs], sources: Sequence[NoiseSource],
               context: RoundContext) -> RoundOutput:
         """Without per-client clipping or noise, one backward pass gives the round's
         weighted gradient (:meth:`LocalObjective.round_gradient`); otherwise per-client
@@ -119,7 +119,7 @@ class RankingMethod(ClientMethod[LocalObjective]):
             direction, loss = task.round_gradient(params, task.batch(inputs),
                                                   uniform_clients=not self.sends_metadata)
             return RoundOutput(direction, [loss] * len(inputs))  # no per-client losses
-        return super().round(task, params, inputs, generators, context)
+        return super().round(task, params, inputs, sources, context)
 
     def describe(self, *, dimension: int, parameters: Sequence[str], clients_per_round: int,
                  client_fraction: float) -> dict[str, Any]:
