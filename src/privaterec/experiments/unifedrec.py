@@ -49,6 +49,7 @@ from privaterec.recall.evaluate import RECALL_KS
 from privaterec.runs.recall import (RecallModelConfig, RecallRunConfig, evaluate_recall_run,
                                    is_recall_run, train_recall_run)
 from privaterec.recall.task import RecallTrainConfig, recall_fed_config
+from privaterec.files import write_atomic
 from privaterec.ondevice.release import ServingConfig
 
 RECALL_SYNTH = SynthConfig(news=6000, seed=0)
@@ -152,10 +153,7 @@ def _cached(path: Path, key: dict[str, Any], compute: Callable[[], dict[str, Any
         if entry.get("key") == json.loads(json.dumps(key, default=str)):
             return entry["result"]
     result = compute()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"key": key, "result": result}, indent=2, default=str))
-    tmp.replace(path)
+    write_atomic(path, json.dumps({"key": key, "result": result}, indent=2, default=str))
     return result
 
 

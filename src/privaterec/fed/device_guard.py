@@ -25,7 +25,6 @@ import dataclasses
 import fcntl
 import json
 import logging
-import os
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +35,7 @@ from privaterec.fed.methods.dp_fedavg import CentralDP
 from privaterec.ondevice.budget import (DEFAULT_DEVICE_BUDGET, DEFAULT_GAUSSIAN_DELTA,
                                         STATE_FILE, DeviceBudget, Events)
 from privaterec.privacy.central_accounting import central_round_event
+from privaterec.files import write_atomic
 from privaterec.privacy.events import PrivacyEvent
 
 GUARD_FILE = "federated_device.json"
@@ -156,9 +156,7 @@ class DeviceGuard:
                                   f"answered: restore it") from None
 
     def _write(self, state: dict[str, Any]) -> None:
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        tmp.write_text(json.dumps(state, indent=1))
-        os.replace(tmp, self.path)
+        write_atomic(self.path, json.dumps(state, indent=1))
 
     def _refuse(self, what: str, reason: str) -> RoundRefused:
         _LOG.warning("privaterec device %s: refused %s: %s; nothing was released",

@@ -22,6 +22,7 @@ from typing import Any, Mapping
 
 from privaterec.data.mind import BEHAVIORS_FILE, NEWS_FILE, split_directories
 from privaterec.data.roster import ROSTER_FILE, is_public_dir
+from privaterec.files import write_atomic
 
 FINGERPRINT_VERSION = 1
 _CHUNK = 1 << 20
@@ -119,9 +120,7 @@ def read_fingerprint(path: Path) -> dict[str, Any] | None:
 
 def write_fingerprint(path: Path, data: str | Path) -> None:
     """Record the fingerprint of ``data`` at ``path`` (written atomically)."""
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(fingerprint(data), indent=2, sort_keys=True))
-    tmp.replace(path)
+    write_atomic(path, json.dumps(fingerprint(data), indent=2, sort_keys=True))
 
 
 __all__ = ["FileState", "data_files", "differences", "fingerprint", "read_fingerprint",
