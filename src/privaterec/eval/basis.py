@@ -14,7 +14,7 @@ import torch
 from privaterec.data.features import NewsFeatures
 from privaterec.data.history import history_rows
 from privaterec.data.records import MindSplit
-from privaterec.eval.evaluate import eval_mode
+from privaterec.models.layers import eval_mode
 from privaterec.models.basis import AttentionDiagnostics, attention_diagnostics
 from privaterec.models.recommender import Recommender
 

@@ -20,9 +20,8 @@ releases a noisy representation: :mod:`privaterec.eval.serving`). They run under
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Callable
 
 import numpy as np
 import torch
@@ -33,6 +32,7 @@ from privaterec.data.history import check_history_len, history_rows
 from privaterec.data.records import Impression, MindSplit
 from privaterec.errors import DataFormatError
 from privaterec.eval.metrics import evaluate_impressions
+from privaterec.models.layers import eval_mode
 from privaterec.models.recommender import Recommender
 
 UserTransform = Callable[[torch.Tensor], torch.Tensor]
@@ -104,21 +104,6 @@ def _check_labelled(split: MindSplit, imp: Impression) -> None:
             f"impression {imp.impression_id!r} has {len(imp.candidates)} candidates and "
             f"{len(imp.labels)} labels; every labelled impression needs one label per "
             f"candidate and at least one candidate")
-
-
-@contextmanager
-def eval_mode(module: object) -> Iterator[None]:
-    """Put an ``nn.Module`` in eval mode (no dropout) for the block, then restore its mode;
-    anything else (``None``, a plain callable) is left as it is."""
-    if not isinstance(module, torch.nn.Module):
-        yield
-        return
-    was_training = module.training
-    module.eval()
-    try:
-        yield
-    finally:
-        module.train(was_training)
 
 
 def _encode_news(model: Recommender, features: NewsFeatures, rows: torch.Tensor,

@@ -34,6 +34,7 @@ from privaterec.config import (EMBEDDINGS, FEDERATED_METHODS, NEWS_ENCODERS, PRI
 from privaterec.config import fed_config as flat_fed_config
 from privaterec.data.synth import write_synthetic
 from privaterec.errors import ConfigError
+from privaterec.files import write_atomic
 from privaterec.eval.federated import METRICS
 from privaterec.experiments.settings import DEMO_ROUNDS, demo_synth_config
 from privaterec.fed.methods import PRIVATEREC_BASIS, resolve_run_config
@@ -336,11 +337,8 @@ def serve_run(path: Path, serving: ServingConfig, *, progress: bool) -> dict[str
     stamp = checkpoint_stamp(path)
     from privaterec.runs.ranking import evaluate_run
     result = evaluate_run(path, progress=progress, serving=serving)
-    cache.parent.mkdir(parents=True, exist_ok=True)
-    tmp = cache.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps({"checkpoint": stamp, "serving": asdict(serving),
-                               "result": result}, indent=2, default=str))
-    tmp.replace(cache)
+    write_atomic(cache, json.dumps({"checkpoint": stamp, "serving": asdict(serving),
+                                    "result": result}, indent=2, default=str))
     return result
 
 

@@ -15,10 +15,27 @@ Every layer here is written so that
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
+from typing import Iterator
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+
+@contextmanager
+def eval_mode(module: object) -> Iterator[None]:
+    """Put an ``nn.Module`` in eval mode (no dropout) for the block, then restore its mode;
+    anything else (``None``, a plain callable) is left as it is."""
+    if not isinstance(module, nn.Module):
+        yield
+        return
+    was_training = module.training
+    module.eval()
+    try:
+        yield
+    finally:
+        module.train(was_training)
 
 
 def attend_all_if_empty(mask: torch.Tensor) -> torch.Tensor:

@@ -14,7 +14,7 @@ from torch import nn
 
 from privaterec.data.features import NewsFeatures
 from privaterec.models.basis import BasicVectors
-from privaterec.models.layers import NewsEncoderModule
+from privaterec.models.layers import NewsEncoderModule, eval_mode
 
 
 class NewsEncoder(Protocol):
@@ -183,17 +183,11 @@ class Recommender(nn.Module):
         cached = self._reference_cache
         if key is not None and cached is not None and _same_versions(cached[0], key):
             return cached[1]
-        was_training = self.training
-        self.eval()
-        try:
-            with torch.no_grad():
-                mean_news = self.news_encoder(reference.features()).mean(0)  # [d]
-                history = mean_news.expand(1, reference.length, mean_news.shape[-1])
-                mask = torch.ones(1, reference.length, dtype=torch.bool,
-                                  device=history.device)
-                center = self.user_encoder(history, mask)[0]
-        finally:
-            self.train(was_training)
+        with eval_mode(self), torch.no_grad():
+            mean_news = self.news_encoder(reference.features()).mean(0)  # [d]
+            history = mean_news.expand(1, reference.length, mean_news.shape[-1])
+            mask = torch.ones(1, reference.length, dtype=torch.bool, device=history.device)
+            center = self.user_encoder(history, mask)[0]
         center = center.detach()
         if key is not None:
             self._reference_cache = (key, center)

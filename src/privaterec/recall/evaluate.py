@@ -72,7 +72,7 @@ from privaterec.data.features import NewsFeatures
 from privaterec.data.history import check_history_len, history_rows
 from privaterec.data.records import MindSplit
 from privaterec.errors import ConfigError, DataFormatError
-from privaterec.eval.evaluate import eval_mode
+from privaterec.models.layers import eval_mode
 from privaterec.eval.metrics import auc as impression_auc
 from privaterec.eval.metrics import recall_at_k
 from privaterec.models.layers import attend_all_if_empty

@@ -130,8 +130,7 @@ def perturb_scores(scores: Tensor, *, clip: float | None = DEFAULT_CLIP,
         out = clip_elementwise(out, clip)
     if noise is not None:
         _check_nonneg(noise_scale, "noise_scale")
-        out = out + noise.draw(scores.shape, mechanism="laplace", scale=noise_scale,
-                               dtype=scores.dtype, device=scores.device)
+        out = noise.release(out, mechanism="laplace", scale=noise_scale)
     return out
 
 
@@ -251,8 +250,7 @@ def perturb_quotas(quotas: Tensor, *, noise_scale: float, noise: NoiseSource,
         ``Tensor[..., M]`` noisy quotas summing to 1 per row, and the event of ONE row.
     """
     _check_positive(noise_scale, "quota_noise_scale")
-    noisy = quotas + noise.draw(quotas.shape, mechanism="laplace", scale=noise_scale,
-                                dtype=quotas.dtype, device=quotas.device)
+    noisy = noise.release(quotas, mechanism="laplace", scale=noise_scale)
     clamped = noisy.clamp_min(0.0)
     total = clamped.sum(dim=-1, keepdim=True)
     uniform = torch.full_like(clamped, 1.0 / quotas.shape[-1])

@@ -8,7 +8,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from privaterec.data.features import NewsFeatures
-from privaterec.eval.evaluate import eval_mode
+from privaterec.models.layers import eval_mode
 from privaterec.models.recommender import Recommender
 from privaterec.validators import fail, is_integer
 

@@ -28,6 +28,7 @@ from typing import Any, Iterator, Protocol, Self, overload
 
 from privaterec.config import RunConfig
 from privaterec.errors import CheckpointError
+from privaterec.files import write_atomic
 from privaterec.runs.fingerprint import differences, read_fingerprint, write_fingerprint
 from privaterec.runs.lock import LOCK_FILE, run_lock
 
@@ -207,7 +208,5 @@ class RunDirectory:
         """Merge ``entries`` into ``metrics.json`` (written atomically)."""
         metrics = self.read_metrics()
         metrics.update(entries)
-        tmp = self.metrics_path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(metrics, indent=2, sort_keys=True))
-        tmp.replace(self.metrics_path)
+        write_atomic(self.metrics_path, json.dumps(metrics, indent=2, sort_keys=True))
         return metrics

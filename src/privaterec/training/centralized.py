@@ -21,6 +21,7 @@ from privaterec.models.recommender import Recommender
 from privaterec.privacy.samplers import SimulationNoise
 from privaterec.runtime.checkpoint import load_checkpoint, save_checkpoint
 from privaterec.runtime.determinism import deterministic_algorithms
+from privaterec.runtime.device import module_device
 
 EpochCallback = Callable[[int, dict[str, float]], dict[str, Any] | None]
 
@@ -113,7 +114,7 @@ def _train(model: Recommender, clients: ClientDataset, config: TrainConfig, *,
             })
 
     steps_run = 0
-    device = next(iter(model.parameters()), torch.zeros(0)).device
+    device = module_device(model)
     n = clients.num_samples
     steps_per_epoch = (n + config.batch_size - 1) // config.batch_size
     while epoch < config.epochs:
